@@ -1,0 +1,46 @@
+"""``sliding``: MG2's own cache, the newest ``budget`` latent frames verbatim at their actual positions.
+
+With the default budget ``local_attn_size - 3`` (3 past frames for universal/templerun, 1 for
+gta_drive) this reproduces the official rolling KV buffer (MG2 spec §7; the golden fixtures pin it).
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from typing import Sequence
+
+import torch
+
+from .base import CacheGeometry, CacheWriter, Slot, register
+
+
+@register
+class SlidingWriter(CacheWriter):
+    """Newest ``budget`` latent frames verbatim; O(budget) memory."""
+
+    name = "sliding"
+    default_positions = "actual"
+
+    def reset(self, geometry: CacheGeometry) -> None:
+        super().reset(geometry)
+        self._frames: deque[int] = deque(maxlen=self.budget)
+        self._k = [deque(maxlen=self.budget) for _ in range(geometry.num_layers)]
+        self._v = [deque(maxlen=self.budget) for _ in range(geometry.num_layers)]
+
+    def slots(self) -> list[Slot]:
+        return [Slot("past", (f,)) for f in self._frames]
+
+    def _read_kv(self, layer: int) -> tuple[torch.Tensor, torch.Tensor]:
+        if not self._frames:
+            return self._empty()
+        return torch.cat(list(self._k[layer]), dim=1), torch.cat(list(self._v[layer]), dim=1)
+
+    def commit(self, layers_kv: Sequence[tuple[torch.Tensor, torch.Tensor]], frame_ids: Sequence[int]) -> None:
+        if self.budget == 0:
+            return
+        t = self.geometry.tokens_per_frame
+        for layer, (k, v) in enumerate(layers_kv):
+            for i in range(len(frame_ids)):
+                self._k[layer].append(k[:, i * t:(i + 1) * t])
+                self._v[layer].append(v[:, i * t:(i + 1) * t])
+        self._frames.extend(frame_ids)

@@ -1,0 +1,93 @@
+"""Constructor configuration of the MG2 causal Wan DiT, read from the official ``config.json``.
+
+Field names and defaults are those of the official ``CausalWanModel`` config (MG2 spec §2.1).
+Unknown keys are errors; keys the official code stores but never uses are accepted and ignored.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field, fields
+from typing import Any
+
+from ..errors import CheckpointError
+
+# Stored in official configs but without effect on inference (MG2 spec §2.1, §16.4, §16.16).
+_IGNORED_TOP = {"_class_name", "_diffusers_version", "text_len", "model_type", "inject_sample_info",
+                "text_dim", "patch_size", "qk_norm", "cross_attn_norm", "window_size"}
+_IGNORED_ACTION = {"rope_dim_list", "patch_size", "qk_norm", "qkv_bias"}
+
+
+@dataclass(frozen=True)
+class ActionConfig:
+    """Keyboard/mouse action module configuration (``action_config`` in config.json, spec §8)."""
+
+    blocks: tuple[int, ...] = tuple(range(15))
+    enable_mouse: bool = True
+    enable_keyboard: bool = True
+    heads_num: int = 16
+    hidden_size: int = 128          # keyboard embedding width
+    img_hidden_size: int = 1536     # must equal the DiT width
+    keyboard_dim_in: int = 4
+    keyboard_hidden_dim: int = 1024
+    mouse_dim_in: int = 2
+    mouse_hidden_dim: int = 1024
+    mouse_qk_dim_list: tuple[int, ...] = (8, 28, 28)
+    rope_theta: float = 256.0
+    vae_time_compression_ratio: int = 4
+    windows_size: int = 3
+
+    @property
+    def window_rows(self) -> int:
+        """Action rows (pixel frames) each latent frame reads: 4 * 3 = 12 (spec §8)."""
+        return self.vae_time_compression_ratio * self.windows_size
+
+
+@dataclass(frozen=True)
+class DiTConfig:
+    """Causal Wan DiT configuration (spec §2.1). ``clip_dim`` is worldtrace's own: the width of the
+    CLIP tokens fed to ``img_emb`` (1280 for ViT-H/14; smaller for the tiny preset)."""
+
+    dim: int = 1536
+    ffn_dim: int = 8960
+    freq_dim: int = 256
+    num_heads: int = 12
+    num_layers: int = 30
+    in_dim: int = 36
+    out_dim: int = 16
+    eps: float = 1e-6
+    local_attn_size: int = 6
+    sink_size: int = 0
+    clip_dim: int = 1280
+    action_config: ActionConfig = field(default_factory=ActionConfig)
+
+    @property
+    def head_dim(self) -> int:
+        return self.dim // self.num_heads
+
+    @classmethod
+    def from_dict(cls, raw: dict[str, Any], source: str = "config") -> "DiTConfig":
+        """Build from an official config.json dict; unknown keys raise CheckpointError naming them."""
+        raw = dict(raw)
+        action = dict(raw.pop("action_config", {}) or {})
+        top_names = {f.name for f in fields(cls)} - {"action_config"}
+        act_names = {f.name for f in fields(ActionConfig)}
+        unknown = sorted(k for k in raw if k not in top_names and k not in _IGNORED_TOP)
+        unknown += sorted(f"action_config.{k}" for k in action if k not in act_names and k not in _IGNORED_ACTION)
+        if unknown:
+            raise CheckpointError(f"{source}: unknown config keys: {', '.join(unknown)}")
+        act_kwargs = {k: (tuple(v) if isinstance(v, list) else v) for k, v in action.items() if k in act_names}
+        kwargs = {k: v for k, v in raw.items() if k in top_names}
+        cfg = cls(**kwargs, action_config=ActionConfig(**act_kwargs))
+        if cfg.local_attn_size < 1:
+            raise CheckpointError(f"{source}: local_attn_size must be >= 1 (the global-attention "
+                                  f"foundation model cannot run causally, spec §2.1)")
+        if cfg.action_config.img_hidden_size != cfg.dim:
+            raise CheckpointError(f"{source}: action_config.img_hidden_size "
+                                  f"{cfg.action_config.img_hidden_size} != dim {cfg.dim}")
+        return cfg
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain-JSON form (lists, not tuples) for summary.json."""
+        d = asdict(self)
+        d["action_config"] = {k: list(v) if isinstance(v, tuple) else v for k, v in d["action_config"].items()}
+        return d
