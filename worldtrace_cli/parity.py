@@ -64,10 +64,11 @@ def load_fixture(folder: str | Path):
 
 
 @torch.no_grad()
-def replay(model: CausalWanDiT, inputs: dict, on_call=None) -> torch.Tensor:
-    """Replay the fixture rollout with the sliding writer; return the output latents [1,16,N,h,w].
+def replay(model: CausalWanDiT, inputs: dict, on_call=None, writer=None) -> torch.Tensor:
+    """Replay the fixture rollout; return the output latents [1,16,N,h,w].
 
-    ``on_call(name, x0)`` is called with ``call_c{c}_s{s}`` / ``call_c{c}_ctx`` names and each x0.
+    ``on_call(name, x0)`` is called with ``call_c{c}_s{s}`` names and each x0. ``writer`` defaults
+    to the MG2-native sliding writer (budget local_attn_size - 3); it is reset here.
     """
     cfg = model.cfg
     noise, cond = inputs["noise"], inputs["cond_concat"]
@@ -75,7 +76,8 @@ def replay(model: CausalWanDiT, inputs: dict, on_call=None) -> torch.Tensor:
     mouse = inputs.get("mouse_cond") if cfg.action_config.enable_mouse else None
     n_chunks = noise.shape[2] // FRAMES_PER_CHUNK
     tokens = (noise.shape[3] // 2) * (noise.shape[4] // 2)
-    writer = build_writer(MemoryConfig(cache="sliding"), cfg.local_attn_size - FRAMES_PER_CHUNK)
+    if writer is None:
+        writer = build_writer(MemoryConfig(cache="sliding"), cfg.local_attn_size - FRAMES_PER_CHUNK)
     writer.reset(CacheGeometry(cfg.num_layers, cfg.num_heads, cfg.head_dim, tokens, FRAMES_PER_CHUNK,
                                cfg.local_attn_size - 1))
     state = model.new_rollout_state()

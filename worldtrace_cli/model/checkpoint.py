@@ -119,3 +119,70 @@ def file_identity(path: str | Path, full_hash: bool = False) -> dict:
 def _first_line(exc: Exception) -> str:
     text = str(exc).strip().splitlines()
     return text[0][:200] if text else ""
+
+
+def resolve_checkpoint_files(files: dict[str, str], folder: str | Path, preset_name: str) -> dict[str, Path]:
+    """Map each role (dit, vae, clip) to its file in an official MG2 folder (spec §15).
+
+    Raises:
+        CheckpointError: the folder is missing, or one line listing every expected file not found.
+    """
+    folder = Path(folder)
+    if not folder.is_dir():
+        raise CheckpointError(f"--checkpoint {folder}: not a folder")
+    paths = {role: folder / rel for role, rel in files.items()}
+    missing = [str(rel) for role, rel in files.items() if not paths[role].is_file()]
+    if missing:
+        raise CheckpointError(f"--checkpoint {folder}: missing {', '.join(missing)} "
+                              f"(preset {preset_name} expects: {', '.join(files.values())})")
+    return paths
+
+
+class WorldModel:
+    """The three networks of a preset on one device: ``dit`` (CausalWanDiT), ``vae``
+    (diffusers AutoencoderKLWan), ``clip`` (CLIPImageTower); ``files`` lists checkpoint identities."""
+
+    def __init__(self, dit, vae, clip, files: list[dict]):
+        self.dit, self.vae, self.clip, self.files = dit, vae, clip, files
+
+
+def load_world_model(preset, checkpoint: str | Path | None, random_weights: bool, weights_seed: int,
+                     device: torch.device, dtype: torch.dtype, full_hash: bool = False) -> WorldModel:
+    """Build a preset's DiT, VAE and CLIP tower, from an official folder or seeded random weights.
+
+    Random weights (``tiny`` preset, or ``--random-weights``) follow :func:`init_random_weights` for
+    the DiT and the helpers of :mod:`.vae` / :mod:`.image_encoder`. Checkpoint DiTs are built on the
+    meta device and filled from the file, then cast to ``dtype`` on ``device``.
+
+    Raises:
+        CheckpointError: missing files, wrong keys/shapes, unreadable files.
+        InputError: a checkpoint preset without ``--checkpoint`` and without ``--random-weights``.
+    """
+    from ..errors import InputError
+    from .dit import CausalWanDiT, init_random_weights
+    from .image_encoder import build_clip_tower
+    from .vae import build_wan_vae
+
+    use_random = random_weights or preset.weights == "random"
+    if use_random:
+        with torch.device(device):
+            dit = CausalWanDiT(preset.dit)
+        init_random_weights(dit, weights_seed)
+        dit = dit.to(dtype)
+        vae = build_wan_vae(preset.vae, None, seed=weights_seed + 1, device=device, dtype=dtype)
+        clip = build_clip_tower(preset.clip, None, seed=weights_seed + 2, device=device, dtype=dtype)
+        return WorldModel(dit.eval().requires_grad_(False), vae, clip, [])
+    if checkpoint is None:
+        raise InputError(f"preset {preset.name} needs --checkpoint DIR (an official Matrix-Game-2.0 folder "
+                         f"holding {', '.join(preset.files.values())}) or --random-weights")
+    paths = resolve_checkpoint_files(preset.files, checkpoint, preset.name)
+    with torch.device("meta"):
+        dit = CausalWanDiT(preset.dit)
+    sd = strip_prefix(read_state_dict(paths["dit"]))
+    check_state_dict(dit, sd, str(paths["dit"]))
+    dit.load_state_dict(sd, strict=True, assign=True)
+    dit = dit.to(device=device, dtype=dtype).eval().requires_grad_(False)
+    vae = build_wan_vae(preset.vae, paths["vae"], device=device, dtype=dtype)
+    clip = build_clip_tower(preset.clip, paths["clip"], device=device, dtype=dtype)
+    files = [{"role": role, **file_identity(p, full_hash)} for role, p in paths.items()]
+    return WorldModel(dit, vae, clip, files)

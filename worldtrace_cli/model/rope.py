@@ -38,7 +38,7 @@ def axis_channels(head_dim: int) -> tuple[int, int, int]:
 
 def frequencies(num_channels: int, theta: float = ROPE_THETA) -> torch.Tensor:
     """Angular frequencies ``theta ** (-2j / n)`` of one axis: float64 [n/2] (radians per position)."""
-    j = torch.arange(0, num_channels, 2, dtype=torch.float64)
+    j = torch.arange(0, num_channels, 2, dtype=torch.float64, device="cpu")
     return theta ** (-j / num_channels)
 
 
@@ -65,13 +65,18 @@ class MainRope:
         self.omega_t = frequencies(self.t_ch, theta)
         self.omega_h = frequencies(self.h_ch, theta)
         self.omega_w = frequencies(self.w_ch, theta)
+        self._spatial: dict = {}
 
-    def spatial_angles(self, height: int, width: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """cos/sin float64 [height*width, (h_ch + w_ch)/2] for tokens in row-major (i, j) order."""
-        i = torch.arange(height, dtype=torch.float64).repeat_interleave(width)
-        j = torch.arange(width, dtype=torch.float64).repeat(height)
-        ang = torch.cat([torch.outer(i, self.omega_h), torch.outer(j, self.omega_w)], dim=1)
-        return ang.cos(), ang.sin()
+    def spatial_angles(self, height: int, width: int, device=None) -> tuple[torch.Tensor, torch.Tensor]:
+        """cos/sin float64 [height*width, (h_ch + w_ch)/2] for tokens in row-major (i, j) order
+        (memoised per grid and device: every layer and call of a rollout reuses them)."""
+        key = (height, width, str(device))
+        if key not in self._spatial:
+            i = torch.arange(height, dtype=torch.float64, device="cpu").repeat_interleave(width)
+            j = torch.arange(width, dtype=torch.float64, device="cpu").repeat(height)
+            ang = torch.cat([torch.outer(i, self.omega_h), torch.outer(j, self.omega_w)], dim=1)
+            self._spatial[key] = (ang.cos().to(device), ang.sin().to(device))
+        return self._spatial[key]
 
     def temporal_angles(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """cos/sin float64 [L, t_ch/2] for temporal positions [L] (latent frames, any real value)."""
@@ -84,10 +89,10 @@ class MainRope:
         Computed in float64 and cast back to ``x.dtype`` as MG2 does. Temporal channels are untouched,
         so the result is a canonical key (or a query still to be rotated temporally).
         """
-        cos, sin = self.spatial_angles(height, width)
+        cos, sin = self.spatial_angles(height, width, x.device)
         frames = x.shape[1] // (height * width)
-        cos = cos.repeat(frames, 1).to(x.device)[None, :, None, :]
-        sin = sin.repeat(frames, 1).to(x.device)[None, :, None, :]
+        cos = cos.repeat(frames, 1)[None, :, None, :]
+        sin = sin.repeat(frames, 1)[None, :, None, :]
         out = x.clone()
         out[..., self.t_ch:] = _rotate_pairs(x[..., self.t_ch:].double(), cos, sin).to(x.dtype)
         return out
@@ -128,7 +133,8 @@ def action_rope(x: torch.Tensor, positions: torch.Tensor, theta: float = ACTION_
     Rotates channels 0..7 as four interleaved pairs with ``omega_j = 256 ** (-2j/8)`` (1, 1/4, 1/16,
     1/64) in float32 and casts back; channels 8..63 are untouched (their h/w grid has one position).
     """
-    omega = (theta ** (-torch.arange(0, ACTION_ROPE_CHANNELS, 2, dtype=torch.float32) / ACTION_ROPE_CHANNELS))
+    omega = theta ** (-torch.arange(0, ACTION_ROPE_CHANNELS, 2, dtype=torch.float32, device="cpu")
+                      / ACTION_ROPE_CHANNELS)
     ang = torch.outer(positions.to(torch.float32).cpu(), omega).to(x.device)
     cos, sin = ang.cos()[:, None, :], ang.sin()[:, None, :]
     out = x.clone()

@@ -1,0 +1,118 @@
+"""``worldtrace`` command line: parse flags, call one library function, map errors to exit codes.
+
+Heavy imports (torch, diffusers) happen inside commands so ``--help`` is instant. Logs go to
+stderr; results go to files. Exit codes are listed in :mod:`worldtrace_cli.errors`.
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+from pathlib import Path
+
+import click
+
+from . import __version__
+from .errors import WorldtraceError
+
+EXIT_INTERRUPTED = 130
+
+
+def _run(fn, *args, **kwargs):
+    """Call ``fn``; print WorldtraceErrors as one line and exit with their code."""
+    try:
+        return fn(*args, **kwargs)
+    except WorldtraceError as exc:
+        click.echo(f"worldtrace: error: {exc}", err=True)
+        sys.exit(exc.exit_code)
+    except KeyboardInterrupt:
+        click.echo("worldtrace: interrupted; the run folder holds every finished chunk", err=True)
+        sys.exit(EXIT_INTERRUPTED)
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
+@click.version_option(__version__, prog_name="worldtrace")
+@click.option("-v", "--verbose", is_flag=True, help="Debug logging on stderr.")
+def main(verbose: bool) -> None:
+    """Long-horizon video generation with Matrix-Game-2.0 and addressable KV-cache memory.
+
+    Generate a video from a conditioning image and a trajectory of keyboard/mouse actions,
+    chunk by chunk, through a chosen KV-cache writer. Run `worldtrace COMMAND --help` for details.
+    """
+    logging.basicConfig(level=logging.DEBUG if verbose else logging.INFO, format="worldtrace: %(message)s",
+                        stream=sys.stderr)
+
+
+@main.command()
+@click.argument("trajectory", type=click.Path(path_type=Path))
+@click.option("--preset", default=None, metavar="NAME|FILE",
+              help="Model preset: tiny (random weights, CPU), mg2-universal, mg2-gta-drive, mg2-templerun, "
+                   "or a preset YAML. Default: mg2-<trajectory mode> with --checkpoint, else tiny.")
+@click.option("--checkpoint", type=click.Path(path_type=Path), default=None, metavar="DIR",
+              help="Official Matrix-Game-2.0 folder (Wan2.1_VAE.pth, the CLIP .pth, the DiT safetensors).")
+@click.option("--random-weights", is_flag=True, help="Run a checkpoint preset at full size with seeded random weights.")
+@click.option("--image", type=click.Path(path_type=Path), default=None,
+              help="Conditioning image (any format PIL reads; overrides the trajectory's `image`).")
+@click.option("--chunks", type=int, default=None,
+              help="Chunks to generate (3 latent frames = 12 pixel frames each); repeats the last segment "
+                   "or truncates the trajectory. Default: the trajectory's length.")
+@click.option("--seed", type=int, default=None, help="Noise seed (default: the trajectory's seed, else 0).")
+@click.option("-o", "--output", type=click.Path(path_type=Path), default=None, metavar="DIR",
+              help="Run folder (default: runs/<trajectory>-<cache>).")
+@click.option("--overwrite", is_flag=True, help="Replace a finished run already in the output folder.")
+@click.option("--cache", default="sliding", show_default=True, help="KV-cache writer (see README).")
+@click.option("--positions", default=None, help="Position scheme override: actual, slot_rank.")
+@click.option("--budget", type=int, default=None,
+              help="Past latent-frame slots the cache holds (default: the writer's; MG2's own for sliding).")
+@click.option("--device", type=click.Choice(["auto", "cuda", "cpu"]), default="auto", show_default=True)
+@click.option("--dtype", type=click.Choice(["auto", "bf16", "fp32"]), default="auto", show_default=True,
+              help="auto = bf16 on cuda, fp32 on cpu.")
+@click.option("--hash-checkpoint", is_flag=True, help="sha256 whole checkpoint files (default: first MiB).")
+@click.option("--no-progress", is_flag=True, help="No progress bar.")
+def generate(trajectory, preset, checkpoint, random_weights, image, chunks, seed, output, overwrite, cache,
+             positions, budget, device, dtype, hash_checkpoint, no_progress):
+    """Generate a video from TRAJECTORY (a YAML file of actions; see trajectories/README.md).
+
+    Writes to the run folder: video.mp4 (H.264, appended chunk by chunk), chunks.jsonl (one record
+    per chunk: actions, cache slots and their virtual positions, timings, memory) and summary.json.
+
+    \b
+    Example (CPU, built-in tiny model):
+      worldtrace generate --preset tiny --image assets/images/mg2_universal_0000.png \\
+          trajectories/aba.yaml --chunks 16 -o out/
+    """
+    from .config import RunConfig, load_preset
+    from .memory import MemoryConfig
+    from .rollout import generate as run_generate
+    from .trajectory import load_trajectory
+
+    def build_and_run():
+        name = preset
+        if name is None:
+            name = f"mg2-{load_trajectory(trajectory).mode.replace('_', '-')}" if checkpoint else "tiny"
+            logging.getLogger("worldtrace").info(f"preset: {name}")
+        out = output or Path("runs") / f"{trajectory.stem}-{cache.replace(':', '')}"
+        cfg = RunConfig(preset=load_preset(name), trajectory=trajectory, output=out, image=image, chunks=chunks,
+                        seed=seed, device=device, dtype=dtype, checkpoint=checkpoint, random_weights=random_weights,
+                        memory=MemoryConfig(cache=cache, positions=positions, budget=budget),
+                        overwrite=overwrite, progress=not no_progress, hash_checkpoint=hash_checkpoint)
+        summary = run_generate(cfg)
+        t = summary["totals"]
+        click.echo(f"worldtrace: wrote {summary['run_dir']}: {t['chunks']} chunks, {t['pixel_frames']} frames, "
+                   f"{t['seconds_per_chunk']:.3f} s/chunk", err=True)
+
+    _run(build_and_run)
+
+
+@main.command("presets")
+def list_presets():
+    """List the built-in model presets."""
+    from .config import load_preset, preset_names
+
+    for name in preset_names():
+        p = load_preset(name)
+        click.echo(f"{name:16s} {p.mode:10s} {p.height}x{p.width}  {p.description}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,145 @@
+"""Frozen run configuration: dataclass defaults < preset YAML < command-line flags.
+
+Presets are data-only YAML files shipped in ``worldtrace_cli/presets/`` (or any path given to
+``--preset``). Unknown keys are errors naming the file and key.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from .errors import InputError
+from .memory.base import MemoryConfig
+from .model.config import DiTConfig
+
+MODES = ("universal", "gta_drive", "templerun")
+_PRESET_KEYS = {"description", "mode", "height", "width", "fps", "denoising_steps", "timestep_shift",
+                "weights", "vae", "clip", "files", "dit", "frames_per_chunk"}
+_FILE_ROLES = ("dit", "vae", "clip")
+
+
+@dataclass(frozen=True)
+class Preset:
+    """A model preset: architecture, resolution, sampler and expected checkpoint files.
+
+    Attributes:
+        height, width: pixel resolution of generated frames (multiples of 16).
+        denoising_steps: nominal steps (warped by the sampler); ``timestep_shift`` 5.0.
+        weights: ``random`` (seeded random weights, e.g. ``tiny``) or ``checkpoint``.
+        vae, clip: variant names of the shipped VAE / CLIP configs.
+        files: checkpoint-relative paths of the ``dit``, ``vae`` and ``clip`` weight files.
+    """
+
+    name: str
+    mode: str
+    height: int
+    width: int
+    dit: DiTConfig
+    description: str = ""
+    fps: float = 25.0
+    denoising_steps: tuple[int, ...] = (1000, 666, 333)
+    timestep_shift: float = 5.0
+    frames_per_chunk: int = 3
+    weights: str = "checkpoint"
+    vae: str = "wan2.1"
+    clip: str = "vit-h-14"
+    files: dict[str, str] = field(default_factory=dict)
+
+    def to_dict(self) -> dict[str, Any]:
+        d = asdict(self)
+        d["dit"] = self.dit.to_dict()
+        d["denoising_steps"] = list(self.denoising_steps)
+        return d
+
+
+def preset_names() -> list[str]:
+    """Names of the built-in presets."""
+    return sorted(p.name[:-5] for p in resources.files("worldtrace_cli.presets").iterdir() if p.name.endswith(".yaml"))
+
+
+def load_preset(name_or_path: str) -> Preset:
+    """Load a built-in preset by name (``tiny``, ``mg2-universal``, ...) or a preset YAML file.
+
+    Raises:
+        InputError: unknown preset, malformed YAML, unknown keys or bad values (message names the file).
+    """
+    path = Path(name_or_path)
+    if path.suffix in (".yaml", ".yml") and path.is_file():
+        text, source, name = path.read_text(), str(path), path.stem
+    else:
+        res = resources.files("worldtrace_cli.presets").joinpath(f"{name_or_path}.yaml")
+        if not res.is_file():
+            raise InputError(f"--preset: unknown preset {name_or_path!r} (built-in: {', '.join(preset_names())})")
+        text, source, name = res.read_text(), f"preset {name_or_path}", name_or_path
+    try:
+        raw = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f":{mark.line + 1}" if mark else ""
+        raise InputError(f"{source}{where}: invalid YAML: {getattr(exc, 'problem', exc)}") from None
+    if not isinstance(raw, dict):
+        raise InputError(f"{source}: a preset must be a mapping")
+    unknown = sorted(set(raw) - _PRESET_KEYS)
+    if unknown:
+        raise InputError(f"{source}: unknown keys: {', '.join(unknown)}")
+    missing = [k for k in ("mode", "height", "width", "dit") if k not in raw]
+    if missing:
+        raise InputError(f"{source}: missing keys: {', '.join(missing)}")
+    from .errors import CheckpointError
+
+    try:
+        dit = DiTConfig.from_dict(raw.pop("dit"), f"{source}: dit")
+    except (CheckpointError, TypeError) as exc:
+        raise InputError(str(exc)) from None
+    if raw["mode"] not in MODES:
+        raise InputError(f"{source}: mode: must be one of {', '.join(MODES)}, got {raw['mode']!r}")
+    for key in ("height", "width"):
+        if not isinstance(raw[key], int) or raw[key] <= 0 or raw[key] % 16:
+            raise InputError(f"{source}: {key}: must be a positive multiple of 16, got {raw[key]!r}")
+    if raw.get("weights", "checkpoint") not in ("random", "checkpoint"):
+        raise InputError(f"{source}: weights: must be 'random' or 'checkpoint'")
+    files = raw.pop("files", None) or {}
+    if set(files) - set(_FILE_ROLES):
+        raise InputError(f"{source}: files: unknown roles {sorted(set(files) - set(_FILE_ROLES))}")
+    if "denoising_steps" in raw:
+        raw["denoising_steps"] = tuple(raw["denoising_steps"])
+    return Preset(name=name, dit=dit, files=dict(files), **raw)
+
+
+@dataclass(frozen=True)
+class RunConfig:
+    """Everything one ``worldtrace generate`` run needs, resolved (written into summary.json).
+
+    Attributes:
+        chunks: number of chunks (3 latent frames each); None = the trajectory's length.
+        seed: noise seed; None = the trajectory's seed, else 0.
+        device: ``auto`` | ``cuda`` | ``cpu``; dtype: ``auto`` | ``bf16`` | ``fp32``.
+        checkpoint: official MG2 folder (required by checkpoint presets unless ``random_weights``).
+        weights_seed: seed of random weights (tiny preset, ``--random-weights``).
+    """
+
+    preset: Preset
+    trajectory: Path
+    output: Path
+    image: Path | None = None
+    chunks: int | None = None
+    seed: int | None = None
+    device: str = "auto"
+    dtype: str = "auto"
+    checkpoint: Path | None = None
+    random_weights: bool = False
+    weights_seed: int = 0
+    memory: MemoryConfig = field(default_factory=MemoryConfig)
+    overwrite: bool = False
+    progress: bool = True
+    hash_checkpoint: bool = False
+
+    def to_dict(self) -> dict[str, Any]:
+        d = asdict(self)
+        d["preset"] = self.preset.to_dict()
+        return {k: (str(v) if isinstance(v, Path) else v) for k, v in d.items()}
