@@ -19,11 +19,11 @@ import torch
 
 from .errors import WorldtraceError
 from .memory import build_writer
-from .memory.base import CacheGeometry, MemoryConfig
+from .memory.base import MemoryConfig
 from .model.checkpoint import check_state_dict, read_json, read_state_dict
 from .model.config import DiTConfig
-from .model.dit import CausalWanDiT, ChunkInputs, LayerPast
-from .model.sampler import flow_to_x0
+from .model.dit import CausalWanDiT
+from .model.sampler import FlowMatchSchedule
 
 TOLERANCE = 1e-4
 FRAMES_PER_CHUNK = 3
@@ -63,43 +63,47 @@ def load_fixture(folder: str | Path):
     return model, inputs, outputs
 
 
-@torch.no_grad()
+class _FixtureConditioning:
+    """cond_concat slices of a stored [1, 20, N, h, w] tensor (the rollout's conditioning interface)."""
+
+    def __init__(self, cond: torch.Tensor):
+        self.cond = cond
+
+    def cond_concat(self, start: int, count: int) -> torch.Tensor:
+        return self.cond[:, :, start:start + count]
+
+
 def replay(model: CausalWanDiT, inputs: dict, on_call=None, writer=None) -> torch.Tensor:
-    """Replay the fixture rollout; return the output latents [1,16,N,h,w].
+    """Replay the fixture rollout through :class:`~worldtrace_cli.rollout.Rollout` with the stored
+    noise draws; return the output latents [1,16,N,h,w].
 
     ``on_call(name, x0)`` is called with ``call_c{c}_s{s}`` names and each x0. ``writer`` defaults
-    to the MG2-native sliding writer (budget local_attn_size - 3); it is reset here.
+    to the MG2-native sliding writer (budget local_attn_size - 3); the rollout resets it.
     """
+    from .rollout import Rollout
+
     cfg = model.cfg
-    noise, cond = inputs["noise"], inputs["cond_concat"]
-    ts, sigmas, draws = inputs["denoising_timesteps"], inputs["denoising_sigmas"], inputs["add_noise_draws"]
-    mouse = inputs.get("mouse_cond") if cfg.action_config.enable_mouse else None
-    n_chunks = noise.shape[2] // FRAMES_PER_CHUNK
-    tokens = (noise.shape[3] // 2) * (noise.shape[4] // 2)
+    noise, draws = inputs["noise"], inputs["add_noise_draws"]
+    steps = {3: (1000, 666, 333), 4: (1000, 750, 500, 250)}[len(inputs["denoising_timesteps"])]
     if writer is None:
         writer = build_writer(MemoryConfig(cache="sliding"), cfg.local_attn_size - FRAMES_PER_CHUNK)
-    writer.reset(CacheGeometry(cfg.num_layers, cfg.num_heads, cfg.head_dim, tokens, FRAMES_PER_CHUNK,
-                               cfg.local_attn_size - 1))
-    state = model.new_rollout_state()
-    out = torch.zeros_like(noise)
-    for c in range(n_chunks):
-        sf = c * FRAMES_PER_CHUNK
-        sl = slice(sf, sf + FRAMES_PER_CHUNK)
-        writer.begin_chunk(sf)
-        past = [LayerPast(*writer.read(layer)) for layer in range(cfg.num_layers)]
-        chunk = ChunkInputs(state, past, sf, inputs["keyboard_cond"], mouse, inputs["visual_context"])
-        x = noise[:, :, sl]
-        for s in range(len(ts)):
-            t = ts[s].expand(1, FRAMES_PER_CHUNK)
-            x0 = flow_to_x0(x, model(x, t, cond[:, :, sl], chunk), sigmas[s])
-            if on_call:
-                on_call(f"call_c{c}_s{s}", x0)
-            if s < len(ts) - 1:
-                x = (1 - sigmas[s + 1]) * x0 + sigmas[s + 1] * draws[c, s].permute(1, 0, 2, 3)[None]
-        out[:, :, sl] = x0
-        model(x0, torch.zeros(1, FRAMES_PER_CHUNK), cond[:, :, sl], chunk, commit=True)
-        writer.commit(chunk.committed, list(range(sf, sf + FRAMES_PER_CHUNK)))
-    return out
+
+    def fixture_noise(chunk, draw, shape):
+        if draw == 0:
+            return noise[:, :, chunk * FRAMES_PER_CHUNK:(chunk + 1) * FRAMES_PER_CHUNK]
+        return draws[chunk, draw - 1].permute(1, 0, 2, 3)[None]  # [(b f), C, H, W] -> [1, C, F, H, W]
+
+    def on_step(chunk, step, x0):
+        if on_call:
+            on_call(f"call_c{chunk}_s{step}", x0)
+
+    mouse = inputs.get("mouse_cond") if cfg.action_config.enable_mouse else None
+    rollout = Rollout(model, writer, _FixtureConditioning(inputs["cond_concat"]), inputs["visual_context"],
+                      inputs["keyboard_cond"], mouse, FlowMatchSchedule(steps), seed=0,
+                      device=torch.device("cpu"), latent_hw=tuple(noise.shape[3:]), noise=fixture_noise,
+                      on_step=on_step)
+    n_chunks = noise.shape[2] // FRAMES_PER_CHUNK
+    return torch.cat([rollout.step().latents for _ in range(n_chunks)], dim=2)
 
 
 def compare(folder: str | Path) -> dict[str, float]:

@@ -97,12 +97,16 @@ class Rollout:
         schedule: the sampler's :class:`FlowMatchSchedule`.
         seed: noise seed; chunk c draws from ``chunk_generator(seed, c)`` (CPU, then moved).
         decoder: optional streaming VAE decoder with ``decode(latents) -> uint8 [T,H,W,3]``.
+        noise: optional ``noise(chunk, draw, shape) -> Tensor`` replacing the seeded draws (draw 0 =
+            the chunk's initial noise, draw s = the re-noising before step s); used to replay fixtures.
+        on_step: optional ``on_step(chunk, step, x0)`` observer of every denoising step's x0.
     """
 
     def __init__(self, dit, writer: CacheWriter, conditioning, visual_context, keyboard, mouse,
                  schedule: FlowMatchSchedule, seed: int, device: torch.device, latent_hw: tuple[int, int],
-                 decoder=None, frames_per_chunk: int = 3):
+                 decoder=None, frames_per_chunk: int = 3, noise=None, on_step=None):
         self.dit, self.writer, self.conditioning, self.decoder = dit, writer, conditioning, decoder
+        self.noise, self.on_step = noise, on_step
         self.device, self.seed, self.frames_per_chunk = device, seed, frames_per_chunk
         self.dtype = next(dit.parameters()).dtype
         self.visual_context = visual_context.to(device, self.dtype)
@@ -134,15 +138,21 @@ class Rollout:
             past = [LayerPast(*self.writer.read(layer)) for layer in range(self.geometry.num_layers)]
         chunk = ChunkInputs(self.state, past, sf, self.keyboard, self.mouse, self.visual_context)
         cond = self.conditioning.cond_concat(sf, f).to(self.device, self.dtype)
-        gen = chunk_generator(self.seed, c)
         shape = (1, 16, f, *self.latent_hw)
-        x = torch.randn(shape, generator=gen).to(self.device)
+        if self.noise is None:
+            gen = chunk_generator(self.seed, c)
+            draw = lambda i: torch.randn(shape, generator=gen)  # noqa: E731  (draws in order)
+        else:
+            draw = lambda i: self.noise(c, i, shape)  # noqa: E731
+        x = draw(0).to(self.device)
         with timer.phase("denoise"):
             for s, t in enumerate(self.timesteps):
                 flow = self.dit(x, t.expand(1, f).to(self.device), cond, chunk)
                 x0 = flow_to_x0(x, flow.float(), self.sigmas[s])
+                if self.on_step is not None:
+                    self.on_step(c, s, x0)
                 if s < len(self.timesteps) - 1:
-                    x = add_noise(x0, torch.randn(shape, generator=gen).to(self.device), float(self.sigmas[s + 1]))
+                    x = add_noise(x0, draw(s + 1).to(self.device), self.sigmas[s + 1])
         if not torch.isfinite(x0).all():
             raise RunError(f"chunk {c}: the denoised latents contain NaN or inf")
         with timer.phase("context"):

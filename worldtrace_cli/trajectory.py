@@ -193,7 +193,8 @@ class _Parser:
         line = node if isinstance(node, int) else node.start_mark.line + 1
         return TrajectoryError(f"{self.source}:{line}: {field}: {_one_line(problem)}")
 
-    def mapping(self, node: yaml.Node, field: str, allowed: tuple[str, ...]) -> dict[str, yaml.Node]:
+    def mapping(self, node: yaml.Node, field: str,
+                allowed: tuple[str, ...]) -> dict[str, yaml.Node]:
         """Key -> value node of a plain mapping; rejects duplicates, merges and unknown keys."""
         if not isinstance(node, yaml.MappingNode) or node.tag != "tag:yaml.org,2002:map":
             raise self.error(node, field, f"expected a mapping, got {_kind(node)}")
@@ -204,12 +205,13 @@ class _Parser:
             key = self.scalar(key_node, field)
             if not isinstance(key, str):
                 raise self.error(key_node, field, f"keys must be strings, got {key!r}")
-            sub = key if field == "document" else f"{field}.{key}"
-            if key in out:
-                raise self.error(key_node, sub, f"duplicate key (first on line "
-                                 f"{out[key].start_mark.line + 1})")
             if key not in allowed:
-                raise self.error(key_node, sub, f"unknown key; allowed: {', '.join(allowed)}")
+                # The key is user text: keep it out of the field name (it may hold ': ').
+                raise self.error(key_node, field, f"unknown key {key!r}; allowed: "
+                                 f"{', '.join(allowed)}")
+            if key in out:
+                raise self.error(key_node, key if field == "document" else f"{field}.{key}",
+                                 f"duplicate key (first on line {out[key].start_mark.line + 1})")
             out[key] = value_node
         return out
 
@@ -286,14 +288,16 @@ def load_trajectory(path: str | Path) -> Trajectory:
     try:
         text = path.read_text(encoding="utf-8")
     except UnicodeDecodeError as err:
-        raise TrajectoryError(f"{path}: not UTF-8 text ({err.reason} at byte {err.start})") from None
+        raise TrajectoryError(f"{path}: not UTF-8 text ({err.reason} at byte "
+                              f"{err.start})") from None
     except OSError as err:
         raise TrajectoryError(f"{path}: cannot read trajectory file: "
                               f"{err.strerror or err}") from None
     return parse_trajectory(text, source=str(path), base_dir=path.parent)
 
 
-def parse_trajectory(text: str, source: str = "<string>", base_dir: Path | None = None) -> Trajectory:
+def parse_trajectory(text: str, source: str = "<string>",
+                     base_dir: Path | None = None) -> Trajectory:
     """Parse trajectory YAML ``text``; ``source`` names it in errors.
 
     A relative ``image`` is joined to ``base_dir`` (kept as written when base_dir is None); its
@@ -310,12 +314,14 @@ def parse_trajectory(text: str, source: str = "<string>", base_dir: Path | None 
         except yaml.MarkedYAMLError as err:
             mark = err.problem_mark or err.context_mark
             line = mark.line + 1 if mark else 1
-            raise p.error(line, "yaml", " ".join(filter(None, [err.context, err.problem]))) from None
+            problem = " ".join(filter(None, [err.context, err.problem]))
+            raise p.error(line, "yaml", problem) from None
         except yaml.reader.ReaderError as err:  # a character YAML does not allow
             line = text.count("\n", 0, err.position) + 1 if isinstance(text, str) else 1
             char = err.character
             char = f"#x{char:04x}" if isinstance(char, int) else repr(char)
-            raise p.error(line, "yaml", f"character {char} is not allowed ({err.reason})") from None
+            raise p.error(line, "yaml", f"character {char} is not allowed "
+                          f"({err.reason})") from None
         except RecursionError:
             raise p.error(1, "yaml", "document nested too deeply") from None
         if root is None:
@@ -362,7 +368,8 @@ def _parse_document(p: _Parser, root: yaml.Node, source: str, base_dir: Path | N
     return Trajectory(source=source, mode=mode, image=image, seed=seed, segments=tuple(segments))
 
 
-def _parse_segment(p: _Parser, spec: ModeSpec, node: yaml.Node, field: str, start_row: int) -> Segment:
+def _parse_segment(p: _Parser, spec: ModeSpec, node: yaml.Node, field: str,
+                   start_row: int) -> Segment:
     f = p.mapping(node, field, _SEGMENT_KEYS)
     line = node.start_mark.line + 1
     label = _parse_label(p, f["label"], f"{field}.label") if "label" in f else None
@@ -503,7 +510,8 @@ def _parse_explicit(p: _Parser, spec: ModeSpec, f: dict[str, yaml.Node], node: y
     return keyboard, mouse
 
 
-def _describe(spec: ModeSpec, keyboard: tuple[float, ...], mouse: tuple[float, float] | None) -> str:
+def _describe(spec: ModeSpec, keyboard: tuple[float, ...],
+              mouse: tuple[float, float] | None) -> str:
     """Display name of an explicit keys/mouse segment, in macro names where they fit."""
     by_key = {m.keys: n for n, m in spec.macros.items() if len(m.keys) == 1}
     names = [by_key[(i,)] for i, v in enumerate(keyboard) if v]

@@ -56,7 +56,7 @@ def flow_to_x0(x_t: torch.Tensor, flow: torch.Tensor, sigma: float | torch.Tenso
 
 def add_noise(x0: torch.Tensor, noise: torch.Tensor, sigma: float | torch.Tensor) -> torch.Tensor:
     """Forward process ``(1 - sigma) x0 + sigma * noise`` (same dtype as x0)."""
-    sigma = torch.as_tensor(sigma, dtype=x0.dtype, device=x0.device)
+    sigma = torch.as_tensor(sigma, device=x0.device).to(x0.dtype)
     return (1 - sigma) * x0 + sigma * noise
 
 

@@ -1,0 +1,373 @@
+"""Run outputs: the streaming MP4, per-chunk JSONL records, summary JSON and the run folder.
+
+Everything here is written so that a run killed at any moment leaves valid files: the video is
+fragmented MP4 encoded by a separate ffmpeg process, JSONL records are fsync'ed one by one, and
+JSON summaries are replaced atomically.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import os
+import subprocess
+import tempfile
+from collections.abc import Mapping
+from fractions import Fraction
+from pathlib import Path, PurePath
+
+import imageio_ffmpeg
+import numpy as np
+
+from .errors import OutputError
+
+VIDEO_NAME = "video.mp4"
+CHUNKS_NAME = "chunks.jsonl"
+SUMMARY_NAME = "summary.json"
+TIMELINE_NAME = "cache_timeline.png"
+# Files a run writes; a rerun removes them first so nothing stale survives an interruption.
+RUN_FILES = (SUMMARY_NAME, CHUNKS_NAME, VIDEO_NAME, TIMELINE_NAME)
+
+_GOP_FRAMES = 12  # one keyframe (= one MP4 fragment) per 12 pixel frames, about a chunk
+
+
+def _reason(err: OSError) -> str:
+    return err.strerror or str(err)
+
+
+# --------------------------------------------------------------------------- video
+
+
+class VideoStreamWriter:
+    """MP4 written chunk by chunk: H.264 (libx264), yuv420p, fragmented MP4.
+
+    ffmpeg (the binary shipped by imageio-ffmpeg) runs as a separate process in its own session,
+    fed raw RGB frames through an unbuffered pipe. Fragmented MP4 (``frag_keyframe+empty_moov+
+    default_base_moof``, ``-flush_packets 1``, a keyframe every 12 frames, ``-tune zerolatency``)
+    makes the file playable at every fragment boundary, so:
+
+    - if Python dies (crash, SIGKILL), ffmpeg sees end of input and finishes the file: every frame
+      handed to :meth:`write` is kept;
+    - if ffmpeg dies too, the fragments already written (all but at most the last ~12 frames) play.
+
+    Odd sizes: yuv420p needs even width and height, so an odd dimension is padded by repeating
+    the last row/column; ``encoded_width``/``encoded_height`` give the stored size.
+
+    Parameters: path of the .mp4 (truncated if it exists); width, height in pixels; fps (pixel
+    frames per second); crf, the x264 quality (0 lossless .. 51 worst; 18 is visually lossless).
+    Raises OutputError when the file cannot be created or ffmpeg fails while writing or closing.
+    """
+
+    def __init__(self, path: str | Path, width: int, height: int, fps: float = 25.0,
+                 crf: int = 18):
+        if width < 1 or height < 1:
+            raise ValueError(f"video size must be positive, got {width}x{height}")
+        if not fps > 0:
+            raise ValueError(f"fps must be positive, got {fps}")
+        if not 0 <= crf <= 51:
+            raise ValueError(f"crf must be in [0, 51], got {crf}")
+        self.path = Path(path)
+        self.width, self.height, self.fps, self.crf = width, height, fps, crf
+        self.encoded_width, self.encoded_height = width + width % 2, height + height % 2
+        self.frames_written = 0
+        self._closed = False
+        try:
+            # Fail here with a clear message rather than later inside ffmpeg.
+            self.path.open("wb").close()
+        except OSError as err:
+            raise OutputError(f"cannot write video {self.path}: {_reason(err)}") from None
+        self._log = tempfile.TemporaryFile()  # ffmpeg's messages, quoted when it fails
+        rate = Fraction(fps).limit_denominator(1001)
+        cmd = [
+            imageio_ffmpeg.get_ffmpeg_exe(), "-hide_banner", "-loglevel", "warning", "-y",
+            "-f", "rawvideo", "-pix_fmt", "rgb24",
+            "-s", f"{self.encoded_width}x{self.encoded_height}", "-r", str(rate), "-i", "-",
+            "-an", "-c:v", "libx264", "-preset", "veryfast", "-tune", "zerolatency",
+            "-crf", str(crf), "-pix_fmt", "yuv420p", "-g", str(_GOP_FRAMES),
+            "-movflags", "frag_keyframe+empty_moov+default_base_moof", "-flush_packets", "1",
+            "-f", "mp4", os.path.abspath(self.path),
+        ]
+        # Unbuffered stdin: a frame handed to write() is in ffmpeg's pipe when write() returns.
+        # A new session keeps Ctrl-C away from ffmpeg, so an interrupted run closes it cleanly.
+        self._proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.DEVNULL,
+                                      stderr=self._log, bufsize=0, start_new_session=True)
+
+    @property
+    def ffmpeg_pid(self) -> int:
+        """Process id of the encoding ffmpeg (it outlives a killed Python to finish the file)."""
+        return self._proc.pid
+
+    def write(self, frames) -> None:
+        """Append frames: uint8 RGB [T, H, W, 3], a numpy array or a torch tensor (moved to CPU).
+
+        Raises ValueError for a wrong dtype/shape or a closed writer, OutputError if ffmpeg
+        stopped (e.g. disk full).
+        """
+        if self._closed:
+            raise ValueError(f"video writer for {self.path} is closed")
+        if hasattr(frames, "detach"):  # a torch tensor; avoids importing torch here
+            frames = frames.detach().cpu().numpy()
+        frames = np.asarray(frames)
+        if frames.dtype != np.uint8 or frames.ndim != 4 or frames.shape[1:] != (
+                self.height, self.width, 3):
+            raise ValueError(f"expected uint8 frames [T, {self.height}, {self.width}, 3], got "
+                             f"{frames.dtype} {list(frames.shape)}")
+        if self.encoded_height != self.height or self.encoded_width != self.width:
+            pad = ((0, 0), (0, self.encoded_height - self.height),
+                   (0, self.encoded_width - self.width), (0, 0))
+            frames = np.pad(frames, pad, mode="edge")
+        view = memoryview(np.ascontiguousarray(frames).reshape(-1))  # flat uint8 bytes
+        try:
+            while view:  # a raw pipe write may be partial (e.g. interrupted by a signal)
+                view = view[self._proc.stdin.write(view):]
+        except OSError as err:
+            raise OutputError(f"writing video {self.path} failed ({_reason(err)}): "
+                              f"{self._ffmpeg_message()}") from None
+        self.frames_written += frames.shape[0]
+
+    def close(self) -> None:
+        """Finish the file and wait for ffmpeg. Idempotent. Raises OutputError if ffmpeg failed."""
+        if self._closed:
+            return
+        self._closed = True
+        try:
+            self._proc.stdin.close()
+        except OSError:  # ffmpeg already gone: its exit status below says why
+            pass
+        code = self._proc.wait()
+        message = self._ffmpeg_message()
+        self._log.close()
+        if code != 0:
+            raise OutputError(f"ffmpeg failed writing {self.path} (exit {code}): {message}")
+
+    def _ffmpeg_message(self, max_chars: int = 500) -> str:
+        self._log.seek(0)
+        text = self._log.read().decode("utf-8", "replace")
+        return " ".join(text.split())[-max_chars:] or "no message from ffmpeg"
+
+    def __enter__(self) -> VideoStreamWriter:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+def probe_video(path: str | Path) -> dict:
+    """Frame count and format of a video: ``{"frames": int, "fps": float, "width": int,
+    "height": int}`` (frames counted by demuxing the whole file). Raises OutputError if it cannot
+    be read."""
+    path = _existing(path)
+    try:
+        frames, _ = imageio_ffmpeg.count_frames_and_secs(str(path))
+        reader = imageio_ffmpeg.read_frames(str(path))
+        try:
+            meta = next(reader)
+        finally:
+            reader.close()
+    except (OSError, RuntimeError, StopIteration) as err:
+        raise OutputError(f"cannot read video {path}: {_tail(err)}") from None
+    width, height = meta["size"]
+    return {"frames": int(frames), "fps": float(meta["fps"]), "width": int(width),
+            "height": int(height)}
+
+
+def read_video_frames(path: str | Path) -> np.ndarray:
+    """Decode every frame: uint8 RGB [T, H, W, 3]. Raises OutputError if it cannot be read."""
+    path = _existing(path)
+    try:
+        reader = imageio_ffmpeg.read_frames(str(path), pix_fmt="rgb24")
+        meta = next(reader)
+        width, height = meta["size"]
+        frames = [np.frombuffer(buf, np.uint8).reshape(height, width, 3) for buf in reader]
+    except (OSError, RuntimeError, StopIteration) as err:
+        raise OutputError(f"cannot read video {path}: {_tail(err)}") from None
+    if not frames:
+        return np.zeros((0, height, width, 3), np.uint8)
+    return np.stack(frames)
+
+
+def _tail(err: Exception, max_chars: int = 300) -> str:
+    # ffmpeg's own reason comes last, after its banner.
+    return " ".join(str(err).split())[-max_chars:]
+
+
+def _existing(path: str | Path) -> Path:
+    path = Path(path)
+    if not path.is_file():
+        raise OutputError(f"cannot read video {path}: no such file")
+    return path
+
+
+# --------------------------------------------------------------------------- JSON
+
+
+def to_jsonable(obj):
+    """Plain-JSON copy of ``obj``: numpy/torch scalars and arrays become numbers and lists,
+    paths strings, dataclasses dicts, tuples lists; NaN and +-inf become null (JSON has none).
+    Raises TypeError for any other type."""
+    if obj is None or isinstance(obj, (str, bool, int)):
+        return obj
+    if isinstance(obj, float):
+        return obj if math.isfinite(obj) else None
+    if isinstance(obj, Mapping):
+        return {k if isinstance(k, str) else str(to_jsonable(k)): to_jsonable(v)
+                for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [to_jsonable(v) for v in obj]
+    if isinstance(obj, PurePath):
+        return str(obj)
+    if isinstance(obj, (np.generic, np.ndarray)):
+        return to_jsonable(obj.tolist())
+    if hasattr(obj, "detach") and hasattr(obj, "tolist"):  # torch tensor
+        return to_jsonable(obj.detach().cpu().tolist())
+    if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
+        return to_jsonable({f.name: getattr(obj, f.name) for f in dataclasses.fields(obj)})
+    raise TypeError(f"cannot write a {type(obj).__name__} to JSON")
+
+
+def _dumps(obj, indent: int | None = None) -> str:
+    return json.dumps(to_jsonable(obj), indent=indent, allow_nan=False, ensure_ascii=False)
+
+
+class JsonlWriter:
+    """One JSON object per line, flushed and fsync'ed per record, so a killed run keeps every
+    record it finished.
+
+    ``append=True`` continues an existing file; a record cut off by a previous crash is removed
+    first, so the new records start on a line of their own. Raises OutputError (naming the path)
+    when the file cannot be opened or written (e.g. disk full).
+    """
+
+    def __init__(self, path: str | Path, append: bool = False):
+        self.path = Path(path)
+        self.records_written = 0
+        try:
+            if append and self.path.exists():
+                _drop_partial_line(self.path)
+            self._file = self.path.open("a" if append else "w", encoding="utf-8")
+        except OSError as err:
+            raise OutputError(f"cannot write {self.path}: {_reason(err)}") from None
+
+    def write(self, record: Mapping) -> None:
+        """Append one record (a mapping; values converted by :func:`to_jsonable`)."""
+        if not isinstance(record, Mapping):
+            raise TypeError(f"a JSONL record must be a mapping, got {type(record).__name__}")
+        line = _dumps(record) + "\n"
+        try:
+            self._file.write(line)
+            self._file.flush()
+            os.fsync(self._file.fileno())
+        except OSError as err:
+            raise OutputError(f"cannot write {self.path}: {_reason(err)}") from None
+        self.records_written += 1
+
+    def close(self) -> None:
+        """Close the file. Idempotent."""
+        self._file.close()
+
+    def __enter__(self) -> JsonlWriter:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+def _drop_partial_line(path: Path, block_bytes: int = 65536) -> None:
+    """Cut a file back after its last newline, dropping a record a crash interrupted."""
+    with path.open("r+b") as f:
+        end = f.seek(0, os.SEEK_END)
+        if end == 0:
+            return
+        f.seek(end - 1)
+        if f.read(1) == b"\n":
+            return
+        cut, pos = 0, end
+        while pos > 0:
+            step = min(block_bytes, pos)
+            pos -= step
+            f.seek(pos)
+            newline = f.read(step).rfind(b"\n")
+            if newline >= 0:
+                cut = pos + newline + 1
+                break
+        f.truncate(cut)
+
+
+def read_jsonl(path: str | Path) -> list[dict]:
+    """Records of a JSONL file, in order. A truncated last line (a killed writer) is dropped.
+
+    Raises OutputError for a missing file or a malformed line other than the last.
+    """
+    path = Path(path)
+    try:
+        data = path.read_bytes()
+    except OSError as err:
+        raise OutputError(f"cannot read {path}: {_reason(err)}") from None
+    lines = data.split(b"\n")
+    records = []
+    for number, raw in enumerate(lines, start=1):
+        if not raw.strip():
+            continue
+        try:
+            record = json.loads(raw.decode("utf-8"))
+        except (UnicodeDecodeError, json.JSONDecodeError):
+            if number == len(lines):  # no newline after it: cut off mid-write
+                break
+            raise OutputError(f"{path}:{number}: not a JSON record") from None
+        if not isinstance(record, dict):
+            raise OutputError(f"{path}:{number}: expected a JSON object")
+        records.append(record)
+    return records
+
+
+def write_json_atomic(path: str | Path, obj, indent: int = 2) -> None:
+    """Write ``obj`` as JSON (via :func:`to_jsonable`) to a temporary file in the same folder,
+    fsync it, then rename it over ``path``: readers see the old file or the new, never half.
+    Raises OutputError on any OSError."""
+    path = Path(path)
+    text = _dumps(obj, indent=indent) + "\n"
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    try:
+        with tmp.open("w", encoding="utf-8") as f:
+            f.write(text)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except OSError as err:
+        try:
+            tmp.unlink(missing_ok=True)
+        except OSError:  # the folder itself is the problem; the message below says so
+            pass
+        raise OutputError(f"cannot write {path}: {_reason(err)}") from None
+
+
+# --------------------------------------------------------------------------- run folder
+
+
+def prepare_run_dir(path: str | Path, overwrite: bool) -> Path:
+    """Create (or reuse) a run folder and return it.
+
+    A folder holding a finished run (``summary.json`` exists) is refused unless ``overwrite``.
+    The known run files (:data:`RUN_FILES`) of a previous finished or interrupted run are
+    removed, summary first, so an interrupted rerun never looks finished; other files are left.
+    Raises OutputError when the folder cannot be created or written, or holds a finished run.
+    """
+    path = Path(path)
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+    except FileExistsError:
+        raise OutputError(f"output folder {path} exists and is not a folder") from None
+    except OSError as err:
+        raise OutputError(f"cannot create output folder {path}: {_reason(err)}") from None
+    if (path / SUMMARY_NAME).exists() and not overwrite:
+        raise OutputError(f"output folder {path} already holds a finished run (use --overwrite)")
+    probe = path / f".worldtrace-write-test-{os.getpid()}"
+    try:
+        for name in RUN_FILES:
+            (path / name).unlink(missing_ok=True)
+        probe.write_bytes(b"")
+        probe.unlink()
+    except OSError as err:
+        raise OutputError(f"output folder {path} is not writable: {_reason(err)}") from None
+    return path
