@@ -13,10 +13,11 @@ rows [12c - 3, 12c + 9).
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from types import MappingProxyType
-from typing import TYPE_CHECKING, Mapping
+from typing import TYPE_CHECKING
 
 import yaml
 
@@ -139,7 +140,7 @@ class Segment:
     """One trajectory segment.
 
     action: display name, e.g. ``"forward+camera_l"`` (``""`` for a label-only marker).
-    keyboard: ``keyboard_dim`` floats in {0, 1}; mouse: ``(pitch, yaw)`` or None (templerun).
+    keyboard: ``keyboard_dim`` floats in {0, 1}; mouse: ``(pitch, yaw)``, None in templerun.
     num_frames: length in pixel frames (action rows); 0 for a label-only waypoint marker.
     label: waypoint label at the segment's first row, or None; line: 1-based line in the file.
     """
@@ -185,9 +186,27 @@ class Trajectory:
 class _Parser:
     """Walks a composed YAML node tree; every error is ``file:line: field: problem``."""
 
-    def __init__(self, loader: yaml.SafeLoader | None, source: str):
-        self.loader = loader
+    def __init__(self, source: str):
         self.source = source
+        self.loader = yaml.SafeLoader("")  # replaced by compose(); constructs scalars
+
+    def compose(self, text: str) -> yaml.Node | None:
+        """The document's root node (None for an empty document); YAML errors -> line 1+."""
+        try:
+            # The reader checks characters in its constructor, so that belongs inside the try.
+            self.loader = yaml.SafeLoader(text)
+            return self.loader.get_single_node()
+        except yaml.MarkedYAMLError as err:
+            mark = err.problem_mark or err.context_mark
+            problem = " ".join(filter(None, [err.context, err.problem]))
+            raise self.error(mark.line + 1 if mark else 1, "yaml", problem) from None
+        except yaml.reader.ReaderError as err:  # a character YAML does not allow
+            char = err.character
+            char = f"#x{char:04x}" if isinstance(char, int) else repr(char)
+            raise self.error(text.count("\n", 0, err.position) + 1, "yaml",
+                             f"character {char} is not allowed ({err.reason})") from None
+        except RecursionError:  # PyYAML composes nested collections recursively
+            raise self.error(1, "yaml", "document nested too deeply") from None
 
     def error(self, node: yaml.Node | int, field: str, problem: str) -> TrajectoryError:
         line = node if isinstance(node, int) else node.start_mark.line + 1
@@ -304,35 +323,17 @@ def parse_trajectory(text: str, source: str = "<string>",
     existence is not checked here (the image loader reports it, and the CLI may override it).
     Raises TrajectoryError (``source:line: field: problem``) for malformed YAML or content.
     """
-    loader = None
+    p = _Parser(source)
+    root = p.compose(text)
     try:
-        p = _Parser(None, source)
-        try:
-            # The reader checks characters in the constructor, so it belongs inside the try.
-            loader = p.loader = yaml.SafeLoader(text)
-            root = loader.get_single_node()
-        except yaml.MarkedYAMLError as err:
-            mark = err.problem_mark or err.context_mark
-            line = mark.line + 1 if mark else 1
-            problem = " ".join(filter(None, [err.context, err.problem]))
-            raise p.error(line, "yaml", problem) from None
-        except yaml.reader.ReaderError as err:  # a character YAML does not allow
-            line = text.count("\n", 0, err.position) + 1 if isinstance(text, str) else 1
-            char = err.character
-            char = f"#x{char:04x}" if isinstance(char, int) else repr(char)
-            raise p.error(line, "yaml", f"character {char} is not allowed "
-                          f"({err.reason})") from None
-        except RecursionError:
-            raise p.error(1, "yaml", "document nested too deeply") from None
         if root is None:
             raise p.error(1, "mode", "empty document; a trajectory needs mode and segments")
-        return _parse_document(p, root, source, base_dir)
+        return _parse_document(p, root, base_dir)
     finally:
-        if loader is not None:
-            loader.dispose()
+        p.loader.dispose()
 
 
-def _parse_document(p: _Parser, root: yaml.Node, source: str, base_dir: Path | None) -> Trajectory:
+def _parse_document(p: _Parser, root: yaml.Node, base_dir: Path | None) -> Trajectory:
     top = p.mapping(root, "document", _TOP_KEYS)
     if "mode" not in top:
         raise p.error(root, "mode", f"required ({', '.join(MODES)})")
@@ -365,7 +366,8 @@ def _parse_document(p: _Parser, root: yaml.Node, source: str, base_dir: Path | N
         segments.append(seg)
     if start_row == 0:
         raise p.error(top["segments"], "segments", "no segment has a length (only labels)")
-    return Trajectory(source=source, mode=mode, image=image, seed=seed, segments=tuple(segments))
+    return Trajectory(source=p.source, mode=mode, image=image, seed=seed,
+                      segments=tuple(segments))
 
 
 def _parse_segment(p: _Parser, spec: ModeSpec, node: yaml.Node, field: str,
@@ -384,23 +386,23 @@ def _parse_segment(p: _Parser, spec: ModeSpec, node: yaml.Node, field: str,
             raise p.error(node, field, "a segment with a length needs an action (or keys/mouse)")
         if label is None:
             raise p.error(node, field, "empty segment: give an action and a length, or a label")
-        marker_kb = tuple(0.0 for _ in range(spec.keyboard_dim))
-        return Segment("", marker_kb, None, 0, label, line)
+        # A marker covers no rows; zeros keep "mouse is None iff the mode has no mouse" true.
+        return Segment("", (0.0,) * spec.keyboard_dim, (0.0, 0.0) if spec.mouse else None, 0,
+                       label, line)
 
     if "chunks" in f and "frames" in f:
         raise p.error(f["frames"], f"{field}.frames", "give either chunks or frames, not both")
     if not has_length:
         raise p.error(node, field, "needs a length: chunks or frames")
-    if "chunks" in f:
+    length_key = "chunks" if "chunks" in f else "frames"
+    if length_key == "chunks":
         chunks = p.integer(f["chunks"], f"{field}.chunks", 1, MAX_CHUNKS)
         # The first chunk of a rollout is 3 rows short (9 pixel frames instead of 12).
         num_frames = CHUNK_FRAMES * chunks - (3 if start_row == 0 else 0)
-        length_node = f["chunks"]
     else:
         num_frames = p.integer(f["frames"], f"{field}.frames", 1, frames_for_chunks(MAX_CHUNKS))
-        length_node = f["frames"]
     if start_row + num_frames > frames_for_chunks(MAX_CHUNKS):
-        raise p.error(length_node, f"{field}.{'chunks' if 'chunks' in f else 'frames'}",
+        raise p.error(f[length_key], f"{field}.{length_key}",
                       f"trajectory longer than {MAX_CHUNKS} chunks")
 
     if "action" in f:
@@ -442,7 +444,7 @@ def _parse_action(p: _Parser, spec: ModeSpec, node: yaml.Node,
         raise p.error(node, field, "'idle' cannot be combined with other actions")
     key_owner: dict[int, str] = {}
     axis_owner: dict[str, str] = {}
-    pitch = yaw = 0.0
+    axes = {"pitch": 0.0, "yaw": 0.0}
     for part in parts:
         macro = spec.macros[part]
         for axis, value in (("pitch", macro.pitch), ("yaw", macro.yaw)):
@@ -452,14 +454,14 @@ def _parse_action(p: _Parser, spec: ModeSpec, node: yaml.Node,
                 raise p.error(node, field, f"{axis_owner[axis]!r} and {part!r} contradict "
                               f"(both set the mouse {axis})")
             axis_owner[axis] = part
-            pitch, yaw = (value, yaw) if axis == "pitch" else (pitch, value)
+            axes[axis] = value
         for k in macro.keys:
             key_owner[k] = part
     for a, b in spec.exclusive_keys:
         if a in key_owner and b in key_owner:
             raise p.error(node, field, f"{key_owner[a]!r} and {key_owner[b]!r} contradict")
     keyboard = tuple(1.0 if i in key_owner else 0.0 for i in range(spec.keyboard_dim))
-    mouse = (pitch, yaw) if spec.mouse else None
+    mouse = (axes["pitch"], axes["yaw"]) if spec.mouse else None
     return "+".join(parts), keyboard, mouse
 
 
