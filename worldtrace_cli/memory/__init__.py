@@ -20,10 +20,10 @@ def build_writer(config: MemoryConfig, default_budget: int) -> CacheWriter:
     Raises:
         InputError: unknown writer or position scheme, negative budget.
     """
-    if config.cache not in WRITERS:
+    if config.writer_name not in WRITERS:
         raise InputError(f"--cache: unknown writer {config.cache!r} (choose from {', '.join(sorted(WRITERS))})")
     if config.positions is not None and config.positions not in SCHEMES:
         raise InputError(f"--positions: unknown scheme {config.positions!r} (choose from {', '.join(sorted(SCHEMES))})")
     if config.budget is not None and config.budget < 0:
         raise InputError(f"--budget: must be >= 0, got {config.budget}")
-    return WRITERS[config.cache](config, default_budget)
+    return WRITERS[config.writer_name](config, default_budget)
