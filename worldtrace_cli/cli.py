@@ -60,17 +60,31 @@ def main(verbose: bool) -> None:
 @click.option("-o", "--output", type=click.Path(path_type=Path), default=None, metavar="DIR",
               help="Run folder (default: runs/<trajectory>-<cache>).")
 @click.option("--overwrite", is_flag=True, help="Replace a finished run already in the output folder.")
-@click.option("--cache", default="sliding", show_default=True, help="KV-cache writer (see README).")
-@click.option("--positions", default=None, help="Position scheme override: actual, slot_rank.")
+@click.option("--cache", default="sliding", show_default=True, metavar="WRITER",
+              help="KV-cache writer: sliding, sink, full, field, field-streaming, landmark, mixed:K, naive, "
+                   "memrope, yarn (README: 'Memory writers').")
+@click.option("--positions", type=click.Choice(["actual", "block_relative", "centroid_linear", "slot_rank"]),
+              default=None, help="Position scheme override (default: the writer's).")
 @click.option("--budget", type=int, default=None,
-              help="Past latent-frame slots the cache holds (default: the writer's; MG2's own for sliding).")
+              help="Past latent-frame slots the cache holds = summary + recent (default: the writer's; "
+                   "sliding: MG2's own 3, gta_drive 1; WorldTrace writers: 6).")
+@click.option("--summary-slots", type=int, default=None, help="N_s summary slots (WorldTrace writers; default 4).")
+@click.option("--recent-slots", type=int, default=None, help="N_r verbatim recent slots (default 2).")
+@click.option("--landmark-threshold", type=float, default=0.1, show_default=True,
+              help="tau: cosine distance between consecutive frame descriptors that marks a scene entry.")
+@click.option("--sink-frames", type=int, default=1, show_default=True, help="sink: first latent frames kept.")
+@click.option("--max-cache-gb", type=float, default=16.0, show_default=True,
+              help="full/yarn: refuse before the KV cache exceeds this many GB.")
+@click.option("--spill-dir", type=click.Path(path_type=Path), default=None,
+              help="field: keep evicted frames on disk here instead of host memory (very long runs).")
 @click.option("--device", type=click.Choice(["auto", "cuda", "cpu"]), default="auto", show_default=True)
 @click.option("--dtype", type=click.Choice(["auto", "bf16", "fp32"]), default="auto", show_default=True,
               help="auto = bf16 on cuda, fp32 on cpu.")
 @click.option("--hash-checkpoint", is_flag=True, help="sha256 whole checkpoint files (default: first MiB).")
 @click.option("--no-progress", is_flag=True, help="No progress bar.")
 def generate(trajectory, preset, checkpoint, random_weights, image, chunks, seed, output, overwrite, cache,
-             positions, budget, device, dtype, hash_checkpoint, no_progress):
+             positions, budget, summary_slots, recent_slots, landmark_threshold, sink_frames, max_cache_gb,
+             spill_dir, device, dtype, hash_checkpoint, no_progress):
     """Generate a video from TRAJECTORY (a YAML file of actions; see trajectories/README.md).
 
     Writes to the run folder: video.mp4 (H.264, appended chunk by chunk), chunks.jsonl (one record
@@ -94,7 +108,11 @@ def generate(trajectory, preset, checkpoint, random_weights, image, chunks, seed
         out = output or Path("runs") / f"{trajectory.stem}-{cache.replace(':', '')}"
         cfg = RunConfig(preset=load_preset(name), trajectory=trajectory, output=out, image=image, chunks=chunks,
                         seed=seed, device=device, dtype=dtype, checkpoint=checkpoint, random_weights=random_weights,
-                        memory=MemoryConfig(cache=cache, positions=positions, budget=budget),
+                        memory=MemoryConfig(cache=cache, positions=positions, budget=budget,
+                                            summary_slots=summary_slots, recent_slots=recent_slots,
+                                            landmark_threshold=landmark_threshold, sink_frames=sink_frames,
+                                            max_cache_gb=max_cache_gb,
+                                            spill_dir=None if spill_dir is None else str(spill_dir)),
                         overwrite=overwrite, progress=not no_progress, hash_checkpoint=hash_checkpoint)
         summary = run_generate(cfg)
         t = summary["totals"]

@@ -136,7 +136,9 @@ class Rollout:
             self.writer.begin_chunk(sf)
             slots, positions = self.writer.slots(), self.writer.positions()
             past = [LayerPast(*self.writer.read(layer)) for layer in range(self.geometry.num_layers)]
-        chunk = ChunkInputs(self.state, past, sf, self.keyboard, self.mouse, self.visual_context)
+            freq_scale = self.writer.temporal_frequency_scale()
+        chunk = ChunkInputs(self.state, past, sf, self.keyboard, self.mouse, self.visual_context,
+                            temporal_freq_scale=freq_scale)
         cond = self.conditioning.cond_concat(sf, f).to(self.device, self.dtype)
         shape = (1, 16, f, *self.latent_hw)
         if self.noise is None:
@@ -175,6 +177,7 @@ class Rollout:
                                       if slots else 0),
                 "kv_bytes": self.writer.kv_bytes(),
                 "host_bytes": self.writer.host_bytes(),
+                "events": self.writer.events(),
             },
             "timings_s": {k: round(v, 6) for k, v in timer.seconds.items()},
             "memory": memory_record(self.device),

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from ..errors import InputError
-from . import sliding  # noqa: F401  (registers the writer)
+from . import full, memrope, sink, sliding, yarn  # noqa: F401  (each registers its writer)
 from .base import WRITERS, CacheGeometry, CacheWriter, MemoryConfig, Slot
 from .positions import SCHEMES
 

@@ -81,15 +81,25 @@ class Slot:
         kind: ``recent`` (verbatim recent frame), ``field`` (canonical mean of a group),
             ``landmark``, ``sink``, ``ema`` or ``past`` (verbatim frame of a baseline writer).
         frames: source latent-frame ids (absolute indices), oldest first.
+        time: the slot's own timestamp in latent frames when it is not the mean of ``frames``
+            (e.g. an EMA's weighted time); None otherwise.
     """
 
     kind: str
     frames: tuple[int, ...]
+    time: float | None = None
 
     @property
     def centroid(self) -> float:
-        """Mean source latent-frame index."""
+        """The slot's timestamp: ``time`` if set, else the mean source latent-frame index."""
+        if self.time is not None:
+            return self.time
         return sum(self.frames) / len(self.frames)
+
+    @property
+    def is_recent(self) -> bool:
+        """Verbatim frames of the recent window (``recent``, and ``past`` of the sliding baseline)."""
+        return self.kind in ("recent", "past")
 
 
 class CacheWriter:
@@ -156,6 +166,14 @@ class CacheWriter:
     def host_bytes(self) -> int:
         """Bytes kept off the compute device (e.g. the field writer's evicted frames); 0 by default."""
         return 0
+
+    def temporal_frequency_scale(self) -> torch.Tensor | None:
+        """Multipliers [t_ch/2] of the temporal RoPE frequencies for this chunk (YaRN); None = unchanged."""
+        return None
+
+    def events(self) -> list[dict]:
+        """Events since the last call (e.g. landmark detections) for chunks.jsonl."""
+        return []
 
     def describe(self) -> dict:
         """Resolved settings for summary.json."""

@@ -66,6 +66,8 @@ class ChunkInputs:
         mouse: [1, R, 2] or None.
         visual_context: [1, 257, clip_dim] CLIP tokens.
         committed: filled on the context pass: per layer (canonical k, v) [1, F*T, H, D].
+        temporal_freq_scale: optional [t_ch/2] multipliers of the temporal RoPE frequencies for
+            this chunk's queries and keys (YaRN); None = MG2's frequencies.
     """
 
     rollout: RolloutState
@@ -75,6 +77,7 @@ class ChunkInputs:
     mouse: torch.Tensor | None
     visual_context: torch.Tensor
     committed: list[tuple[torch.Tensor, torch.Tensor]] = field(default_factory=list)
+    temporal_freq_scale: torch.Tensor | None = None
     _buffers: dict[int, tuple[torch.Tensor, torch.Tensor]] = field(default_factory=dict)
 
     def kv_buffer(self, layer: int, rope: MainRope, current_tokens: int, dtype) -> tuple[torch.Tensor, torch.Tensor]:
@@ -85,7 +88,7 @@ class ChunkInputs:
             kbuf = p.k.new_empty((b, length + current_tokens, h, d), dtype=dtype)
             vbuf = torch.empty_like(kbuf)
             if length:
-                kbuf[:, :length] = rope.rotate_slots(p.k, p.positions)
+                kbuf[:, :length] = rope.rotate_slots(p.k, p.positions, self.temporal_freq_scale)
                 vbuf[:, :length] = p.v
             self._buffers[layer] = (kbuf, vbuf)
         return self._buffers[layer]
@@ -131,9 +134,9 @@ class SelfAttention(nn.Module):
         if commit:
             chunk.committed.append((k, v))
         pos = torch.arange(f, dtype=torch.float64).repeat_interleave(gh * gw)
-        q = rope.apply_temporal(q, pos)
+        q = rope.apply_temporal(q, pos, chunk.temporal_freq_scale)
         kbuf, vbuf = chunk.kv_buffer(layer, rope, n, k.dtype)
-        kbuf[:, -n:] = rope.apply_temporal(k, pos)
+        kbuf[:, -n:] = rope.apply_temporal(k, pos, chunk.temporal_freq_scale)
         vbuf[:, -n:] = v
         out = F.scaled_dot_product_attention(q.transpose(1, 2), kbuf.transpose(1, 2), vbuf.transpose(1, 2))
         return self.o(out.transpose(1, 2).reshape(b, n, d))

@@ -78,9 +78,14 @@ class MainRope:
             self._spatial[key] = (ang.cos().to(device), ang.sin().to(device))
         return self._spatial[key]
 
-    def temporal_angles(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """cos/sin float64 [L, t_ch/2] for temporal positions [L] (latent frames, any real value)."""
-        ang = torch.outer(positions.to(torch.float64).cpu(), self.omega_t)
+    def temporal_angles(self, positions: torch.Tensor, freq_scale: torch.Tensor | None = None
+                        ) -> tuple[torch.Tensor, torch.Tensor]:
+        """cos/sin float64 [L, t_ch/2] for temporal positions [L] (latent frames, any real value).
+
+        ``freq_scale`` [t_ch/2] multiplies the temporal frequencies (YaRN); None = MG2's own.
+        """
+        omega = self.omega_t if freq_scale is None else self.omega_t * freq_scale.to(torch.float64).cpu()
+        ang = torch.outer(positions.to(torch.float64).cpu(), omega)
         return ang.cos(), ang.sin()
 
     def apply_spatial(self, x: torch.Tensor, height: int, width: int) -> torch.Tensor:
@@ -97,19 +102,21 @@ class MainRope:
         out[..., self.t_ch:] = _rotate_pairs(x[..., self.t_ch:].double(), cos, sin).to(x.dtype)
         return out
 
-    def apply_temporal(self, x: torch.Tensor, token_positions: torch.Tensor) -> torch.Tensor:
+    def apply_temporal(self, x: torch.Tensor, token_positions: torch.Tensor,
+                       freq_scale: torch.Tensor | None = None) -> torch.Tensor:
         """Rotate the temporal channels of ``x`` [B, L, H, D] at ``token_positions`` [L] (latent frames).
 
         float64 rotation, cast back to ``x.dtype``. Only the ``t_ch`` temporal channels are computed.
         """
-        cos, sin = self.temporal_angles(token_positions)
+        cos, sin = self.temporal_angles(token_positions, freq_scale)
         cos = cos.to(x.device)[None, :, None, :]
         sin = sin.to(x.device)[None, :, None, :]
         out = x.clone()
         out[..., : self.t_ch] = _rotate_pairs(x[..., : self.t_ch].double(), cos, sin).to(x.dtype)
         return out
 
-    def rotate_slots(self, k_canon: torch.Tensor, slot_positions: torch.Tensor) -> torch.Tensor:
+    def rotate_slots(self, k_canon: torch.Tensor, slot_positions: torch.Tensor,
+                     freq_scale: torch.Tensor | None = None) -> torch.Tensor:
         """Rotate canonical keys of whole cache slots to their virtual positions.
 
         Args:
@@ -124,7 +131,22 @@ class MainRope:
         if num_slots == 0:
             return k_canon
         tokens_per_slot = k_canon.shape[1] // num_slots
-        return self.apply_temporal(k_canon, slot_positions.repeat_interleave(tokens_per_slot))
+        return self.apply_temporal(k_canon, slot_positions.repeat_interleave(tokens_per_slot), freq_scale)
+
+
+def yarn_frequency_scale(omega: torch.Tensor, trained_frames: float, scale: float,
+                         alpha: float = 1.0, beta: float = 32.0) -> torch.Tensor:
+    """NTK-by-parts frequency scale of YaRN (Peng et al. 2023, Eq. 18-19) for one RoPE axis.
+
+    Each pair j with wavelength ``2*pi/omega_j`` completes ``r = trained / wavelength`` turns over the
+    trained context; pairs with r > beta keep their frequency, pairs with r < alpha are interpolated
+    by ``1/scale``, with a linear ramp between. Returns float64 [n] multipliers of ``omega``.
+    With MG2's 6-frame trained window every temporal pair has r < 1, so this is position
+    interpolation by ``1/scale`` on the whole temporal axis.
+    """
+    ratio = trained_frames * omega / (2 * torch.pi)
+    ramp = ((ratio - alpha) / (beta - alpha)).clamp(0.0, 1.0)
+    return (1 - ramp) / max(1.0, scale) + ramp
 
 
 def action_rope(x: torch.Tensor, positions: torch.Tensor, theta: float = ACTION_ROPE_THETA) -> torch.Tensor:

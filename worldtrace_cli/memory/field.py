@@ -1,0 +1,185 @@
+"""``field``: WorldTrace Field, canonical key averaging over uniform contiguous groups (paper §3.3).
+
+The M latent frames that have left the recent window are split, oldest to newest, into N_s
+contiguous groups (:func:`uniform_groups`); summary slot s holds the per-token mean of its group's
+canonical keys and of its values (Def. 2, Eq. 8 with the rotation R(omega t_v) left to read time).
+By Prop. 1 (App. C) a query scores the slot at any virtual position exactly as it scores the mean
+of its sources moved to that position.
+
+This is the paper's *recompute* writer: every evicted frame's canonical K/V is kept off the compute
+device (host RAM, pinned on CUDA; or one safetensors file per frame under ``--spill-dir``), so a
+moving group boundary always acts on source frames, never on an averaged quantity. Boundaries
+``floor(s*M/N_s)`` only move right, each by at most one frame per evicted frame, so the float32
+per-slot sums on the compute device are updated incrementally (add the frames entering a group,
+subtract those leaving): O(N_s) frame transfers per evicted frame, not O(M). Add/subtract rounding
+would drift without bound over a long rollout, so a slot is recomputed exactly from its sources
+once it has had ``REFRESH_EVERY`` (64) incremental updates: drift stays bounded at the cost of
+an amortised O(M / (64 N_s)) transfers per slot per chunk.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+import weakref
+from collections import defaultdict
+from pathlib import Path
+
+import torch
+from safetensors.torch import load_file, save_file
+
+from .base import CacheGeometry, Slot, register
+from .window import FrameKV, RecentWindowWriter, SummaryMemory
+
+REFRESH_EVERY = 64  # incremental updates of a slot before it is recomputed exactly (drift bound)
+
+
+def uniform_groups(num_frames: int, num_slots: int) -> list[tuple[int, int]]:
+    """Half-open index ranges ``[floor(s*M/N_s), floor((s+1)*M/N_s))`` of the N_s groups, oldest first.
+
+    Groups are empty when ``num_frames < num_slots`` (those slots are not read).
+    """
+    return [(s * num_frames // num_slots, (s + 1) * num_frames // num_slots) for s in range(num_slots)]
+
+
+def stack_frame(frame_kv: FrameKV) -> torch.Tensor:
+    """One latent frame's per-layer (k, v) [1, T, H, D] as one tensor [L, 2, T, H, D] (same dtype/device)."""
+    return torch.stack([torch.stack([k[0], v[0]]) for k, v in frame_kv])
+
+
+class FieldSummary(SummaryMemory):
+    """N_s field slots: canonical means of uniform contiguous groups of evicted latent frames.
+
+    Args:
+        num_slots: N_s.
+        spill_dir: keep evicted frames on disk under this folder (a fresh subfolder per rollout,
+            removed on reset or when the component is garbage-collected) instead of host RAM.
+    Raises:
+        OSError: ``spill_dir`` cannot be created or written.
+    """
+
+    kind = "field"
+
+    def __init__(self, num_slots: int, spill_dir: str | None = None):
+        self.num_slots = num_slots
+        self.spill_dir = spill_dir
+        self._cleanup = None
+
+    def reset(self, geometry: CacheGeometry) -> None:
+        super().reset(geometry)
+        g = geometry
+        self._device = torch.device(g.device)
+        self._ids: list[int] = []                    # evicted latent-frame ids, oldest first
+        self._store: list[torch.Tensor | Path] = []  # per evicted frame: host [L,2,T,H,D] or its file
+        self._pending: dict[int, torch.Tensor] = {}  # evicted since the last sync, still on device
+        self._host_bytes = 0
+        shape = (self.num_slots, g.num_layers, 2, g.tokens_per_frame, g.heads, g.head_dim)
+        self._sum = torch.zeros(shape, dtype=torch.float32, device=self._device)
+        self._ranges = [(0, 0)] * self.num_slots     # groups the sums currently hold
+        self._updates = [0] * self.num_slots         # incremental updates since the last exact recompute
+        if self._cleanup is not None:
+            self._cleanup()
+        self._dir = None
+        if self.spill_dir is not None:
+            os.makedirs(self.spill_dir, exist_ok=True)
+            self._dir = Path(tempfile.mkdtemp(prefix="field-", dir=self.spill_dir))
+            self._cleanup = weakref.finalize(self, shutil.rmtree, self._dir, True)
+
+    def evict(self, frame_id: int, frame_kv: FrameKV) -> None:
+        if self.num_slots == 0:
+            return
+        x = stack_frame(frame_kv)
+        index = len(self._ids)
+        if self._dir is not None:
+            path = self._dir / f"frame_{frame_id:07d}.safetensors"
+            save_file({"kv": x.cpu().contiguous()}, str(path))
+            self._store.append(path)
+            self._host_bytes += path.stat().st_size
+        else:
+            pinned = self._device.type == "cuda"
+            host = torch.empty(x.shape, dtype=x.dtype, pin_memory=pinned)
+            host.copy_(x, non_blocking=pinned)  # pinned target: the copy is ordered on the stream
+            self._store.append(host)
+            self._host_bytes += host.numel() * host.element_size()
+        self._ids.append(frame_id)
+        self._pending[index] = x  # it enters the newest group at the next sync: no round trip
+        if len(self._pending) > self.geometry.frames_per_chunk:  # nobody read: bound device memory
+            del self._pending[min(self._pending)]
+
+    def _fetch(self, index: int) -> torch.Tensor:
+        """Evicted frame ``index`` on the compute device, [L, 2, T, H, D] in the cache dtype."""
+        if index in self._pending:
+            return self._pending[index]
+        src = self._store[index]
+        if isinstance(src, Path):
+            return load_file(str(src), device=str(self._device))["kv"]
+        return src.to(self._device, non_blocking=True)
+
+    def contribution(self, index: int) -> torch.Tensor:
+        """What evicted frame ``index`` adds to its slot's sum: float32 [L, 2, T, H, D] (canonical K, V)."""
+        return self._fetch(index).float()
+
+    def finish_key(self, k_mean: torch.Tensor, frames: tuple[int, ...]) -> torch.Tensor:
+        """Turn a slot's float32 mean of contributions [L', T, H, D] into its canonical key (identity)."""
+        return k_mean
+
+    def _sync(self) -> None:
+        """Bring the per-slot sums to the current groups, fetching each needed frame once."""
+        ops: dict[int, list[tuple[int, int]]] = defaultdict(list)  # frame index -> [(slot, +1/-1)]
+        for s, (lo, hi) in enumerate(uniform_groups(len(self._ids), self.num_slots)):
+            olo, ohi = self._ranges[s]
+            if (lo, hi) == (olo, ohi):
+                continue
+            leave, enter = range(olo, min(ohi, lo)), range(max(ohi, lo), hi)
+            if self._updates[s] >= REFRESH_EVERY or len(leave) + len(enter) >= hi - lo:
+                self._sum[s].zero_()  # exact recompute: drift bound, or cheaper than the update
+                self._updates[s] = 0
+                for i in range(lo, hi):
+                    ops[i].append((s, 1))
+            else:
+                self._updates[s] += 1
+                for i in enter:
+                    ops[i].append((s, 1))
+                for i in leave:
+                    ops[i].append((s, -1))
+            self._ranges[s] = (lo, hi)
+        for i in sorted(ops):  # one frame on the device at a time: frames can be hundreds of MB
+            x = self.contribution(i)
+            for s, sign in ops[i]:
+                self._sum[s].add_(x, alpha=sign)
+        self._pending.clear()
+
+    def slots(self) -> list[Slot]:
+        return [Slot(self.kind, tuple(self._ids[lo:hi]))
+                for lo, hi in uniform_groups(len(self._ids), self.num_slots) if hi > lo]
+
+    def kv(self, layer: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        self._sync()
+        dtype = self.geometry.dtype
+        out = []
+        for s, (lo, hi) in enumerate(self._ranges):
+            if hi > lo:
+                mean = self._sum[s, layer] / (hi - lo)  # [2, T, H, D] float32
+                k = self.finish_key(mean[0][None], tuple(self._ids[lo:hi]))
+                out.append((k.to(dtype), mean[1][None].to(dtype)))
+        return out
+
+    def host_bytes(self) -> int:
+        """Bytes of evicted frames held in host RAM or, with ``spill_dir``, on disk."""
+        return self._host_bytes
+
+    def describe(self) -> dict:
+        return {"field": {"groups": "uniform contiguous", "keys": "canonical mean",
+                          "store": "disk" if self.spill_dir else "host", "refresh_every": REFRESH_EVERY}}
+
+
+@register
+class FieldWriter(RecentWindowWriter):
+    """WorldTrace Field (recompute writer): N_r recent frames + N_s field slots, slot-rank positions."""
+
+    name = "field"
+    default_positions = "slot_rank"
+
+    def make_components(self) -> list[SummaryMemory]:
+        return [FieldSummary(self.n_summary, self.config.spill_dir)]

@@ -1,0 +1,57 @@
+"""``full``: every past latent frame verbatim at its actual position (O(N) memory).
+
+The unbounded baseline: nothing is forgotten, but offsets leave the trained range (paper §2.1).
+It refuses, with exit code 5, before its KV cache would exceed ``--max-cache-gb``.
+"""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+import torch
+
+from ..errors import RunError
+from .base import CacheGeometry, CacheWriter, Slot, register
+
+
+@register
+class FullWriter(CacheWriter):
+    """All past frames; ``budget`` is unlimited (``--budget`` is ignored)."""
+
+    name = "full"
+    default_positions = "actual"
+
+    def reset(self, geometry: CacheGeometry) -> None:
+        super().reset(geometry)
+        self._ids: list[int] = []
+        self._k: list[list[torch.Tensor]] = [[] for _ in range(geometry.num_layers)]
+        self._v: list[list[torch.Tensor]] = [[] for _ in range(geometry.num_layers)]
+
+    def slots(self) -> list[Slot]:
+        return [Slot("past", (f,)) for f in self._ids]
+
+    def _read_kv(self, layer: int):
+        if not self._ids:
+            return self._empty()
+        return torch.cat(self._k[layer], dim=1), torch.cat(self._v[layer], dim=1)
+
+    def frame_bytes(self) -> int:
+        """K+V bytes of one latent frame, all layers."""
+        g = self.geometry
+        return 2 * g.tokens_per_frame * g.heads * g.head_dim * g.num_layers * torch.finfo(g.dtype).bits // 8
+
+    def commit(self, layers_kv: Sequence[tuple[torch.Tensor, torch.Tensor]], frame_ids: Sequence[int]) -> None:
+        cap = self.config.max_cache_gb * 1e9
+        needed = (len(self._ids) + len(frame_ids)) * self.frame_bytes()
+        if needed > cap:
+            raise RunError(f"--cache {self.name}: the KV cache would reach {needed / 1e9:.2f} GB at latent frame "
+                           f"{frame_ids[-1]}, over --max-cache-gb {self.config.max_cache_gb:g}; use a bounded "
+                           f"writer or raise the cap")
+        t = self.geometry.tokens_per_frame
+        for layer, (k, v) in enumerate(layers_kv):
+            self._k[layer].extend(k[:, i * t:(i + 1) * t] for i in range(len(frame_ids)))
+            self._v[layer].extend(v[:, i * t:(i + 1) * t] for i in range(len(frame_ids)))
+        self._ids.extend(frame_ids)
+
+    def describe(self) -> dict:
+        return {**super().describe(), "budget": None, "max_cache_gb": self.config.max_cache_gb}

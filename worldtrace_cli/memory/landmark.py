@@ -1,0 +1,146 @@
+"""``landmark``: WorldTrace-Landmark (paper §3.4), N_r recent frames + N_s frozen scene-entry frames.
+
+**Selection.** Every latent frame leaving the recent window is tested against the previous one that
+left it: if the cosine distance of their *descriptors* exceeds tau (``--landmark-threshold``,
+:attr:`MemoryConfig.landmark_threshold`) the frame is a scene entry and becomes a landmark. The
+first frame ever evicted (latent frame 0, the conditioning image's frame) is always the first
+landmark. The newest N_s landmarks are kept (oldest evicted first); while fewer than N_s exist, the
+empty slots repeat the oldest landmark (paper §3.4, Algorithm 1).
+
+**Descriptor.** Per layer, the token mean of the canonical key's *temporal* channels
+``[0, t_ch)`` (44 of 128 for MG2's head dim), all heads concatenated: [L, H * t_ch] float32. Why:
+in a canonical key the temporal channels carry no rotation at all, so their token mean is a
+position-free summary of what the frame shows; the spatial channels are rotated by each token's
+(h, w) position and partly cancel in a mean, and a token-by-token comparison would call a camera
+pan a scene change. Each layer's descriptor is L2-normalised before the layers are joined, so the
+distance is ``1 - mean over layers of cos(d_l(prev), d_l(frame))`` and no layer dominates through a
+larger key scale. Cost per evicted frame: one O(T * L * H * t_ch) mean; state: the previous
+descriptor only (O(L * H * t_ch)), not a history.
+
+**Frozen keys (Eq. 7).** A landmark's canonical K (and V) is copied once, when it is selected, and
+never re-derived from a rotated key: every chunk the model applies one fresh rotation
+R(omega * t_s) to the same stored canonical key, so moving a landmark from slot s to s-1 adds no
+rounding error (an unrotate/re-rotate chain in bfloat16 drifts; tests/test_landmark.py measures it).
+
+Memory: N_s frames of K/V per layer, constant in rollout length.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+
+import torch
+import torch.nn.functional as F
+
+from ..model.rope import axis_channels
+from .base import CacheGeometry, MemoryConfig, Slot, register
+from .window import FrameKV, RecentWindowWriter, SummaryMemory
+
+DESCRIPTOR = "per-layer token mean of canonical-key temporal channels [0, t_ch), heads concatenated, " \
+             "L2-normalised per layer; distance = 1 - mean over layers of cosine similarity"
+
+
+def frame_descriptor(frame_kv: FrameKV, t_ch: int) -> torch.Tensor:
+    """Position-free appearance descriptor of one latent frame (see the module docstring).
+
+    Args:
+        frame_kv: per layer (canonical k, v), k [1, T, H, D] in any float dtype.
+        t_ch: number of temporal RoPE channels (leading channels of D; 44 for D = 128).
+    Returns:
+        float32 [L, H * t_ch], each row unit-norm (or zero if the layer's mean is zero).
+    """
+    rows = [k[0, :, :, :t_ch].float().mean(dim=0).flatten() for k, _ in frame_kv]
+    return F.normalize(torch.stack(rows), dim=1)
+
+
+def descriptor_distance(a: torch.Tensor, b: torch.Tensor) -> float:
+    """Cosine distance ``1 - mean_l <a_l, b_l>`` of two :func:`frame_descriptor` results, in [0, 2]."""
+    return 1.0 - (a * b).sum(dim=1).mean().item()
+
+
+class LandmarkSummary(SummaryMemory):
+    """N_s slots of verbatim scene-entry frames with frozen canonical keys.
+
+    Args:
+        n_slots: N_s, landmark slots (0 disables the component).
+        config: memory settings; reads ``landmark_threshold`` (tau, a cosine distance in [0, 2]).
+    """
+
+    def __init__(self, n_slots: int, config: MemoryConfig):
+        self.n_slots = n_slots
+        self.threshold = config.landmark_threshold
+
+    def reset(self, geometry: CacheGeometry) -> None:
+        super().reset(geometry)
+        self.t_ch = axis_channels(geometry.head_dim)[0]
+        self._ids: deque[int] = deque()
+        self._kv: deque[FrameKV] = deque()
+        self._prev: torch.Tensor | None = None  # descriptor of the previous evicted frame
+        self._events: list[dict] = []
+
+    def evict(self, frame_id: int, frame_kv: FrameKV) -> None:
+        """Test a frame leaving the recent window; store it (frozen) if it is a scene entry."""
+        if self.n_slots == 0:
+            return
+        desc = frame_descriptor(frame_kv, self.t_ch)
+        distance = None if self._prev is None else descriptor_distance(self._prev, desc)
+        self._prev = desc
+        is_landmark = distance is None or distance > self.threshold
+        self._events.append({"type": "landmark_test", "frame": frame_id,
+                             "distance": None if distance is None else round(distance, 6),
+                             "landmark": is_landmark})
+        if not is_landmark:
+            return
+        # clone: the recent window holds views of the whole chunk's tensor; a landmark owns exactly
+        # one frame, so its memory is N_s frames and nothing upstream can alter the frozen key.
+        self._ids.append(frame_id)
+        self._kv.append([(k.clone(), v.clone()) for k, v in frame_kv])
+        if len(self._ids) > self.n_slots:
+            self._ids.popleft()
+            self._kv.popleft()
+
+    def _padding(self) -> int:
+        """Empty slots, filled by repeating the oldest landmark (0 before any landmark exists)."""
+        return self.n_slots - len(self._ids) if self._ids else 0
+
+    def slots(self) -> list[Slot]:
+        """``Slot("landmark", (frame,))`` oldest first; the oldest repeated into empty slots."""
+        ids = list(self._ids)
+        ids = ids[:1] * self._padding() + ids
+        return [Slot("landmark", (f,)) for f in ids]
+
+    def kv(self, layer: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        """Stored canonical (k, v) [1, T, H, D] per slot, in :meth:`slots` order (verbatim)."""
+        frames = list(self._kv)
+        frames = frames[:1] * self._padding() + frames
+        return [frame[layer] for frame in frames]
+
+    def stored_bytes(self) -> int:
+        """Bytes of the storages this component keeps alive: landmark K/V (all layers) and the
+        detector's previous descriptor. Counted per storage, so a view would show what it pins."""
+        tensors = [t for frame in self._kv for kv in frame for t in kv]
+        if self._prev is not None:
+            tensors.append(self._prev)
+        storages = {t.untyped_storage().data_ptr(): t.untyped_storage().nbytes() for t in tensors}
+        return sum(storages.values())
+
+    def events(self) -> list[dict]:
+        """``landmark_test`` events since the last call: frame, detector distance (None for the
+        first frame), whether it became a landmark. For chunks.jsonl, so users can tune tau."""
+        out, self._events = self._events, []
+        return out
+
+    def describe(self) -> dict:
+        return {"landmark": {"threshold": self.threshold, "descriptor": DESCRIPTOR}}
+
+
+@register
+class LandmarkWriter(RecentWindowWriter):
+    """WorldTrace-Landmark: N_s landmark slots (oldest first) then N_r recent slots, read at
+    slot-rank positions (paper Def. 1). Defaults N_s = 4, N_r = 2 (the recall setting)."""
+
+    name = "landmark"
+    default_positions = "slot_rank"
+
+    def make_components(self) -> list[SummaryMemory]:
+        return [LandmarkSummary(self.n_summary, self.config)]

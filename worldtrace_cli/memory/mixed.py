@@ -1,0 +1,61 @@
+"""``mixed:k``: k WorldTrace-Field slots + (N_s - k) WorldTrace-Landmark slots in one cache
+(paper App. "Unified Cache Allocation", Table "Slot allocation": kF + (N_s-k)L).
+
+Both components see every latent frame that leaves the recent window: the field component folds it
+into its canonical group means, the landmark component tests it for a scene entry. Slot order,
+which is the rank order of slot-rank positions (Def. 1): the k field slots (oldest group first),
+then the N_s - k landmark slots (oldest landmark first), then the N_r recent slots. ``mixed:0`` is
+``landmark`` and ``mixed:N_s`` is ``field`` with the same budget.
+"""
+
+from __future__ import annotations
+
+from ..errors import InputError
+from .base import MemoryConfig, register
+from .field import FieldSummary
+from .landmark import LandmarkSummary
+from .window import RecentWindowWriter, SummaryMemory
+
+
+def parse_field_slots(config: MemoryConfig, n_summary: int) -> int:
+    """k from ``--cache mixed:k``.
+
+    Raises:
+        InputError: k missing, not an integer, or outside [0, N_s].
+    """
+    try:
+        k = int(config.writer_arg)  # None or "x" -> TypeError / ValueError
+    except (TypeError, ValueError):
+        raise InputError(f"--cache {config.cache}: expected mixed:k with k an integer field-slot count "
+                         f"in [0, {n_summary}], e.g. mixed:2") from None
+    if not 0 <= k <= n_summary:
+        raise InputError(f"--cache {config.cache}: k must be in [0, {n_summary}] "
+                         f"(the summary slots), got {k}")
+    return k
+
+
+@register
+class MixedWriter(RecentWindowWriter):
+    """k field slots + (N_s - k) landmark slots + N_r recent slots, read at slot-rank positions."""
+
+    name = "mixed"
+    default_positions = "slot_rank"
+
+    def __init__(self, config: MemoryConfig, default_budget: int):
+        super().__init__(config, default_budget)
+        self.n_field = parse_field_slots(config, self.n_summary)
+        self.n_landmark = self.n_summary - self.n_field
+
+    def make_components(self) -> list[SummaryMemory]:
+        # a zero-slot component would only cost work (the field writer's host copies, say)
+        comps: list[SummaryMemory] = []
+        if self.n_field:
+            comps.append(FieldSummary(self.n_field, self.config))
+        if self.n_landmark:
+            comps.append(LandmarkSummary(self.n_landmark, self.config))
+        return comps
+
+    def describe(self) -> dict:
+        d = super().describe()
+        d["mixed"] = {"field_slots": self.n_field, "landmark_slots": self.n_landmark}
+        return d
