@@ -242,6 +242,7 @@ def generate(cfg: RunConfig) -> dict:
     from .model.conditioning import build_conditioning, load_image, preprocess_image
     from .model.vae import StreamingDecoder
     from .outputs import JsonlWriter, VideoStreamWriter, prepare_run_dir, write_json_atomic
+    from .timeline import plot_cache_timeline
     from .trajectory import chunk_rows, load_trajectory, plan_actions
 
     started = time.time()
@@ -284,6 +285,7 @@ def generate(cfg: RunConfig) -> dict:
     for chunk_index, label in plan.waypoints:
         waypoints.setdefault(chunk_index, []).append(label)
     totals: dict[str, float] = {}
+    records: list[dict] = []
     peak = {"rss_bytes": 0, "gpu_peak_bytes": 0}
     video = VideoStreamWriter(run_dir / "video.mp4", preset.width, preset.height, preset.fps)
     jsonl = JsonlWriter(run_dir / "chunks.jsonl")
@@ -298,6 +300,7 @@ def generate(cfg: RunConfig) -> dict:
             rec["actions"] = plan.chunk_actions[c]
             rec["waypoints"] = waypoints.get(c, [])
             jsonl.write(rec)
+            records.append(rec)
             for k, v in rec["timings_s"].items():
                 totals[k] = totals.get(k, 0.0) + v
             for k in peak:
@@ -307,6 +310,8 @@ def generate(cfg: RunConfig) -> dict:
         bar.close()
         jsonl.close()
         video.close()
+        if records:
+            plot_cache_timeline(records, run_dir / "cache_timeline.png")
     gen_s = sum(totals.values())
     summary = {
         "status": "complete",

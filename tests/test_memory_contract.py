@@ -1,0 +1,142 @@
+"""The cache contract, for every registered writer x every position scheme (design.md §3).
+
+Synthetic canonical K/V are committed chunk by chunk straight into each writer; the contract says
+what read() must return. New writers are covered by registering them: nothing to edit here.
+"""
+
+import itertools
+
+import pytest
+import torch
+
+from worldtrace_cli.errors import InputError, RunError
+from worldtrace_cli.memory import SCHEMES, WRITERS, CacheGeometry, MemoryConfig, build_writer
+
+GEOM = CacheGeometry(num_layers=2, heads=2, head_dim=128, tokens_per_frame=4, frames_per_chunk=3, trained_offset=5)
+UNBOUNDED = {"full", "yarn"}
+DEFAULT_BUDGET = 3  # MG2 universal: local_attn_size 6 - 3 frames per chunk
+
+
+def cache_name(name):
+    return "mixed:2" if name == "mixed" else name
+
+
+def chunk_kv(chunk, seed=0):
+    gen = torch.Generator().manual_seed(seed * 100_003 + chunk)
+    n = GEOM.frames_per_chunk * GEOM.tokens_per_frame
+    return [(torch.randn(1, n, GEOM.heads, GEOM.head_dim, generator=gen),
+             torch.randn(1, n, GEOM.heads, GEOM.head_dim, generator=gen)) for _ in range(GEOM.num_layers)]
+
+
+def run(writer, chunks, seed=0, observe=None):
+    writer.reset(GEOM)
+    for c in range(chunks):
+        writer.begin_chunk(3 * c)
+        if observe:
+            observe(c, writer)
+        writer.commit(chunk_kv(c, seed), [3 * c, 3 * c + 1, 3 * c + 2])
+    writer.begin_chunk(3 * chunks)
+    return writer
+
+
+@pytest.mark.parametrize("name,scheme", list(itertools.product(sorted(WRITERS), sorted(SCHEMES))))
+def test_contract(name, scheme):
+    writer = build_writer(MemoryConfig(cache=cache_name(name), positions=scheme), DEFAULT_BUDGET)
+    kv_bytes = []
+
+    def observe(c, w):
+        slots = w.slots()
+        pos = w.positions()
+        assert pos.shape == (len(slots),) and pos.dtype == torch.float64
+        assert torch.isfinite(pos).all()
+        assert (pos < 0).all(), "past slots are read before the current chunk"
+        for layer in range(GEOM.num_layers):
+            k, v, p = w.read(layer)
+            assert k.shape == v.shape == (1, len(slots) * GEOM.tokens_per_frame, GEOM.heads, GEOM.head_dim)
+            assert torch.isfinite(k).all() and torch.isfinite(v).all()
+            assert torch.equal(p, pos)
+        for s in slots:
+            assert all(f < 3 * c for f in s.frames), "a slot holds only finished frames"
+        kv_bytes.append(w.kv_bytes())
+
+    run(writer, 40, observe=observe)
+    if name not in UNBOUNDED:
+        assert len(set(kv_bytes[10:])) == 1, "bounded writers hold a constant number of slots"
+        assert len(writer.slots()) <= writer.budget
+    if scheme == "slot_rank":
+        pos = writer.positions()
+        assert len(set(pos.tolist())) == len(pos), "slot_rank positions are distinct"
+
+
+@pytest.mark.parametrize("name", sorted(set(WRITERS) - UNBOUNDED))
+def test_slot_rank_positions_do_not_depend_on_the_horizon(name):
+    """Def. 1: offsets fixed by rank alone, identical at chunk 50 and chunk 1000."""
+    cfg = MemoryConfig(cache=cache_name(name), positions="slot_rank")
+    w50 = run(build_writer(cfg, DEFAULT_BUDGET), 50)
+    w1000 = run(build_writer(cfg, DEFAULT_BUDGET), 1000)
+    assert torch.equal(w50.positions(), w1000.positions())
+    assert w1000.positions().min() >= -w1000.budget
+
+
+@pytest.mark.parametrize("name", sorted(WRITERS))
+def test_deterministic(name):
+    a = run(build_writer(MemoryConfig(cache=cache_name(name)), DEFAULT_BUDGET), 20, seed=3)
+    b = run(build_writer(MemoryConfig(cache=cache_name(name)), DEFAULT_BUDGET), 20, seed=3)
+    assert a.slots() == b.slots()
+    for layer in range(GEOM.num_layers):
+        assert all(torch.equal(x, y) for x, y in zip(a.read(layer), b.read(layer)))
+
+
+def test_block_relative_collapses_old_slots_and_slot_rank_keeps_them_distinct():
+    """Remark 1: beyond the trained offset, distinct summary slots share one position."""
+    br = run(build_writer(MemoryConfig(cache="sink", positions="block_relative", sink_frames=2, budget=4),
+                          DEFAULT_BUDGET), 30)
+    pos = br.positions().tolist()
+    sinks = [p for s, p in zip(br.slots(), pos) if s.kind == "sink"]
+    assert len(sinks) == 2 and sinks[0] == sinks[1] == 3 - 1 - 5
+    sr = run(build_writer(MemoryConfig(cache="sink", positions="slot_rank", sink_frames=2, budget=4),
+                          DEFAULT_BUDGET), 30)
+    assert sorted(sr.positions().tolist()) == [-4, -3, -2, -1]
+
+
+def test_actual_positions_of_sliding_are_true_offsets():
+    w = run(build_writer(MemoryConfig(cache="sliding"), DEFAULT_BUDGET), 10)
+    assert [s.frames for s in w.slots()] == [(27,), (28,), (29,)]
+    assert w.positions().tolist() == [-3.0, -2.0, -1.0]
+
+
+def test_centroid_linear_stays_in_range_but_moves_with_the_horizon():
+    cfg = MemoryConfig(cache="sink", positions="centroid_linear", sink_frames=1, budget=3)
+    p20 = run(build_writer(cfg, DEFAULT_BUDGET), 20).positions()
+    p200 = run(build_writer(cfg, DEFAULT_BUDGET), 200).positions()
+    # q = a - 1; t_min = q - 5 -> offset -6; the sink (frame 0) maps to t_min at every horizon,
+    # recent slots keep actual offsets: in range, but a summary centroid's offset moves with N
+    assert p20[0] == p200[0] == -6.0
+    assert p20[1:].tolist() == p200[1:].tolist() == [-2.0, -1.0]
+
+
+def test_full_refuses_past_its_memory_cap():
+    w = build_writer(MemoryConfig(cache="full", max_cache_gb=5 * 16384 / 1e9), DEFAULT_BUDGET)
+    w.reset(GEOM)
+    assert w.frame_bytes() == 2 * 4 * 2 * 128 * 2 * 4  # K+V x tokens x heads x head_dim x layers x fp32
+    w.commit(chunk_kv(0), [0, 1, 2])  # 3 of the 5 frames the cap allows
+    with pytest.raises(RunError, match="max-cache-gb"):
+        w.commit(chunk_kv(1), [3, 4, 5])
+
+
+def test_yarn_interpolates_temporal_frequencies_as_the_window_grows():
+    w = run(build_writer(MemoryConfig(cache="yarn"), DEFAULT_BUDGET), 10)
+    assert w.scale() == pytest.approx((30 + 3 - 0) / 6)
+    scale = w.temporal_frequency_scale()
+    assert scale.shape == (22,) and torch.allclose(scale, torch.full((22,), 6 / 33, dtype=torch.float64))
+
+
+def test_bad_memory_flags_are_input_errors():
+    with pytest.raises(InputError, match="--cache"):
+        build_writer(MemoryConfig(cache="nope"), 3)
+    with pytest.raises(InputError, match="--budget"):
+        build_writer(MemoryConfig(cache="sliding", budget=-1), 3)
+    with pytest.raises(InputError, match="--sink-frames"):
+        build_writer(MemoryConfig(cache="sink", sink_frames=3), 3)
+    with pytest.raises(InputError):
+        build_writer(MemoryConfig(cache="memrope", budget=2), 3)
