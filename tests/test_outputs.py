@@ -277,9 +277,12 @@ def test_write_json_atomic(tmp_path):
 def test_prepare_run_dir(tmp_path):
     run = prepare_run_dir(tmp_path / "a" / "b", overwrite=False)
     assert run.is_dir()
-    (run / "chunks.jsonl").write_text('{"chunk": 0}\n')  # an interrupted run: reused
+    (run / "chunks.jsonl").write_text('{"chunk": 0}\n')  # an interrupted run: never deleted silently
     (run / "notes.txt").write_text("mine")
-    assert prepare_run_dir(run, overwrite=False) == run
+    with pytest.raises(OutputError, match="holds an unfinished run .use --overwrite"):
+        prepare_run_dir(run, overwrite=False)
+    assert (run / "chunks.jsonl").exists()
+    assert prepare_run_dir(run, overwrite=True) == run
     assert not (run / "chunks.jsonl").exists() and (run / "notes.txt").exists()
 
     write_json_atomic(run / SUMMARY_NAME, {"done": True})  # a finished run: refused

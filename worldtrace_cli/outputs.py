@@ -348,10 +348,11 @@ def write_json_atomic(path: str | Path, obj, indent: int = 2) -> None:
 def prepare_run_dir(path: str | Path, overwrite: bool) -> Path:
     """Create (or reuse) a run folder and return it.
 
-    A folder holding a finished run (``summary.json`` exists) is refused unless ``overwrite``.
-    The known run files (:data:`RUN_FILES`) of a previous finished or interrupted run are
-    removed, summary first, so an interrupted rerun never looks finished; other files are left.
-    Raises OutputError when the folder cannot be created or written, or holds a finished run.
+    A folder holding a run, finished (``summary.json`` exists) or interrupted (video or chunk
+    records but no summary), is refused unless ``overwrite``, so generated chunks are never
+    deleted by accident. With ``overwrite`` the known run files (:data:`RUN_FILES`) are removed,
+    summary first, so an interrupted rerun never looks finished; other files are left.
+    Raises OutputError when the folder cannot be created or written, or holds a run.
     """
     path = Path(path)
     try:
@@ -360,8 +361,11 @@ def prepare_run_dir(path: str | Path, overwrite: bool) -> Path:
         raise OutputError(f"output folder {path} exists and is not a folder") from None
     except OSError as err:
         raise OutputError(f"cannot create output folder {path}: {_reason(err)}") from None
-    if (path / SUMMARY_NAME).exists() and not overwrite:
-        raise OutputError(f"output folder {path} already holds a finished run (use --overwrite)")
+    if not overwrite:
+        if (path / SUMMARY_NAME).exists():
+            raise OutputError(f"output folder {path} already holds a finished run (use --overwrite)")
+        if any((path / name).exists() for name in RUN_FILES):
+            raise OutputError(f"output folder {path} holds an unfinished run (use --overwrite to replace it)")
     probe = path / f".worldtrace-write-test-{os.getpid()}"
     try:
         for name in RUN_FILES:
