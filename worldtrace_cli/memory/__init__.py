@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from ..errors import InputError
-from . import full, memrope, sink, sliding, yarn  # noqa: F401  (each registers its writer)
+from . import field, field_streaming, full, landmark, memrope, mixed, naive, sink, sliding, yarn  # noqa: F401
 from .base import WRITERS, CacheGeometry, CacheWriter, MemoryConfig, Slot
 from .positions import SCHEMES
 

@@ -2,7 +2,7 @@
 
 The M latent frames that have left the recent window are split, oldest to newest, into N_s
 contiguous groups (:func:`uniform_groups`); summary slot s holds the per-token mean of its group's
-canonical keys and of its values (Def. 2, Eq. 8 with the rotation R(omega t_v) left to read time).
+canonical keys and of its values (Def. 2, with the rotation R(omega t_v) left to read time).
 By Prop. 1 (App. C) a query scores the slot at any virtual position exactly as it scores the mean
 of its sources moved to that position.
 
@@ -27,8 +27,10 @@ from collections import defaultdict
 from pathlib import Path
 
 import torch
+from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 
+from ..errors import OutputError
 from .base import CacheGeometry, Slot, register
 from .window import FrameKV, RecentWindowWriter, SummaryMemory
 
@@ -56,7 +58,7 @@ class FieldSummary(SummaryMemory):
         spill_dir: keep evicted frames on disk under this folder (a fresh subfolder per rollout,
             removed on reset or when the component is garbage-collected) instead of host RAM.
     Raises:
-        OSError: ``spill_dir`` cannot be created or written.
+        OutputError: ``spill_dir`` cannot be created or written (e.g. the disk is full).
     """
 
     kind = "field"
@@ -82,8 +84,11 @@ class FieldSummary(SummaryMemory):
             self._cleanup()
         self._dir = None
         if self.spill_dir is not None:
-            os.makedirs(self.spill_dir, exist_ok=True)
-            self._dir = Path(tempfile.mkdtemp(prefix="field-", dir=self.spill_dir))
+            try:
+                os.makedirs(self.spill_dir, exist_ok=True)
+                self._dir = Path(tempfile.mkdtemp(prefix="field-", dir=self.spill_dir))
+            except OSError as err:
+                raise OutputError(f"--spill-dir {self.spill_dir}: {err.strerror or err}") from err
             self._cleanup = weakref.finalize(self, shutil.rmtree, self._dir, True)
 
     def evict(self, frame_id: int, frame_kv: FrameKV) -> None:
@@ -93,15 +98,20 @@ class FieldSummary(SummaryMemory):
         index = len(self._ids)
         if self._dir is not None:
             path = self._dir / f"frame_{frame_id:07d}.safetensors"
-            save_file({"kv": x.cpu().contiguous()}, str(path))
+            try:
+                save_file({"kv": x.cpu().contiguous()}, str(path))
+            except (OSError, SafetensorError) as err:  # disk full, folder removed under us
+                raise OutputError(f"--spill-dir {self.spill_dir}: cannot write {path.name}: {err}") from err
             self._store.append(path)
             self._host_bytes += path.stat().st_size
-        else:
-            pinned = self._device.type == "cuda"
-            host = torch.empty(x.shape, dtype=x.dtype, pin_memory=pinned)
-            host.copy_(x, non_blocking=pinned)  # pinned target: the copy is ordered on the stream
+        elif self._device.type == "cuda":
+            host = torch.empty(x.shape, dtype=x.dtype, pin_memory=True)
+            host.copy_(x, non_blocking=True)  # into pinned memory: asynchronous, ordered on the stream
             self._store.append(host)
             self._host_bytes += host.numel() * host.element_size()
+        else:  # already a fresh host tensor (stack_frame copies); nothing ever writes into it
+            self._store.append(x)
+            self._host_bytes += x.numel() * x.element_size()
         self._ids.append(frame_id)
         self._pending[index] = x  # it enters the newest group at the next sync: no round trip
         if len(self._pending) > self.geometry.frames_per_chunk:  # nobody read: bound device memory
