@@ -39,8 +39,13 @@ def main(verbose: bool) -> None:
     Generate a video from a conditioning image and a trajectory of keyboard/mouse actions,
     chunk by chunk, through a chosen KV-cache writer. Run `worldtrace COMMAND --help` for details.
     """
-    logging.basicConfig(level=logging.DEBUG if verbose else logging.INFO, format="worldtrace: %(message)s",
-                        stream=sys.stderr)
+    logger = logging.getLogger("worldtrace")
+    if not logger.handlers:
+        handler = logging.StreamHandler(sys.stderr)
+        handler.setFormatter(logging.Formatter("worldtrace: %(message)s"))
+        logger.addHandler(handler)
+    logger.setLevel(logging.DEBUG if verbose else logging.INFO)
+    logger.propagate = False
 
 
 @main.command()

@@ -135,6 +135,7 @@ class Rollout:
         with timer.phase("cache"):
             self.writer.begin_chunk(sf)
             slots, positions = self.writer.slots(), self.writer.positions()
+            kv_bytes = self.writer.kv_bytes()  # what this chunk reads, before its own commit
             past = [LayerPast(*self.writer.read(layer)) for layer in range(self.geometry.num_layers)]
             freq_scale = self.writer.temporal_frequency_scale()
         chunk = ChunkInputs(self.state, past, sf, self.keyboard, self.mouse, self.visual_context,
@@ -173,9 +174,8 @@ class Rollout:
             "cache": {
                 "writer": self.writer.name,
                 "positions": self.writer.positions_scheme,
-                "slots": slot_records(slots, positions, sf, self.writer.kv_bytes() // max(1, len(slots))
-                                      if slots else 0),
-                "kv_bytes": self.writer.kv_bytes(),
+                "slots": slot_records(slots, positions, sf, kv_bytes // len(slots) if slots else 0),
+                "kv_bytes": kv_bytes,
                 "host_bytes": self.writer.host_bytes(),
                 "events": self.writer.events(),
             },

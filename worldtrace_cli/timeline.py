@@ -29,6 +29,7 @@ def plot_cache_timeline(records: list[dict], path: str | Path, title: str = "") 
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    import matplotlib.ticker
 
     if not records:
         raise ValueError("no chunk records to plot")
@@ -52,6 +53,7 @@ def plot_cache_timeline(records: list[dict], path: str | Path, title: str = "") 
         ax.legend(loc="upper right", bbox_to_anchor=(1.0, 1.35), fontsize=8, frameon=False)
     ax.set_yticks(range(n_slots), [f"{i}: {k}" for i, k in enumerate(kinds)], fontsize=8)
     ax.set_xlabel("chunk")
+    ax.xaxis.set_major_locator(matplotlib.ticker.MaxNLocator(integer=True))
     ax.set_title(title or f"cache slots of {records[0]['cache']['writer']} ({records[0]['cache']['positions']})",
                  fontsize=10)
     fig.tight_layout()
