@@ -18,6 +18,13 @@ from .errors import WorldtraceError
 EXIT_INTERRUPTED = 130
 
 
+class _EchoHandler(logging.Handler):
+    """Log records as ``worldtrace: message`` lines on the current stderr."""
+
+    def emit(self, record: logging.LogRecord) -> None:
+        click.echo(f"worldtrace: {record.getMessage()}", err=True)
+
+
 def _run(fn, *args, **kwargs):
     """Call ``fn``; print WorldtraceErrors as one line and exit with their code."""
     try:
@@ -40,10 +47,8 @@ def main(verbose: bool) -> None:
     chunk by chunk, through a chosen KV-cache writer. Run `worldtrace COMMAND --help` for details.
     """
     logger = logging.getLogger("worldtrace")
-    if not logger.handlers:
-        handler = logging.StreamHandler(sys.stderr)
-        handler.setFormatter(logging.Formatter("worldtrace: %(message)s"))
-        logger.addHandler(handler)
+    if not any(isinstance(h, _EchoHandler) for h in logger.handlers):
+        logger.addHandler(_EchoHandler())
     logger.setLevel(logging.DEBUG if verbose else logging.INFO)
     logger.propagate = False
 

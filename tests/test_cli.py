@@ -1,0 +1,135 @@
+"""`worldtrace generate` as a user runs it (click CliRunner, tiny preset, CPU): outputs, every
+writer end to end, and one-line errors with documented exit codes for bad input."""
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+from click.testing import CliRunner
+from safetensors.torch import save_file
+
+from worldtrace_cli.cli import main
+from worldtrace_cli.memory import WRITERS
+from worldtrace_cli.outputs import probe_video, read_jsonl
+
+ROOT = Path(__file__).parent.parent
+IMAGE = ROOT / "assets" / "images" / "mg2_universal_0000.png"  # a JPEG behind a .png name
+ABA = ROOT / "trajectories" / "aba.yaml"
+
+
+def generate(*args):
+    result = CliRunner().invoke(main, ["generate", "--no-progress", *map(str, args)])
+    return result
+
+
+def one_line_error(result, code):
+    assert result.exit_code == code, result.output
+    lines = [ln for ln in result.output.strip().splitlines() if ln.startswith("worldtrace: error:")]
+    assert len(lines) == 1, result.output
+    assert "Traceback" not in result.output
+    return lines[0]
+
+
+@pytest.mark.slow
+def test_acceptance_run_writes_video_records_summary(tmp_path):
+    out = tmp_path / "out"
+    result = generate("--preset", "tiny", "--image", IMAGE, ABA, "--chunks", 16, "-o", out)
+    assert result.exit_code == 0, result.output
+    assert probe_video(out / "video.mp4") == {"frames": 9 + 15 * 12, "fps": 25.0, "width": 176, "height": 96}
+    records = read_jsonl(out / "chunks.jsonl")
+    assert [r["chunk"] for r in records] == list(range(16))
+    assert records[0]["pixel_frames"] == [0, 9] and records[15]["pixel_frames"] == [177, 189]
+    assert records[0]["waypoints"] == ["A"] and records[8]["waypoints"] == ["B"]
+    assert records[0]["actions"] == "forward" and records[8]["actions"] == "back"
+    assert all(set(r["timings_s"]) == {"cache", "denoise", "context", "decode"} for r in records)
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["status"] == "complete" and summary["totals"]["pixel_frames"] == 189
+    assert summary["resolved"]["device"] == "cpu" and summary["versions"]["torch"] == torch.__version__
+    assert (out / "cache_timeline.png").stat().st_size > 0
+
+
+@pytest.mark.parametrize("cache", sorted("mixed:2" if w == "mixed" else w for w in WRITERS))
+def test_every_writer_runs_end_to_end(tmp_path, cache):
+    out = tmp_path / "run"
+    result = generate("--image", IMAGE, ABA, "--chunks", 5, "--cache", cache, "-o", out)
+    assert result.exit_code == 0, result.output
+    records = read_jsonl(out / "chunks.jsonl")
+    assert len(records) == 5 and probe_video(out / "video.mp4")["frames"] == 9 + 4 * 12
+    last = records[-1]["cache"]
+    assert last["writer"] == cache.split(":")[0] and last["slots"]
+    assert all(s["offset"] < 0 for s in last["slots"])
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["cache"]["cache"] == cache.split(":")[0]
+
+
+def test_chunks_override_is_logged_and_applied(tmp_path):
+    result = generate("--image", IMAGE, ABA, "--chunks", 18, "--budget", 1, "-o", tmp_path / "r")
+    assert result.exit_code == 0, result.output
+    assert "repeats for 2 more chunks" in result.output
+    assert len(read_jsonl(tmp_path / "r" / "chunks.jsonl")) == 18
+
+
+def test_missing_image(tmp_path):
+    line = one_line_error(generate("--image", tmp_path / "nope.png", ABA, "-o", tmp_path / "o"), 2)
+    assert "nope.png" in line
+
+
+def test_unreadable_image(tmp_path):
+    bad = tmp_path / "bad.png"
+    bad.write_text("not an image")
+    line = one_line_error(generate("--image", bad, ABA, "-o", tmp_path / "o"), 2)
+    assert "bad.png" in line
+
+
+def test_unknown_action_names_file_and_line(tmp_path):
+    traj = tmp_path / "t.yaml"
+    traj.write_text("mode: universal\nsegments:\n  - action: moonwalk\n    chunks: 2\n")
+    line = one_line_error(generate("--image", IMAGE, traj, "-o", tmp_path / "o"), 2)
+    assert "t.yaml:3" in line and "moonwalk" in line
+
+
+def test_wrong_mode_for_preset(tmp_path):
+    line = one_line_error(generate("--image", IMAGE, ROOT / "trajectories" / "gta_drive_loop.yaml",
+                                   "-o", tmp_path / "o"), 2)
+    assert "gta_drive" in line and "tiny" in line
+
+
+def test_checkpoint_preset_without_checkpoint(tmp_path):
+    line = one_line_error(generate("--preset", "mg2-universal", "--image", IMAGE, ABA, "-o", tmp_path / "o"), 2)
+    assert "--checkpoint" in line and "--random-weights" in line
+
+
+def test_checkpoint_folder_missing_files(tmp_path):
+    line = one_line_error(generate("--checkpoint", tmp_path, "--image", IMAGE, ABA, "-o", tmp_path / "o"), 3)
+    assert "base_distill.safetensors" in line and "Wan2.1_VAE.pth" in line
+
+
+def test_checkpoint_with_wrong_keys(tmp_path):
+    ckpt = tmp_path / "ckpt"
+    (ckpt / "base_distilled_model").mkdir(parents=True)
+    save_file({"model.not_a_weight": torch.zeros(2)}, str(ckpt / "base_distilled_model" / "base_distill.safetensors"))
+    (ckpt / "Wan2.1_VAE.pth").write_bytes(b"")
+    (ckpt / "models_clip_open-clip-xlm-roberta-large-vit-huge-14.pth").write_bytes(b"")
+    line = one_line_error(generate("--checkpoint", ckpt, "--image", IMAGE, ABA, "-o", tmp_path / "o"), 3)
+    assert "1114 missing" in line and "1 unexpected: not_a_weight" in line
+
+
+def test_finished_run_is_not_overwritten(tmp_path):
+    out = tmp_path / "o"
+    assert generate("--image", IMAGE, ABA, "--chunks", 1, "-o", out).exit_code == 0
+    line = one_line_error(generate("--image", IMAGE, ABA, "--chunks", 1, "-o", out), 4)
+    assert "--overwrite" in line
+    assert generate("--image", IMAGE, ABA, "--chunks", 1, "-o", out, "--overwrite").exit_code == 0
+
+
+def test_bad_writer_flags(tmp_path):
+    line = one_line_error(generate("--image", IMAGE, ABA, "--cache", "mixed:9", "-o", tmp_path / "o"), 2)
+    assert "mixed:9" in line
+    one_line_error(generate("--image", IMAGE, ABA, "--cache", "nope", "-o", tmp_path / "o"), 2)
+    one_line_error(generate("--image", IMAGE, ABA, "--chunks", 0, "-o", tmp_path / "o"), 2)
+
+
+def test_help_is_instant_and_lists_commands():
+    result = CliRunner().invoke(main, ["--help"])
+    assert result.exit_code == 0 and "generate" in result.output and "bench" in result.output
