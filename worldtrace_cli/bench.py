@@ -174,3 +174,105 @@ def write_mechanism_report(rows: list[dict], folder) -> list:
                          + markdown_table(rows, route, metric) + "\n")
     (folder / "mechanism.md").write_text("".join(parts))
     return [folder / "mechanism.json", folder / "mechanism.md"]
+
+
+# --------------------------------------------------------------------------- speed and memory
+
+
+def speed_benchmark(preset_name: str = "tiny", caches: tuple[str, ...] = ("sliding", "field", "landmark"),
+                    chunk_counts: tuple[int, ...] = (8, 16), device: str = "auto", dtype: str = "auto",
+                    image=None, warmup_chunks: int = 1, decode: bool = True, seed: int = 0) -> dict:
+    """Time and measure memory of each writer in one rollout per writer of ``max(chunk_counts)`` chunks,
+    with snapshots at every count in ``chunk_counts``. Weights are seeded random (speed does not
+    depend on their values).
+
+    Per snapshot N: seconds per chunk (mean over chunks ``warmup_chunks``..N-1, CUDA-synchronised
+    phase timers: denoise, context, cache, decode), DiT forward seconds (denoise time / steps),
+    end-to-end fps (pixel frames / seconds), peak GPU bytes since the rollout started
+    (``torch.cuda.max_memory_allocated``), process RSS bytes, KV bytes read, writer host bytes.
+
+    Returns a dict with ``meta`` (device, torch/CUDA versions, preset, settings) and ``rows``.
+    """
+    import platform
+
+    from .config import load_preset
+    from .model.checkpoint import load_world_model
+    from .model.conditioning import build_conditioning, load_image, preprocess_image
+    from .model.sampler import FlowMatchSchedule
+    from .model.vae import StreamingDecoder
+    from .rollout import Rollout, process_rss_bytes, resolve_device, resolve_dtype
+
+    preset = load_preset(preset_name)
+    dev = resolve_device(device)
+    dt = resolve_dtype(dtype, dev)
+    world = load_world_model(preset, None, True, seed, dev, dt)
+    n_max = max(chunk_counts)
+    f = preset.frames_per_chunk
+    if image is not None:
+        pixels = preprocess_image(load_image(image), preset.height, preset.width)
+    else:
+        pixels = torch.linspace(-1, 1, preset.width).expand(1, 3, preset.height, -1).clone()
+    with torch.no_grad():
+        cond, ctx = build_conditioning(pixels.to(dev, dt), world.vae, world.clip, n_max * f)
+    kd = preset.dit.action_config.keyboard_dim_in
+    rows_n = 12 * n_max - 3
+    keyboard = torch.zeros(1, rows_n, kd)
+    keyboard[..., 0] = 1.0  # hold the first key (forward / jump) the whole time
+    mouse = torch.zeros(1, rows_n, 2) if preset.dit.action_config.enable_mouse else None
+    schedule = FlowMatchSchedule(preset.denoising_steps, preset.timestep_shift)
+    rows = []
+    for cache in caches:
+        writer = build_writer(MemoryConfig(cache=cache), preset.dit.local_attn_size - f)
+        if dev.type == "cuda":
+            torch.cuda.synchronize(dev)
+            torch.cuda.reset_peak_memory_stats(dev)
+        rollout = Rollout(world.dit, writer, cond, ctx, keyboard, mouse, schedule, seed, dev,
+                          (preset.height // 8, preset.width // 8), StreamingDecoder(world.vae) if decode else None, f)
+        timings: list[dict] = []
+        frames = 0
+        for c in range(n_max):
+            out = rollout.step()
+            timings.append(out.record["timings_s"])
+            if c >= warmup_chunks:
+                frames += 9 if c == 0 else 12
+            n = c + 1
+            if n in chunk_counts:
+                measured = timings[warmup_chunks:] or timings
+                phases = {k: sum(t.get(k, 0.0) for t in measured) / len(measured)
+                          for k in ("denoise", "context", "cache", "decode")}
+                per_chunk = sum(phases.values())
+                rows.append({
+                    "cache": cache, "chunks": n, "seconds_per_chunk": per_chunk,
+                    "phase_seconds_per_chunk": phases,
+                    "dit_forward_seconds": phases["denoise"] / len(schedule.denoising_steps),
+                    "fps": (frames / (per_chunk * len(measured))) if decode and per_chunk else None,
+                    "gpu_peak_bytes": torch.cuda.max_memory_allocated(dev) if dev.type == "cuda" else None,
+                    "rss_bytes": process_rss_bytes(),
+                    "kv_bytes": out.record["cache"]["kv_bytes"],
+                    "host_bytes": writer.host_bytes(),
+                })
+        del rollout
+    meta = {"benchmark": "speed", "preset": preset_name, "device": str(dev), "dtype": str(dt).replace("torch.", ""),
+            "device_name": torch.cuda.get_device_name(dev) if dev.type == "cuda" else platform.processor() or "cpu",
+            "cpu_threads": torch.get_num_threads(), "torch": torch.__version__, "cuda": torch.version.cuda,
+            "caches": list(caches), "chunk_counts": list(chunk_counts), "warmup_chunks": warmup_chunks,
+            "decode": decode, "resolution": [preset.height, preset.width]}
+    return {"meta": meta, "rows": rows}
+
+
+def speed_markdown(result: dict) -> str:
+    """Markdown table of a :func:`speed_benchmark` result."""
+    m = result["meta"]
+    lines = [f"Preset `{m['preset']}` on {m['device_name']} ({m['device']}, {m['dtype']}, torch {m['torch']}), "
+             f"{m['resolution'][0]}x{m['resolution'][1]}, decode {'on' if m['decode'] else 'off'}.\n",
+             "| cache | chunks | s/chunk | denoise | context | cache | decode | DiT fwd ms | fps | GPU peak MB | RSS MB | KV MB | host MB |",
+             "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
+    for r in result["rows"]:
+        p = r["phase_seconds_per_chunk"]
+        fps = "-" if r["fps"] is None else f"{r['fps']:.1f}"
+        gpu = "-" if r["gpu_peak_bytes"] is None else f"{r['gpu_peak_bytes'] / 2**20:.0f}"
+        lines.append(f"| {r['cache']} | {r['chunks']} | {r['seconds_per_chunk']:.3f} | {p['denoise']:.3f} | "
+                     f"{p['context']:.3f} | {p['cache']:.4f} | {p['decode']:.3f} | {1000 * r['dit_forward_seconds']:.1f} | "
+                     f"{fps} | {gpu} | {r['rss_bytes'] / 2**20:.0f} | {r['kv_bytes'] / 2**20:.2f} | "
+                     f"{r['host_bytes'] / 2**20:.1f} |")
+    return "\n".join(lines)

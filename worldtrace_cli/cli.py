@@ -163,6 +163,42 @@ def bench_mechanism(writers, schemes, routes, legs, seed, output):
     _run(job)
 
 
+@bench.command("speed")
+@click.option("--preset", default="tiny", show_default=True, help="Model preset (random weights at its full size).")
+@click.option("--random-weights", is_flag=True, help="Accepted for clarity: the speed bench always uses random weights.")
+@click.option("--caches", default="sliding,field,landmark", show_default=True, help="Comma-separated writers.")
+@click.option("--chunks", default="8,16", show_default=True,
+              help="Comma-separated chunk counts: one rollout per writer to the largest, snapshots at each.")
+@click.option("--device", type=click.Choice(["auto", "cuda", "cpu"]), default="auto", show_default=True)
+@click.option("--dtype", type=click.Choice(["auto", "bf16", "fp32"]), default="auto", show_default=True)
+@click.option("--image", type=click.Path(path_type=Path), default=None, help="Conditioning image (default: a gradient).")
+@click.option("--warmup", type=int, default=1, show_default=True, help="Chunks excluded from the timings.")
+@click.option("--no-decode", is_flag=True, help="Skip the VAE decode (DiT and cache only).")
+@click.option("-o", "--output", type=click.Path(path_type=Path), default=Path("benchmarks/results"), show_default=True)
+@click.option("--name", default=None, help="File stem of the results (default: speed-<preset>-<device>).")
+def bench_speed(preset, random_weights, caches, chunks, device, dtype, image, warmup, no_decode, output, name):
+    """Seconds per chunk by phase, DiT forward time, fps and peak memory of each writer (JSON + Markdown).
+
+    CUDA timers are synchronised per phase; runs on CPU with the tiny preset for smoke tests.
+    """
+    import json
+
+    from .bench import speed_benchmark, speed_markdown
+
+    def job():
+        result = speed_benchmark(preset, tuple(_csv(caches)), tuple(_csv(chunks, int)), device, dtype, image,
+                                 warmup, not no_decode)
+        result["meta"]["command"] = sys.argv
+        output.mkdir(parents=True, exist_ok=True)
+        stem = name or f"speed-{preset}-{result['meta']['device'].split(':')[0]}"
+        (output / f"{stem}.json").write_text(json.dumps(result, indent=1))
+        (output / f"{stem}.md").write_text(f"# Speed: {stem}\n\n`{' '.join(sys.argv)}`\n\n" + speed_markdown(result) + "\n")
+        click.echo(speed_markdown(result))
+        click.echo(f"worldtrace: wrote {output / stem}.json and .md", err=True)
+
+    _run(job)
+
+
 @main.command("presets")
 def list_presets():
     """List the built-in model presets."""
