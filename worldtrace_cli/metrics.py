@@ -1,0 +1,455 @@
+"""Video metrics of a rollout and the pairing of revisited places (paper §5.1 "Metrics", §5.4).
+
+Coherence: :func:`temp_ssim` (TempSSIM, up), :func:`scene_drift` (Local Scene Drift, down) and
+:func:`latent_diff` (LatentDiff, down; the paper uses it in §5.4 without defining it, so the
+definition here is ours, see ``docs/metrics.md``). Recall: :func:`pac` (Position-Aligned CLIP, up)
+over the frame pairs that :func:`revisit_pairs` finds from a trajectory's waypoint labels or from
+poses dead-reckoned out of its actions (:func:`dead_reckon`).
+
+Layout (``trajectory.py``): chunk 0 owns pixel frames [0, 9), chunk c >= 1 owns [12c - 3, 12c + 9);
+chunk c owns latent frames [3c, 3c + 3). Every per-chunk list is indexed by chunk.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import numpy as np
+import torch
+
+from .trajectory import CHUNK_FRAMES, chunk_of_row, chunk_rows, chunks_for_frames
+
+if TYPE_CHECKING:
+    from .trajectory import ActionPlan
+
+SSIM_WINDOW = 11  # pytorch_msssim's default Gaussian window (sigma 1.5), Wang et al. 2004
+SSIM_BATCH_BYTES = 256 * 2**20  # float32 working memory of one TempSSIM batch (about 16 maps/pair)
+
+# Dead-reckoning calibration: OUR ASSUMPTION (MG2 specifies no metric speeds or turn rates).
+UNITS_PER_FRAME = 1.0 / CHUNK_FRAMES  # 1 unit of distance per chunk (12 pixel frames)
+DEG_PER_FRAME_PER_MOUSE = 37.5  # |yaw| = 0.1 turns 3.75 deg per pixel frame = 45 deg per chunk
+MAX_PITCH_DEG = 85.0
+TEMPLERUN_TURN_DEG = 90.0
+
+
+# --------------------------------------------------------------------------- helpers
+
+
+def _frames_tensor(frames) -> torch.Tensor:
+    """uint8 [T, H, W, 3] (numpy or torch) -> uint8 CPU tensor; ValueError otherwise."""
+    x = torch.from_numpy(np.ascontiguousarray(frames)) if isinstance(frames, np.ndarray) else frames
+    if not isinstance(x, torch.Tensor) or x.dtype != torch.uint8 or x.ndim != 4 or x.shape[-1] != 3:
+        what = f"{x.dtype} {list(x.shape)}" if hasattr(x, "shape") else type(frames).__name__
+        raise ValueError(f"frames must be uint8 [T, H, W, 3], got {what}")
+    return x.cpu()
+
+
+def _mean(values) -> float | None:
+    values = [v for v in values if v is not None]
+    return float(sum(values) / len(values)) if values else None
+
+
+def _group_by_chunk(values: list[float], chunk_of: list[int]) -> list[float | None]:
+    """Mean of ``values[i]`` per chunk ``chunk_of[i]``; chunks without values are None."""
+    if not values:
+        return []
+    groups: list[list[float]] = [[] for _ in range(max(chunk_of) + 1)]
+    for v, c in zip(values, chunk_of):
+        groups[c].append(v)
+    return [_mean(g) for g in groups]
+
+
+# --------------------------------------------------------------------------- coherence
+
+
+def temp_ssim(frames, batch_size: int | None = None) -> dict:
+    """TempSSIM (paper §5.1, up): SSIM between consecutive decoded pixel frames.
+
+    Each pair (t-1, t) is scored with ``pytorch_msssim.ssim(x, y, data_range=1.0,
+    size_average=False)`` on float32 frames in [0, 1] (11x11 Gaussian window, sigma 1.5, valid
+    region, mean over the 3 channels). Pairs are computed in batches whose float32 working memory
+    stays near ``SSIM_BATCH_BYTES`` (``batch_size`` overrides the pair count per batch).
+
+    Args:
+        frames: uint8 RGB ``[T, H, W, 3]`` (numpy or torch), H and W >= 11.
+
+    Returns:
+        ``{"pairs": [T-1 floats], "per_chunk": [...], "mean": float}``; pair t-1 belongs to the
+        chunk owning its later frame t (chunk 0: t in 1..8, chunk c: t in 12c-3..12c+8), and
+        ``per_chunk[c]`` is the mean of chunk c's pairs (None without any). With T < 2 there are no
+        pairs and ``mean`` is None.
+
+    Raises:
+        ValueError: not uint8 [T, H, W, 3], or a side shorter than the 11-px SSIM window (where
+            pytorch_msssim would silently skip the smoothing along that side).
+    """
+    from pytorch_msssim import ssim
+
+    x = _frames_tensor(frames)
+    t_frames, height, width = x.shape[:3]
+    if min(height, width) < SSIM_WINDOW:
+        raise ValueError(f"TempSSIM needs frames of at least {SSIM_WINDOW}x{SSIM_WINDOW} px "
+                         f"(the SSIM window), got {height}x{width}")
+    if batch_size is None:
+        batch_size = max(1, SSIM_BATCH_BYTES // (16 * 3 * height * width * 4))
+    pairs: list[float] = []
+    for start in range(1, t_frames, batch_size):
+        stop = min(start + batch_size, t_frames)
+        chunk = x[start - 1:stop].permute(0, 3, 1, 2).float().div_(255.0)  # [b+1, 3, H, W]
+        with torch.no_grad():
+            scores = ssim(chunk[:-1], chunk[1:], data_range=1.0, size_average=False)
+        pairs += scores.double().tolist()
+    chunk_of = [chunk_of_row(t) for t in range(1, t_frames)]
+    return {"pairs": pairs, "per_chunk": _group_by_chunk(pairs, chunk_of), "mean": _mean(pairs)}
+
+
+def latent_diff(latents, frames_per_chunk: int = 3) -> dict:
+    """LatentDiff (paper §5.4, down; undefined there, this definition is ours): relative change
+    between consecutive latent frames, a latent-space analogue of frame-to-frame change.
+
+    ``d_t = ||z_t - z_{t-1}||_2 / ||z_{t-1}||_2`` for t = 1..N-1, with each z_t the whole latent
+    frame [16, h, w] flattened (Frobenius norm, float64). Lower = more coherent; 0 = a frozen video.
+
+    Args:
+        latents: normalised (denoised x0) latents ``[1, 16, N, h, w]`` or ``[16, N, h, w]``, or a list
+            of per-chunk tensors of that shape (concatenated along N).
+        frames_per_chunk: latent frames per chunk (3 for MG2).
+
+    Returns:
+        ``{"pairs": [N-1 floats], "per_chunk": [...], "mean": float}``; d_t belongs to the chunk of
+        z_t (chunk 0 holds d_1, d_2; chunk c holds d_{3c}..d_{3c+2}). N < 2 gives mean None.
+    """
+    if isinstance(latents, (list, tuple)):
+        latents = torch.cat([torch.as_tensor(z) for z in latents], dim=-3)
+    z = torch.as_tensor(latents)
+    if z.ndim == 5:
+        if z.shape[0] != 1:
+            raise ValueError(f"latents must have batch 1, got {list(z.shape)}")
+        z = z[0]
+    if z.ndim != 4:
+        raise ValueError(f"latents must be [1, C, N, h, w] or [C, N, h, w], got {list(z.shape)}")
+    z = z.detach().to("cpu", torch.float64).transpose(0, 1).flatten(1)  # [N, C*h*w]
+    diffs = ((z[1:] - z[:-1]).norm(dim=1) / z[:-1].norm(dim=1)).tolist()
+    chunk_of = [t // frames_per_chunk for t in range(1, z.shape[0])]
+    return {"pairs": diffs, "per_chunk": _group_by_chunk(diffs, chunk_of), "mean": _mean(diffs)}
+
+
+# --------------------------------------------------------------------------- CLIP metrics
+
+
+def clip_embeddings(tower, frames, batch_size: int = 16) -> torch.Tensor:
+    """CLIP image embeddings of pixel frames, L2-normalised: float32 ``[T, P]`` on the CPU.
+
+    ``tower`` is anything with ``image_embeds(images [B, 3, H, W] in [-1, 1]) -> [B, P]``, e.g.
+    :class:`~worldtrace_cli.model.image_encoder.CLIPImageTower` (the pooled, projected CLIP
+    embedding: P = 1024 for ViT-H/14; the tower resizes to 224 px itself).
+
+    Args:
+        frames: uint8 RGB ``[T, H, W, 3]`` (numpy or torch); mapped to ``x / 127.5 - 1``.
+        batch_size: frames per tower call.
+    """
+    x = _frames_tensor(frames)
+    out = []
+    with torch.no_grad():
+        for start in range(0, x.shape[0], batch_size):
+            images = x[start:start + batch_size].permute(0, 3, 1, 2).float().div_(127.5).sub_(1.0)
+            out.append(tower.image_embeds(images).float().cpu())
+    if not out:
+        return torch.zeros(0, 0)
+    return torch.nn.functional.normalize(torch.cat(out), dim=-1)
+
+
+def scene_drift(frame_embeds: torch.Tensor, num_chunks: int) -> dict:
+    """Local Scene Drift (paper §5.1, down): per chunk, the cosine distance of its mean CLIP
+    embedding to the preceding chunk's.
+
+    ``m_c`` = mean of chunk c's L2-normalised frame embeddings (frames per :func:`chunk_rows`);
+    ``d_c = 1 - cos(m_c, m_{c-1})`` for c >= 1 (0 = same content, up to 2).
+
+    Args:
+        frame_embeds: ``[T, P]`` per pixel frame (normalised here again), T <= 12 C - 3.
+        num_chunks: C; chunks with no frame in ``frame_embeds`` (a partial run) are left out.
+
+    Returns:
+        ``{"per_chunk": [None, d_1, ...], "mean": float}`` (mean None with fewer than 2 chunks).
+    """
+    e = torch.nn.functional.normalize(frame_embeds.double(), dim=-1)
+    means = []
+    for c in range(num_chunks):
+        start, end = chunk_rows(c)
+        if start >= e.shape[0]:
+            break
+        means.append(e[start:end].mean(0))
+    per_chunk: list[float | None] = [None] * len(means)
+    for c in range(1, len(means)):
+        cos = torch.nn.functional.cosine_similarity(means[c], means[c - 1], dim=0)
+        per_chunk[c] = float(1.0 - cos)
+    return {"per_chunk": per_chunk, "mean": _mean(per_chunk[1:])}
+
+
+def pac(frame_embeds: torch.Tensor, frame_pairs) -> dict:
+    """Position-Aligned CLIP (paper §5.1, up): mean cosine similarity of CLIP embeddings over
+    (forward-leg pixel frame, return-leg pixel frame) pairs, e.g. ``revisit_pairs(plan)["frame_pairs"]``.
+
+    Args:
+        frame_embeds: ``[T, P]`` per pixel frame (normalised here again).
+        frame_pairs: iterable of ``(forward_frame, return_frame)`` indices into ``frame_embeds``.
+
+    Returns:
+        ``{"pairs": n, "mean": float, "per_pair": [n floats]}``; ``{"pairs": 0, "mean": None,
+        "per_pair": []}`` without pairs.
+    """
+    frame_pairs = [(int(a), int(b)) for a, b in frame_pairs]
+    if not frame_pairs:
+        return {"pairs": 0, "mean": None, "per_pair": []}
+    e = torch.nn.functional.normalize(frame_embeds.double(), dim=-1)
+    a, b = torch.tensor(frame_pairs).T
+    sims = (e[a] * e[b]).sum(-1).tolist()
+    return {"pairs": len(sims), "mean": _mean(sims), "per_pair": sims}
+
+
+# --------------------------------------------------------------------------- dead reckoning
+
+
+def dead_reckon(plan: ActionPlan) -> torch.Tensor:
+    """Camera pose per pixel frame from an ActionPlan's rows: float64 ``[R, 4]`` =
+    (x, y, yaw_deg, pitch_deg), in units of "1 chunk of walking".
+
+    Model (our calibration assumption; MG2 defines no speeds or turn rates, and the world the
+    model draws has its own): start at (0, 0) facing +y, yaw 0, pitch 0; pose[r] is the pose after
+    row r's action (rows 0..r applied). Per row:
+
+    - yaw += 37.5 * mouse_yaw degrees (|yaw| = 0.1, MG2's camera step, turns 45 deg per chunk:
+      the paper's 90 deg pan is 2 chunks out, 2 back); positive = right. Pitch likewise from
+      mouse_pitch (positive = up), clamped to +-85 deg. Pitch does not affect motion.
+    - keys give a direction in the camera frame: universal W (0,+1) forward, S (0,-1), A (-1,0)
+      strafe left, D (+1,0) strafe right; gta_drive W/S (the car turns by its yaw); templerun
+      always runs forward (0,+1), plus A/D lane changes as (-+1, 0). The direction is NORMALISED
+      (unit speed for any combination: the paper's ABCA diagonal is 5*sqrt(2) ~ 7 chunks), rotated
+      by the yaw, and walked at 1/12 unit per pixel frame (1 unit per chunk).
+    - templerun turn keys Z/C turn the heading by -90/+90 deg once per contiguous press (Temple
+      Run turns snap at junctions); Q (MG2's "no move"), jump and slide add nothing to the run.
+    """
+    mode = plan.mode
+    keys = plan.keyboard.to(torch.float64)
+    rows = keys.shape[0]
+    zeros = torch.zeros(rows, dtype=torch.float64)
+    mouse = plan.mouse.to(torch.float64) if plan.mouse is not None else torch.stack([zeros, zeros], 1)
+    if mode == "universal":
+        right, forward = keys[:, 3] - keys[:, 2], keys[:, 0] - keys[:, 1]
+    elif mode == "gta_drive":
+        right, forward = zeros, keys[:, 0] - keys[:, 1]
+    elif mode == "templerun":
+        right, forward = keys[:, 6] - keys[:, 5], torch.ones(rows, dtype=torch.float64)
+    else:
+        raise ValueError(f"dead_reckon: unknown mode {mode!r}")
+
+    yaw_step = DEG_PER_FRAME_PER_MOUSE * mouse[:, 1]
+    if mode == "templerun":
+        turn = keys[:, 4] - keys[:, 3]  # C right, Z left
+        pressed_before = torch.cat([zeros[:1], turn[:-1]])
+        yaw_step = yaw_step + TEMPLERUN_TURN_DEG * turn * (turn != pressed_before)
+    yaw = torch.cumsum(yaw_step, 0)
+    pitch = torch.cumsum(DEG_PER_FRAME_PER_MOUSE * mouse[:, 0], 0)
+    if pitch.abs().max() > MAX_PITCH_DEG:  # clamping makes pitch path-dependent
+        steps, value = (DEG_PER_FRAME_PER_MOUSE * mouse[:, 0]).tolist(), 0.0
+        for r, s in enumerate(steps):
+            value = min(MAX_PITCH_DEG, max(-MAX_PITCH_DEG, value + s))
+            pitch[r] = value
+
+    norm = torch.sqrt(right**2 + forward**2).clamp_min(1e-12)
+    right, forward = right / norm * UNITS_PER_FRAME, forward / norm * UNITS_PER_FRAME
+    rad = torch.deg2rad(yaw)
+    # Camera frame -> world: forward = (sin yaw, cos yaw), right = (cos yaw, -sin yaw).
+    dx = forward * torch.sin(rad) + right * torch.cos(rad)
+    dy = forward * torch.cos(rad) - right * torch.sin(rad)
+    return torch.stack([torch.cumsum(dx, 0), torch.cumsum(dy, 0), yaw, pitch], dim=1)
+
+
+def _wrap_deg(d):
+    """Angle difference(s) wrapped to [-180, 180)."""
+    return (d + 180.0) % 360.0 - 180.0
+
+
+def pairs_from_poses(poses: torch.Tensor, num_chunks: int, pos_tol: float = 0.5,
+                     angle_tol: float = 15.0) -> list[tuple[int, int]]:
+    """Revisits found from dead-reckoned poses: ``[(forward_chunk, return_chunk), ...]``.
+
+    A chunk's pose is the mean of its rows' poses. Later chunk j is paired with the EARLIEST
+    earlier chunk i such that
+
+    - the poses match: ``|xy_j - xy_i| <= pos_tol`` units, and the yaw (wrapped) and pitch
+      differences are each <= ``angle_tol`` degrees; and
+    - the path left in between (departure rule): along the per-row path from the centre row of
+      chunk i to the centre row of chunk j, the detour ``path length - |displacement|`` is
+      >= ``pos_tol`` units, or the angular detour ``sum |d yaw| + |d pitch| - (|wrapped d yaw| +
+      |d pitch|)`` is >= ``angle_tol`` degrees. A standing camera, or one that walks on (however
+      slowly) or stops, has no detour and makes no pairs; a path that turns back (ABA's turning
+      chunks L-1 and L: detour 1 unit) or pans back (pan_90's chunks 1 and 2: 37.5 deg) does.
+
+    Args:
+        poses: float64 ``[R, 4]`` from :func:`dead_reckon`, R >= rows of ``num_chunks`` chunks.
+
+    Returns:
+        ``[(i, j), ...]`` sorted, i < j.
+    """
+    poses = poses.to(torch.float64)
+    spans = [chunk_rows(c) for c in range(num_chunks)]
+    means = torch.stack([poses[s:e].mean(0) for s, e in spans])
+    centre = [(s + e - 1) // 2 for s, e in spans]
+    step = poses[1:] - poses[:-1]
+    # Cumulative path lengths so that any detour is two lookups.
+    trans = torch.cat([torch.zeros(1, dtype=torch.float64), torch.cumsum(step[:, :2].norm(dim=1), 0)])
+    turn = torch.cat([torch.zeros(1, dtype=torch.float64), torch.cumsum(step[:, 2:].abs().sum(1), 0)])
+    pairs = []
+    for j in range(1, num_chunks):
+        d = means[:j] - means[j]
+        close = ((d[:, :2].norm(dim=1) <= pos_tol) & (_wrap_deg(d[:, 2]).abs() <= angle_tol)
+                 & (d[:, 3].abs() <= angle_tol))
+        for i in torch.nonzero(close).flatten().tolist():
+            a, b = centre[i], centre[j]
+            move = poses[b] - poses[a]
+            t_detour = trans[b] - trans[a] - move[:2].norm()
+            a_detour = turn[b] - turn[a] - (_wrap_deg(move[2]).abs() + move[3].abs())
+            if t_detour >= pos_tol or a_detour >= angle_tol:
+                pairs.append((i, j))
+                break
+    return sorted(pairs)
+
+
+# --------------------------------------------------------------------------- waypoint pairing
+
+
+def pairs_from_waypoints(plan: ActionPlan) -> list[tuple[int, int]]:
+    """Revisits found from waypoint labels: ``[(forward_chunk, return_chunk), ...]``, sorted.
+
+    Legs: consecutive waypoints ``(c1, X)``, ``(c2, Y)`` with c2 > c1 make a leg X->Y over chunks
+    [c1, c2). A later leg over the same two labels is paired with the EARLIEST such leg, chunk by
+    chunk, stretched to the earlier leg's length:
+
+    - traversed back (Y->X over [s2, e2) after X->Y over [s1, e1)): chunk s1+i with
+      ``e2 - 1 - round(i * (len2 - 1) / (len1 - 1))`` (reversed: ABA with L chunks each way gives
+      exactly (i, 2L-1-i));
+    - traversed again in the same direction (ABABA's second A->B): s1+i with
+      ``s2 + round(i * (len2 - 1) / (len1 - 1))``.
+
+    Also, for every label reached again, the first chunk at the label is paired with the last
+    chunk of the leg that arrives there again (ABCA: (0, 16); pan_360: (0, 7)). A label reached at
+    the end (chunk == num_chunks) thus counts. Duplicates are removed; pairs are (earlier, later).
+    """
+    points = [(c, label) for c, label in plan.waypoints]
+    legs = [(c1, c2, x, y) for (c1, x), (c2, y) in zip(points, points[1:]) if c2 > c1]
+    pairs: set[tuple[int, int]] = set()
+    for k, (s2, e2, x2, y2) in enumerate(legs):
+        for s1, e1, x1, y1 in legs[:k]:
+            if {x1, y1} != {x2, y2}:
+                continue
+            reverse = (x1, y1) == (y2, x2) and x1 != y1
+            len1, len2 = e1 - s1, e2 - s2
+            for i in range(len1):
+                offset = 0 if len1 == 1 else round(i * (len2 - 1) / (len1 - 1))
+                pairs.add((s1 + i, e2 - 1 - offset if reverse else s2 + offset))
+            break
+    first: dict[str, int] = {}
+    for k, (c, label) in enumerate(points):
+        if label not in first:
+            first[label] = c
+        elif k > 0 and c > points[k - 1][0] and c - 1 > first[label]:
+            pairs.add((first[label], c - 1))
+    return sorted(p for p in pairs if p[0] < p[1] < plan.num_chunks)
+
+
+def _frame_pairs(chunk_pairs) -> list[tuple[int, int]]:
+    """Pixel-frame pairs of chunk pairs: frame k of one with frame k of the other, aligned at the
+    chunks' ends (chunk 0 has 9 frames, later chunks 12)."""
+    out = []
+    for a, b in chunk_pairs:
+        (sa, ea), (sb, eb) = chunk_rows(a), chunk_rows(b)
+        n = min(ea - sa, eb - sb)
+        out += [(ea - n + k, eb - n + k) for k in range(n)]
+    return out
+
+
+def revisit_pairs(plan: ActionPlan) -> dict:
+    """Revisited chunks and pixel frames of a plan, for :func:`pac`.
+
+    Returns ``{"source": "waypoints"|"poses"|"none", "chunk_pairs": [(fwd, ret), ...],
+    "frame_pairs": [(fwd_frame, ret_frame), ...]}``: :func:`pairs_from_waypoints` when some label
+    occurs twice, else :func:`pairs_from_poses` on :func:`dead_reckon`; "none" when neither finds
+    a pair. Frame pairs: each chunk pair's frames matched index by index, aligned at the ends.
+    """
+    labels = [label for _, label in plan.waypoints]
+    if len(set(labels)) < len(labels):
+        chunk_pairs, source = pairs_from_waypoints(plan), "waypoints"
+    else:
+        chunk_pairs, source = pairs_from_poses(dead_reckon(plan), plan.num_chunks), "poses"
+    if not chunk_pairs:
+        source = "none"
+    return {"source": source, "chunk_pairs": chunk_pairs, "frame_pairs": _frame_pairs(chunk_pairs)}
+
+
+# --------------------------------------------------------------------------- run folders
+
+
+def summarise_run(run_dir: str | Path, tower=None, level: str = "fast",
+                  trajectory: str | Path | None = None) -> dict:
+    """Metrics of a finished or partial run folder (``video.mp4``, ``chunks.jsonl``, and
+    ``summary.json`` when the run finished).
+
+    ``level="fast"``: TempSSIM (and LatentDiff when latents are stored; run folders hold none
+    today, so it is skipped with a note). ``level="all"`` adds Local Scene Drift and, when the
+    trajectory revisits, PAC; it needs ``tower`` (see :func:`clip_embeddings`). The trajectory
+    (for revisit pairing) is ``trajectory`` if given, else ``summary.json``'s ``config.trajectory``
+    laid out over ``resolved.chunks``; without either, PAC is skipped with a note. Metrics cover
+    the frames the video holds (a killed run's last chunk may be partial).
+
+    Returns a JSON-able dict: run_dir, level, status ("complete" | "partial"), chunks (records in
+    chunks.jsonl), pixel_frames, temp_ssim, latent_diff, scene_drift, pac, revisit, notes.
+    """
+    from .outputs import read_jsonl, read_video_frames
+    from .trajectory import load_trajectory, plan_actions
+
+    if level not in ("fast", "all"):
+        raise ValueError(f"level must be 'fast' or 'all', got {level!r}")
+    if level == "all" and tower is None:
+        raise ValueError("level 'all' needs a CLIP tower for Scene Drift and PAC")
+    run_dir = Path(run_dir)
+    records = read_jsonl(run_dir / "chunks.jsonl") if (run_dir / "chunks.jsonl").exists() else []
+    summary_path = run_dir / "summary.json"
+    summary = json.loads(summary_path.read_text()) if summary_path.exists() else None
+    frames = read_video_frames(run_dir / "video.mp4")
+    t_frames = int(frames.shape[0])
+    num_chunks = chunks_for_frames(t_frames) if t_frames else 0
+    notes = ["LatentDiff skipped: the run folder stores no latents"]
+    out = {"run_dir": str(run_dir), "level": level,
+           "status": "complete" if summary and summary.get("status") == "complete" else "partial",
+           "chunks": len(records), "pixel_frames": t_frames,
+           "temp_ssim": temp_ssim(frames), "latent_diff": None,
+           "scene_drift": None, "pac": None, "revisit": None, "notes": notes}
+    if level == "fast" or not t_frames:
+        return out
+
+    embeds = clip_embeddings(tower, frames)
+    out["scene_drift"] = scene_drift(embeds, num_chunks)
+    if trajectory is None and summary is not None:
+        trajectory = summary.get("config", {}).get("trajectory")
+    if trajectory is None:
+        notes.append("PAC skipped: no trajectory (partial run without summary.json; pass one)")
+        return out
+    planned = summary.get("resolved", {}).get("chunks") if summary else None
+    plan = plan_actions(load_trajectory(trajectory), planned or max(num_chunks, len(records)))
+    revisit = revisit_pairs(plan)
+    frame_pairs = [(a, b) for a, b in revisit["frame_pairs"] if b < t_frames]
+    out["revisit"] = {"source": revisit["source"], "trajectory": str(trajectory),
+                      "chunk_pairs": [p for p in revisit["chunk_pairs"] if chunk_rows(p[1])[0] < t_frames]}
+    if frame_pairs:
+        out["pac"] = pac(embeds, frame_pairs)
+    else:
+        notes.append("PAC skipped: the trajectory revisits no place within the generated frames")
+    return out
+
+
+__all__ = ["clip_embeddings", "dead_reckon", "latent_diff", "pac", "pairs_from_poses",
+           "pairs_from_waypoints", "revisit_pairs", "scene_drift", "summarise_run", "temp_ssim"]
