@@ -307,3 +307,23 @@ def test_summarise_run(tmp_path, tower):
     expected = pac(embeds, [(k, 12 + k) for k in range(9)])  # chunk 0 vs the end of chunk 1
     assert full["pac"]["pairs"] == 9 and full["pac"]["mean"] == pytest.approx(expected["mean"])
     json.dumps(full)  # JSON-able
+
+
+def test_online_metrics_equal_whole_video_metrics():
+    """Chunk-by-chunk scoring (what generate records) equals scoring the whole video at once,
+    boundary pairs between chunks included."""
+    from worldtrace_cli.metrics import OnlineMetrics, latent_diff, temp_ssim
+
+    gen = torch.Generator().manual_seed(0)
+    frames = (torch.rand(9 + 2 * 12, 24, 32, 3, generator=gen) * 255).to(torch.uint8)
+    frames[10:20] = frames[9]  # some identical frames: SSIM 1 there
+    latents = torch.randn(1, 16, 9, 4, 8, generator=gen)
+    online = OnlineMetrics("fast")
+    bounds = [(0, 9), (9, 21), (21, 33)]
+    recs = [online.add_chunk(latents[:, :, 3 * c:3 * c + 3], frames[a:b]) for c, (a, b) in enumerate(bounds)]
+    whole_ssim, whole_ld = temp_ssim(frames), latent_diff(latents)
+    summary = online.summary()
+    assert summary["temp_ssim"] == pytest.approx(whole_ssim["mean"], abs=1e-9)
+    assert summary["latent_diff"] == pytest.approx(whole_ld["mean"], abs=1e-12)
+    assert [r["temp_ssim"] for r in recs] == pytest.approx(whole_ssim["per_chunk"], abs=1e-9)
+    assert OnlineMetrics("none").add_chunk(latents, frames) == {}

@@ -90,11 +90,14 @@ def main(verbose: bool) -> None:
 @click.option("--device", type=click.Choice(["auto", "cuda", "cpu"]), default="auto", show_default=True)
 @click.option("--dtype", type=click.Choice(["auto", "bf16", "fp32"]), default="auto", show_default=True,
               help="auto = bf16 on cuda, fp32 on cpu.")
+@click.option("--metrics", type=click.Choice(["none", "fast", "all"]), default="fast", show_default=True,
+              help="Per-chunk metrics: fast = TempSSIM + LatentDiff; all = + CLIP Scene Drift and PAC "
+                   "(one CLIP forward per pixel frame).")
 @click.option("--hash-checkpoint", is_flag=True, help="sha256 whole checkpoint files (default: first MiB).")
 @click.option("--no-progress", is_flag=True, help="No progress bar.")
 def generate(trajectory, preset, checkpoint, random_weights, image, chunks, seed, output, overwrite, cache,
              positions, budget, summary_slots, recent_slots, landmark_threshold, sink_frames, max_cache_gb,
-             spill_dir, device, dtype, hash_checkpoint, no_progress):
+             spill_dir, device, dtype, metrics, hash_checkpoint, no_progress):
     """Generate a video from TRAJECTORY (a YAML file of actions; see trajectories/README.md).
 
     Writes to the run folder: video.mp4 (H.264, appended chunk by chunk), chunks.jsonl (one record
@@ -123,13 +126,55 @@ def generate(trajectory, preset, checkpoint, random_weights, image, chunks, seed
                                             landmark_threshold=landmark_threshold, sink_frames=sink_frames,
                                             max_cache_gb=max_cache_gb,
                                             spill_dir=None if spill_dir is None else str(spill_dir)),
-                        overwrite=overwrite, progress=not no_progress, hash_checkpoint=hash_checkpoint)
+                        overwrite=overwrite, progress=not no_progress, hash_checkpoint=hash_checkpoint,
+                        metrics=metrics)
         summary = run_generate(cfg)
         t = summary["totals"]
         click.echo(f"worldtrace: wrote {summary['run_dir']}: {t['chunks']} chunks, {t['pixel_frames']} frames, "
                    f"{t['seconds_per_chunk']:.3f} s/chunk", err=True)
 
     _run(build_and_run)
+
+
+@main.command("metrics")
+@click.argument("run_dir", type=click.Path(path_type=Path))
+@click.option("--level", type=click.Choice(["fast", "all"]), default="all", show_default=True,
+              help="fast = TempSSIM; all = + CLIP Scene Drift and PAC (builds the run's CLIP tower).")
+@click.option("--trajectory", type=click.Path(path_type=Path), default=None,
+              help="Trajectory for revisit pairing (default: the one in summary.json).")
+@click.option("--device", type=click.Choice(["auto", "cuda", "cpu"]), default="auto", show_default=True)
+@click.option("-o", "--output", type=click.Path(path_type=Path), default=None,
+              help="Write the JSON here (default: RUN_DIR/metrics.json). Also printed on stdout.")
+def metrics_cmd(run_dir, level, trajectory, device, output):
+    """Compute metrics afterwards from a finished or interrupted RUN_DIR (video.mp4 + chunks.jsonl)."""
+    import json
+
+    from .errors import InputError
+
+    def job():
+        import torch
+
+        from .config import load_preset
+        from .metrics import summarise_run
+        from .model.checkpoint import load_clip_tower
+        from .rollout import resolve_device
+
+        if not (run_dir / "video.mp4").is_file():
+            raise InputError(f"{run_dir}: no video.mp4 (not a worldtrace run folder)")
+        tower = None
+        summary_path = run_dir / "summary.json"
+        if level == "all":
+            cfg = json.loads(summary_path.read_text())["config"] if summary_path.is_file() else {}
+            preset = load_preset(cfg.get("preset", {}).get("name", "tiny"))
+            tower = load_clip_tower(preset, cfg.get("checkpoint"), cfg.get("random_weights", False),
+                                    cfg.get("weights_seed", 0), resolve_device(device), torch.float32)
+        with torch.no_grad():
+            result = summarise_run(run_dir, tower, level, trajectory)
+        text = json.dumps(result, indent=1)
+        (output or run_dir / "metrics.json").write_text(text)
+        click.echo(text)
+
+    _run(job)
 
 
 def _csv(value: str | None, cast=str) -> list | None:

@@ -121,6 +121,7 @@ class RunConfig:
         device: ``auto`` | ``cuda`` | ``cpu``; dtype: ``auto`` | ``bf16`` | ``fp32``.
         checkpoint: official MG2 folder (required by checkpoint presets unless ``random_weights``).
         weights_seed: seed of random weights (tiny preset, ``--random-weights``).
+        metrics: ``none`` | ``fast`` (TempSSIM, LatentDiff) | ``all`` (+ CLIP Scene Drift, PAC).
     """
 
     preset: Preset
@@ -138,6 +139,7 @@ class RunConfig:
     overwrite: bool = False
     progress: bool = True
     hash_checkpoint: bool = False
+    metrics: str = "fast"
 
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)

@@ -422,11 +422,18 @@ def summarise_run(run_dir: str | Path, tower=None, level: str = "fast",
     frames = read_video_frames(run_dir / "video.mp4")
     t_frames = int(frames.shape[0])
     num_chunks = chunks_for_frames(t_frames) if t_frames else 0
-    notes = ["LatentDiff skipped: the run folder stores no latents"]
+    notes = []
+    ldiff = [r.get("metrics", {}).get("latent_diff") for r in records]
+    if any(v is not None for v in ldiff):  # LatentDiff needs latents: generate records it per chunk
+        latent = {"per_chunk": ldiff, "mean": _mean([v for v in ldiff if v is not None]),
+                  "source": "chunks.jsonl (per-chunk means)"}
+    else:
+        latent = None
+        notes.append("LatentDiff skipped: the run folder stores no latents (generate with --metrics fast)")
     out = {"run_dir": str(run_dir), "level": level,
            "status": "complete" if summary and summary.get("status") == "complete" else "partial",
            "chunks": len(records), "pixel_frames": t_frames,
-           "temp_ssim": temp_ssim(frames), "latent_diff": None,
+           "temp_ssim": temp_ssim(frames), "latent_diff": latent,
            "scene_drift": None, "pac": None, "revisit": None, "notes": notes}
     if level == "fast" or not t_frames:
         return out
@@ -451,5 +458,73 @@ def summarise_run(run_dir: str | Path, tower=None, level: str = "fast",
     return out
 
 
-__all__ = ["clip_embeddings", "dead_reckon", "latent_diff", "pac", "pairs_from_poses",
+class OnlineMetrics:
+    """Per-chunk metrics computed while a run generates (``worldtrace generate --metrics``).
+
+    ``level``: ``none`` (nothing), ``fast`` (TempSSIM and LatentDiff, including the pair across
+    each chunk boundary) or ``all`` (also Local Scene Drift, and PAC over the trajectory's revisit
+    pairs at the end; needs the CLIP ``tower``, one forward per pixel frame). State is the previous
+    chunk's last pixel frame, last latent frame and mean CLIP embedding, plus the per-frame CLIP
+    embeddings for PAC ([T, P] float32: 12 MB at 256 chunks).
+    """
+
+    def __init__(self, level: str = "fast", tower=None):
+        if level not in ("none", "fast", "all"):
+            raise ValueError(f"metrics level must be none, fast or all, got {level!r}")
+        if level == "all" and tower is None:
+            raise ValueError("metrics level 'all' needs a CLIP tower")
+        self.level, self.tower = level, tower
+        self._last_frame = self._last_latent = self._last_embed = None
+        self._embeds: list[torch.Tensor] = []
+        self._ssim: list[float] = []
+        self._ldiff: list[float] = []
+        self._drift: list[float] = []
+
+    def add_chunk(self, latents: torch.Tensor, frames) -> dict:
+        """Score one chunk: latents [1, 16, F, h, w], frames uint8 [T, H, W, 3]. Returns the
+        chunk's record entries (``temp_ssim``, ``latent_diff``, ``scene_drift``; None where undefined)."""
+        if self.level == "none":
+            return {}
+        frames = _frames_tensor(frames)
+        rec: dict = {}
+        seq = frames if self._last_frame is None else torch.cat([self._last_frame[None], frames])
+        pairs = temp_ssim(seq)["pairs"]
+        self._ssim += pairs
+        rec["temp_ssim"] = _mean(pairs)
+        z = latents.detach().float().cpu()
+        zseq = z if self._last_latent is None else torch.cat([self._last_latent, z], dim=2)
+        diffs = latent_diff(zseq)["pairs"]
+        self._ldiff += diffs
+        rec["latent_diff"] = _mean(diffs)
+        self._last_frame, self._last_latent = frames[-1].clone(), z[:, :, -1:].clone()
+        if self.level == "all":
+            emb = clip_embeddings(self.tower, frames)
+            self._embeds.append(emb)
+            mean = torch.nn.functional.normalize(emb.mean(0), dim=0)
+            drift = None if self._last_embed is None else float(1 - mean @ self._last_embed)
+            if drift is not None:
+                self._drift.append(drift)
+            rec["scene_drift"] = drift
+            self._last_embed = mean
+        return rec
+
+    def summary(self, plan=None) -> dict:
+        """Run-level means (and PAC over ``plan``'s revisit pairs with level ``all``)."""
+        if self.level == "none":
+            return {"level": "none"}
+        out = {"level": self.level, "temp_ssim": _mean(self._ssim), "latent_diff": _mean(self._ldiff)}
+        if self.level == "all":
+            out["scene_drift"] = _mean(self._drift)
+            out["pac"] = None
+            if plan is not None and self._embeds:
+                embeds = torch.cat(self._embeds)
+                revisit = revisit_pairs(plan)
+                pairs = [(a, b) for a, b in revisit["frame_pairs"] if b < embeds.shape[0]]
+                out["revisit"] = {"source": revisit["source"], "chunk_pairs": revisit["chunk_pairs"]}
+                if pairs:
+                    out["pac"] = pac(embeds, pairs)
+        return out
+
+
+__all__ = ["OnlineMetrics", "clip_embeddings", "dead_reckon", "latent_diff", "pac", "pairs_from_poses",
            "pairs_from_waypoints", "revisit_pairs", "scene_drift", "summarise_run", "temp_ssim"]

@@ -238,6 +238,7 @@ def generate(cfg: RunConfig) -> dict:
     """
     from tqdm import tqdm
 
+    from .metrics import OnlineMetrics
     from .model.checkpoint import load_world_model
     from .model.conditioning import build_conditioning, load_image, preprocess_image
     from .model.vae import StreamingDecoder
@@ -281,6 +282,7 @@ def generate(cfg: RunConfig) -> dict:
                       FlowMatchSchedule(preset.denoising_steps, preset.timestep_shift), seed, device,
                       (preset.height // 8, preset.width // 8), StreamingDecoder(world.vae),
                       preset.frames_per_chunk)
+    scorer = OnlineMetrics(cfg.metrics, world.clip if cfg.metrics == "all" else None)
     waypoints: dict[int, list[str]] = {}
     for chunk_index, label in plan.waypoints:
         waypoints.setdefault(chunk_index, []).append(label)
@@ -299,6 +301,8 @@ def generate(cfg: RunConfig) -> dict:
             rec["pixel_frames"] = list(chunk_rows(c))
             rec["actions"] = plan.chunk_actions[c]
             rec["waypoints"] = waypoints.get(c, [])
+            with torch.no_grad():
+                rec["metrics"] = scorer.add_chunk(out.latents, out.frames)
             jsonl.write(rec)
             records.append(rec)
             for k, v in rec["timings_s"].items():
@@ -319,10 +323,12 @@ def generate(cfg: RunConfig) -> dict:
         "command": sys.argv,
         "config": cfg.to_dict(),
         "resolved": {"seed": seed, "device": str(device), "dtype": str(dtype).replace("torch.", ""),
+                     "trajectory": str(cfg.trajectory.resolve()), "waypoints": plan.waypoints,
                      "chunks": plan.num_chunks, "image": str(image_path), "notes": plan.notes},
         "checkpoint": world.files,
         "versions": versions(),
         "cache": {**writer.describe(), "kv_bytes": writer.kv_bytes(), "host_bytes": writer.host_bytes()},
+        "metrics": scorer.summary(plan),
         "totals": {
             "chunks": plan.num_chunks,
             "latent_frames": plan.num_chunks * preset.frames_per_chunk,

@@ -160,7 +160,6 @@ def load_world_model(preset, checkpoint: str | Path | None, random_weights: bool
     """
     from ..errors import InputError
     from .dit import CausalWanDiT, init_random_weights
-    from .image_encoder import build_clip_tower
     from .vae import build_wan_vae
 
     use_random = random_weights or preset.weights == "random"
@@ -170,7 +169,7 @@ def load_world_model(preset, checkpoint: str | Path | None, random_weights: bool
         init_random_weights(dit, weights_seed)
         dit = dit.to(dtype)
         vae = build_wan_vae(preset.vae, None, seed=weights_seed + 1, device=device, dtype=dtype)
-        clip = build_clip_tower(preset.clip, None, seed=weights_seed + 2, device=device, dtype=dtype)
+        clip = load_clip_tower(preset, None, True, weights_seed, device, dtype)
         return WorldModel(dit.eval().requires_grad_(False), vae, clip, [])
     if checkpoint is None:
         raise InputError(f"preset {preset.name} needs --checkpoint DIR (an official Matrix-Game-2.0 folder "
@@ -183,6 +182,22 @@ def load_world_model(preset, checkpoint: str | Path | None, random_weights: bool
     dit.load_state_dict(sd, strict=True, assign=True)
     dit = dit.to(device=device, dtype=dtype).eval().requires_grad_(False)
     vae = build_wan_vae(preset.vae, paths["vae"], device=device, dtype=dtype)
-    clip = build_clip_tower(preset.clip, paths["clip"], device=device, dtype=dtype)
+    clip = load_clip_tower(preset, checkpoint, False, weights_seed, device, dtype)
     files = [{"role": role, **file_identity(p, full_hash)} for role, p in paths.items()]
     return WorldModel(dit, vae, clip, files)
+
+
+def load_clip_tower(preset, checkpoint: str | Path | None, random_weights: bool, weights_seed: int,
+                    device: torch.device, dtype: torch.dtype):
+    """The preset's CLIP image tower alone (e.g. for ``worldtrace metrics``): the same weights
+    :func:`load_world_model` gives (random: seed ``weights_seed + 2``; else the checkpoint file).
+
+    Raises:
+        CheckpointError: missing or unreadable CLIP file.
+    """
+    from .image_encoder import build_clip_tower
+
+    if random_weights or preset.weights == "random" or checkpoint is None:
+        return build_clip_tower(preset.clip, None, seed=weights_seed + 2, device=device, dtype=dtype)
+    path = resolve_checkpoint_files({"clip": preset.files["clip"]}, checkpoint, preset.name)["clip"]
+    return build_clip_tower(preset.clip, path, device=device, dtype=dtype)

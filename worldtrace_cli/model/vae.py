@@ -119,7 +119,8 @@ def build_wan_vae(variant: str = "wan2.1", weights: str | Path | None = None, *,
             raise RuntimeError("AutoencoderKLWan kept meta tensors after loading (diffusers changed?)")
     if cpu_mkldnn:
         use_mkldnn_conv3d(vae)
-    return vae.to(device=device, dtype=dtype).eval().requires_grad_(False)
+    # nn.Module.to: diffusers' ModelMixin.to warns about fp32-pinned modules even when there are none.
+    return torch.nn.Module.to(vae, device=device, dtype=dtype).eval().requires_grad_(False)
 
 
 def _norm_stats(device, dtype=torch.float32) -> tuple[torch.Tensor, torch.Tensor]:
