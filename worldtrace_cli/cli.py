@@ -30,7 +30,8 @@ def _run(fn, *args, **kwargs):
     try:
         return fn(*args, **kwargs)
     except WorldtraceError as exc:
-        click.echo(f"worldtrace: error: {exc}", err=True)
+        kind = "stopped" if exc.exit_code == EXIT_INTERRUPTED else "error"
+        click.echo(f"worldtrace: {kind}: {exc}", err=True)
         sys.exit(exc.exit_code)
     except KeyboardInterrupt:
         click.echo("worldtrace: interrupted; the run folder holds every finished chunk", err=True)
@@ -54,7 +55,7 @@ def main(verbose: bool) -> None:
 
 
 @main.command()
-@click.argument("trajectory", type=click.Path(path_type=Path))
+@click.argument("trajectory", type=click.Path(path_type=Path), required=False)
 @click.option("--preset", default=None, metavar="NAME|FILE",
               help="Model preset: tiny (random weights, CPU), mg2-universal, mg2-gta-drive, mg2-templerun, "
                    "or a preset YAML. Default: mg2-<trajectory mode> with --checkpoint, else tiny.")
@@ -94,10 +95,14 @@ def main(verbose: bool) -> None:
               help="Per-chunk metrics: fast = TempSSIM + LatentDiff; all = + CLIP Scene Drift and PAC "
                    "(one CLIP forward per pixel frame).")
 @click.option("--hash-checkpoint", is_flag=True, help="sha256 whole checkpoint files (default: first MiB).")
+@click.option("--save-every", type=int, default=16, show_default=True,
+              help="Save a resume state every N chunks (0: only on Ctrl-C/SIGTERM).")
+@click.option("--resume", "resume_dir", type=click.Path(path_type=Path), default=None, metavar="RUN_DIR",
+              help="Continue an interrupted run from its last saved state (other options come from the run).")
 @click.option("--no-progress", is_flag=True, help="No progress bar.")
 def generate(trajectory, preset, checkpoint, random_weights, image, chunks, seed, output, overwrite, cache,
              positions, budget, summary_slots, recent_slots, landmark_threshold, sink_frames, max_cache_gb,
-             spill_dir, device, dtype, metrics, hash_checkpoint, no_progress):
+             spill_dir, device, dtype, metrics, hash_checkpoint, save_every, resume_dir, no_progress):
     """Generate a video from TRAJECTORY (a YAML file of actions; see trajectories/README.md).
 
     Writes to the run folder: video.mp4 (H.264, appended chunk by chunk), chunks.jsonl (one record
@@ -109,11 +114,22 @@ def generate(trajectory, preset, checkpoint, random_weights, image, chunks, seed
           trajectories/aba.yaml --chunks 16 -o out/
     """
     from .config import RunConfig, load_preset
+    from .errors import InputError
     from .memory import MemoryConfig
     from .rollout import generate as run_generate
     from .trajectory import load_trajectory
 
     def build_and_run():
+        if resume_dir is not None:
+            from dataclasses import replace
+
+            from .run import resume_config
+
+            cfg = replace(resume_config(resume_dir), output=resume_dir, progress=not no_progress)
+            report(run_generate(cfg, resume=True))
+            return
+        if trajectory is None:
+            raise InputError("missing TRAJECTORY (or --resume RUN_DIR); see worldtrace generate --help")
         name = preset
         if name is None:
             name = f"mg2-{load_trajectory(trajectory).mode.replace('_', '-')}" if checkpoint else "tiny"
@@ -127,8 +143,10 @@ def generate(trajectory, preset, checkpoint, random_weights, image, chunks, seed
                                             max_cache_gb=max_cache_gb,
                                             spill_dir=None if spill_dir is None else str(spill_dir)),
                         overwrite=overwrite, progress=not no_progress, hash_checkpoint=hash_checkpoint,
-                        metrics=metrics)
-        summary = run_generate(cfg)
+                        metrics=metrics, save_every=save_every)
+        report(run_generate(cfg))
+
+    def report(summary):
         t = summary["totals"]
         click.echo(f"worldtrace: wrote {summary['run_dir']}: {t['chunks']} chunks, {t['pixel_frames']} frames, "
                    f"{t['seconds_per_chunk']:.3f} s/chunk", err=True)

@@ -56,6 +56,14 @@ class Preset:
         d["denoising_steps"] = list(self.denoising_steps)
         return d
 
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> "Preset":
+        """Inverse of :meth:`to_dict` (a resumed run rebuilds its exact preset from summary data)."""
+        d = dict(d)
+        d["dit"] = DiTConfig.from_dict(d["dit"])
+        d["denoising_steps"] = tuple(d["denoising_steps"])
+        return cls(**d)
+
 
 def preset_names() -> list[str]:
     """Names of the built-in presets."""
@@ -122,6 +130,7 @@ class RunConfig:
         checkpoint: official MG2 folder (required by checkpoint presets unless ``random_weights``).
         weights_seed: seed of random weights (tiny preset, ``--random-weights``).
         metrics: ``none`` | ``fast`` (TempSSIM, LatentDiff) | ``all`` (+ CLIP Scene Drift, PAC).
+        save_every: save a resume state every this many chunks (0: only on Ctrl-C / SIGTERM).
     """
 
     preset: Preset
@@ -140,8 +149,20 @@ class RunConfig:
     progress: bool = True
     hash_checkpoint: bool = False
     metrics: str = "fast"
+    save_every: int = 16
 
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)
         d["preset"] = self.preset.to_dict()
         return {k: (str(v) if isinstance(v, Path) else v) for k, v in d.items()}
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> "RunConfig":
+        """Inverse of :meth:`to_dict`."""
+        d = dict(d)
+        d["preset"] = Preset.from_dict(d["preset"])
+        d["memory"] = MemoryConfig(**d["memory"])
+        for key in ("trajectory", "output", "image", "checkpoint"):
+            if d.get(key) is not None:
+                d[key] = Path(d[key])
+        return cls(**d)

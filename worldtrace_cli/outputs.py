@@ -375,3 +375,55 @@ def prepare_run_dir(path: str | Path, overwrite: bool) -> Path:
     except OSError as err:
         raise OutputError(f"output folder {path} is not writable: {_reason(err)}") from None
     return path
+
+
+def _ffmpeg_copy(args: list[str], what: str) -> None:
+    """Run imageio-ffmpeg's ffmpeg with stream copy arguments; OutputError with its message on failure."""
+    cmd = [imageio_ffmpeg.get_ffmpeg_exe(), "-hide_banner", "-loglevel", "error", "-y", *args]
+    proc = subprocess.run(cmd, stdin=subprocess.DEVNULL, capture_output=True, text=True)
+    if proc.returncode != 0:
+        raise OutputError(f"ffmpeg failed to {what}: {' '.join(proc.stderr.split())[-300:]}")
+
+
+_FRAG_FLAGS = ["-movflags", "frag_keyframe+empty_moov+default_base_moof"]
+
+
+def truncate_video(path: str | Path, frames: int) -> None:
+    """Keep the first ``frames`` pixel frames of an MP4 in place, without re-encoding.
+
+    Our encoder makes no B-frames (``-tune zerolatency``), so the first N packets decode to exactly
+    the first N frames. ``frames == 0`` removes the file. Raises OutputError on ffmpeg failure.
+    """
+    path = Path(path)
+    if frames <= 0:
+        path.unlink(missing_ok=True)
+        return
+    tmp = path.with_name(path.stem + ".cut" + path.suffix)
+    _ffmpeg_copy(["-i", str(path), "-map", "0:v:0", "-c", "copy", "-frames:v", str(frames), *_FRAG_FLAGS, str(tmp)],
+                 f"truncate {path} to {frames} frames")
+    os.replace(tmp, path)
+
+
+def concat_videos(parts: list[str | Path], dest: str | Path) -> None:
+    """Join MP4 files made by :class:`VideoStreamWriter` with identical settings into ``dest``
+    (stream copy, fragmented MP4). ``dest`` may be one of the parts. Raises OutputError."""
+    parts = [Path(p) for p in parts if Path(p).is_file()]
+    dest = Path(dest)
+    if not parts:
+        return
+    if len(parts) == 1:
+        if parts[0] != dest:
+            os.replace(parts[0], dest)
+        return
+    listing = dest.with_name(dest.stem + ".concat.txt")
+    listing.write_text("".join(f"file '{p.resolve()}'\n" for p in parts))
+    tmp = dest.with_name(dest.stem + ".joined" + dest.suffix)
+    try:
+        _ffmpeg_copy(["-f", "concat", "-safe", "0", "-i", str(listing), "-c", "copy", *_FRAG_FLAGS, str(tmp)],
+                     f"join {', '.join(p.name for p in parts)}")
+    finally:
+        listing.unlink(missing_ok=True)
+    os.replace(tmp, dest)
+    for p in parts:
+        if p != dest:
+            p.unlink(missing_ok=True)

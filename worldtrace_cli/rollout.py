@@ -11,7 +11,6 @@ from __future__ import annotations
 import logging
 import os
 import platform
-import sys
 import time
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -21,7 +20,7 @@ import torch
 from . import __version__
 from .config import RunConfig
 from .errors import InputError, RunError
-from .memory import CacheGeometry, CacheWriter, build_writer
+from .memory import CacheGeometry, CacheWriter
 from .model.dit import ChunkInputs, LayerPast
 from .model.sampler import FlowMatchSchedule, add_noise, chunk_generator, flow_to_x0
 
@@ -226,121 +225,9 @@ def versions() -> dict:
     return out
 
 
-def generate(cfg: RunConfig) -> dict:
-    """Run ``worldtrace generate``: returns the summary dict also written to ``summary.json``.
 
-    Inputs are validated (trajectory, image, flags, output folder) before any model is loaded.
-    ``video.mp4`` and ``chunks.jsonl`` are appended chunk by chunk, so a run that dies keeps every
-    finished chunk; ``summary.json`` is written only when the run completes.
+def generate(cfg: RunConfig, resume: bool = False) -> dict:
+    """Run ``worldtrace generate`` (see :func:`worldtrace_cli.run.run_generation`)."""
+    from .run import run_generation
 
-    Raises:
-        InputError, CheckpointError, OutputError, RunError: see :mod:`worldtrace_cli.errors`.
-    """
-    from tqdm import tqdm
-
-    from .metrics import OnlineMetrics
-    from .model.checkpoint import load_world_model
-    from .model.conditioning import build_conditioning, load_image, preprocess_image
-    from .model.vae import StreamingDecoder
-    from .outputs import JsonlWriter, VideoStreamWriter, prepare_run_dir, write_json_atomic
-    from .timeline import plot_cache_timeline
-    from .trajectory import chunk_rows, load_trajectory, plan_actions
-
-    started = time.time()
-    preset = cfg.preset
-    traj = load_trajectory(cfg.trajectory)
-    if traj.mode != preset.mode:
-        raise InputError(f"{cfg.trajectory}: mode {traj.mode!r} does not match preset {preset.name} "
-                         f"(mode {preset.mode!r})")
-    plan = plan_actions(traj, cfg.chunks)
-    for note in plan.notes:
-        log.info(note)
-    image_path = cfg.image or traj.image
-    if image_path is None:
-        raise InputError(f"{cfg.trajectory}: no conditioning image: pass --image or set `image:` in the trajectory")
-    pil_image = load_image(image_path)
-    seed = cfg.seed if cfg.seed is not None else (traj.seed if traj.seed is not None else 0)
-    writer = build_writer(cfg.memory, preset.dit.local_attn_size - preset.frames_per_chunk)
-    device = resolve_device(cfg.device)
-    dtype = resolve_dtype(cfg.dtype, device)
-    run_dir = prepare_run_dir(cfg.output, cfg.overwrite)
-
-    t0 = time.perf_counter()
-    world = load_world_model(preset, cfg.checkpoint, cfg.random_weights, cfg.weights_seed, device, dtype,
-                             cfg.hash_checkpoint)
-    load_s = time.perf_counter() - t0
-    t0 = time.perf_counter()
-    with torch.no_grad():
-        image = preprocess_image(pil_image, preset.height, preset.width).to(device, dtype)
-        conditioning, visual_context = build_conditioning(image, world.vae, world.clip,
-                                                          plan.num_chunks * preset.frames_per_chunk)
-    cond_s = time.perf_counter() - t0
-    if device.type == "cuda":
-        torch.cuda.reset_peak_memory_stats(device)
-    rollout = Rollout(world.dit, writer, conditioning, visual_context, plan.keyboard[None],
-                      None if plan.mouse is None else plan.mouse[None],
-                      FlowMatchSchedule(preset.denoising_steps, preset.timestep_shift), seed, device,
-                      (preset.height // 8, preset.width // 8), StreamingDecoder(world.vae),
-                      preset.frames_per_chunk)
-    scorer = OnlineMetrics(cfg.metrics, world.clip if cfg.metrics == "all" else None)
-    waypoints: dict[int, list[str]] = {}
-    for chunk_index, label in plan.waypoints:
-        waypoints.setdefault(chunk_index, []).append(label)
-    totals: dict[str, float] = {}
-    records: list[dict] = []
-    peak = {"rss_bytes": 0, "gpu_peak_bytes": 0}
-    video = VideoStreamWriter(run_dir / "video.mp4", preset.width, preset.height, preset.fps)
-    jsonl = JsonlWriter(run_dir / "chunks.jsonl")
-    bar = tqdm(total=plan.num_chunks, unit="chunk", file=sys.stderr, disable=not cfg.progress,
-               desc=f"{writer.name}")
-    try:
-        for c in range(plan.num_chunks):
-            out = rollout.step()
-            video.write(out.frames)
-            rec = out.record
-            rec["pixel_frames"] = list(chunk_rows(c))
-            rec["actions"] = plan.chunk_actions[c]
-            rec["waypoints"] = waypoints.get(c, [])
-            with torch.no_grad():
-                rec["metrics"] = scorer.add_chunk(out.latents, out.frames)
-            jsonl.write(rec)
-            records.append(rec)
-            for k, v in rec["timings_s"].items():
-                totals[k] = totals.get(k, 0.0) + v
-            for k in peak:
-                peak[k] = max(peak[k], rec["memory"].get(k, 0))
-            bar.update(1)
-    finally:
-        bar.close()
-        jsonl.close()
-        video.close()
-        if records:
-            plot_cache_timeline(records, run_dir / "cache_timeline.png")
-    gen_s = sum(totals.values())
-    summary = {
-        "status": "complete",
-        "run_dir": str(run_dir),
-        "command": sys.argv,
-        "config": cfg.to_dict(),
-        "resolved": {"seed": seed, "device": str(device), "dtype": str(dtype).replace("torch.", ""),
-                     "trajectory": str(cfg.trajectory.resolve()), "waypoints": plan.waypoints,
-                     "chunks": plan.num_chunks, "image": str(image_path), "notes": plan.notes},
-        "checkpoint": world.files,
-        "versions": versions(),
-        "cache": {**writer.describe(), "kv_bytes": writer.kv_bytes(), "host_bytes": writer.host_bytes()},
-        "metrics": scorer.summary(plan),
-        "totals": {
-            "chunks": plan.num_chunks,
-            "latent_frames": plan.num_chunks * preset.frames_per_chunk,
-            "pixel_frames": video.frames_written,
-            "seconds": {"load": round(load_s, 3), "conditioning": round(cond_s, 3),
-                        **{k: round(v, 3) for k, v in totals.items()}, "generate": round(gen_s, 3),
-                        "wall": round(time.time() - started, 3)},
-            "seconds_per_chunk": round(gen_s / plan.num_chunks, 4),
-            "fps": round(video.frames_written / gen_s, 3) if gen_s else None,
-            "peak_rss_bytes": peak["rss_bytes"],
-            "gpu_peak_bytes": peak["gpu_peak_bytes"] if device.type == "cuda" else None,
-        },
-    }
-    write_json_atomic(run_dir / "summary.json", summary)
-    return summary
+    return run_generation(cfg, resume)

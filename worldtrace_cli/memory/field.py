@@ -61,6 +61,8 @@ class FieldSummary(SummaryMemory):
         OutputError: ``spill_dir`` cannot be created or written (e.g. the disk is full).
     """
 
+    _transient = ("_cleanup",)  # the spill folder's finalizer is process-bound (resume state skips it)
+
     kind = "field"
 
     def __init__(self, num_slots: int, spill_dir: str | None = None):
@@ -90,6 +92,7 @@ class FieldSummary(SummaryMemory):
             except OSError as err:
                 raise OutputError(f"--spill-dir {self.spill_dir}: {err.strerror or err}") from err
             self._cleanup = weakref.finalize(self, shutil.rmtree, self._dir, True)
+            self._cleanup.atexit = False  # an interrupted run keeps its spilled frames for --resume
 
     def evict(self, frame_id: int, frame_kv: FrameKV) -> None:
         if self.num_slots == 0:

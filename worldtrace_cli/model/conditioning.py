@@ -71,7 +71,7 @@ def preprocess_image(image: Image.Image, height: int, width: int) -> torch.Tenso
         float32 ``[1, 3, height, width]`` in [-1, 1].
 
     Raises:
-        ValueError: non-positive target size.
+        ValueError: non-positive target size, or an image so thin that the crop is empty.
     """
     if height <= 0 or width <= 0:
         raise ValueError(f"target size must be positive, got {height}x{width}")
@@ -81,6 +81,8 @@ def preprocess_image(image: Image.Image, height: int, width: int) -> torch.Tenso
         new_w, new_h = w, int(w * height / width)
     else:
         new_w, new_h = int(h * width / height), h
+    if new_w < 1 or new_h < 1:
+        raise ValueError(f"a {w}x{h} image cannot be centre-cropped to the aspect {width}:{height}")
     box = ((w - new_w) / 2, (h - new_h) / 2, (w + new_w) / 2, (h + new_h) / 2)
     image = image.crop(box).resize((width, height), Image.BILINEAR)
     x = torch.from_numpy(np.asarray(image, dtype=np.uint8).copy()).permute(2, 0, 1).float().div(255.0)
@@ -124,7 +126,7 @@ class ConditioningLatents:
         lat = self.image_latents
         index = torch.arange(start, start + count, device=lat.device).clamp_(max=lat.shape[2] - 1)
         frames = lat.index_select(2, index)
-        mask = torch.zeros(1, MASK_CHANNELS, count, *lat.shape[3:], device=lat.device)
+        mask = torch.zeros(1, MASK_CHANNELS, count, *lat.shape[3:], device=lat.device, dtype=torch.float32)
         if start == 0:
             mask[:, :, 0] = 1.0
         return torch.cat([mask, frames], dim=1)

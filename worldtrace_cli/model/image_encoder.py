@@ -42,7 +42,9 @@ def clip_config(variant: str = "vit-h-14") -> CLIPVisionConfig:
     if variant not in _CONFIG_DIRS:
         raise ValueError(f"unknown CLIP variant {variant!r} (expected one of {', '.join(_CONFIG_DIRS)})")
     path = Path(__file__).parent / "configs" / _CONFIG_DIRS[variant] / "config.json"
-    return CLIPVisionConfig(**json.loads(path.read_text()))
+    fields = json.loads(path.read_text())
+    fields.pop("model_type", None)  # a class attribute of CLIPVisionConfig, kept in the file for readers
+    return CLIPVisionConfig(**fields)
 
 
 def _short_list(items: list[str]) -> str:

@@ -1,0 +1,272 @@
+"""``worldtrace compare``: one trajectory through several cache writers, side by side.
+
+Every mode runs with the same image, seed and actions into ``DIR/<cache>/`` (an ordinary run
+folder), then ``DIR/compare.mp4`` shows the runs as a grid of labelled panels (one row for up to
+3 modes, two rows beyond), optionally with a HUD of the keys pressed and the mouse direction of
+each pixel frame; ``DIR/compare.json`` / ``compare.md`` tabulate speed, memory and metrics. The
+grid is streamed: panels are decoded and the grid encoded one pixel frame at a time.
+"""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+import click
+
+log = logging.getLogger("worldtrace")
+
+MAX_ROW_PANELS = 3  # up to 3 modes side by side; more go on 2 rows
+
+
+def grid_shape(modes: int) -> tuple[int, int]:
+    """(rows, columns) of the panel grid: 1 x n for n <= 3, else 2 x ceil(n / 2)."""
+    return (1, modes) if modes <= MAX_ROW_PANELS else (2, -(-modes // 2))
+
+
+def _font(size: int):
+    from PIL import ImageFont
+
+    try:
+        return ImageFont.load_default(size=size)
+    except TypeError:  # Pillow < 10.1: a fixed-size bitmap font
+        return ImageFont.load_default()
+
+
+def hud_rows(plan) -> list[tuple[list[str], tuple[float, float] | None]]:
+    """Per pixel frame (action row) of an ActionPlan: (key letters pressed, (pitch, yaw) or None)."""
+    from .trajectory import MODES
+
+    letters = MODES[plan.mode].key_letters
+    keys = [[letters[i] for i, v in enumerate(row) if v > 0.5] for row in plan.keyboard.tolist()]
+    mouse = [None] * len(keys) if plan.mouse is None else [tuple(m) for m in plan.mouse.tolist()]
+    return list(zip(keys, mouse))
+
+
+def draw_panel(frame, label: str, hud=None, key_letters: str = ""):
+    """One panel: uint8 [H, W, 3] -> PIL image with ``label`` at the top left and, if ``hud`` =
+    (pressed letters, (pitch, yaw) or None) is given, a key strip (pressed keys filled) at the
+    bottom left and an arrow of the mouse direction at the bottom right."""
+    from PIL import Image, ImageDraw
+
+    img = Image.fromarray(frame)
+    draw = ImageDraw.Draw(img, "RGBA")
+    height = img.height
+    unit = max(10, height // 10)  # text and key size scale with the panel (10 px at 96 px high)
+    font = _font(unit)
+    box = draw.textbbox((3, 2), label, font=font)
+    draw.rectangle((0, 0, box[2] + 3, box[3] + 2), fill=(0, 0, 0, 150))
+    draw.text((3, 2), label, fill=(255, 255, 255, 255), font=font)
+    if hud is None:
+        return img
+    pressed, mouse = hud
+    y0 = height - unit - 3
+    for i, letter in enumerate(key_letters):
+        x0 = 3 + i * (unit + 2)
+        on = letter in pressed
+        draw.rectangle((x0, y0, x0 + unit, y0 + unit), fill=(255, 255, 255, 220) if on else (0, 0, 0, 120),
+                       outline=(255, 255, 255, 200))
+        draw.text((x0 + unit / 2, y0 + unit / 2), letter, fill=(0, 0, 0, 255) if on else (255, 255, 255, 200),
+                  font=_font(max(8, unit - 2)), anchor="mm")
+    if mouse is not None:
+        radius = unit
+        cx, cy = img.width - radius - 4, height - radius - 4
+        draw.ellipse((cx - radius, cy - radius, cx + radius, cy + radius), fill=(0, 0, 0, 120),
+                     outline=(255, 255, 255, 200))
+        pitch, yaw = mouse
+        norm = (pitch * pitch + yaw * yaw) ** 0.5
+        if norm > 0:  # yaw right -> arrow right; pitch up -> arrow up (image y grows down)
+            dx, dy = yaw / norm * (radius - 2), -pitch / norm * (radius - 2)
+            draw.line((cx, cy, cx + dx, cy + dy), fill=(255, 255, 0, 255), width=max(1, unit // 5))
+            draw.ellipse((cx + dx - 2, cy + dy - 2, cx + dx + 2, cy + dy + 2), fill=(255, 255, 0, 255))
+    return img
+
+
+def write_grid_video(videos: list[Path], labels: list[str], path: Path, fps: float, hud=None,
+                     key_letters: str = "") -> dict:
+    """Stream the panel videos into one grid MP4 (see :func:`grid_shape`), frame by frame.
+
+    Args:
+        videos: run videos of equal size; the grid has as many frames as the shortest.
+        hud: optional per-frame list from :func:`hud_rows` (frames past its end get no HUD).
+
+    Returns:
+        ``{"frames", "width", "height", "rows", "columns"}`` of the written video.
+
+    Raises:
+        OutputError: a panel video cannot be read, sizes differ, or the grid cannot be written.
+    """
+    import imageio_ffmpeg
+    import numpy as np
+    from PIL import Image
+
+    from .errors import OutputError
+    from .outputs import VideoStreamWriter
+
+    readers = [imageio_ffmpeg.read_frames(str(v), pix_fmt="rgb24") for v in videos]
+    try:
+        try:
+            sizes = {tuple(next(r)["size"]) for r in readers}
+        except (OSError, RuntimeError, StopIteration) as err:
+            raise OutputError(f"cannot read a panel video: {' '.join(str(err).split())[-300:]}") from None
+        if len(sizes) != 1:
+            raise OutputError(f"panel videos differ in size: {sorted(sizes)}")
+        (width, height), = sizes
+        rows, cols = grid_shape(len(videos))
+        canvas = Image.new("RGB", (cols * width, rows * height))
+        frames = 0
+        with VideoStreamWriter(path, cols * width, rows * height, fps) as out:
+            for bufs in zip(*readers):
+                state = hud[frames] if hud is not None and frames < len(hud) else None
+                for k, (buf, label) in enumerate(zip(bufs, labels)):
+                    frame = np.frombuffer(buf, np.uint8).reshape(height, width, 3)
+                    panel = draw_panel(frame, label, state, key_letters if state else "")
+                    canvas.paste(panel, ((k % cols) * width, (k // cols) * height))
+                out.write(np.asarray(canvas)[None])
+                frames += 1
+    finally:
+        for r in readers:
+            r.close()
+    return {"frames": frames, "width": cols * width, "height": rows * height, "rows": rows, "columns": cols}
+
+
+def _mode_record(cache: str, folder: str, summary: dict) -> dict:
+    metrics = summary.get("metrics") or {}
+    pac = metrics.get("pac")
+    totals = summary["totals"]
+    return {"cache": cache, "run_dir": folder,
+            "writer": summary.get("cache", {}), "s_per_chunk": totals["seconds_per_chunk"], "fps": totals["fps"],
+            "peak_rss_bytes": totals["peak_rss_bytes"], "gpu_peak_bytes": totals["gpu_peak_bytes"],
+            "kv_bytes": summary.get("cache", {}).get("kv_bytes"), "host_bytes": summary.get("cache", {}).get("host_bytes"),
+            "metrics": {"temp_ssim": metrics.get("temp_ssim"), "latent_diff": metrics.get("latent_diff"),
+                        "scene_drift": metrics.get("scene_drift"),
+                        "pac": pac.get("mean") if isinstance(pac, dict) else None}}
+
+
+def compare_markdown(result: dict) -> str:
+    """The ``compare.md`` text: settings, then one table row per mode."""
+    def f(v, spec=".3f"):
+        return "—" if v is None else format(v, spec)
+
+    def mib(v):
+        return "—" if v is None else f"{v / 2**20:.1f} MiB"
+
+    lines = ["# worldtrace compare", "",
+             f"Trajectory `{result['trajectory']}`, image `{result['image']}`, seed {result['seed']}, "
+             f"{result['chunks']} chunks, preset {result['preset']}, device {result['device']}. "
+             f"Video: `compare.mp4` ({result['video']['frames']} frames, "
+             f"{result['video']['width']}x{result['video']['height']}).", "",
+             "| mode | s/chunk | KV cache | peak RSS | GPU peak | TempSSIM ↑ | LatentDiff ↓ | Scene Drift ↓ | PAC ↑ |",
+             "|---|---|---|---|---|---|---|---|---|"]
+    for m in result["modes"]:
+        x = m["metrics"]
+        lines.append(f"| {m['cache']} | {f(m['s_per_chunk'])} | {mib(m['kv_bytes'])} | {mib(m['peak_rss_bytes'])} | "
+                     f"{mib(m['gpu_peak_bytes'])} | {f(x['temp_ssim'])} | {f(x['latent_diff'])} | "
+                     f"{f(x['scene_drift'])} | {f(x['pac'])} |")
+    return "\n".join(lines) + "\n"
+
+
+def run_compare(trajectory: str | Path, caches: list[str], out_dir: str | Path, preset: str | None = None,
+                image: str | Path | None = None, seed: int | None = None, chunks: int | None = None,
+                hud: bool = True, metrics: str = "all", device: str = "auto", dtype: str = "auto",
+                checkpoint: str | Path | None = None, random_weights: bool = False, overwrite: bool = False,
+                progress: bool = False) -> dict:
+    """Run ``trajectory`` once per cache writer into ``out_dir/<cache>/`` and write the grid video
+    ``compare.mp4`` plus ``compare.json`` / ``compare.md`` (returns the JSON dict).
+
+    ``preset`` None = ``mg2-<trajectory mode>`` with a checkpoint, else ``tiny``. Panel order and
+    labels follow ``caches``; a ``:`` in a spec becomes ``-`` in its folder name.
+
+    Raises:
+        InputError: bad writers/flags/trajectory (before anything runs); OutputError: ``out_dir``
+        holds a comparison or runs (without ``overwrite``); the errors of ``rollout.generate``.
+    """
+    from . import rollout
+    from .config import RunConfig, load_preset
+    from .errors import InputError, OutputError
+    from .memory import MemoryConfig, build_writer
+    from .outputs import write_json_atomic
+    from .trajectory import MODES, load_trajectory, plan_actions
+
+    trajectory, out_dir = Path(trajectory), Path(out_dir)
+    folders = [c.replace(":", "-") for c in caches]
+    if not caches or len(set(folders)) != len(folders):
+        raise InputError(f"--cache: expected distinct writers, got {','.join(caches) or '(none)'}")
+    for cache in caches:
+        build_writer(MemoryConfig(cache=cache), 3)
+    traj = load_trajectory(trajectory)
+    plan = plan_actions(traj, chunks)
+    preset_obj = load_preset(preset or (f"mg2-{traj.mode.replace('_', '-')}" if checkpoint else "tiny"))
+    if (out_dir / "compare.json").exists() and not overwrite:
+        raise OutputError(f"output folder {out_dir} already holds a comparison (use --overwrite)")
+    summaries = []
+    for cache, folder in zip(caches, folders):
+        log.info(f"compare: {cache} -> {out_dir / folder}")
+        cfg = RunConfig(preset=preset_obj, trajectory=trajectory, output=out_dir / folder, image=image,
+                        chunks=chunks, seed=seed, device=device, dtype=dtype, checkpoint=checkpoint,
+                        random_weights=random_weights, memory=MemoryConfig(cache=cache), overwrite=overwrite,
+                        progress=progress, metrics=metrics)
+        summaries.append(rollout.generate(cfg))
+    video = write_grid_video([out_dir / f / "video.mp4" for f in folders], list(caches), out_dir / "compare.mp4",
+                             preset_obj.fps, hud_rows(plan) if hud else None, MODES[traj.mode].key_letters)
+    resolved = summaries[0]["resolved"]
+    result = {"trajectory": str(trajectory), "image": resolved["image"], "seed": resolved["seed"],
+              "chunks": resolved["chunks"], "preset": preset_obj.name, "device": resolved["device"],
+              "dtype": resolved["dtype"], "metrics_level": metrics, "hud": hud, "video": {"path": "compare.mp4", **video},
+              "modes": [_mode_record(c, f, s) for c, f, s in zip(caches, folders, summaries)]}
+    write_json_atomic(out_dir / "compare.json", result)
+    try:
+        (out_dir / "compare.md").write_text(compare_markdown(result), encoding="utf-8")
+    except OSError as err:
+        raise OutputError(f"cannot write {out_dir / 'compare.md'}: {err.strerror or err}") from None
+    return result
+
+
+@click.command("compare")
+@click.argument("trajectory", type=click.Path(path_type=Path))
+@click.option("--cache", "caches", default="sliding,field,landmark", show_default=True, metavar="W1,W2,...",
+              help="Comma-separated cache writers to compare (as --cache of generate, e.g. mixed:2).")
+@click.option("--preset", default=None, metavar="NAME|FILE",
+              help="Model preset (default: mg2-<trajectory mode> with --checkpoint, else tiny).")
+@click.option("--checkpoint", type=click.Path(path_type=Path), default=None, metavar="DIR",
+              help="Official Matrix-Game-2.0 folder.")
+@click.option("--random-weights", is_flag=True, help="Run a checkpoint preset with seeded random weights.")
+@click.option("--image", type=click.Path(path_type=Path), default=None,
+              help="Conditioning image shared by every mode (default: the trajectory's).")
+@click.option("--seed", type=int, default=None, help="Noise seed shared by every mode (default: the trajectory's, else 0).")
+@click.option("--chunks", type=int, default=None, help="Chunks to generate (default: the trajectory's length).")
+@click.option("--hud/--no-hud", default=True, show_default=True,
+              help="Overlay the pressed keys and the mouse direction of every pixel frame.")
+@click.option("--metrics", type=click.Choice(["fast", "all"]), default="all", show_default=True,
+              help="fast = TempSSIM + LatentDiff; all = + Scene Drift and PAC.")
+@click.option("--device", type=click.Choice(["auto", "cuda", "cpu"]), default="auto", show_default=True)
+@click.option("--dtype", type=click.Choice(["auto", "bf16", "fp32"]), default="auto", show_default=True)
+@click.option("-o", "--output", type=click.Path(path_type=Path), default=None, metavar="DIR",
+              help="Output folder (default: runs/compare-<trajectory>).")
+@click.option("--overwrite", is_flag=True, help="Replace a comparison or runs already in DIR.")
+@click.option("--progress", is_flag=True, help="Per-chunk progress bars.")
+def compare(trajectory, caches, preset, checkpoint, random_weights, image, seed, chunks, hud, metrics, device,
+            dtype, output, overwrite, progress):
+    """Run TRAJECTORY through several cache writers and show them side by side.
+
+    Each writer runs with the same image, seed and actions into DIR/<cache>/ (a normal run folder);
+    then DIR/compare.mp4 puts the videos next to each other (a 2-row grid beyond 3 writers), each
+    panel labelled, with an optional HUD of the keys and mouse of the current pixel frame.
+    DIR/compare.md and compare.json list per writer s/chunk, peak RSS / GPU memory, KV-cache bytes
+    and the metrics.
+
+    \b
+    Example (CPU, tiny model):
+      worldtrace compare trajectories/aba.yaml --cache sliding,field,landmark --chunks 16 -o cmp/
+    """
+    from .cli import _run
+
+    def job():
+        out = output or Path("runs") / f"compare-{trajectory.stem}"
+        result = run_compare(trajectory, [c.strip() for c in caches.split(",") if c.strip()], out, preset, image,
+                             seed, chunks, hud, metrics, device, dtype, checkpoint, random_weights, overwrite,
+                             progress)
+        click.echo(compare_markdown(result))
+        click.echo(f"worldtrace: wrote {out / 'compare.mp4'}, compare.md, compare.json", err=True)
+
+    _run(job)

@@ -1,0 +1,125 @@
+"""``worldtrace loopbench run|report``: thin click commands over :mod:`.runner` and :mod:`.report`.
+
+Heavy imports (torch, scipy, matplotlib) happen inside the commands so ``--help`` is instant.
+"""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+import click
+
+from .configs import CONFIGS
+
+_DEFAULT_CONFIGS = ",".join(n for n, c in CONFIGS.items() if c.tier in (1, 2, 3, 4))
+
+
+def _split(value: str) -> list[str]:
+    return [v.strip() for v in value.split(",") if v.strip()]
+
+
+@click.group("loopbench")
+def loopbench():
+    """LoopBench: loops that leave a place and return, scored by PAC (recall) and TempSSIM.
+
+    `run` generates every configuration x writer x image x seed into its own folder (idempotent,
+    resumable, shardable); `report` aggregates a sweep folder into the paper's tables and plots.
+    Configurations: worldtrace_cli/loopbench/configs.py (trajectories/loopbench/*.yaml).
+    """
+
+
+@loopbench.command("run")
+@click.option("--preset", default="tiny", show_default=True, metavar="NAME|FILE",
+              help="Model preset (tiny = random weights on CPU; mg2-universal with --checkpoint).")
+@click.option("--configs", default=_DEFAULT_CONFIGS, show_default="the 12 configurations of tiers 1-4",
+              help="Comma-separated LoopBench configurations (e.g. aba,abca,aba_n64) or trajectory .yaml files. "
+                   f"Known: {', '.join(CONFIGS)}.")
+@click.option("--caches", default="sliding,field,landmark", show_default=True,
+              help="Comma-separated cache writers (as --cache of generate, e.g. mixed:2).")
+@click.option("--images", required=True, metavar="DIR|A.png,B.png",
+              help="Conditioning images (one scene each): every image in a folder, or a comma list.")
+@click.option("--seeds", default="0,42,123,456,789", show_default=True, help="Comma-separated noise seeds.")
+@click.option("--chunks", type=int, default=None,
+              help="Override every rollout's length in chunks (smoke tests; truncation can remove the revisit, "
+                   "and then PAC). Default: each configuration's own N.")
+@click.option("--metrics", type=click.Choice(["fast", "all"]), default="all", show_default=True,
+              help="fast = TempSSIM + LatentDiff; all = + Scene Drift and PAC (needed for the report's PAC).")
+@click.option("--shard", default=None, metavar="I/N",
+              help="Run only shard I of N of the sorted job list (0-based; combines with torchrun's RANK/WORLD_SIZE).")
+@click.option("--device", type=click.Choice(["auto", "cuda", "cpu"]), default="auto", show_default=True,
+              help="auto = cuda when available; under torchrun, LOCAL_RANK picks the GPU.")
+@click.option("--dtype", type=click.Choice(["auto", "bf16", "fp32"]), default="auto", show_default=True)
+@click.option("--checkpoint", type=click.Path(path_type=Path), default=None, metavar="DIR",
+              help="Official Matrix-Game-2.0 folder (for the mg2-* presets).")
+@click.option("--random-weights", is_flag=True, help="Run a checkpoint preset with seeded random weights.")
+@click.option("--progress", is_flag=True, help="Show a per-chunk progress bar for every job.")
+@click.option("-o", "--output", type=click.Path(path_type=Path), required=True, metavar="DIR",
+              help="Sweep folder: DIR/<config>/<cache>/<image>/seed<N>/ per job, DIR/failures.jsonl.")
+def run_cmd(preset, configs, caches, images, seeds, chunks, metrics, shard, device, dtype, checkpoint,
+            random_weights, progress, output):
+    """Generate a LoopBench sweep: every configuration x writer x image x seed.
+
+    Jobs whose folder holds a complete run are skipped, so rerunning the same command resumes a
+    killed sweep (an unfinished job is redone). A failing job is recorded in DIR/failures.jsonl and
+    <job>/failed.json and the sweep goes on; the exit code is 5 if any job failed. The model is
+    loaded once per process.
+
+    \b
+    Examples:
+      worldtrace loopbench run --images assets/images --configs aba,pan_90 --seeds 0 -o lb/
+      worldtrace loopbench run --images assets/images --shard 1/4 -o lb/       # machine 2 of 4
+      torchrun --nproc-per-node 8 -m worldtrace_cli loopbench run --preset mg2-universal \\
+          --checkpoint MG2/ --images scenes/ -o lb/                        # one GPU per rank
+      worldtrace loopbench report lb/
+    """
+    from ..cli import _run
+
+    def job():
+        from ..errors import RunError
+        from ..memory import MemoryConfig, build_writer
+        from . import runner
+
+        cache_list = _split(caches)
+        for cache in cache_list:  # a typo should stop the sweep now, not fail every job of it
+            build_writer(MemoryConfig(cache=cache), 3)
+        jobs = runner.plan_jobs(_split(configs), cache_list, runner.resolve_images(images),
+                                runner.parse_seeds(seeds), scratch=output / ".trajectories")
+        rank, world, env_device = runner.shard_from_env()
+        index, count = runner.combine_shards(runner.parse_shard(shard), (rank, world))
+        mine = runner.shard(jobs, index, count)
+        log = logging.getLogger("worldtrace")
+        log.info(f"loopbench: {len(mine)} of {len(jobs)} jobs (shard {index}/{count}) into {output}")
+        counts = runner.run_jobs(mine, output, preset=preset, device=env_device if device == "auto" and env_device
+                                 else device, dtype=dtype, metrics=metrics, chunks=chunks, checkpoint=checkpoint,
+                                 random_weights=random_weights, progress=progress)
+        click.echo(f"worldtrace: loopbench shard {index}/{count}: {counts.done} done, {counts.skipped} skipped, "
+                   f"{counts.failed} failed", err=True)
+        if counts.failed:
+            raise RunError(f"{counts.failed} of {len(mine)} jobs failed (see {output / runner.FAILURES_NAME})")
+
+    _run(job)
+
+
+@loopbench.command("report")
+@click.argument("sweep_dir", type=click.Path(path_type=Path), metavar="DIR")
+@click.option("-o", "--output", type=click.Path(path_type=Path), default=None, metavar="DEST",
+              help="Folder for the report (default: DIR).")
+def report_cmd(sweep_dir, output):
+    """Aggregate the complete runs of a sweep folder DIR into report.md / .csv / .json and plots.
+
+    Tables as the paper's Tab. "loopbench_full": rows = writer, columns = tier or configuration,
+    entries PAC / TempSSIM as mean ± 95% CI over scenes (seeds averaged per scene first), with a
+    paired t-test against sliding over matched (configuration, scene, seed) runs. Plots:
+    pac_vs_chunks.png (ABA loops, PAC vs N per writer) and tiers.png (per-tier bars).
+    """
+    from ..cli import _run
+
+    def job():
+        from .report import report
+
+        paths = report(sweep_dir, output)
+        click.echo(paths["report.md"].read_text(encoding="utf-8"))
+        click.echo(f"worldtrace: wrote {', '.join(str(p) for p in paths.values())}", err=True)
+
+    _run(job)

@@ -1,0 +1,384 @@
+"""``loopbench report``: aggregate a sweep folder into the paper's tables and two plots.
+
+Statistics follow Tab. "loopbench_full": the unit is the scene (conditioning image). Each scene's
+runs are averaged over seeds (and over configurations, for a tier), then the mean over scenes is
+reported with the 95% confidence half-width ``t_{0.975, n-1} * sd / sqrt(n)`` (no CI for one
+scene). Writers are compared with ``sliding`` by a paired t-test (scipy ``ttest_rel``) over runs
+matched on (configuration, scene, seed); with fewer than 2 pairs no p-value is given.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import math
+from collections import defaultdict
+from pathlib import Path
+
+from ..errors import InputError, OutputError
+from ..outputs import write_json_atomic
+from .configs import CONFIGS
+from .runner import FAILED_NAME
+
+BASELINE = "sliding"
+METRICS = ("pac", "temp_ssim")  # the table's entries: PAC / TempSSIM
+ROW_FIELDS = ("config", "tier", "cache", "image", "seed", "chunks", "pac", "temp_ssim", "scene_drift",
+              "latent_diff", "s_per_chunk", "kv_bytes", "peak_rss_bytes", "gpu_peak_bytes", "run_dir")
+TIER_TITLES = {1: "Tier 1: topology", 2: "Tier 2: rollout length (ABA)", 3: "Tier 3: camera orientation",
+               4: "Tier 4: multi-revisit", "sweep": "ABA sweep", "custom": "Custom trajectories"}
+TIER_ORDER = (1, 2, 3, 4, "sweep", "custom")
+
+
+def tier_of(config: str) -> int | str:
+    """The paper's tier of a configuration (1..4 or ``sweep``); ``custom`` for other trajectories."""
+    return CONFIGS[config].tier if config in CONFIGS else "custom"
+
+
+def is_aba(config: str) -> bool:
+    """ABA-type configurations (aba, aba_short/medium/long, aba_n*): the PAC-vs-N plot's runs."""
+    return config in CONFIGS and "".join(CONFIGS[config].route) == "ABA"
+
+
+# --------------------------------------------------------------------------- rows
+
+
+def _row(out_dir: Path, summary_path: Path) -> dict | None:
+    summary = json.loads(summary_path.read_text())
+    if summary.get("status") != "complete":
+        return None
+    rel = summary_path.parent.relative_to(out_dir)
+    metrics = summary.get("metrics") or {}
+    pac = metrics.get("pac")
+    totals = summary.get("totals", {})
+    config = rel.parts[0]
+    return {"config": config, "tier": tier_of(config),
+            "cache": summary.get("config", {}).get("memory", {}).get("cache", rel.parts[1]),
+            "image": rel.parts[2], "seed": summary.get("resolved", {}).get("seed"),
+            "chunks": totals.get("chunks"),
+            "pac": pac.get("mean") if isinstance(pac, dict) else None,
+            "temp_ssim": metrics.get("temp_ssim"), "scene_drift": metrics.get("scene_drift"),
+            "latent_diff": metrics.get("latent_diff"), "s_per_chunk": totals.get("seconds_per_chunk"),
+            "kv_bytes": summary.get("cache", {}).get("kv_bytes"), "peak_rss_bytes": totals.get("peak_rss_bytes"),
+            "gpu_peak_bytes": totals.get("gpu_peak_bytes"), "run_dir": str(rel)}
+
+
+def collect(out_dir: str | Path) -> list[dict]:
+    """One row per complete job under a sweep folder (``<config>/<cache>/<image>/seed<N>/summary.json``).
+
+    Row keys: :data:`ROW_FIELDS` (metrics are None where the run did not compute them, e.g. PAC
+    without a revisit or with ``--metrics fast``; ``s_per_chunk`` in seconds, ``*_bytes`` in bytes).
+    Unreadable summaries are skipped (a job being written by another shard). Sorted by
+    (config, cache, image, seed).
+    """
+    out_dir = Path(out_dir)
+    rows = []
+    for path in sorted(out_dir.glob("*/*/*/seed*/summary.json")):
+        try:
+            row = _row(out_dir, path)
+        except (OSError, ValueError, AttributeError):
+            continue
+        if row is not None:
+            rows.append(row)
+    return sorted(rows, key=lambda r: (r["config"], r["cache"], r["image"], r["seed"] or 0))
+
+
+def failures(out_dir: str | Path) -> list[dict]:
+    """The jobs whose latest attempt failed (their ``failed.json``), sorted by job."""
+    out = []
+    for path in sorted(Path(out_dir).glob(f"*/*/*/seed*/{FAILED_NAME}")):
+        try:
+            out.append(json.loads(path.read_text()))
+        except (OSError, ValueError):
+            continue
+    return out
+
+
+# --------------------------------------------------------------------------- statistics
+
+
+def mean_ci(values: list[float], level: float = 0.95) -> tuple[float | None, float | None]:
+    """Mean and confidence half-width ``t_{(1+level)/2, n-1} * sd(ddof=1) / sqrt(n)``.
+
+    Returns (None, None) for no values and (mean, None) for one.
+    """
+    from scipy import stats
+
+    n = len(values)
+    if n == 0:
+        return None, None
+    mean = sum(values) / n
+    if n < 2:
+        return mean, None
+    sd = math.sqrt(sum((v - mean) ** 2 for v in values) / (n - 1))
+    return mean, float(stats.t.ppf((1 + level) / 2, n - 1) * sd / math.sqrt(n))
+
+
+def scene_values(rows: list[dict], metric: str) -> list[float]:
+    """Per scene (image), the mean of ``metric`` over its rows (seeds, configurations); scenes
+    without a value are left out."""
+    by_scene: dict[str, list[float]] = defaultdict(list)
+    for r in rows:
+        if r.get(metric) is not None:
+            by_scene[r["image"]].append(r[metric])
+    return [sum(v) / len(v) for _, v in sorted(by_scene.items())]
+
+
+def paired_test(rows: list[dict], base_rows: list[dict], metric: str) -> tuple[float | None, int]:
+    """Two-sided paired t-test of ``rows`` against ``base_rows`` over runs matched on (config,
+    image, seed): (p-value, pairs). p is None with fewer than 2 pairs or zero-variance differences."""
+    from scipy import stats
+
+    base = {(r["config"], r["image"], r["seed"]): r[metric] for r in base_rows if r.get(metric) is not None}
+    pairs = [(r[metric], base[k]) for r in rows
+             if r.get(metric) is not None and (k := (r["config"], r["image"], r["seed"])) in base]
+    if len(pairs) < 2:
+        return None, len(pairs)
+    p = float(stats.ttest_rel([a for a, _ in pairs], [b for _, b in pairs]).pvalue)
+    return (p if math.isfinite(p) else None), len(pairs)
+
+
+def cell_stats(rows: list[dict], base_rows: list[dict] | None) -> dict:
+    """``{metric: {"mean", "ci", "scenes", "p", "pairs"}}`` for PAC and TempSSIM over ``rows``."""
+    out = {}
+    for metric in METRICS:
+        values = scene_values(rows, metric)
+        mean, ci = mean_ci(values)
+        p, pairs = paired_test(rows, base_rows, metric) if base_rows is not None else (None, 0)
+        out[metric] = {"mean": mean, "ci": ci, "scenes": len(values), "p": p, "pairs": pairs}
+    return out
+
+
+def writers_of(rows: list[dict]) -> list[str]:
+    """Writers in table order: the baseline first, then by name."""
+    return sorted({r["cache"] for r in rows}, key=lambda w: (w != BASELINE, w))
+
+
+def aggregate(rows: list[dict]) -> dict:
+    """Tables of a sweep: ``by_tier`` / ``by_config`` / ``aba_by_chunks`` lists of
+    ``{group keys..., "writer", "pac": {...}, "temp_ssim": {...}}`` (see :func:`cell_stats`; the
+    baseline's own p is None), and ``cost`` per writer (mean s/chunk, max bytes)."""
+    writers = writers_of(rows)
+
+    def table(group_of) -> list[dict]:
+        groups: dict = defaultdict(list)
+        for r in rows:
+            key = group_of(r)
+            if key is not None:
+                groups[key].append(r)
+        out = []
+        for key, members in groups.items():
+            base = [r for r in members if r["cache"] == BASELINE]
+            for w in writers:
+                mine = [r for r in members if r["cache"] == w]
+                if mine:
+                    stats = cell_stats(mine, base if base and w != BASELINE else None)
+                    out.append({**dict(key), "writer": w, **stats})
+        return out
+
+    cost = []
+    for w in writers:
+        mine = [r for r in rows if r["cache"] == w]
+        spc = [r["s_per_chunk"] for r in mine if r["s_per_chunk"] is not None]
+        cost.append({"writer": w, "runs": len(mine), "s_per_chunk": sum(spc) / len(spc) if spc else None,
+                     **{k: max((r[k] for r in mine if r[k] is not None), default=None)
+                        for k in ("kv_bytes", "peak_rss_bytes", "gpu_peak_bytes")}})
+    return {"by_tier": table(lambda r: (("tier", r["tier"]),)),
+            "by_config": table(lambda r: (("tier", r["tier"]), ("config", r["config"]))),
+            "aba_by_chunks": table(lambda r: (("chunks", r["chunks"]),) if is_aba(r["config"]) else None),
+            "cost": cost}
+
+
+# --------------------------------------------------------------------------- Markdown
+
+
+def _num(stat: dict) -> str:
+    if stat["mean"] is None:
+        return "—"
+    return f"{stat['mean']:.3f}" + (f" ± {stat['ci']:.3f}" if stat["ci"] is not None else "")
+
+
+def _p(stat: dict) -> str:
+    p = stat["p"]
+    return "—" if p is None else ("<0.001" if p < 0.001 else f"{p:.3f}")
+
+
+def _bytes(n) -> str:
+    if n is None:
+        return "—"
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if n < 1024 or unit == "GiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+
+
+def _md_table(header: list[str], body: list[list[str]]) -> list[str]:
+    return ["| " + " | ".join(header) + " |", "|" + "---|" * len(header),
+            *("| " + " | ".join(row) + " |" for row in body)]
+
+
+def _grid(cells: list[dict], column_key: str, columns: list, titles: dict, writers: list[str]) -> list[str]:
+    """Rows = writers, per column ``PAC / TempSSIM`` and, when any p exists, a p-value column."""
+    index = {(c["writer"], c[column_key]): c for c in cells}
+    with_p = {col: any(index.get((w, col), {}).get(m, {}).get("p") is not None for w in writers for m in METRICS)
+              for col in columns}
+    header = ["writer"]
+    for col in columns:
+        header += [titles[col]] + (["p vs sliding"] if with_p[col] else [])
+    body = []
+    for w in writers:
+        row = [w]
+        for col in columns:
+            c = index.get((w, col))
+            row.append(" / ".join(_num(c[m]) for m in METRICS) if c else "—")
+            if with_p[col]:
+                row.append(" / ".join(_p(c[m]) for m in METRICS) if c and w != BASELINE else "—")
+        body.append(row)
+    return _md_table(header, body)
+
+
+def _span(rows: list[dict]) -> str:
+    values = sorted({r["chunks"] for r in rows})
+    return f"N={values[0]}" if len(values) == 1 else f"N={values[0]}-{values[-1]}"
+
+
+def markdown(rows: list[dict], agg: dict, failed: list[dict], out_dir: Path) -> str:
+    """The report's Markdown text (tables of :func:`aggregate`, plots linked)."""
+    writers = writers_of(rows)
+    scenes, seeds = len({r["image"] for r in rows}), len({r["seed"] for r in rows})
+    configs = sorted({r["config"] for r in rows}, key=lambda c: (list(CONFIGS).index(c) if c in CONFIGS else 999, c))
+    lines = [
+        "# LoopBench report", "",
+        f"Sweep `{out_dir}`: {len(rows)} complete runs ({len(configs)} configurations x {len(writers)} writers x "
+        f"{scenes} scenes x {seeds} seeds)" + (f"; {len(failed)} failed (see `failures.jsonl`)." if failed else "."),
+        "",
+        "Entries: PAC / TempSSIM (both higher is better), mean ± 95% CI half-width over scenes (each scene "
+        "averaged over its seeds first; t-distribution; no CI with one scene). p vs sliding: paired t-test "
+        "over runs matched on (configuration, scene, seed), PAC / TempSSIM; — with fewer than 2 pairs.",
+        "", "## By tier", "",
+    ]
+    tiers = [t for t in TIER_ORDER if any(r["tier"] == t for r in rows)]
+    lines += _grid(agg["by_tier"], "tier", tiers, {t: TIER_TITLES[t] for t in tiers}, writers)
+    for tier in tiers:
+        names = [c for c in configs if tier_of(c) == tier]
+        titles = {c: f"{c} ({_span([r for r in rows if r['config'] == c])})" for c in names}
+        lines += ["", f"## {TIER_TITLES[tier]}", ""]
+        lines += _grid([c for c in agg["by_config"] if c["tier"] == tier], "config", names, titles, writers)
+    if agg["aba_by_chunks"]:
+        ns = sorted({c["chunks"] for c in agg["aba_by_chunks"]})
+        lines += ["", "## ABA loops by rollout length", "",
+                  "All ABA-type configurations pooled by N (`pac_vs_chunks.png`).", ""]
+        lines += _grid(agg["aba_by_chunks"], "chunks", ns, {n: f"N={n}" for n in ns}, writers)
+    lines += ["", "## Cost", ""]
+    lines += _md_table(["writer", "runs", "s/chunk (mean)", "KV cache (max)", "peak RSS (max)", "GPU peak (max)"],
+                       [[c["writer"], str(c["runs"]),
+                         "—" if c["s_per_chunk"] is None else f"{c['s_per_chunk']:.3f}",
+                         _bytes(c["kv_bytes"]), _bytes(c["peak_rss_bytes"]), _bytes(c["gpu_peak_bytes"])]
+                        for c in agg["cost"]])
+    if failed:
+        lines += ["", "## Failed jobs", ""]
+        lines += _md_table(["job", "error", "message"],
+                           [[f["job"], f["error"], f["message"].replace("|", "\\|")] for f in failed])
+    lines += ["", "![PAC vs rollout length](pac_vs_chunks.png)", "", "![Tiers](tiers.png)", ""]
+    return "\n".join(lines)
+
+
+# --------------------------------------------------------------------------- plots
+
+
+def plot_pac_vs_chunks(agg: dict, path: Path) -> None:
+    """PAC (mean ± CI over scenes) against N per writer, over the ABA-type configurations."""
+    from matplotlib.figure import Figure
+
+    fig = Figure(figsize=(6, 4), dpi=120)
+    ax = fig.add_subplot()
+    cells = [c for c in agg["aba_by_chunks"] if c["pac"]["mean"] is not None]
+    for w in writers_of([{"cache": c["writer"]} for c in cells]):
+        mine = sorted((c for c in cells if c["writer"] == w), key=lambda c: c["chunks"])
+        ax.errorbar([c["chunks"] for c in mine], [c["pac"]["mean"] for c in mine],
+                    yerr=[c["pac"]["ci"] or 0.0 for c in mine], marker="o", capsize=3, label=w)
+    if cells:
+        ns = sorted({c["chunks"] for c in cells})
+        if ns[-1] >= 8 * ns[0]:
+            ax.set_xscale("log", base=2)
+        ax.set_xticks(ns, [str(n) for n in ns])
+        ax.legend()
+    else:
+        ax.text(0.5, 0.5, "no ABA-type runs with PAC in this sweep", ha="center", va="center",
+                transform=ax.transAxes)
+    ax.set(xlabel="rollout length N (chunks)", ylabel="PAC (mean ± 95% CI over scenes)",
+           title="ABA loops: recall vs rollout length")
+    ax.grid(alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(path)
+
+
+def plot_tiers(agg: dict, path: Path) -> None:
+    """Grouped bars per tier: PAC and TempSSIM (mean ± CI over scenes) of each writer."""
+    from matplotlib.figure import Figure
+
+    cells = agg["by_tier"]
+    tiers = [t for t in TIER_ORDER if any(c["tier"] == t for c in cells)]
+    writers = writers_of([{"cache": c["writer"]} for c in cells])
+    index = {(c["writer"], c["tier"]): c for c in cells}
+    fig = Figure(figsize=(max(6, 1.6 * len(tiers) + 2), 6.5), dpi=120, layout="constrained")
+    width = 0.8 / max(1, len(writers))
+    for k, (metric, label) in enumerate((("pac", "PAC"), ("temp_ssim", "TempSSIM"))):
+        ax = fig.add_subplot(2, 1, k + 1)
+        for j, w in enumerate(writers):
+            stats = [index.get((w, t), {}).get(metric, {}) for t in tiers]
+            means = [s.get("mean") if s.get("mean") is not None else math.nan for s in stats]
+            ax.bar([i + (j - (len(writers) - 1) / 2) * width for i in range(len(tiers))], means, width,
+                   yerr=[s.get("ci") or 0.0 for s in stats], capsize=3, label=w)
+        ax.set_xticks(range(len(tiers)), [TIER_TITLES[t].split(":")[0] for t in tiers])
+        ax.set_ylabel(label)
+        ax.grid(axis="y", alpha=0.3)
+    fig.suptitle("LoopBench per tier (mean ± 95% CI over scenes)")
+    fig.legend(*fig.axes[0].get_legend_handles_labels(), loc="outside right upper", fontsize="small")
+    fig.savefig(path)
+
+
+# --------------------------------------------------------------------------- entry point
+
+
+def report(out_dir: str | Path, dest: str | Path | None = None) -> dict[str, Path]:
+    """Write ``report.md``, ``report.csv`` (one row per complete run), ``report.json`` (rows,
+    aggregates, failures), ``pac_vs_chunks.png`` and ``tiers.png`` into ``dest`` (default:
+    ``out_dir``). Returns ``{name: path}``.
+
+    Raises:
+        InputError: ``out_dir`` is not a folder or holds no complete LoopBench run.
+        OutputError: ``dest`` cannot be written.
+    """
+    out_dir = Path(out_dir)
+    if not out_dir.is_dir():
+        raise InputError(f"{out_dir}: no such folder")
+    rows = collect(out_dir)
+    if not rows:
+        raise InputError(f"{out_dir}: no complete LoopBench runs (expected <config>/<cache>/<image>/seed<N>/"
+                         "summary.json)")
+    dest = Path(dest) if dest is not None else out_dir
+    try:
+        dest.mkdir(parents=True, exist_ok=True)
+    except OSError as err:
+        raise OutputError(f"cannot create {dest}: {err.strerror or err}") from None
+    failed = failures(out_dir)
+    agg = aggregate(rows)
+    paths = {name: dest / name for name in ("report.md", "report.csv", "report.json", "pac_vs_chunks.png",
+                                             "tiers.png")}
+    try:
+        paths["report.md"].write_text(markdown(rows, agg, failed, out_dir), encoding="utf-8")
+        with paths["report.csv"].open("w", newline="", encoding="utf-8") as fh:
+            writer = csv.DictWriter(fh, fieldnames=ROW_FIELDS)
+            writer.writeheader()
+            writer.writerows({k: ("" if r[k] is None else r[k]) for k in ROW_FIELDS} for r in rows)
+        plot_pac_vs_chunks(agg, paths["pac_vs_chunks.png"])
+        plot_tiers(agg, paths["tiers.png"])
+    except OSError as err:
+        raise OutputError(f"cannot write the report into {dest}: {err.strerror or err}") from None
+    write_json_atomic(paths["report.json"], {"out_dir": str(out_dir), "baseline": BASELINE, "confidence": 0.95,
+                                             "rows": rows, **agg, "failures": failed})
+    return paths
+
+
+__all__ = ["aggregate", "cell_stats", "collect", "failures", "markdown", "mean_ci", "paired_test", "report",
+           "scene_values"]

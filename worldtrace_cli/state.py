@@ -1,0 +1,160 @@
+"""Saving and restoring rollout state without pickle (resume, issue "Nothing generated is lost").
+
+:func:`pack` turns a nested structure (dicts with string keys, lists, tuples, deques, scalars,
+strings, None, paths, tensors, and instances of worldtrace's own classes) into a JSON tree plus a
+flat dict of tensors; :func:`save_state` writes them as ``state.json`` + ``state.safetensors``.
+:func:`unpack` rebuilds the structure; objects are re-created only for classes defined inside the
+``worldtrace_cli`` package (an allowlist by module), without calling their constructors, so a
+state file can never run arbitrary code. A class lists process-bound attributes (finalizers,
+handles) in ``_transient``; they are saved as None.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib
+import json
+import os
+import shutil
+from collections import deque
+from pathlib import Path, PurePath
+from typing import Any
+
+import torch
+
+from .errors import InputError
+
+_PACKAGE = "worldtrace_cli."
+
+
+def pack(obj: Any, tensors: dict[str, torch.Tensor], prefix: str = "t") -> Any:
+    """JSON-able tree of ``obj``; tensors are moved to CPU, made contiguous and stored in ``tensors``."""
+    if isinstance(obj, torch.Tensor):
+        key = f"{prefix}{len(tensors)}"
+        tensors[key] = obj.detach().to("cpu").contiguous().clone()
+        return {"__tensor__": key, "device": str(obj.device)}
+    if obj is None or isinstance(obj, (bool, int, float, str)):
+        return obj
+    if isinstance(obj, PurePath):
+        return {"__path__": str(obj)}
+    if isinstance(obj, torch.dtype):
+        return {"__dtype__": str(obj).replace("torch.", "")}
+    if isinstance(obj, torch.device):
+        return {"__device__": str(obj)}
+    if isinstance(obj, deque):
+        return {"__deque__": [pack(x, tensors, prefix) for x in obj], "maxlen": obj.maxlen}
+    if isinstance(obj, tuple):
+        return {"__tuple__": [pack(x, tensors, prefix) for x in obj]}
+    if isinstance(obj, list):
+        return [pack(x, tensors, prefix) for x in obj]
+    if isinstance(obj, dict):
+        if not all(isinstance(k, str) for k in obj):
+            return {"__items__": [[pack(k, tensors, prefix), pack(v, tensors, prefix)] for k, v in obj.items()]}
+        return {"__dict__": {k: pack(v, tensors, prefix) for k, v in obj.items()}}
+    cls = type(obj)
+    if cls.__module__.startswith(_PACKAGE):
+        fields = ({f.name: getattr(obj, f.name) for f in dataclasses.fields(obj)} if dataclasses.is_dataclass(obj)
+                  else vars(obj))
+        transient = getattr(cls, "_transient", ())  # process-bound attributes (finalizers): saved as None
+        fields = {k: (None if k in transient else v) for k, v in fields.items()}
+        return {"__object__": f"{cls.__module__}:{cls.__qualname__}",
+                "state": {k: pack(v, tensors, prefix) for k, v in fields.items()}}
+    raise TypeError(f"cannot save objects of type {cls.__module__}.{cls.__qualname__} in a resume state")
+
+
+def unpack(tree: Any, tensors: dict[str, torch.Tensor], device: torch.device | str | None = None) -> Any:
+    """Inverse of :func:`pack`. Tensors go to ``device`` when given, else to the device they came from
+    (falling back to CPU when that device is absent)."""
+    if isinstance(tree, list):
+        return [unpack(x, tensors, device) for x in tree]
+    if not isinstance(tree, dict):
+        return tree
+    if "__tensor__" in tree:
+        t = tensors[tree["__tensor__"]]
+        target = device if device is not None else tree.get("device", "cpu")
+        if str(target).startswith("cuda") and not torch.cuda.is_available():
+            target = "cpu"
+        return t.to(target)
+    if "__path__" in tree:
+        return Path(tree["__path__"])
+    if "__dtype__" in tree:
+        return getattr(torch, tree["__dtype__"])
+    if "__device__" in tree:
+        return torch.device(tree["__device__"])
+    if "__deque__" in tree:
+        return deque((unpack(x, tensors, device) for x in tree["__deque__"]), maxlen=tree["maxlen"])
+    if "__tuple__" in tree:
+        return tuple(unpack(x, tensors, device) for x in tree["__tuple__"])
+    if "__items__" in tree:
+        return {unpack(k, tensors, device): unpack(v, tensors, device) for k, v in tree["__items__"]}
+    if "__dict__" in tree:
+        return {k: unpack(v, tensors, device) for k, v in tree["__dict__"].items()}
+    if "__object__" in tree:
+        module, _, qualname = tree["__object__"].partition(":")
+        if not module.startswith(_PACKAGE):
+            raise InputError(f"resume state names a class outside worldtrace: {tree['__object__']}")
+        cls = importlib.import_module(module)
+        for part in qualname.split("."):
+            cls = getattr(cls, part)
+        obj = cls.__new__(cls)
+        state = {k: unpack(v, tensors, device) for k, v in tree["state"].items()}
+        if dataclasses.is_dataclass(cls) and getattr(cls, "__dataclass_params__").frozen:
+            for k, v in state.items():
+                object.__setattr__(obj, k, v)
+        else:
+            obj.__dict__.update(state)
+        return obj
+    raise InputError(f"resume state: unknown entry {sorted(tree)[:3]}")
+
+
+def save_state(folder: str | Path, meta: dict, parts: dict[str, Any]) -> None:
+    """Atomically write ``folder/state.json`` (``meta`` + packed ``parts``) and ``state.safetensors``.
+
+    The new state is written to ``folder.tmp`` and renamed over ``folder``, so a kill during the save
+    leaves the previous state intact.
+    """
+    from safetensors.torch import save_file
+
+    folder = Path(folder)
+    tmp = folder.with_name(folder.name + ".tmp")
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir(parents=True)
+    tensors: dict[str, torch.Tensor] = {}
+    tree = {name: pack(value, tensors, prefix=f"{name}.") for name, value in parts.items()}
+    save_file(tensors, str(tmp / "state.safetensors"))
+    (tmp / "state.json").write_text(json.dumps({"meta": meta, "parts": tree}))
+    for f in tmp.iterdir():  # on disk before the rename makes the state current
+        fd = os.open(f, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+    old = folder.with_name(folder.name + ".old")
+    shutil.rmtree(old, ignore_errors=True)
+    if folder.exists():
+        folder.rename(old)
+    tmp.rename(folder)
+    shutil.rmtree(old, ignore_errors=True)
+
+
+def load_state(folder: str | Path) -> tuple[dict, dict[str, Any], dict[str, torch.Tensor]]:
+    """(meta, packed parts, tensors) of a saved state; unpack parts with :func:`unpack`.
+
+    Raises:
+        InputError: no state in the folder, or a corrupt one.
+    """
+    from safetensors.torch import load_file
+
+    folder = Path(folder)
+    if not (folder / "state.json").is_file():
+        old = folder.with_name(folder.name + ".old")  # killed between the two renames of save_state
+        if (old / "state.json").is_file():
+            folder = old
+        else:
+            raise InputError(f"{folder}: no saved state to resume from")
+    try:
+        doc = json.loads((folder / "state.json").read_text())
+        tensors = load_file(str(folder / "state.safetensors"))
+    except Exception as exc:  # corrupt files raise many types
+        raise InputError(f"{folder}: resume state is unreadable ({type(exc).__name__})") from None
+    return doc["meta"], doc["parts"], tensors
