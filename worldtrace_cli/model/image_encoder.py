@@ -92,7 +92,8 @@ def convert_mg2_clip_state_dict(state_dict: dict[str, torch.Tensor], num_layers:
     if unexpected:
         problems.append(f"{len(unexpected)} unexpected: {_short_list(unexpected)}")
     if problems:
-        raise CheckpointError(f"{source}: not an MG2 CLIP ViT state dict with {num_layers} layers: {'; '.join(problems)}")
+        raise CheckpointError(
+            f"{source}: not an MG2 CLIP ViT state dict with {num_layers} layers: {'; '.join(problems)}")
 
     sd = state_dict
     out = {

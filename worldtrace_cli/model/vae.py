@@ -28,9 +28,11 @@ WAN_LATENT_STD: tuple[float, ...] = (
     2.8184, 1.4541, 2.3275, 2.6558, 1.2196, 1.7708, 2.6052, 2.0743,
     3.2687, 2.1526, 2.8652, 1.5579, 1.6382, 1.1253, 2.8251, 1.9160,
 )
-# The conditioning video (image + blank frames) encodes to latents that are bit-identical from
-# latent 30 on (the encoder's causal receptive field no longer reaches the image), so 31 encoded
-# latents followed by repeats of the last one equal MG2's full-length encode exactly.
+# The conditioning video (image + blank frames) encodes to bit-identical latents once the encoder's
+# finite causal receptive field no longer reaches the image: from latent 29 on for this
+# architecture (tiny config, same depth as the real one, fp32 and fp64; the ecosystem notes saw the
+# real VAE constant from 30 on). So 31 encoded latents followed by repeats of the last one equal
+# MG2's full-length encode exactly.
 CONDITIONING_ENCODE_LATENT_FRAMES = 31
 
 _CONFIG_DIRS = {"wan2.1": "wan2.1_vae", "tiny": "wan2.1_vae_tiny"}

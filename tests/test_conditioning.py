@@ -1,0 +1,156 @@
+"""Start-image loading/preprocessing and MG2 conditioning tensors (spec §12.1-12.4)."""
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+
+from worldtrace_cli.errors import InputError
+from worldtrace_cli.model.conditioning import (ConditioningLatents, build_conditioning, load_image,
+                                               preprocess_image)
+from worldtrace_cli.model.image_encoder import build_clip_tower
+from worldtrace_cli.model.vae import build_wan_vae
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _one_intra_op_thread():
+    """These tensors are tiny: with 2 OpenMP threads on a busy 2-core machine the tests ran 10-100x
+    slower (spinning threads), with 1 thread they take well under a second each."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+IMAGES = Path(__file__).resolve().parents[1] / "assets" / "images"
+DEMO_SIZES = {"mg2_gta_drive_0005.png": (1280, 720), "mg2_temple_run_0003.png": (900, 570),
+              "mg2_universal_0000.png": (700, 485), "mg2_universal_0004.png": (1220, 630),
+              "mg2_universal_0012.png": (1280, 720), "mg2_universal_0015.png": (690, 388)}
+
+
+def test_load_image_reads_the_demo_images_by_content():
+    jpeg_named_png = 0
+    for name, size in DEMO_SIZES.items():
+        path = IMAGES / name
+        jpeg_named_png += path.read_bytes()[:2] == b"\xff\xd8"
+        img = load_image(path)
+        assert img.mode == "RGB" and img.size == size
+    assert jpeg_named_png == 4
+
+
+def _input_error(path, *needles):
+    with pytest.raises(InputError) as err:
+        load_image(path)
+    msg = str(err.value)
+    assert msg.startswith(f"image {path}: ") and "\n" not in msg and err.value.exit_code == 2
+    assert all(n in msg for n in needles), msg
+
+
+def test_load_image_errors_name_the_file(tmp_path):
+    _input_error(tmp_path / "absent.png", "not found")
+    _input_error(tmp_path, "directory")
+    text = tmp_path / "notes.png"
+    text.write_text("this is not an image\n")
+    _input_error(text, "not a recognised image")
+    jpeg = (IMAGES / "mg2_universal_0012.png").read_bytes()
+    truncated = tmp_path / "cut.png"
+    truncated.write_bytes(jpeg[: len(jpeg) // 3])
+    _input_error(truncated, "truncated")
+
+
+def _column_image(width, height):
+    """RGB image whose pixel (x, y) is (x % 256, x // 256, y % 256)."""
+    x = np.arange(width)[None, :].repeat(height, 0)
+    y = np.arange(height)[:, None].repeat(width, 1)
+    return Image.fromarray(np.stack([x % 256, x // 256, y % 256], axis=-1).astype(np.uint8))
+
+
+def _to_uint8(t):
+    return ((t[0] * 0.5 + 0.5) * 255).round().to(torch.int64).permute(1, 2, 0).numpy()
+
+
+@pytest.mark.parametrize("size, target, cols, rows", [
+    ((201, 100), (100, 100), (50, 150), (0, 100)),   # wider: keep height; box 50.5..150.5 -> PIL rounds to 50..150
+    ((100, 301), (100, 100), (0, 100), (100, 200)),  # taller: keep width; box 100.5..200.5 -> 100..200
+    ((203, 100), (100, 100), (52, 152), (0, 100)),   # box 51.5..151.5 -> round half to even: 52..152
+    ((300, 100), (100, 200), (50, 250), (0, 100)),   # wider: width int(100 * 200 / 100) = 200
+    ((160, 90), (90, 160), (0, 160), (0, 90)),       # already the target size: identity
+])
+def test_preprocess_centre_crop(size, target, cols, rows):
+    img = _column_image(*size)
+    height, width = target
+    out = preprocess_image(img, height, width)
+    assert out.shape == (1, 3, height, width) and out.dtype == torch.float32
+    crop = np.asarray(img)[rows[0]:rows[1], cols[0]:cols[1]]
+    assert crop.shape[:2] == (height, width)  # the chosen crops need no resize
+    assert np.array_equal(_to_uint8(out), crop)
+
+
+def test_preprocess_resizes_the_crop_bilinearly():
+    img = _column_image(1280, 720)
+    out = preprocess_image(img, 96, 176)
+    # 720/1280 = 0.5625 > 96/176: taller than the target, keep the width, height int(1280 * 96 / 176) = 698
+    expected = img.crop((0, 11, 1280, 709)).resize((176, 96), Image.BILINEAR)
+    assert np.array_equal(_to_uint8(out), np.asarray(expected))
+
+
+@pytest.mark.parametrize("height, width", [(352, 640), (96, 176)])
+def test_preprocess_demo_image_shape_and_range(height, width):
+    out = preprocess_image(load_image(IMAGES / "mg2_universal_0000.png"), height, width)
+    assert out.shape == (1, 3, height, width) and out.dtype == torch.float32
+    assert out.min() >= -1.0 and out.max() <= 1.0 and out.std() > 0.1
+    # /255 then (x - 0.5) / 0.5: every value is on the 8-bit grid
+    levels = (out * 0.5 + 0.5) * 255
+    assert (levels - levels.round()).abs().max() < 1e-4
+
+
+def test_preprocess_rejects_bad_sizes():
+    with pytest.raises(ValueError):
+        preprocess_image(_column_image(10, 10), 0, 10)
+    with pytest.raises(ValueError, match="cannot be centre-cropped"):
+        preprocess_image(_column_image(1, 500), 96, 176)
+
+
+def test_cond_concat_mask_and_clamping():
+    k, h, w = 5, 2, 3
+    lat = torch.arange(k, dtype=torch.float32).view(1, 1, k, 1, 1).expand(1, 16, k, h, w).clone()
+    cond = ConditioningLatents(lat)
+    assert cond.num_encoded_frames == 5
+
+    first = cond.cond_concat(0, 3)
+    assert first.shape == (1, 20, 3, h, w) and first.dtype == torch.float32
+    assert torch.equal(first[:, :4, 0], torch.ones(1, 4, h, w))
+    assert torch.equal(first[:, :4, 1:], torch.zeros(1, 4, 2, h, w))
+    assert first[0, 4:, :, 0, 0][0].tolist() == [0, 1, 2]
+
+    later = cond.cond_concat(3, 4)
+    assert torch.equal(later[:, :4], torch.zeros(1, 4, 4, h, w))
+    assert later[0, 4:, :, 0, 0][0].tolist() == [3, 4, 4, 4]
+    far = cond.cond_concat(3000, 3)
+    assert far[:, :4].abs().sum() == 0 and far[0, 4:, :, 0, 0][0].tolist() == [4, 4, 4]
+    assert torch.equal(far[:, 4:], lat[:, :, [4, 4, 4]])
+
+    with pytest.raises(ValueError):
+        cond.cond_concat(-1, 3)
+    with pytest.raises(ValueError):
+        cond.cond_concat(0, 0)
+    with pytest.raises(ValueError):
+        ConditioningLatents(torch.zeros(1, 20, 3, 2, 2))
+
+
+def test_build_conditioning_with_tiny_models():
+    vae = build_wan_vae("tiny", seed=1)
+    clip = build_clip_tower("tiny", seed=2)
+    image = preprocess_image(load_image(IMAGES / "mg2_gta_drive_0005.png"), 16, 24)
+    cond, visual = build_conditioning(image, vae, clip, num_latent_frames=6)
+    assert cond.image_latents.shape == (1, 16, 6, 2, 3) and cond.image_latents.dtype == torch.float32
+    assert visual.shape == (1, 257, 64) and visual.dtype == torch.float32
+    assert torch.equal(visual, clip.conditioning_tokens(image))
+    assert cond.cond_concat(0, 3).shape == (1, 20, 3, 2, 3)
+
+    long, _ = build_conditioning(image, vae, clip, num_latent_frames=48)
+    assert long.image_latents.shape == (1, 16, 31, 2, 3)
+    assert torch.allclose(long.image_latents[:, :, :6], cond.image_latents, atol=1e-6, rtol=0)
+    assert torch.equal(long.cond_concat(45, 3)[:, 4:], long.image_latents[:, :, [30, 30, 30]])
