@@ -272,5 +272,15 @@ def list_presets():
         click.echo(f"{name:16s} {p.mode:10s} {p.height}x{p.width}  {p.description}")
 
 
+def _register() -> None:
+    from .compare import compare
+    from .loopbench.cli import loopbench
+
+    main.add_command(loopbench)
+    main.add_command(compare)
+
+
+_register()
+
 if __name__ == "__main__":
     main()

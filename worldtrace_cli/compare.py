@@ -137,7 +137,8 @@ def _mode_record(cache: str, folder: str, summary: dict) -> dict:
     return {"cache": cache, "run_dir": folder,
             "writer": summary.get("cache", {}), "s_per_chunk": totals["seconds_per_chunk"], "fps": totals["fps"],
             "peak_rss_bytes": totals["peak_rss_bytes"], "gpu_peak_bytes": totals["gpu_peak_bytes"],
-            "kv_bytes": summary.get("cache", {}).get("kv_bytes"), "host_bytes": summary.get("cache", {}).get("host_bytes"),
+            "kv_bytes": summary.get("cache", {}).get("kv_bytes"),
+            "host_bytes": summary.get("cache", {}).get("host_bytes"),
             "metrics": {"temp_ssim": metrics.get("temp_ssim"), "latent_diff": metrics.get("latent_diff"),
                         "scene_drift": metrics.get("scene_drift"),
                         "pac": pac.get("mean") if isinstance(pac, dict) else None}}
@@ -156,7 +157,8 @@ def compare_markdown(result: dict) -> str:
              f"{result['chunks']} chunks, preset {result['preset']}, device {result['device']}. "
              f"Video: `compare.mp4` ({result['video']['frames']} frames, "
              f"{result['video']['width']}x{result['video']['height']}).", "",
-             "| mode | s/chunk | KV cache | peak RSS | GPU peak | TempSSIM ↑ | LatentDiff ↓ | Scene Drift ↓ | PAC ↑ |",
+             "| mode | s/chunk | KV cache | peak RSS | GPU peak | TempSSIM ↑ | LatentDiff ↓ | Scene Drift ↓ "
+             "| PAC ↑ |",
              "|---|---|---|---|---|---|---|---|---|"]
     for m in result["modes"]:
         x = m["metrics"]
@@ -185,7 +187,7 @@ def run_compare(trajectory: str | Path, caches: list[str], out_dir: str | Path, 
     from .config import RunConfig, load_preset
     from .errors import InputError, OutputError
     from .memory import MemoryConfig, build_writer
-    from .outputs import write_json_atomic
+    from .outputs import RUN_FILES, write_json_atomic
     from .trajectory import MODES, load_trajectory, plan_actions
 
     trajectory, out_dir = Path(trajectory), Path(out_dir)
@@ -197,8 +199,11 @@ def run_compare(trajectory: str | Path, caches: list[str], out_dir: str | Path, 
     traj = load_trajectory(trajectory)
     plan = plan_actions(traj, chunks)
     preset_obj = load_preset(preset or (f"mg2-{traj.mode.replace('_', '-')}" if checkpoint else "tiny"))
-    if (out_dir / "compare.json").exists() and not overwrite:
-        raise OutputError(f"output folder {out_dir} already holds a comparison (use --overwrite)")
+    if not overwrite:  # refuse before running anything, not after the first writer's run
+        taken = [str(out_dir / f) for f in folders if any((out_dir / f / n).exists() for n in RUN_FILES)]
+        if (out_dir / "compare.json").exists() or taken:
+            raise OutputError(f"output folder {out_dir} already holds a comparison or runs "
+                              f"({', '.join(taken) or 'compare.json'}; use --overwrite)")
     summaries = []
     for cache, folder in zip(caches, folders):
         log.info(f"compare: {cache} -> {out_dir / folder}")
@@ -212,7 +217,8 @@ def run_compare(trajectory: str | Path, caches: list[str], out_dir: str | Path, 
     resolved = summaries[0]["resolved"]
     result = {"trajectory": str(trajectory), "image": resolved["image"], "seed": resolved["seed"],
               "chunks": resolved["chunks"], "preset": preset_obj.name, "device": resolved["device"],
-              "dtype": resolved["dtype"], "metrics_level": metrics, "hud": hud, "video": {"path": "compare.mp4", **video},
+              "dtype": resolved["dtype"], "metrics_level": metrics, "hud": hud,
+              "video": {"path": "compare.mp4", **video},
               "modes": [_mode_record(c, f, s) for c, f, s in zip(caches, folders, summaries)]}
     write_json_atomic(out_dir / "compare.json", result)
     try:
@@ -233,7 +239,8 @@ def run_compare(trajectory: str | Path, caches: list[str], out_dir: str | Path, 
 @click.option("--random-weights", is_flag=True, help="Run a checkpoint preset with seeded random weights.")
 @click.option("--image", type=click.Path(path_type=Path), default=None,
               help="Conditioning image shared by every mode (default: the trajectory's).")
-@click.option("--seed", type=int, default=None, help="Noise seed shared by every mode (default: the trajectory's, else 0).")
+@click.option("--seed", type=int, default=None,
+              help="Noise seed shared by every mode (default: the trajectory's, else 0).")
 @click.option("--chunks", type=int, default=None, help="Chunks to generate (default: the trajectory's length).")
 @click.option("--hud/--no-hud", default=True, show_default=True,
               help="Overlay the pressed keys and the mouse direction of every pixel frame.")

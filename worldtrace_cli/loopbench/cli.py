@@ -61,9 +61,10 @@ def run_cmd(preset, configs, caches, images, seeds, chunks, metrics, shard, devi
     """Generate a LoopBench sweep: every configuration x writer x image x seed.
 
     Jobs whose folder holds a complete run are skipped, so rerunning the same command resumes a
-    killed sweep (an unfinished job is redone). A failing job is recorded in DIR/failures.jsonl and
-    <job>/failed.json and the sweep goes on; the exit code is 5 if any job failed. The model is
-    loaded once per process.
+    killed sweep: an unfinished job continues from its resume state when it saved one (on SIGTERM
+    / Ctrl-C, and every 16 chunks), else it is redone. A failing job is recorded in
+    DIR/failures.jsonl and <job>/failed.json and the sweep goes on; the exit code is 5 if any job
+    failed, 130 if interrupted. The model is loaded once per process.
 
     \b
     Examples:

@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import shutil
 import time
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
@@ -24,6 +25,8 @@ from .configs import CONFIGS, DEFAULT_FOLDER, render
 
 log = logging.getLogger("worldtrace")
 
+EXIT_INTERRUPTED = 130  # errors.py: Ctrl-C / SIGTERM; the run saved a resume state
+RESUME_DIR = "resume"  # run.py's STATE_DIR: the resume state of an interrupted run
 IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".webp", ".bmp")
 FAILURES_NAME = "failures.jsonl"
 FAILED_NAME = "failed.json"
@@ -281,10 +284,12 @@ def run_jobs(jobs: Sequence[Job], out_dir: str | Path, preset: str = "tiny", dev
              progress: bool = False) -> SweepCounts:
     """Run ``jobs`` one after another in this process (the model is loaded once and reused).
 
-    A job whose folder holds a complete run with the same preset/chunks/metrics is skipped; any
-    other folder is regenerated with ``overwrite`` (an interrupted job is redone from chunk 0). A
-    job that raises (any Exception) is recorded by :func:`record_failure` and the loop goes on;
-    KeyboardInterrupt stops it. One log line per job goes to the ``worldtrace`` logger.
+    A job whose folder holds a complete run with the same preset/chunks/metrics is skipped. A job
+    killed midway resumes from its saved state when it has one for the same settings (see
+    :func:`resumable`; generate saves one on SIGTERM and every 16 chunks); any other folder is
+    regenerated from chunk 0 with ``overwrite``. A job that raises is recorded by
+    :func:`record_failure` and the loop goes on; Ctrl-C / SIGTERM (exit code 130, the state
+    saved) and KeyboardInterrupt stop it. One log line per job goes to the ``worldtrace`` logger.
 
     Args:
         preset: preset name or YAML; device: ``auto|cuda|cpu|cuda:N`` (``cuda:N`` makes GPU N the
@@ -322,16 +327,45 @@ def run_jobs(jobs: Sequence[Job], out_dir: str | Path, preset: str = "tiny", dev
                             chunks=chunks, seed=job.seed, device=device, dtype=dtype, checkpoint=checkpoint,
                             random_weights=random_weights, memory=MemoryConfig(cache=job.cache), overwrite=True,
                             progress=progress, metrics=metrics)
-            summary = rollout.generate(cfg)
+            saved = resumable(folder, cfg)
+            if saved is not None:
+                log.info(f"{tag}: resuming from its saved state")
+                summary = rollout.generate(saved, resume=True)
+            else:
+                summary = rollout.generate(cfg)
         except Exception as exc:  # noqa: BLE001  (a sweep records every failure and goes on)
+            if getattr(exc, "exit_code", None) == EXIT_INTERRUPTED:
+                log.info(f"{tag}: interrupted; rerun the same command to resume the sweep")
+                raise
             failed += 1
             rec = record_failure(out_dir, job, exc)
             log.info(f"{tag}: FAILED ({rec['error']}: {rec['message']})")
+            # A resume state that failed may be the cause: the next attempt starts from chunk 0.
+            shutil.rmtree(folder / RESUME_DIR, ignore_errors=True)
             continue
         (folder / FAILED_NAME).unlink(missing_ok=True)  # an earlier failure of this job is history now
         done += 1
         log.info(f"{tag}: done in {time.perf_counter() - started:.1f} s ({_brief(summary)})")
     return SweepCounts(done, skipped, failed)
+
+
+def resumable(folder: Path, cfg) -> object | None:
+    """The RunConfig saved in ``folder``'s resume state (a job killed by SIGTERM, or by anything
+    after its last periodic save) when it is the same job as ``cfg``, else None (redo it)."""
+    if not (folder / RESUME_DIR).is_dir():
+        return None
+    from dataclasses import replace
+
+    from ..run import resume_config
+
+    try:
+        saved = resume_config(folder)
+    except Exception:  # noqa: BLE001  (an unreadable state only means: start again)
+        return None
+    volatile = ("output", "progress", "overwrite", "save_every")
+    same = ({k: v for k, v in saved.to_dict().items() if k not in volatile}
+            == {k: v for k, v in cfg.to_dict().items() if k not in volatile})
+    return replace(saved, output=folder, progress=cfg.progress) if same else None
 
 
 def _select_device(device: str) -> str:
@@ -364,4 +398,4 @@ def _brief(summary: dict) -> str:
 
 __all__ = ["DEFAULT_CONFIGS", "DEFAULT_SEEDS", "Job", "SweepCounts", "combine_shards", "is_complete",
            "parse_seeds", "parse_shard", "plan_jobs", "record_failure", "resolve_config", "resolve_images",
-           "run_jobs", "shard", "shard_from_env"]
+           "resumable", "run_jobs", "shard", "shard_from_env"]

@@ -1,0 +1,90 @@
+"""`worldtrace compare` (click CliRunner, tiny preset, CPU): the side-by-side MP4, the table, and
+the grid / HUD helpers on synthetic videos."""
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+from click.testing import CliRunner
+
+from worldtrace_cli.compare import compare, draw_panel, grid_shape, hud_rows, write_grid_video
+from worldtrace_cli.outputs import VideoStreamWriter, probe_video, read_video_frames
+from worldtrace_cli.trajectory import load_trajectory, plan_actions
+
+ROOT = Path(__file__).parent.parent
+ABA = ROOT / "trajectories" / "aba.yaml"
+
+
+def one_line_error(result, code):
+    assert result.exit_code == code, result.output
+    lines = [ln for ln in result.output.splitlines() if ln.startswith("worldtrace: error:")]
+    assert len(lines) == 1 and "Traceback" not in result.output, result.output
+    return lines[0]
+
+
+def test_compare_three_modes_writes_grid_video_and_table(tmp_path):
+    out, chunks = tmp_path / "cmp", 2
+    args = [str(ABA), "--cache", "sliding,field,landmark", "--preset", "tiny", "--chunks", str(chunks),
+            "--seed", "3", "-o", str(out)]
+    result = CliRunner().invoke(compare, args)
+    assert result.exit_code == 0, result.output
+    frames = 9 + 12 * (chunks - 1)
+    assert probe_video(out / "compare.mp4") == {"frames": frames, "fps": 25.0, "width": 3 * 176, "height": 96}
+    for mode in ("sliding", "field", "landmark"):
+        assert probe_video(out / mode / "video.mp4")["frames"] == frames
+        assert json.loads((out / mode / "summary.json").read_text())["resolved"]["seed"] == 3
+    data = json.loads((out / "compare.json").read_text())
+    assert [m["cache"] for m in data["modes"]] == ["sliding", "field", "landmark"]
+    assert data["video"]["rows"] == 1 and data["seed"] == 3 and data["chunks"] == chunks
+    for m in data["modes"]:
+        assert m["s_per_chunk"] > 0 and m["kv_bytes"] > 0 and m["peak_rss_bytes"] > 0
+        assert m["metrics"]["temp_ssim"] is not None and "pac" in m["metrics"]
+    md = (out / "compare.md").read_text()
+    assert all(f"| {mode} |" in md for mode in ("sliding", "field", "landmark")) and "PAC" in md
+
+    # The same folder again is refused (exit 4), as generate refuses a finished run.
+    assert "--overwrite" in one_line_error(CliRunner().invoke(compare, args), 4)
+
+
+def test_compare_rejects_bad_writers_before_running(tmp_path):
+    line = one_line_error(CliRunner().invoke(compare, [str(ABA), "--cache", "sliding,nope", "-o", str(tmp_path)]), 2)
+    assert "nope" in line and not any(tmp_path.iterdir())
+    one_line_error(CliRunner().invoke(compare, [str(ABA), "--cache", "field,field", "-o", str(tmp_path)]), 2)
+
+
+@pytest.mark.parametrize("modes, shape", [(1, (1, 1)), (3, (1, 3)), (4, (2, 2)), (5, (2, 3))])
+def test_grid_shape(modes, shape):
+    assert grid_shape(modes) == shape
+
+
+def test_grid_video_two_rows_with_hud(tmp_path):
+    """Four synthetic panels (solid colours) -> a 2 x 2 grid; labels and HUD drawn, panels placed."""
+    colours = [(200, 0, 0), (0, 200, 0), (0, 0, 200), (200, 200, 0)]
+    videos = []
+    for k, colour in enumerate(colours):
+        path = tmp_path / f"p{k}.mp4"
+        with VideoStreamWriter(path, 64, 48) as w:
+            w.write(np.broadcast_to(np.array(colour, np.uint8), (5, 48, 64, 3)).copy())
+        videos.append(path)
+    plan = plan_actions(load_trajectory(ABA), 1)
+    info = write_grid_video(videos, ["a", "b", "c", "d"], tmp_path / "grid.mp4", 25.0, hud_rows(plan), "WSAD")
+    assert info == {"frames": 5, "width": 128, "height": 96, "rows": 2, "columns": 2}
+    grid = read_video_frames(tmp_path / "grid.mp4")
+    assert grid.shape == (5, 96, 128, 3)
+    for k, colour in enumerate(colours):  # the centre of each cell shows its panel
+        y, x = (k // 2) * 48 + 24, (k % 2) * 64 + 32
+        assert np.abs(grid[0, y, x].astype(int) - colour).max() < 40
+
+
+def test_hud_rows_and_panel_drawing():
+    plan = plan_actions(load_trajectory(ABA), 10)
+    rows = hud_rows(plan)
+    assert len(rows) == 9 + 12 * 9
+    assert rows[0] == (["W"], (0.0, 0.0)) and rows[-1][0] == ["S"]  # forward, then back after chunk 8
+    frame = np.zeros((96, 176, 3), np.uint8)
+    plain = np.asarray(draw_panel(frame, "sliding"))
+    with_hud = np.asarray(draw_panel(frame, "sliding", (["W"], (0.0, 0.1)), "WSAD"))
+    assert plain[:12, :40].max() > 200  # the label
+    assert plain[-14:].max() == 0 and with_hud[-14:, :14].max() > 200  # W key lit
+    assert with_hud[-24:, -24:, 0].max() > 200  # mouse arrow (yellow)

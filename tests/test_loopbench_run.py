@@ -1,0 +1,357 @@
+"""`worldtrace loopbench run|report` (click CliRunner, CPU): job planning, idempotent and resumable
+sweeps, failure records, shards (flag and torchrun env), and the report's statistics.
+
+Most sweeps replace ``rollout.generate`` by a stub that writes a complete summary.json, so the
+runner's logic is tested on 36-job matrices in milliseconds; one sweep runs the real tiny model.
+"""
+
+import csv
+import json
+import math
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from worldtrace_cli import rollout
+from worldtrace_cli.loopbench import runner
+from worldtrace_cli.loopbench.cli import loopbench
+from worldtrace_cli.loopbench.report import collect, mean_ci, paired_test, report
+from worldtrace_cli.outputs import prepare_run_dir, write_json_atomic
+
+ROOT = Path(__file__).parent.parent
+IMAGES = ROOT / "assets" / "images"
+TWO_IMAGES = f"{IMAGES / 'mg2_universal_0000.png'},{IMAGES / 'mg2_universal_0004.png'}"
+MATRIX = ["--configs", "aba,abca,pan_90", "--caches", "sliding,field,landmark", "--images", TWO_IMAGES,
+          "--seeds", "0,42", "--chunks", "2"]
+T_975_DF2 = 4.302652729911275  # Student t quantile t_{0.975, 2}, from tables
+
+
+def lb(*args, env=None):
+    return CliRunner().invoke(loopbench, [str(a) for a in args], env=env)
+
+
+def one_line_error(result, code):
+    assert result.exit_code == code, result.output
+    lines = [ln for ln in result.output.splitlines() if ln.startswith("worldtrace: error:")]
+    assert len(lines) == 1 and "Traceback" not in result.output, result.output
+    return lines[0]
+
+
+def fake_summary(cfg, pac=0.5, temp_ssim=0.7):
+    return {"status": "complete", "run_dir": str(cfg.output), "config": cfg.to_dict(),
+            "resolved": {"seed": cfg.seed, "chunks": cfg.chunks or 16, "image": str(cfg.image)},
+            "cache": {"cache": cfg.memory.cache, "kv_bytes": 1000},
+            "metrics": {"level": cfg.metrics, "temp_ssim": temp_ssim, "latent_diff": 0.1, "scene_drift": 0.01,
+                        "pac": None if pac is None else {"pairs": 4, "mean": pac}},
+            "totals": {"chunks": cfg.chunks or 16, "seconds_per_chunk": 0.5, "peak_rss_bytes": 2**20,
+                       "gpu_peak_bytes": None}}
+
+
+@pytest.fixture
+def fake_generate(monkeypatch):
+    """Replace rollout.generate by a stub writing a complete run; returns the list of job keys run.
+    ``calls.fail`` = a set of job-key substrings that raise instead."""
+
+    class Calls(list):
+        fail: set = set()
+
+    calls = Calls()
+
+    def generate(cfg, resume=False):
+        key = "/".join(Path(cfg.output).parts[-4:])
+        calls.append(key + (" (resumed)" if resume else ""))
+        if any(s in key for s in calls.fail):
+            raise RuntimeError(f"boom in {key}\nsecond line")
+        prepare_run_dir(cfg.output, cfg.overwrite)
+        summary = fake_summary(cfg)
+        write_json_atomic(Path(cfg.output) / "summary.json", summary)
+        return summary
+
+    monkeypatch.setattr(rollout, "generate", generate)
+    return calls
+
+
+def test_plan_is_sorted_and_folders_are_deterministic():
+    images = runner.resolve_images(TWO_IMAGES)
+    a = runner.plan_jobs(["pan_90", "aba"], ["landmark", "mixed:2"], images, [42, 0])
+    b = runner.plan_jobs(["aba", "pan_90"], ["mixed:2", "landmark"], images[::-1], [0, 42])
+    assert a == b and len(a) == 2 * 2 * 2 * 2
+    assert a[0].key == "aba/landmark/mg2_universal_0000/seed0"
+    assert any(j.key == "pan_90/mixed-2/mg2_universal_0004/seed42" for j in a)
+    assert a[0].trajectory == ROOT / "trajectories" / "loopbench" / "aba.yaml"
+    folder_images = runner.resolve_images(str(IMAGES))
+    assert [p.name for p in folder_images] == sorted(p.name for p in IMAGES.iterdir() if p.suffix == ".png")
+
+
+def test_sweep_is_idempotent_and_resumable(tmp_path, fake_generate):
+    out = tmp_path / "lb"
+    result = lb("run", *MATRIX, "-o", out)
+    assert result.exit_code == 0, result.output
+    assert len(fake_generate) == 36 and len(set(fake_generate)) == 36
+    assert "36 done, 0 skipped, 0 failed" in result.output
+    assert (out / "abca" / "field" / "mg2_universal_0004" / "seed42" / "summary.json").is_file()
+
+    fake_generate.clear()
+    result = lb("run", *MATRIX, "-o", out)
+    assert result.exit_code == 0 and fake_generate == [] and "0 done, 36 skipped" in result.output
+
+    # A kill leaves a job without summary.json (maybe with a partial video): only it is redone.
+    victim = out / "pan_90" / "landmark" / "mg2_universal_0000" / "seed0"
+    (victim / "summary.json").unlink()
+    (victim / "video.mp4").write_bytes(b"partial")
+    result = lb("run", *MATRIX, "-o", out)
+    assert result.exit_code == 0, result.output
+    assert fake_generate == ["pan_90/landmark/mg2_universal_0000/seed0"] and "1 done, 35 skipped" in result.output
+    assert not (victim / "video.mp4").exists()  # overwrite removed the stale run files
+
+
+def test_failing_job_is_recorded_and_the_sweep_goes_on(tmp_path, fake_generate):
+    out = tmp_path / "lb"
+    fake_generate.fail = {"abca/field/mg2_universal_0000/seed0"}
+    result = lb("run", *MATRIX, "-o", out)
+    line = one_line_error(result, 5)
+    assert "1 of 36 jobs failed" in line and "failures.jsonl" in line
+    assert "35 done, 0 skipped, 1 failed" in result.output
+    records = [json.loads(x) for x in (out / "failures.jsonl").read_text().splitlines()]
+    assert len(records) == 1
+    rec = records[0]
+    assert rec["job"] == "abca/field/mg2_universal_0000/seed0" and rec["error"] == "RuntimeError"
+    assert rec["message"].startswith("boom in") and "\n" not in rec["message"]
+    failed = out / "abca" / "field" / "mg2_universal_0000" / "seed0" / "failed.json"
+    assert json.loads(failed.read_text())["error"] == "RuntimeError"
+    assert len(collect(out)) == 35
+
+    fake_generate.fail = set()
+    fake_generate.clear()
+    result = lb("run", *MATRIX, "-o", out)
+    assert result.exit_code == 0 and fake_generate == ["abca/field/mg2_universal_0000/seed0"]
+    assert not failed.exists() and len(collect(out)) == 36
+
+
+def test_interrupted_job_resumes_from_its_state_and_stops_the_sweep(tmp_path, fake_generate, monkeypatch):
+    from dataclasses import replace
+
+    from worldtrace_cli import run
+    from worldtrace_cli.run import Interrupted
+
+    out = tmp_path / "lb"
+    args = ["--configs", "aba", "--caches", "sliding", "--images", TWO_IMAGES, "--seeds", "0", "--chunks", 2]
+    assert lb("run", *args, "-o", out).exit_code == 0
+    job = out / "aba" / "sliding" / "mg2_universal_0004" / "seed0"
+    saved = json.loads((job / "summary.json").read_text())["config"]
+    (job / "summary.json").unlink()
+    (job / "resume").mkdir()  # a state saved on SIGTERM; its config is what resume_config returns
+    monkeypatch.setattr(run, "resume_config", lambda folder: run.RunConfig.from_dict(saved))
+    fake_generate.clear()
+    assert lb("run", *args, "-o", out).exit_code == 0
+    assert fake_generate == ["aba/sliding/mg2_universal_0004/seed0 (resumed)"]
+
+    # A state saved with other settings is not resumed: the job is redone from chunk 0.
+    (job / "summary.json").unlink()
+    monkeypatch.setattr(run, "resume_config", lambda folder: replace(run.RunConfig.from_dict(saved), seed=7))
+    fake_generate.clear()
+    assert lb("run", *args, "-o", out).exit_code == 0
+    assert fake_generate == ["aba/sliding/mg2_universal_0004/seed0"]
+
+    # Ctrl-C / SIGTERM inside a job (generate raises Interrupted, exit 130) stops the sweep unrecorded.
+    def interrupted(cfg, resume=False):
+        raise Interrupted("interrupted after chunk 0 of 2")
+
+    monkeypatch.setattr(rollout, "generate", interrupted)
+    result = lb("run", *args, "--seeds", "1", "-o", out)
+    assert result.exit_code == 130 and not (out / "failures.jsonl").exists()
+
+
+def test_changed_settings_do_not_reuse_runs(tmp_path, fake_generate):
+    out = tmp_path / "lb"
+    assert lb("run", *MATRIX[:-2], "--seeds", "0", "--configs", "aba", "--chunks", 2, "-o", out).exit_code == 0
+    result = lb("run", *MATRIX[:-2], "--seeds", "0", "--configs", "aba", "--chunks", 3, "-o", out)
+    assert result.exit_code == 5 and "chunks 2 (now 3)" in (out / "failures.jsonl").read_text()
+
+
+def test_shard_flags_partition_the_jobs(tmp_path, fake_generate):
+    out = tmp_path / "lb"
+    assert lb("run", *MATRIX, "--shard", "0/2", "-o", out).exit_code == 0
+    first = list(fake_generate)
+    fake_generate.clear()
+    assert lb("run", *MATRIX, "--shard", "1/2", "-o", out).exit_code == 0
+    assert len(first) == len(fake_generate) == 18 and not set(first) & set(fake_generate)
+    assert len(collect(out)) == 36
+
+    jobs = runner.plan_jobs(["aba", "abca"], ["sliding"], runner.resolve_images(TWO_IMAGES), [0, 1, 2])
+    parts = [runner.shard(jobs, i, 4) for i in range(4)]
+    assert sorted(j for p in parts for j in p) == jobs
+
+
+def test_torchrun_env_shards(tmp_path, fake_generate):
+    out = tmp_path / "lb"
+    ranks = []
+    for rank in range(3):
+        fake_generate.clear()
+        env = {"RANK": str(rank), "WORLD_SIZE": "3", "LOCAL_RANK": "0"}  # one node per rank: GPU 0 if any
+        result = lb("run", *MATRIX, "-o", out, env=env)
+        assert result.exit_code == 0, result.output
+        assert f"shard {rank}/3" in result.output
+        ranks.append(set(fake_generate))
+    assert [len(r) for r in ranks] == [12, 12, 12] and len(set.union(*ranks)) == 36
+    # --shard on top of torchrun: machine 1 of 2, rank 1 of 3 -> shard 4 of 6.
+    assert runner.combine_shards((1, 2), (1, 3)) == (4, 6)
+    assert runner.shard_from_env({}) == (0, 1, None)
+    assert runner.shard_from_env({"RANK": "2", "WORLD_SIZE": "4", "LOCAL_RANK": "0"})[:2] == (2, 4)
+
+
+def test_local_rank_selects_the_gpu(monkeypatch):
+    import torch
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    assert runner.shard_from_env({"RANK": "5", "WORLD_SIZE": "8", "LOCAL_RANK": "1"}) == (5, 8, "cuda:1")
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert runner.shard_from_env({"RANK": "5", "WORLD_SIZE": "8", "LOCAL_RANK": "1"}) == (5, 8, None)
+
+
+@pytest.mark.parametrize("args, code, words", [
+    (["--shard", "2/2"], 2, ["--shard", "2/2"]),
+    (["--shard", "one/two"], 2, ["--shard", "i/n"]),
+    (["--configs", "aba,nope"], 2, ["nope", "abcda", "aba_n256"]),
+    (["--caches", "sliding,nope"], 2, ["nope"]),
+    (["--images", "/no/such.png"], 2, ["/no/such.png"]),
+    (["--seeds", "0,x"], 2, ["--seeds"]),
+])
+def test_bad_inputs_are_one_line_errors(tmp_path, fake_generate, args, code, words):
+    base = {"--configs": "aba", "--caches": "sliding", "--images": TWO_IMAGES, "--seeds": "0"}
+    base.update(dict(zip(args[::2], args[1::2])))
+    line = one_line_error(lb("run", *[x for kv in base.items() for x in kv], "-o", tmp_path / "lb"), code)
+    assert all(w in line for w in words), line
+    assert fake_generate == []
+
+
+def test_bad_torchrun_env_is_an_error(tmp_path, fake_generate):
+    line = one_line_error(lb("run", *MATRIX, "-o", tmp_path, env={"RANK": "3", "WORLD_SIZE": "2"}), 2)
+    assert "RANK=3" in line
+
+
+def test_real_tiny_sweep_and_report(tmp_path):
+    """The real model end to end: two writers at 2 chunks, then the report (PAC undefined: no
+    revisit within 2 chunks, so the tables show dashes)."""
+    out = tmp_path / "lb"
+    args = ["--configs", "pan_90", "--caches", "sliding,landmark", "--images", IMAGES / "mg2_universal_0000.png",
+            "--seeds", "0", "--chunks", 2, "-o", out]
+    result = lb("run", *args)
+    assert result.exit_code == 0, result.output
+    summary = json.loads((out / "pan_90" / "landmark" / "mg2_universal_0000" / "seed0" / "summary.json").read_text())
+    assert summary["status"] == "complete" and summary["totals"]["chunks"] == 2
+    assert summary["metrics"]["level"] == "all" and summary["metrics"]["temp_ssim"] is not None
+    assert "0 done, 2 skipped" in lb("run", *args).output
+
+    result = lb("report", out)
+    assert result.exit_code == 0, result.output
+    rows = list(csv.DictReader((out / "report.csv").open()))
+    assert len(rows) == 2 and {r["cache"] for r in rows} == {"sliding", "landmark"}
+    assert all(r["pac"] == "" and float(r["temp_ssim"]) > -1 for r in rows)
+    md = (out / "report.md").read_text()
+    assert "| landmark | — / " in md and "| p vs sliding |" not in md  # one pair per cell: no t-test
+
+
+# --------------------------------------------------------------------------- report statistics
+
+
+def write_run(out, config, cache, image, seed, pac, temp_ssim, chunks=16):
+    folder = out / config / cache.replace(":", "-") / image / f"seed{seed}"
+    folder.mkdir(parents=True)
+    write_json_atomic(folder / "summary.json", {
+        "status": "complete", "config": {"memory": {"cache": cache}, "preset": {"name": "tiny"}},
+        "resolved": {"seed": seed}, "cache": {"kv_bytes": 4096},
+        "metrics": {"temp_ssim": temp_ssim, "latent_diff": 0.2, "scene_drift": 0.05,
+                    "pac": None if pac is None else {"mean": pac, "pairs": 3}},
+        "totals": {"chunks": chunks, "seconds_per_chunk": 1.5, "peak_rss_bytes": 10 * 2**20, "gpu_peak_bytes": None}})
+
+
+def synthetic_value(config, cache, image, seed):
+    base, slope = {"sliding": (0.6, 0.03), "field": (0.65, 0.03), "landmark": (0.8, 0.05)}[cache]
+    return round(base + slope * int(image[-1]) + 0.01 * seed * (1 + (cache == "field")) + 0.002 * len(config), 6)
+
+
+def hand_paired_p(xs, ys):
+    """Two-sided paired t-test p from the closed form t = mean(d) / (sd(d) / sqrt(n))."""
+    from scipy.stats import t as student
+
+    d = [x - y for x, y in zip(xs, ys)]
+    n, md = len(d), sum(d) / len(d)
+    t = md / (math.sqrt(sum((v - md) ** 2 for v in d) / (n - 1)) / math.sqrt(n))
+    return 2 * student.sf(abs(t), n - 1)
+
+
+@pytest.fixture
+def synthetic_sweep(tmp_path):
+    out = tmp_path / "sweep"
+    configs = {"aba": 16, "abca": 17, "aba_short": 8, "aba_long": 32, "pan_90": 4, "aba_n64": 64}
+    for config, n in configs.items():
+        for cache in ("sliding", "field", "landmark"):
+            for image in ("s1", "s2", "s3"):
+                for seed in (0, 1):
+                    v = synthetic_value(config, cache, image, seed)
+                    pac = None if config == "pan_90" and cache == "field" else v
+                    write_run(out, config, cache, image, seed, pac, v / 2, chunks=n)
+    (out / "aba" / "field" / "s1" / "seed5").mkdir(parents=True)  # an unfinished job: not a row
+    return out
+
+
+def test_report_tables_csv_json_and_plots(synthetic_sweep):
+    result = CliRunner().invoke(loopbench, ["report", str(synthetic_sweep), "-o", str(synthetic_sweep / "rep")])
+    assert result.exit_code == 0, result.output
+    rep = synthetic_sweep / "rep"
+    rows = list(csv.DictReader((rep / "report.csv").open()))
+    assert len(rows) == 6 * 3 * 3 * 2
+    md = (rep / "report.md").read_text()
+    tables = md.count("| writer |")
+    assert tables == 1 + 3 + 1 + 1 + 1  # by tier; tiers 1, 2, 3 + sweep; ABA by N; cost
+    for writer in ("sliding", "field", "landmark"):
+        assert md.count(f"| {writer} |") == tables
+    assert "p vs sliding" in md and "aba_long (N=32)" in md and "| N=64 |" in md
+    assert "| field | — / " in md  # pan_90 field has no PAC: a dash, not a crash
+    data = json.loads((rep / "report.json").read_text())
+    assert len(data["rows"]) == 108 and data["baseline"] == "sliding"
+    for name in ("pac_vs_chunks.png", "tiers.png"):
+        assert (rep / name).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+    # CI against a hand computation: landmark on aba, PAC; per scene the mean over seeds 0 and 1.
+    cell = next(c for c in data["by_config"] if c["config"] == "aba" and c["writer"] == "landmark")
+    scenes = [(synthetic_value("aba", "landmark", s, 0) + synthetic_value("aba", "landmark", s, 1)) / 2
+              for s in ("s1", "s2", "s3")]
+    mean = sum(scenes) / 3
+    sd = math.sqrt(sum((x - mean) ** 2 for x in scenes) / 2)
+    assert cell["pac"]["mean"] == pytest.approx(mean)
+    assert cell["pac"]["ci"] == pytest.approx(T_975_DF2 * sd / math.sqrt(3))
+    assert cell["pac"]["scenes"] == 3 and cell["pac"]["pairs"] == 6
+    keys = [(s, seed) for s in ("s1", "s2", "s3") for seed in (0, 1)]
+    assert cell["pac"]["p"] == pytest.approx(hand_paired_p([synthetic_value("aba", "landmark", *k) for k in keys],
+                                                           [synthetic_value("aba", "sliding", *k) for k in keys]))
+    base = next(c for c in data["by_config"] if c["config"] == "aba" and c["writer"] == "sliding")
+    assert base["pac"]["p"] is None
+
+
+def test_mean_ci_and_paired_test_edge_cases():
+    assert mean_ci([]) == (None, None) and mean_ci([0.5]) == (0.5, None)
+    m, ci = mean_ci([1.0, 2.0, 3.0])
+    assert m == 2.0 and ci == pytest.approx(T_975_DF2 * 1.0 / math.sqrt(3))
+    rows = [{"config": "aba", "image": f"s{i}", "seed": 0, "pac": v} for i, v in enumerate([0.8, 0.9, 0.7, 0.95])]
+    base = [{"config": "aba", "image": f"s{i}", "seed": 0, "pac": v} for i, v in enumerate([0.6, 0.65, 0.66, 0.7])]
+    p, pairs = paired_test(rows, base, "pac")
+    assert pairs == 4 and p == pytest.approx(hand_paired_p([0.8, 0.9, 0.7, 0.95], [0.6, 0.65, 0.66, 0.7]))
+    assert paired_test(rows[:1], base, "pac") == (None, 1)
+    base[1]["pac"] = None
+    assert paired_test(rows, base, "pac")[1] == 3
+
+
+def test_report_of_an_empty_folder_is_an_error(tmp_path):
+    line = one_line_error(CliRunner().invoke(loopbench, ["report", str(tmp_path)]), 2)
+    assert "no complete LoopBench runs" in line
+
+
+def test_report_counts_failed_jobs(synthetic_sweep):
+    job = runner.Job("aba", "field", Path("s9.png"), 0)
+    runner.record_failure(synthetic_sweep, job, ValueError("bad | thing"))
+    paths = report(synthetic_sweep)
+    md = paths["report.md"].read_text()
+    assert "1 failed" in md and "aba/field/s9/seed0" in md and "bad \\| thing" in md
