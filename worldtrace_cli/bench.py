@@ -79,7 +79,8 @@ def _ema_row(frames, time: float) -> torch.Tensor:
     return alpha * (1 - alpha) ** ages
 
 
-def evaluate(writer_name: str, scheme: str, route: str, leg_chunks: int, setup: SceneSetup) -> dict:
+def evaluate(writer_name: str, scheme: str, route: str, leg_chunks: int, setup: SceneSetup,
+             landmark_threshold: float = 0.1) -> dict:
     """Run one writer x scheme on one loop; return the three measures (see module docstring)."""
     gen = torch.Generator().manual_seed(setup.seed)
     labels = frame_scenes(route, leg_chunks)
@@ -87,7 +88,8 @@ def evaluate(writer_name: str, scheme: str, route: str, leg_chunks: int, setup: 
     keys = torch.stack([means[s] + setup.noise * torch.randn(setup.tokens, HEAD_DIM, generator=gen) * means[s].std()
                         for s in labels])  # [N, T, D] canonical
     geom = CacheGeometry(num_layers=1, heads=1, head_dim=HEAD_DIM, tokens_per_frame=setup.tokens)
-    writer = build_writer(MemoryConfig(cache=writer_name, positions=scheme), default_budget=3)
+    writer = build_writer(MemoryConfig(cache=writer_name, positions=scheme, landmark_threshold=landmark_threshold),
+                          default_budget=3)
     writer.reset(geom)
     n = len(labels)
     for start in range(0, n, 3):
@@ -130,14 +132,15 @@ def _token_attention(q: torch.Tensor, k: torch.Tensor, n_frames: int, tokens: in
 
 def mechanism_benchmark(writers: list[str] | None = None, schemes: list[str] | None = None,
                         routes: tuple[str, ...] = ("ABA", "ABCA"), legs: tuple[int, ...] = (2, 8, 32),
-                        setup: SceneSetup = SceneSetup()) -> list[dict]:
+                        setup: SceneSetup = SceneSetup(), landmark_threshold: float = 0.1) -> list[dict]:
     """Every writer x scheme x route x leg length; returns result rows (dicts)."""
     writers = writers or sorted("mixed:2" if w == "mixed" else w for w in WRITERS)
     schemes = schemes or sorted(SCHEMES)
     rows = []
     for writer, scheme, route, leg in itertools.product(writers, schemes, routes, legs):
         rows.append({"writer": writer, "positions": scheme, "route": route, "leg_chunks": leg,
-                     **evaluate(writer, scheme, route, leg, setup)})
+                     "landmark_threshold": landmark_threshold,
+                     **evaluate(writer, scheme, route, leg, setup, landmark_threshold)})
     return rows
 
 
@@ -153,8 +156,8 @@ def markdown_table(rows: list[dict], route: str, metric: str) -> str:
     return "\n".join(lines)
 
 
-def write_mechanism_report(rows: list[dict], folder) -> list:
-    """Write ``mechanism.json`` (rows + setup + versions) and ``mechanism.md`` (tables) into ``folder``."""
+def write_mechanism_report(rows: list[dict], folder, stem: str = "mechanism") -> list:
+    """Write ``<stem>.json`` (rows + setup + versions) and ``<stem>.md`` (tables) into ``folder``."""
     import json
     import platform
     from pathlib import Path
@@ -163,7 +166,7 @@ def write_mechanism_report(rows: list[dict], folder) -> list:
     folder.mkdir(parents=True, exist_ok=True)
     meta = {"benchmark": "mechanism", "torch": torch.__version__, "python": platform.python_version(),
             "setup": SceneSetup().__dict__}
-    (folder / "mechanism.json").write_text(json.dumps({"meta": meta, "rows": rows}, indent=1))
+    (folder / f"{stem}.json").write_text(json.dumps({"meta": meta, "rows": rows}, indent=1))
     parts = ["# Mechanism benchmark (synthetic scenes, real RoPE)\n",
              "Produced by `worldtrace bench mechanism`; definitions in `worldtrace_cli/bench.py`.\n"]
     for route in sorted({r["route"] for r in rows}):
@@ -172,8 +175,8 @@ def write_mechanism_report(rows: list[dict], folder) -> list:
                              ("mismatch_content", "distribution mismatch, temporal RoPE removed (content only)")):
             parts.append(f"\n## {route}: {metric}\n\n{what}; columns: chunks per leg.\n\n"
                          + markdown_table(rows, route, metric) + "\n")
-    (folder / "mechanism.md").write_text("".join(parts))
-    return [folder / "mechanism.json", folder / "mechanism.md"]
+    (folder / f"{stem}.md").write_text("".join(parts))
+    return [folder / f"{stem}.json", folder / f"{stem}.md"]
 
 
 # --------------------------------------------------------------------------- speed and memory

@@ -210,17 +210,19 @@ def bench():
 @click.option("--routes", default="ABA,ABCA", show_default=True, help="Loops; the return query is in the last scene.")
 @click.option("--legs", default="2,8,32", show_default=True, help="Chunks per leg of the loop.")
 @click.option("--seed", type=int, default=0, show_default=True)
+@click.option("--landmark-threshold", type=float, default=0.1, show_default=True, help="tau of the landmark detector.")
 @click.option("-o", "--output", type=click.Path(path_type=Path), default=Path("benchmarks/results"), show_default=True,
-              help="Folder for mechanism.json and mechanism.md.")
-def bench_mechanism(writers, schemes, routes, legs, seed, output):
+              help="Folder for the results.")
+@click.option("--name", default="mechanism", show_default=True, help="File stem of the results.")
+def bench_mechanism(writers, schemes, routes, legs, seed, landmark_threshold, output, name):
     """Attention mismatch ||alpha_hat P - alpha||_1 and scene-A recall mass of every writer x scheme
     on synthetic scene keys (paper App. B), computed with the real RoPE code."""
     from .bench import SceneSetup, mechanism_benchmark, write_mechanism_report
 
     def job():
         rows = mechanism_benchmark(_csv(writers), _csv(schemes), tuple(_csv(routes)), tuple(_csv(legs, int)),
-                                   SceneSetup(seed=seed))
-        for path in write_mechanism_report(rows, output):
+                                   SceneSetup(seed=seed), landmark_threshold)
+        for path in write_mechanism_report(rows, output, name):
             click.echo(f"worldtrace: wrote {path}", err=True)
 
     _run(job)
