@@ -14,14 +14,7 @@ from worldtrace_cli.model.image_encoder import build_clip_tower
 from worldtrace_cli.model.vae import build_wan_vae
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_intra_op_thread():
-    """These tensors are tiny: with 2 OpenMP threads on a busy 2-core machine the tests ran 10-100x
-    slower (spinning threads), with 1 thread they take well under a second each."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 IMAGES = Path(__file__).resolve().parents[1] / "assets" / "images"

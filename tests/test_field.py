@@ -299,15 +299,10 @@ def expand(frames):
 
 
 @pytest.mark.parametrize("cache", ["field", "field-streaming", "naive"])
-def test_tiny_rollout_end_to_end(cache):
-    from worldtrace_cli.model.config import DiTConfig
-    from worldtrace_cli.model.dit import CausalWanDiT, init_random_weights
+def test_tiny_rollout_end_to_end(cache, dit):
     from worldtrace_cli.model.sampler import FlowMatchSchedule
     from worldtrace_cli.rollout import Rollout
 
-    cfg = DiTConfig.from_dict(json.loads((FIXTURES / "tiny_config.json").read_text()))
-    dit = CausalWanDiT(cfg).eval()
-    init_random_weights(dit, seed=3)
     hw, chunks = (4, 8), 12
     gen = torch.Generator().manual_seed(11)
     rows = 12 * chunks - 3
@@ -319,7 +314,7 @@ def test_tiny_rollout_end_to_end(cache):
             out[:, :4, 0] = float(start == 0)
             return out
 
-    w = build_writer(MemoryConfig(cache=cache), cfg.local_attn_size - 3)
+    w = build_writer(MemoryConfig(cache=cache), dit.cfg.local_attn_size - 3)
     roll = Rollout(dit, w, Conditioning(), torch.randn(1, 257, 1280, generator=gen),
                    (torch.rand(1, rows, 4, generator=gen) > 0.5).float(), torch.zeros(1, rows, 2),
                    FlowMatchSchedule(), 0, torch.device("cpu"), hw)

@@ -10,14 +10,7 @@ from worldtrace_cli.errors import CheckpointError
 from worldtrace_cli.model.image_encoder import build_clip_tower, clip_config, convert_mg2_clip_state_dict
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_intra_op_thread():
-    """These tensors are tiny: with 2 OpenMP threads on a busy 2-core machine the tests ran 10-100x
-    slower (spinning threads), with 1 thread they take well under a second each."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 _LAYER = {"norm1": "layer_norm1", "attn.proj": "self_attn.out_proj", "norm2": "layer_norm2",

@@ -2,7 +2,6 @@
 frozen keys do not drift, scene entries are detected and reported, slots follow the paper's
 rules, state is constant in rollout length, and both writers run end to end on a tiny DiT."""
 
-import json
 from pathlib import Path
 
 import pytest
@@ -202,16 +201,6 @@ def test_mixed_bad_k_is_an_input_error(cache):
 
 
 # ---- end to end ----------------------------------------------------------------------------------
-
-@pytest.fixture(scope="module")
-def dit():
-    from worldtrace_cli.model.config import DiTConfig
-    from worldtrace_cli.model.dit import CausalWanDiT, init_random_weights
-
-    cfg = DiTConfig.from_dict(json.loads((FIXTURES / "tiny_config.json").read_text()))
-    model = CausalWanDiT(cfg).eval()
-    init_random_weights(model, seed=3)
-    return model
 
 
 class ConstantConditioning:

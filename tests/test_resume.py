@@ -2,7 +2,6 @@
 chunk, and --resume continues them to exactly the video an uninterrupted run makes."""
 
 import json
-import os
 import signal
 import subprocess
 import sys
@@ -10,7 +9,6 @@ import time
 from pathlib import Path
 
 import pytest
-import torch
 
 from worldtrace_cli.config import RunConfig, load_preset
 from worldtrace_cli.errors import RunError
@@ -104,7 +102,6 @@ def test_non_finite_latents_stop_the_run_naming_the_chunk(tmp_path, monkeypatch)
     from worldtrace_cli.model import dit
 
     original = dit.CausalWanDiT.forward
-    calls = {"n": 0}
 
     def poisoned(self, x, t, cond, chunk, commit=False):
         out = original(self, x, t, cond, chunk, commit)

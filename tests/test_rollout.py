@@ -1,14 +1,11 @@
 """The chunk loop on a tiny random DiT: any horizon, determinism, actions reach the model."""
 
-import json
 from pathlib import Path
 
 import pytest
 import torch
 
 from worldtrace_cli.memory import MemoryConfig, build_writer
-from worldtrace_cli.model.config import DiTConfig
-from worldtrace_cli.model.dit import CausalWanDiT, init_random_weights
 from worldtrace_cli.model.sampler import FlowMatchSchedule
 from worldtrace_cli.rollout import Rollout
 
@@ -27,14 +24,6 @@ class ConstantConditioning:
         if start == 0:
             mask[:, :, 0] = 1
         return torch.cat([mask, self.latent.expand(-1, -1, count, -1, -1)], dim=1)
-
-
-@pytest.fixture(scope="module")
-def dit():
-    cfg = DiTConfig.from_dict(json.loads((FIXTURES / "tiny_config.json").read_text()))
-    model = CausalWanDiT(cfg).eval()
-    init_random_weights(model, seed=3)
-    return model
 
 
 def make_rollout(dit, chunks, seed=0, keyboard=None, cache="sliding"):

@@ -17,14 +17,7 @@ MEAN = torch.tensor(WAN_LATENT_MEAN).view(1, 16, 1, 1, 1)
 STD = torch.tensor(WAN_LATENT_STD).view(1, 16, 1, 1, 1)
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_intra_op_thread():
-    """These tensors are tiny: with 2 OpenMP threads on a busy 2-core machine the tests ran 10-100x
-    slower (spinning threads), with 1 thread they take well under a second each."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 # diffusers resnet parameter names -> original Wan names (inside a residual block)
