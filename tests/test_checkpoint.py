@@ -112,3 +112,12 @@ def test_unknown_config_keys_and_presets_are_errors(tmp_path):
     bad.write_text("mode: universal\nheight: 96\nwidth: 176\ndit: {}\ncolour: red\n")
     with pytest.raises(InputError, match="unknown keys: colour"):
         load_preset(str(bad))
+
+
+def test_wrong_dtype_is_named(tiny_model, tmp_path):
+    sd = load_file(str(FIXTURES / "tiny_weights.safetensors"))
+    sd["head.head.weight"] = sd["head.head.weight"].to(torch.int8)
+    bad = tmp_path / "int.safetensors"
+    save_file(sd, str(bad))
+    with pytest.raises(CheckpointError, match="non-float dtype: head.head.weight torch.int8"):
+        load_dit_weights(tiny_model, bad)

@@ -133,3 +133,12 @@ def test_bad_writer_flags(tmp_path):
 def test_help_is_instant_and_lists_commands():
     result = CliRunner().invoke(main, ["--help"])
     assert result.exit_code == 0 and "generate" in result.output and "bench" in result.output
+
+
+def test_full_cache_refuses_at_its_memory_cap_keeping_finished_chunks(tmp_path):
+    # tiny preset: one latent frame of K+V over 2 layers is 0.27 MB; cap after ~2 chunks
+    out = tmp_path / "o"
+    line = one_line_error(generate("--image", IMAGE, ABA, "--chunks", 6, "--cache", "full", "--max-cache-gb", "0.0018",
+                                   "-o", out), 5)
+    assert "--max-cache-gb" in line
+    assert len(read_jsonl(out / "chunks.jsonl")) >= 1 and probe_video(out / "video.mp4")["frames"] >= 9
