@@ -333,7 +333,8 @@ def plot_tiers(agg: dict, path: Path) -> None:
         ax.set_ylabel(label)
         ax.grid(axis="y", alpha=0.3)
     fig.suptitle("LoopBench per tier (mean ± 95% CI over scenes)")
-    fig.legend(*fig.axes[0].get_legend_handles_labels(), loc="outside right upper", fontsize="small")
+    fig.legend(*fig.axes[0].get_legend_handles_labels(), loc="outside lower center", ncols=len(writers),
+               fontsize="small")
     fig.savefig(path)
 
 
