@@ -79,6 +79,16 @@ class ChunkInputs:
     committed: list[tuple[torch.Tensor, torch.Tensor]] = field(default_factory=list)
     temporal_freq_scale: torch.Tensor | None = None
     _buffers: dict[int, tuple[torch.Tensor, torch.Tensor]] = field(default_factory=dict)
+    _angles: tuple | None = None
+
+    def current_angles(self, rope: MainRope, frames: int, tokens_per_frame: int, device):
+        """Temporal RoPE cos/sin of the current chunk's tokens (offsets 0..F-1), on ``device``,
+        computed once per chunk and reused by every layer, step and the context pass."""
+        if self._angles is None:
+            pos = torch.arange(frames, dtype=torch.float64).repeat_interleave(tokens_per_frame)
+            cos, sin = rope.temporal_angles(pos, self.temporal_freq_scale)
+            self._angles = (pos, (cos.to(device), sin.to(device)))
+        return self._angles
 
     def kv_buffer(self, layer: int, rope: MainRope, current_tokens: int, dtype) -> tuple[torch.Tensor, torch.Tensor]:
         """[past rotated | room for the current chunk] K and V buffers [1, L+n, H, D], made once per chunk."""
@@ -133,10 +143,10 @@ class SelfAttention(nn.Module):
         k = rope.apply_spatial(k, gh, gw)  # canonical keys: what the cache stores
         if commit:
             chunk.committed.append((k, v))
-        pos = torch.arange(f, dtype=torch.float64).repeat_interleave(gh * gw)
-        q = rope.apply_temporal(q, pos, chunk.temporal_freq_scale)
+        pos, angles = chunk.current_angles(rope, f, gh * gw, x.device)
+        q = rope.apply_temporal(q, pos, angles=angles)
         kbuf, vbuf = chunk.kv_buffer(layer, rope, n, k.dtype)
-        kbuf[:, -n:] = rope.apply_temporal(k, pos, chunk.temporal_freq_scale)
+        kbuf[:, -n:] = rope.apply_temporal(k, pos, angles=angles)
         vbuf[:, -n:] = v
         out = F.scaled_dot_product_attention(q.transpose(1, 2), kbuf.transpose(1, 2), vbuf.transpose(1, 2))
         return self.o(out.transpose(1, 2).reshape(b, n, d))

@@ -103,12 +103,14 @@ class MainRope:
         return out
 
     def apply_temporal(self, x: torch.Tensor, token_positions: torch.Tensor,
-                       freq_scale: torch.Tensor | None = None) -> torch.Tensor:
+                       freq_scale: torch.Tensor | None = None, angles=None) -> torch.Tensor:
         """Rotate the temporal channels of ``x`` [B, L, H, D] at ``token_positions`` [L] (latent frames).
 
         float64 rotation, cast back to ``x.dtype``. Only the ``t_ch`` temporal channels are computed.
+        ``angles``: precomputed ``temporal_angles(token_positions, freq_scale)`` already on ``x``'s
+        device (a chunk reuses them for every layer and call).
         """
-        cos, sin = self.temporal_angles(token_positions, freq_scale)
+        cos, sin = angles if angles is not None else self.temporal_angles(token_positions, freq_scale)
         cos = cos.to(x.device)[None, :, None, :]
         sin = sin.to(x.device)[None, :, None, :]
         out = x.clone()
