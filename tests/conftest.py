@@ -29,3 +29,15 @@ def one_thread():
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(threads)
+
+
+def check_seeded_random_init(build):
+    """``build(seed)`` twice with one seed gives identical weights, another seed different ones; the
+    global RNG is untouched; the module is in eval mode without gradients."""
+    state = torch.get_rng_state()
+    a, b, c = build(1), build(1), build(2)
+    assert torch.equal(torch.get_rng_state(), state)
+    sa, sb, sc = a.state_dict(), b.state_dict(), c.state_dict()
+    assert all(torch.equal(sa[k], sb[k]) for k in sa)
+    assert not all(torch.equal(sa[k], sc[k]) for k in sa)
+    assert not a.training and not any(p.requires_grad for p in a.parameters())

@@ -1,6 +1,7 @@
 """CLIP image tower: shipped configs, MG2 weight conversion, preprocessing and outputs (spec §12.4)."""
 
 import pytest
+from conftest import check_seeded_random_init
 import torch
 import torch.nn.functional as F
 from safetensors.torch import save_file
@@ -64,13 +65,7 @@ def test_shipped_configs():
 
 
 def test_random_init_is_seeded_and_leaves_global_rng_alone():
-    state = torch.get_rng_state()
-    a, b, c = (build_clip_tower("tiny", seed=s) for s in (1, 1, 2))
-    assert torch.equal(torch.get_rng_state(), state)
-    sa, sb, sc = a.state_dict(), b.state_dict(), c.state_dict()
-    assert all(torch.equal(sa[k], sb[k]) for k in sa)
-    assert not all(torch.equal(sa[k], sc[k]) for k in sa)
-    assert not a.training and not any(p.requires_grad for p in a.parameters())
+    check_seeded_random_init(lambda seed: build_clip_tower("tiny", seed=seed))
 
 
 @pytest.mark.parametrize("suffix", [".pth", ".safetensors"])
