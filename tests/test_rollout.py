@@ -85,3 +85,16 @@ def test_budget_zero_attends_to_the_current_chunk_only(dit):
     rollout.step()
     out = rollout.step()
     assert out.record["cache"]["slots"] == [] and out.record["cache"]["kv_bytes"] == 0
+
+
+def test_bf16_model_follows_the_fp32_model(dit):
+    """The GPU dtype: every norm computes in float32 (affine LayerNorm included), RoPE in float64;
+    a bf16 copy of the model stays finite and close to the float32 rollout."""
+    import copy
+
+    half = copy.deepcopy(dit).to(torch.bfloat16)
+    ref, low = make_rollout(dit, 3), make_rollout(half, 3)
+    for _ in range(3):
+        a, b = ref.step().latents, low.step().latents
+        assert b.dtype == torch.float32 and torch.isfinite(b).all()
+        assert torch.corrcoef(torch.stack([a.flatten(), b.flatten()]))[0, 1] > 0.95

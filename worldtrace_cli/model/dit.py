@@ -118,10 +118,13 @@ class RMSNorm(nn.Module):
 
 
 class FloatLayerNorm(nn.LayerNorm):
-    """LayerNorm computed in float32 and cast back (Wan's WanLayerNorm)."""
+    """LayerNorm computed in float32 and cast back (Wan's WanLayerNorm); affine parameters are
+    upcast too, so a bf16 model normalises in float32 like an fp32 one."""
 
     def forward(self, x):
-        return super().forward(x.float()).type_as(x)
+        weight = None if self.weight is None else self.weight.float()
+        bias = None if self.bias is None else self.bias.float()
+        return F.layer_norm(x.float(), self.normalized_shape, weight, bias, self.eps).type_as(x)
 
 
 class SelfAttention(nn.Module):
