@@ -114,3 +114,50 @@ def test_non_finite_latents_stop_the_run_naming_the_chunk(tmp_path, monkeypatch)
         run_generation(config(tmp_path / "o", "sliding"))
     assert [r["chunk"] for r in read_jsonl(tmp_path / "o" / "chunks.jsonl")] == [0, 1]
     assert probe_video(tmp_path / "o" / "video.mp4")["frames"] == 21
+
+
+def test_resume_refuses_changed_inputs_and_lost_chunks(tmp_path):
+    """A resume must continue the same video: a changed trajectory, or a video that lost chunks
+    before the saved one, is refused with a one-line error instead of splicing two runs."""
+    import shutil
+
+    traj = tmp_path / "aba.yaml"
+    shutil.copy(ABA, traj)
+    out = tmp_path / "run"
+    cfg = RunConfig(preset=load_preset("tiny"), trajectory=traj, output=out, image=IMAGE, chunks=CHUNKS,
+                    progress=False, save_every=2)
+    real_step = __import__("worldtrace_cli.rollout", fromlist=["Rollout"]).Rollout.step
+    calls = {"n": 0}
+
+    def dying_step(self):
+        calls["n"] += 1
+        if calls["n"] == 4:
+            raise RunError("simulated crash")
+        return real_step(self)
+
+    import worldtrace_cli.rollout as rollout_mod
+    rollout_mod.Rollout.step = dying_step
+    try:
+        with pytest.raises(RunError, match="simulated"):
+            run_generation(cfg)
+    finally:
+        rollout_mod.Rollout.step = real_step
+    assert (out / "resume" / "state.json").is_file()  # saved after chunk 1
+    traj.write_text(traj.read_text().replace("chunks: 8", "chunks: 7", 1))
+    result = resume(out)
+    assert result.returncode == 2 and "changed since the run started" in result.stderr
+    shutil.copy(ABA, traj)
+    (out / "video.mp4").unlink()
+    result = resume(out)
+    assert result.returncode == 4 and "cannot resume exactly" in result.stderr
+    assert len([ln for ln in result.stderr.splitlines() if "error:" in ln]) == 1
+
+
+def test_overwrite_removes_an_old_resume_state(tmp_path):
+    out = tmp_path / "run"
+    (out / "resume").mkdir(parents=True)
+    (out / "resume" / "state.json").write_text("{}")
+    (out / "chunks.jsonl").write_text("")
+    run_generation(config(out, "sliding", overwrite=True, save_every=0))
+    assert not (out / "resume").exists()
+    assert resume(out).returncode == 2  # completed: nothing to resume

@@ -148,7 +148,7 @@ def markdown_table(rows: list[dict], route: str, metric: str) -> str:
     """One Markdown table: writer x scheme rows, one column per leg length."""
     legs = sorted({r["leg_chunks"] for r in rows if r["route"] == route})
     pairs = sorted({(r["writer"], r["positions"]) for r in rows if r["route"] == route})
-    lines = [f"| writer | positions | " + " | ".join(f"leg {leg}" for leg in legs) + " |",
+    lines = ["| writer | positions | " + " | ".join(f"leg {leg}" for leg in legs) + " |",
              "| --- | --- | " + " | ".join("---" for _ in legs) + " |"]
     for w, s in pairs:
         vals = {r["leg_chunks"]: r[metric] for r in rows if (r["writer"], r["positions"], r["route"]) == (w, s, route)}

@@ -67,7 +67,8 @@ def main(verbose: bool) -> None:
 @click.option("--chunks", type=int, default=None,
               help="Chunks to generate (3 latent frames = 12 pixel frames each); repeats the last segment "
                    "or truncates the trajectory. Default: the trajectory's length.")
-@click.option("--seed", type=int, default=None, help="Noise seed (default: the trajectory's seed, else 0).")
+@click.option("--seed", type=click.IntRange(0, 2**63 - 1), default=None,
+              help="Noise seed >= 0 (default: the trajectory's seed, else 0).")
 @click.option("-o", "--output", type=click.Path(path_type=Path), default=None, metavar="DIR",
               help="Run folder (default: runs/<trajectory>-<cache>).")
 @click.option("--overwrite", is_flag=True, help="Replace a finished run already in the output folder.")
@@ -85,7 +86,7 @@ def main(verbose: bool) -> None:
               help="tau: cosine distance between consecutive frame descriptors that marks a scene entry.")
 @click.option("--sink-frames", type=int, default=1, show_default=True, help="sink: first latent frames kept.")
 @click.option("--max-cache-gb", type=float, default=16.0, show_default=True,
-              help="full/yarn: refuse before the KV cache exceeds this many GB.")
+              help="full/yarn: refuse before the KV cache (3 copies per chunk) exceeds this many GB.")
 @click.option("--spill-dir", type=click.Path(path_type=Path), default=None,
               help="field: keep evicted frames on disk here instead of host memory (very long runs).")
 @click.option("--device", type=click.Choice(["auto", "cuda", "cpu"]), default="auto", show_default=True)

@@ -11,6 +11,8 @@ import dataclasses
 import json
 import math
 import os
+import shutil
+import signal
 import subprocess
 import tempfile
 from collections.abc import Mapping
@@ -28,6 +30,8 @@ SUMMARY_NAME = "summary.json"
 TIMELINE_NAME = "cache_timeline.png"
 # Files a run writes; a rerun removes them first so nothing stale survives an interruption.
 RUN_FILES = (SUMMARY_NAME, CHUNKS_NAME, VIDEO_NAME, TIMELINE_NAME)
+# a replaced run's resume state must go too, or --resume could mix two runs
+_RESUME_LEFTOVERS = ("resume", "resume.old", "resume.tmp", "video.part.mp4")
 
 _GOP_FRAMES = 12  # one keyframe (= one MP4 fragment) per 12 pixel frames, about a chunk
 
@@ -90,8 +94,11 @@ class VideoStreamWriter:
         ]
         # Unbuffered stdin: a frame handed to write() is in ffmpeg's pipe when write() returns.
         # A new session keeps Ctrl-C away from ffmpeg, so an interrupted run closes it cleanly.
+        # It also ignores SIGINT/SIGTERM (a scheduler signalling every process): it ends only when
+        # its input ends, so every frame already handed over reaches the file.
         self._proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.DEVNULL,
-                                      stderr=self._log, bufsize=0, start_new_session=True)
+                                      stderr=self._log, bufsize=0, start_new_session=True,
+                                      preexec_fn=_ignore_stop_signals)
 
     @property
     def ffmpeg_pid(self) -> int:
@@ -368,13 +375,22 @@ def prepare_run_dir(path: str | Path, overwrite: bool) -> Path:
             raise OutputError(f"output folder {path} holds an unfinished run (use --overwrite to replace it)")
     probe = path / f".worldtrace-write-test-{os.getpid()}"
     try:
-        for name in RUN_FILES:
-            (path / name).unlink(missing_ok=True)
+        for name in RUN_FILES + _RESUME_LEFTOVERS:
+            target = path / name
+            if target.is_dir():
+                shutil.rmtree(target)
+            else:
+                target.unlink(missing_ok=True)
         probe.write_bytes(b"")
         probe.unlink()
     except OSError as err:
         raise OutputError(f"output folder {path} is not writable: {_reason(err)}") from None
     return path
+
+
+def _ignore_stop_signals() -> None:
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
 
 
 def _ffmpeg_copy(args: list[str], what: str) -> None:
@@ -398,6 +414,8 @@ def truncate_video(path: str | Path, frames: int) -> None:
     if frames <= 0:
         path.unlink(missing_ok=True)
         return
+    if not path.is_file():  # nothing to cut; callers check the frame count they need
+        return
     tmp = path.with_name(path.stem + ".cut" + path.suffix)
     _ffmpeg_copy(["-i", str(path), "-map", "0:v:0", "-c", "copy", "-frames:v", str(frames), *_FRAG_FLAGS, str(tmp)],
                  f"truncate {path} to {frames} frames")
@@ -416,7 +434,8 @@ def concat_videos(parts: list[str | Path], dest: str | Path) -> None:
             os.replace(parts[0], dest)
         return
     listing = dest.with_name(dest.stem + ".concat.txt")
-    listing.write_text("".join(f"file '{p.resolve()}'\n" for p in parts))
+    quote = lambda p: "'" + str(p.resolve()).replace("'", "'\\''") + "'"  # noqa: E731 (concat-demuxer quoting)
+    listing.write_text("".join(f"file {quote(p)}\n" for p in parts))
     tmp = dest.with_name(dest.stem + ".joined" + dest.suffix)
     try:
         _ffmpeg_copy(["-f", "concat", "-safe", "0", "-i", str(listing), "-c", "copy", *_FRAG_FLAGS, str(tmp)],

@@ -22,12 +22,13 @@ import shutil
 import signal
 import sys
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import torch
 
 from .config import RunConfig
-from .errors import InputError, WorldtraceError
+from .errors import InputError, OutputError, WorldtraceError
 from .memory import build_writer
 from .rollout import Rollout, resolve_device, resolve_dtype, versions
 
@@ -80,12 +81,13 @@ def _state_parts(rollout: Rollout, scorer, progress: dict) -> dict:
 def _restore(rollout: Rollout, scorer, parts: dict, tensors: dict, device) -> dict:
     from .state import unpack
 
-    writer_state = unpack(parts["writer"], tensors, device)
+    # every tensor returns to the device it was saved from: host stores stay on the host
+    writer_state = unpack(parts["writer"], tensors)
     writer_state.pop("geometry")
     rollout.writer.__dict__.update(writer_state)
-    caches = unpack(parts["action_caches"], tensors, device)
+    caches = unpack(parts["action_caches"], tensors)
     rollout.state.mouse_kv, rollout.state.keyboard_kv = caches["mouse"], caches["keyboard"]
-    dec = unpack(parts["decoder"], tensors, device)
+    dec = unpack(parts["decoder"], tensors)
     rollout.decoder._cache, rollout.decoder._frames = dec["cache"], dec["frames"]
     tower = scorer.tower
     scorer.__dict__.update(unpack(parts["scorer"], tensors, "cpu"))
@@ -93,19 +95,34 @@ def _restore(rollout: Rollout, scorer, parts: dict, tensors: dict, device) -> di
     return unpack(parts["progress"], tensors)
 
 
-def _save(run_dir: Path, cfg: RunConfig, rollout: Rollout, scorer, progress: dict) -> None:
+def _save(run_dir: Path, cfg: RunConfig, rollout: Rollout, scorer, progress: dict, inputs: dict) -> None:
     from .state import save_state
 
-    save_state(run_dir / STATE_DIR, {"config": cfg.to_dict(), "next_chunk": rollout.chunk, "version": 1},
-               _state_parts(rollout, scorer, progress))
+    save_state(run_dir / STATE_DIR, {"config": cfg.to_dict(), "next_chunk": rollout.chunk, "version": 1,
+                                     "inputs": inputs}, _state_parts(rollout, scorer, progress))
+
+
+def _sha256(path: Path) -> str:
+    return hashlib.sha256(Path(path).read_bytes()).hexdigest()
 
 
 def resume_config(run_dir: str | Path) -> RunConfig:
-    """The RunConfig saved with a run's resume state. Raises InputError if there is none."""
-    from .state import load_state
+    """The RunConfig saved with a run's resume state.
 
-    meta, _, _ = load_state(Path(run_dir) / STATE_DIR)
-    return RunConfig.from_dict(meta["config"])
+    Raises:
+        InputError: no state, an unreadable one, or a folder whose run already completed.
+    """
+    from .state import load_meta
+
+    run_dir = Path(run_dir)
+    summary = run_dir / "summary.json"
+    if summary.is_file() and json.loads(summary.read_text() or "{}").get("status") == "complete":
+        raise InputError(f"{run_dir}: the run already completed; nothing to resume")
+    meta = load_meta(run_dir / STATE_DIR)
+    try:
+        return RunConfig.from_dict(meta["config"])
+    except (KeyError, TypeError, ValueError) as exc:
+        raise InputError(f"{run_dir}: resume state from another worldtrace version ({type(exc).__name__}: {exc})") from None
 
 
 def run_generation(cfg: RunConfig, resume: bool = False) -> dict:
@@ -125,13 +142,17 @@ def run_generation(cfg: RunConfig, resume: bool = False) -> dict:
     from .model.conditioning import build_conditioning, load_image, preprocess_image
     from .model.sampler import FlowMatchSchedule
     from .model.vae import StreamingDecoder
-    from .outputs import (JsonlWriter, VideoStreamWriter, concat_videos, prepare_run_dir, read_jsonl,
-                          truncate_video, write_json_atomic)
+    from .outputs import (JsonlWriter, VideoStreamWriter, concat_videos, prepare_run_dir, probe_video,
+                          read_jsonl, truncate_video, write_json_atomic)
     from .state import load_state
     from .timeline import plot_cache_timeline
     from .trajectory import chunk_rows, frames_for_chunks, load_trajectory, plan_actions
 
     started = time.time()
+    if not resume:  # absolute paths: a resume may start from another working directory
+        cfg = replace(cfg, trajectory=Path(cfg.trajectory).resolve(), output=Path(cfg.output).resolve(),
+                      image=None if cfg.image is None else Path(cfg.image).resolve(),
+                      checkpoint=None if cfg.checkpoint is None else Path(cfg.checkpoint).resolve())
     preset = cfg.preset
     traj = load_trajectory(cfg.trajectory)
     if traj.mode != preset.mode:
@@ -145,6 +166,9 @@ def run_generation(cfg: RunConfig, resume: bool = False) -> dict:
         raise InputError(f"{cfg.trajectory}: no conditioning image: pass --image or set `image:` in the trajectory")
     pil_image = load_image(image_path)
     seed = cfg.seed if cfg.seed is not None else (traj.seed if traj.seed is not None else 0)
+    if seed < 0:
+        raise InputError(f"--seed: must be >= 0, got {seed}")
+    inputs = {"trajectory_sha256": _sha256(cfg.trajectory), "image_sha256": _sha256(image_path)}
     writer = build_writer(cfg.memory, preset.dit.local_attn_size - preset.frames_per_chunk)
     device = resolve_device(cfg.device)
     dtype = resolve_dtype(cfg.dtype, device)
@@ -176,12 +200,22 @@ def run_generation(cfg: RunConfig, resume: bool = False) -> dict:
     start = 0
     if resume:
         meta, parts, tensors = load_state(run_dir / STATE_DIR)
-        progress = _restore(rollout, scorer, parts, tensors, device)
-        rollout.chunk = start = meta["next_chunk"]
+        if meta.get("inputs") != inputs:
+            raise InputError(f"{run_dir}: the trajectory or image changed since the run started; "
+                             f"resume would not continue the same video (use --overwrite to start again)")
+        start = meta["next_chunk"]
+        (run_dir / "summary.json").unlink(missing_ok=True)
         # cut the video and records back to the saved chunk: the chunks after it are regenerated
         concat_videos([video_path, run_dir / VIDEO_PART], video_path)  # a part left by an earlier resume
         truncate_video(video_path, frames_for_chunks(start))
         records = [r for r in read_jsonl(run_dir / "chunks.jsonl") if r["chunk"] < start]
+        have = probe_video(video_path)["frames"] if video_path.is_file() else 0
+        if [r["chunk"] for r in records] != list(range(start)) or have != frames_for_chunks(start):
+            raise OutputError(f"{run_dir}: the video ({have} frames) or chunks.jsonl ({len(records)} records) "
+                              f"lost chunks before the saved chunk {start}; cannot resume exactly "
+                              f"(use --overwrite to start again)")
+        progress = _restore(rollout, scorer, parts, tensors, device)
+        rollout.chunk = start
         tmp = run_dir / "chunks.jsonl.tmp"
         tmp.write_text("".join(json.dumps(r) + "\n" for r in records))
         tmp.replace(run_dir / "chunks.jsonl")
@@ -216,7 +250,7 @@ def run_generation(cfg: RunConfig, resume: bool = False) -> dict:
                 bar.update(1)
                 last = c == plan.num_chunks - 1
                 if not last and (stop.signal is not None or (cfg.save_every and (c + 1) % cfg.save_every == 0)):
-                    _save(run_dir, cfg, rollout, scorer, progress)
+                    _save(run_dir, cfg, rollout, scorer, progress, inputs)
                 if stop.signal is not None and not last:
                     stopped = c
                     break
@@ -260,5 +294,6 @@ def run_generation(cfg: RunConfig, resume: bool = False) -> dict:
         },
     }
     write_json_atomic(run_dir / "summary.json", summary)
-    shutil.rmtree(run_dir / STATE_DIR, ignore_errors=True)
+    for leftover in (STATE_DIR, STATE_DIR + ".old", STATE_DIR + ".tmp"):
+        shutil.rmtree(run_dir / leftover, ignore_errors=True)
     return summary

@@ -22,7 +22,7 @@ from typing import Any
 
 import torch
 
-from .errors import InputError
+from .errors import InputError, OutputError
 
 _PACKAGE = "worldtrace_cli."
 
@@ -30,8 +30,15 @@ _PACKAGE = "worldtrace_cli."
 def pack(obj: Any, tensors: dict[str, torch.Tensor], prefix: str = "t") -> Any:
     """JSON-able tree of ``obj``; tensors are moved to CPU, made contiguous and stored in ``tensors``."""
     if isinstance(obj, torch.Tensor):
-        key = f"{prefix}{len(tensors)}"
-        tensors[key] = obj.detach().to("cpu").contiguous().clone()
+        t = obj.detach().to("cpu").contiguous()
+        alias = ("alias", t.data_ptr(), tuple(t.shape), tuple(t.stride()), t.dtype)
+        key = tensors.get(alias)  # the same tensor referenced twice is stored once (and shared again)
+        if key is None:
+            if t.untyped_storage().nbytes() != t.numel() * t.element_size():
+                t = t.clone()  # a view (e.g. one frame of a chunk): safetensors needs unshared storage
+            key = f"{prefix}{sum(isinstance(k, str) for k in tensors)}"
+            tensors[key] = t
+            tensors[alias] = key  # type: ignore[assignment]  (removed before saving)
         return {"__tensor__": key, "device": str(obj.device)}
     if obj is None or isinstance(obj, (bool, int, float, str)):
         return obj
@@ -63,8 +70,10 @@ def pack(obj: Any, tensors: dict[str, torch.Tensor], prefix: str = "t") -> Any:
 
 
 def unpack(tree: Any, tensors: dict[str, torch.Tensor], device: torch.device | str | None = None) -> Any:
-    """Inverse of :func:`pack`. Tensors go to ``device`` when given, else to the device they came from
-    (falling back to CPU when that device is absent)."""
+    """Inverse of :func:`pack`. Tensors go back to the device they came from (host stores stay on
+    the host; ``cuda:N`` maps to the current CUDA device, or to CPU without one); ``device`` forces
+    one device for everything. Objects with a ``_restored()`` method get it called after restore
+    (to re-create process-bound attributes)."""
     if isinstance(tree, list):
         return [unpack(x, tensors, device) for x in tree]
     if not isinstance(tree, dict):
@@ -72,8 +81,8 @@ def unpack(tree: Any, tensors: dict[str, torch.Tensor], device: torch.device | s
     if "__tensor__" in tree:
         t = tensors[tree["__tensor__"]]
         target = device if device is not None else tree.get("device", "cpu")
-        if str(target).startswith("cuda") and not torch.cuda.is_available():
-            target = "cpu"
+        if str(target).startswith("cuda"):
+            target = "cuda" if torch.cuda.is_available() else "cpu"
         return t.to(target)
     if "__path__" in tree:
         return Path(tree["__path__"])
@@ -103,6 +112,8 @@ def unpack(tree: Any, tensors: dict[str, torch.Tensor], device: torch.device | s
                 object.__setattr__(obj, k, v)
         else:
             obj.__dict__.update(state)
+        if hasattr(obj, "_restored"):
+            obj._restored()
         return obj
     raise InputError(f"resume state: unknown entry {sorted(tree)[:3]}")
 
@@ -117,12 +128,21 @@ def save_state(folder: str | Path, meta: dict, parts: dict[str, Any]) -> None:
 
     folder = Path(folder)
     tmp = folder.with_name(folder.name + ".tmp")
-    shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir(parents=True)
     tensors: dict[str, torch.Tensor] = {}
     tree = {name: pack(value, tensors, prefix=f"{name}.") for name, value in parts.items()}
-    save_file(tensors, str(tmp / "state.safetensors"))
-    (tmp / "state.json").write_text(json.dumps({"meta": meta, "parts": tree}))
+    try:
+        shutil.rmtree(tmp, ignore_errors=True)
+        tmp.mkdir(parents=True)
+        save_file({k: v for k, v in tensors.items() if isinstance(k, str)}, str(tmp / "state.safetensors"))
+        (tmp / "state.json").write_text(json.dumps({"meta": meta, "parts": tree}))
+        _commit_state(tmp, folder)
+    except Exception as exc:  # disk full, permissions: the previous state stays current
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise OutputError(f"{folder}: cannot save the resume state ({type(exc).__name__}: "
+                          f"{' '.join(str(exc).split())[:200]})") from None
+
+
+def _commit_state(tmp: Path, folder: Path) -> None:
     for f in tmp.iterdir():  # on disk before the rename makes the state current
         fd = os.open(f, os.O_RDONLY)
         try:
@@ -137,6 +157,24 @@ def save_state(folder: str | Path, meta: dict, parts: dict[str, Any]) -> None:
     shutil.rmtree(old, ignore_errors=True)
 
 
+def load_meta(folder: str | Path) -> dict:
+    """The ``meta`` of a saved state without reading its tensors. Raises InputError."""
+    folder = _state_folder(Path(folder))
+    try:
+        return json.loads((folder / "state.json").read_text())["meta"]
+    except (OSError, ValueError, KeyError) as exc:
+        raise InputError(f"{folder}: resume state is unreadable ({type(exc).__name__})") from None
+
+
+def _state_folder(folder: Path) -> Path:
+    if (folder / "state.json").is_file():
+        return folder
+    old = folder.with_name(folder.name + ".old")  # killed between the two renames of save_state
+    if (old / "state.json").is_file():
+        return old
+    raise InputError(f"{folder}: no saved state to resume from")
+
+
 def load_state(folder: str | Path) -> tuple[dict, dict[str, Any], dict[str, torch.Tensor]]:
     """(meta, packed parts, tensors) of a saved state; unpack parts with :func:`unpack`.
 
@@ -145,13 +183,7 @@ def load_state(folder: str | Path) -> tuple[dict, dict[str, Any], dict[str, torc
     """
     from safetensors.torch import load_file
 
-    folder = Path(folder)
-    if not (folder / "state.json").is_file():
-        old = folder.with_name(folder.name + ".old")  # killed between the two renames of save_state
-        if (old / "state.json").is_file():
-            folder = old
-        else:
-            raise InputError(f"{folder}: no saved state to resume from")
+    folder = _state_folder(Path(folder))
     try:
         doc = json.loads((folder / "state.json").read_text())
         tensors = load_file(str(folder / "state.safetensors"))

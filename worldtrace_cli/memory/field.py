@@ -88,11 +88,17 @@ class FieldSummary(SummaryMemory):
         if self.spill_dir is not None:
             try:
                 os.makedirs(self.spill_dir, exist_ok=True)
-                self._dir = Path(tempfile.mkdtemp(prefix="field-", dir=self.spill_dir))
+                self._dir = Path(tempfile.mkdtemp(prefix="field-", dir=self.spill_dir)).resolve()
             except OSError as err:
                 raise OutputError(f"--spill-dir {self.spill_dir}: {err.strerror or err}") from err
             self._cleanup = weakref.finalize(self, shutil.rmtree, self._dir, True)
             self._cleanup.atexit = False  # an interrupted run keeps its spilled frames for --resume
+
+    def _restored(self) -> None:
+        """After a resume: the spill folder again belongs to this process (deleted with the writer)."""
+        if self._dir is not None:
+            self._cleanup = weakref.finalize(self, shutil.rmtree, self._dir, True)
+            self._cleanup.atexit = False
 
     def evict(self, frame_id: int, frame_kv: FrameKV) -> None:
         if self.num_slots == 0:

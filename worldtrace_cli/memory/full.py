@@ -1,7 +1,9 @@
 """``full``: every past latent frame verbatim at its actual position (O(N) memory).
 
 The unbounded baseline: nothing is forgotten, but offsets leave the trained range (paper §2.1).
-It refuses, with exit code 5, before its KV cache would exceed ``--max-cache-gb``.
+It refuses, with exit code 5, before its KV cache would exceed ``--max-cache-gb``, counting the
+three copies a chunk holds at once (stored frames, their concatenation for the read, the rotated
+attention buffer).
 """
 
 from __future__ import annotations
@@ -42,7 +44,8 @@ class FullWriter(CacheWriter):
 
     def commit(self, layers_kv: Sequence[tuple[torch.Tensor, torch.Tensor]], frame_ids: Sequence[int]) -> None:
         cap = self.config.max_cache_gb * 1e9
-        needed = (len(self._ids) + len(frame_ids)) * self.frame_bytes()
+        # the stored frames, their per-chunk concatenation and the rotated attention buffer: 3 copies
+        needed = 3 * (len(self._ids) + len(frame_ids)) * self.frame_bytes()
         if needed > cap:
             raise RunError(f"--cache {self.name}: the KV cache would reach {needed / 1e9:.2f} GB at latent frame "
                            f"{frame_ids[-1]}, over --max-cache-gb {self.config.max_cache_gb:g}; use a bounded "

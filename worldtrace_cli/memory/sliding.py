@@ -40,7 +40,8 @@ class SlidingWriter(CacheWriter):
             return
         t = self.geometry.tokens_per_frame
         for layer, (k, v) in enumerate(layers_kv):
-            for i in range(len(frame_ids)):
-                self._k[layer].append(k[:, i * t:(i + 1) * t])
-                self._v[layer].append(v[:, i * t:(i + 1) * t])
-        self._frames.extend(frame_ids)
+            # keep only the newest `budget` frames, copied so no view pins its chunk's whole K/V
+            for i in range(max(0, len(frame_ids) - self.budget), len(frame_ids)):
+                self._k[layer].append(k[:, i * t:(i + 1) * t].clone())
+                self._v[layer].append(v[:, i * t:(i + 1) * t].clone())
+        self._frames.extend(frame_ids[max(0, len(frame_ids) - self.budget):])
