@@ -124,8 +124,8 @@ class ActionModule(nn.Module):
             x = x + self.proj_mouse(out.transpose(0, 1).reshape(1, n, -1))
             if commit:
                 _push(mouse_kv, k, v, window - f)
-        emb = self.keyboard_embed(keyboard[0].to(x.dtype))                     # [R, hidden]
-        kv = self.keyboard_attn_kv(emb[idx].reshape(1, f, -1))                 # [1, F, 2C]
+        emb = self.keyboard_embed(keyboard[0, idx].to(x.dtype))                # [F, 12, hidden]: rows read only
+        kv = self.keyboard_attn_kv(emb.reshape(1, f, -1))                      # [1, F, 2C]
         k, v = kv.view(1, f, 2, h, -1).unbind(2)
         k = _rms(k)
         q = _rms(self.mouse_attn_q(x).view(f, s, h, -1)).transpose(0, 1)       # [S, F, H, d]
