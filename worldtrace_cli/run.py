@@ -255,13 +255,19 @@ def run_generation(cfg: RunConfig, resume: bool = False) -> dict:
                     stopped = c
                     break
     finally:
-        bar.close()
-        jsonl.close()
-        video.close()
+        failing = sys.exc_info()[1] is not None  # then a closing error must not hide the real one
+        steps = [bar.close, jsonl.close, video.close]
         if start:
-            concat_videos([video_path, run_dir / VIDEO_PART], video_path)
+            steps.append(lambda: concat_videos([video_path, run_dir / VIDEO_PART], video_path))
         if records:
-            plot_cache_timeline(records, run_dir / "cache_timeline.png")
+            steps.append(lambda: plot_cache_timeline(records, run_dir / "cache_timeline.png"))
+        for step in steps:
+            try:
+                step()
+            except Exception as exc:
+                if not failing:
+                    raise
+                log.warning(f"while stopping: {exc}")
     if stopped is not None:
         raise Interrupted(f"interrupted after chunk {stopped} of {plan.num_chunks}; every finished chunk is in "
                           f"{run_dir}; resume with: worldtrace generate --resume {run_dir}")
