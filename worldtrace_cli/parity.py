@@ -122,6 +122,7 @@ def compare(folder: str | Path) -> dict[str, float]:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """CLI entry: replay ``argv[0]``; returns the exit code (0 within 1e-4, 1 above, 2 on bad input)."""
     argv = sys.argv[1:] if argv is None else argv
     if len(argv) != 1:
         print("usage: python -m worldtrace_cli.parity FIXTURE_DIR", file=sys.stderr)

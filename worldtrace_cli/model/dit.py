@@ -113,6 +113,7 @@ class RMSNorm(nn.Module):
         self.weight = nn.Parameter(torch.ones(dim))
 
     def forward(self, x):
+        """x [..., D] any float dtype -> same shape and dtype."""
         xf = x.float()
         return (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)).type_as(x) * self.weight
 
@@ -137,6 +138,11 @@ class SelfAttention(nn.Module):
         self.norm_q, self.norm_k = RMSNorm(dim, eps), RMSNorm(dim, eps)
 
     def forward(self, x, layer: int, chunk: ChunkInputs, rope: MainRope, grid: tuple[int, int, int], commit: bool):
+        """x [1, F*S, D] (modulated, normed tokens) -> [1, F*S, D] after the output projection.
+
+        ``grid`` = (F, h, w) with S = h*w. Attends over this layer's [past slots | current chunk]
+        buffer; with ``commit`` appends this chunk's canonical (k, v) [1, F*S, H, d] to ``chunk.committed``.
+        """
         b, n, d = x.shape
         f, gh, gw = grid
         q = self.norm_q(self.q(x)).view(b, n, self.heads, -1)
@@ -165,11 +171,13 @@ class CrossAttention(nn.Module):
         self.norm_q, self.norm_k = RMSNorm(dim, eps), RMSNorm(dim, eps)
 
     def context_kv(self, ctx):
+        """Projected CLIP context [1, 257, D] -> (k, v) [1, H, 257, d], computed once per rollout."""
         b, m, _ = ctx.shape
         return (self.norm_k(self.k(ctx)).view(b, m, self.heads, -1).transpose(1, 2),
                 self.v(ctx).view(b, m, self.heads, -1).transpose(1, 2))
 
     def forward(self, x, kv):
+        """x [1, N, D] -> [1, N, D], attending to the context ``kv`` from :meth:`context_kv`."""
         b, n, d = x.shape
         q = self.norm_q(self.q(x)).view(b, n, self.heads, -1).transpose(1, 2)
         out = F.scaled_dot_product_attention(q, kv[0], kv[1])
@@ -193,6 +201,7 @@ class Block(nn.Module):
                              if index in cfg.action_config.blocks else None)
 
     def forward(self, x, e0, layer, chunk, rope, grid, commit):
+        """x [1, F*S, D], e0 [1, F, 6, D] (time projection) -> [1, F*S, D] (spec §5.4)."""
         b, n, d = x.shape
         f = grid[0]
         m = (self.modulation.float().unsqueeze(1) + e0.float()).chunk(6, dim=2)  # six [B, F, 1, D]
@@ -222,6 +231,7 @@ class Head(nn.Module):
         self.head = nn.Linear(cfg.dim, cfg.out_dim * 4)
 
     def forward(self, x, e, frames):
+        """x [1, F*S, D], e [1, F, D] (time embedding) -> [1, F, S, 64] (patch outputs, spec §5.5)."""
         b, n, d = x.shape
         shift, scale = (self.modulation.float().unsqueeze(1) + e.float().unsqueeze(2)).chunk(2, dim=2)
         h = (self.norm(x).view(b, frames, -1, d).float() * (1 + scale) + shift).type_as(x)
@@ -237,6 +247,7 @@ class MLPProj(nn.Module):
                                   nn.Linear(in_dim, out_dim), nn.LayerNorm(out_dim, eps=1e-5))
 
     def forward(self, x):
+        """CLIP tokens [1, 257, clip_dim] -> [1, 257, D]."""
         return self.proj(x)
 
 
