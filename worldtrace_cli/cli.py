@@ -120,9 +120,18 @@ def generate(trajectory, preset, checkpoint, random_weights, image, chunks, seed
     from .rollout import generate as run_generate
     from .trajectory import load_trajectory
 
+    ctx = click.get_current_context()
+
     def build_and_run():
         if resume_dir is not None:
             from dataclasses import replace
+
+            given = [f"--{name.replace('_', '-')}" for name, value in ctx.params.items()
+                     if name not in ("resume_dir", "no_progress") and value is not None
+                     and ctx.get_parameter_source(name) == click.core.ParameterSource.COMMANDLINE]
+            if given:
+                logging.getLogger("worldtrace").warning(
+                    f"--resume continues the run with its own settings; ignored: {', '.join(given)}")
 
             from .run import resume_config
 
