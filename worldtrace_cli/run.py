@@ -228,9 +228,10 @@ def run_generation(cfg: RunConfig, resume: bool = False) -> dict:
     jsonl = JsonlWriter(run_dir / "chunks.jsonl", append=True)
     bar = tqdm(total=plan.num_chunks, initial=start, unit="chunk", file=sys.stderr, disable=not cfg.progress,
                desc=writer.name)
-    stopped = None
+    stop = _StopFlag().__enter__()  # held until the summary is written: a late Ctrl-C finishes cleanly
     try:
-        with _StopFlag() as stop:
+        stopped = None
+        try:
             for c in range(start, plan.num_chunks):
                 out = rollout.step()
                 video.write(out.frames)
@@ -254,52 +255,54 @@ def run_generation(cfg: RunConfig, resume: bool = False) -> dict:
                 if stop.signal is not None and not last:
                     stopped = c
                     break
+        finally:
+            failing = sys.exc_info()[1] is not None  # then a closing error must not hide the real one
+            steps = [bar.close, jsonl.close, video.close]
+            if start:
+                steps.append(lambda: concat_videos([video_path, run_dir / VIDEO_PART], video_path))
+            if records:
+                steps.append(lambda: plot_cache_timeline(records, run_dir / "cache_timeline.png"))
+            for step in steps:
+                try:
+                    step()
+                except Exception as exc:
+                    if not failing:
+                        raise
+                    log.warning(f"while stopping: {exc}")
+        if stopped is not None:
+            raise Interrupted(f"interrupted after chunk {stopped} of {plan.num_chunks}; every finished chunk is in "
+                              f"{run_dir}; resume with: worldtrace generate --resume {run_dir}")
+        gen_s = sum(totals.values())
+        frames_total = frames_for_chunks(plan.num_chunks)
+        summary = {
+            "status": "complete",
+            "run_dir": str(run_dir),
+            "command": sys.argv,
+            "config": cfg.to_dict(),
+            "resolved": {"seed": seed, "device": str(device), "dtype": str(dtype).replace("torch.", ""),
+                         "trajectory": str(Path(cfg.trajectory).resolve()), "waypoints": plan.waypoints,
+                         "chunks": plan.num_chunks, "image": str(image_path), "notes": plan.notes,
+                         "resumed_at_chunk": start or None},
+            "checkpoint": world.files,
+            "versions": versions(),
+            "cache": {**writer.describe(), "kv_bytes": writer.kv_bytes(), "host_bytes": writer.host_bytes()},
+            "metrics": scorer.summary(plan),
+            "totals": {
+                "chunks": plan.num_chunks,
+                "latent_frames": plan.num_chunks * preset.frames_per_chunk,
+                "pixel_frames": frames_total,
+                "seconds": {"load": round(load_s, 3), "conditioning": round(cond_s, 3),
+                            **{k: round(v, 3) for k, v in totals.items()}, "generate": round(gen_s, 3),
+                            "wall": round(time.time() - started, 3)},
+                "seconds_per_chunk": round(gen_s / plan.num_chunks, 4),
+                "fps": round(frames_total / gen_s, 3) if gen_s else None,
+                "peak_rss_bytes": peak["rss_bytes"],
+                "gpu_peak_bytes": peak["gpu_peak_bytes"] if device.type == "cuda" else None,
+            },
+        }
+        write_json_atomic(run_dir / "summary.json", summary)
+        for leftover in (STATE_DIR, STATE_DIR + ".old", STATE_DIR + ".tmp"):
+            shutil.rmtree(run_dir / leftover, ignore_errors=True)
+        return summary
     finally:
-        failing = sys.exc_info()[1] is not None  # then a closing error must not hide the real one
-        steps = [bar.close, jsonl.close, video.close]
-        if start:
-            steps.append(lambda: concat_videos([video_path, run_dir / VIDEO_PART], video_path))
-        if records:
-            steps.append(lambda: plot_cache_timeline(records, run_dir / "cache_timeline.png"))
-        for step in steps:
-            try:
-                step()
-            except Exception as exc:
-                if not failing:
-                    raise
-                log.warning(f"while stopping: {exc}")
-    if stopped is not None:
-        raise Interrupted(f"interrupted after chunk {stopped} of {plan.num_chunks}; every finished chunk is in "
-                          f"{run_dir}; resume with: worldtrace generate --resume {run_dir}")
-    gen_s = sum(totals.values())
-    frames_total = frames_for_chunks(plan.num_chunks)
-    summary = {
-        "status": "complete",
-        "run_dir": str(run_dir),
-        "command": sys.argv,
-        "config": cfg.to_dict(),
-        "resolved": {"seed": seed, "device": str(device), "dtype": str(dtype).replace("torch.", ""),
-                     "trajectory": str(Path(cfg.trajectory).resolve()), "waypoints": plan.waypoints,
-                     "chunks": plan.num_chunks, "image": str(image_path), "notes": plan.notes,
-                     "resumed_at_chunk": start or None},
-        "checkpoint": world.files,
-        "versions": versions(),
-        "cache": {**writer.describe(), "kv_bytes": writer.kv_bytes(), "host_bytes": writer.host_bytes()},
-        "metrics": scorer.summary(plan),
-        "totals": {
-            "chunks": plan.num_chunks,
-            "latent_frames": plan.num_chunks * preset.frames_per_chunk,
-            "pixel_frames": frames_total,
-            "seconds": {"load": round(load_s, 3), "conditioning": round(cond_s, 3),
-                        **{k: round(v, 3) for k, v in totals.items()}, "generate": round(gen_s, 3),
-                        "wall": round(time.time() - started, 3)},
-            "seconds_per_chunk": round(gen_s / plan.num_chunks, 4),
-            "fps": round(frames_total / gen_s, 3) if gen_s else None,
-            "peak_rss_bytes": peak["rss_bytes"],
-            "gpu_peak_bytes": peak["gpu_peak_bytes"] if device.type == "cuda" else None,
-        },
-    }
-    write_json_atomic(run_dir / "summary.json", summary)
-    for leftover in (STATE_DIR, STATE_DIR + ".old", STATE_DIR + ".tmp"):
-        shutil.rmtree(run_dir / leftover, ignore_errors=True)
-    return summary
+        stop.__exit__(None, None, None)
