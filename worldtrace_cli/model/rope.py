@@ -151,16 +151,24 @@ def yarn_frequency_scale(omega: torch.Tensor, trained_frames: float, scale: floa
     return (1 - ramp) / max(1.0, scale) + ramp
 
 
+_ACTION_ANGLES: dict[tuple, tuple[torch.Tensor, torch.Tensor]] = {}
+
+
 def action_rope(x: torch.Tensor, positions: torch.Tensor, theta: float = ACTION_ROPE_THETA) -> torch.Tensor:
     """Action-module RoPE (MG2 spec §6.2) on ``x`` [..., T, H_a, 64] at latent-frame ``positions`` [T].
 
     Rotates channels 0..7 as four interleaved pairs with ``omega_j = 256 ** (-2j/8)`` (1, 1/4, 1/16,
     1/64) in float32 and casts back; channels 8..63 are untouched (their h/w grid has one position).
     """
-    omega = theta ** (-torch.arange(0, ACTION_ROPE_CHANNELS, 2, dtype=torch.float32, device="cpu")
-                      / ACTION_ROPE_CHANNELS)
-    ang = torch.outer(positions.to(torch.float32).cpu(), omega).to(x.device)
-    cos, sin = ang.cos()[:, None, :], ang.sin()[:, None, :]
+    key = (tuple(positions.tolist()), str(x.device), theta)
+    if key not in _ACTION_ANGLES:  # a handful of distinct windows per rollout, reused by every call
+        omega = theta ** (-torch.arange(0, ACTION_ROPE_CHANNELS, 2, dtype=torch.float32, device="cpu")
+                          / ACTION_ROPE_CHANNELS)
+        ang = torch.outer(positions.to(torch.float32).cpu(), omega).to(x.device)
+        if len(_ACTION_ANGLES) > 64:
+            _ACTION_ANGLES.clear()
+        _ACTION_ANGLES[key] = (ang.cos()[:, None, :], ang.sin()[:, None, :])
+    cos, sin = _ACTION_ANGLES[key]
     out = x.clone()
     out[..., :ACTION_ROPE_CHANNELS] = _rotate_pairs(x[..., :ACTION_ROPE_CHANNELS].float(), cos, sin).to(x.dtype)
     return out
