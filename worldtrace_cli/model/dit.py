@@ -98,7 +98,7 @@ class ChunkInputs:
             kbuf = p.k.new_empty((b, length + current_tokens, h, d), dtype=dtype)
             vbuf = torch.empty_like(kbuf)
             if length:
-                kbuf[:, :length] = rope.rotate_slots(p.k, p.positions, self.temporal_freq_scale)
+                rope.rotate_slots(p.k, p.positions, self.temporal_freq_scale, out=kbuf[:, :length])
                 vbuf[:, :length] = p.v
             self._buffers[layer] = (kbuf, vbuf)
         return self._buffers[layer]
@@ -128,14 +128,18 @@ class FloatLayerNorm(nn.LayerNorm):
         return F.layer_norm(x.float(), self.normalized_shape, weight, bias, self.eps).type_as(x)
 
 
-class SelfAttention(nn.Module):
-    """Causal self-attention of a block over [past slots | current chunk] (spec §5.1, design §3)."""
+class _Projections(nn.Module):
+    """q, k, v, o Linear(D, D) with bias and RMSNorm of q and k over all heads (Wan attention, spec §3)."""
 
     def __init__(self, dim: int, heads: int, eps: float):
         super().__init__()
         self.heads = heads
         self.q, self.k, self.v, self.o = (nn.Linear(dim, dim) for _ in range(4))
         self.norm_q, self.norm_k = RMSNorm(dim, eps), RMSNorm(dim, eps)
+
+
+class SelfAttention(_Projections):
+    """Causal self-attention of a block over [past slots | current chunk] (spec §5.1, design §3)."""
 
     def forward(self, x, layer: int, chunk: ChunkInputs, rope: MainRope, grid: tuple[int, int, int], commit: bool):
         """x [1, F*S, D] (modulated, normed tokens) -> [1, F*S, D] after the output projection.
@@ -153,22 +157,16 @@ class SelfAttention(nn.Module):
         if commit:
             chunk.committed.append((k, v))
         pos, angles = chunk.current_angles(rope, f, gh * gw, x.device)
-        q = rope.apply_temporal(q, pos, angles=angles)
+        rope.apply_temporal(q, pos, angles=angles, out=q)  # q is this call's own tensor: rotate in place
         kbuf, vbuf = chunk.kv_buffer(layer, rope, n, k.dtype)
-        kbuf[:, -n:] = rope.apply_temporal(k, pos, angles=angles)
+        rope.apply_temporal(k, pos, angles=angles, out=kbuf[:, -n:])  # k stays canonical for the commit
         vbuf[:, -n:] = v
         out = F.scaled_dot_product_attention(q.transpose(1, 2), kbuf.transpose(1, 2), vbuf.transpose(1, 2))
         return self.o(out.transpose(1, 2).reshape(b, n, d))
 
 
-class CrossAttention(nn.Module):
+class CrossAttention(_Projections):
     """i2v cross-attention on the projected CLIP tokens, no RoPE, no mask (spec §5.2)."""
-
-    def __init__(self, dim: int, heads: int, eps: float):
-        super().__init__()
-        self.heads = heads
-        self.q, self.k, self.v, self.o = (nn.Linear(dim, dim) for _ in range(4))
-        self.norm_q, self.norm_k = RMSNorm(dim, eps), RMSNorm(dim, eps)
 
     def context_kv(self, ctx):
         """Projected CLIP context [1, 257, D] -> (k, v) [1, H, 257, d], computed once per rollout."""

@@ -103,22 +103,28 @@ class MainRope:
         return out
 
     def apply_temporal(self, x: torch.Tensor, token_positions: torch.Tensor,
-                       freq_scale: torch.Tensor | None = None, angles=None) -> torch.Tensor:
+                       freq_scale: torch.Tensor | None = None, angles=None,
+                       out: torch.Tensor | None = None) -> torch.Tensor:
         """Rotate the temporal channels of ``x`` [B, L, H, D] at ``token_positions`` [L] (latent frames).
 
         float64 rotation, cast back to ``x.dtype``. Only the ``t_ch`` temporal channels are computed.
         ``angles``: precomputed ``temporal_angles(token_positions, freq_scale)`` already on ``x``'s
-        device (a chunk reuses them for every layer and call).
+        device (a chunk reuses them for every layer and call). ``out``: write the result there (it
+        may be ``x`` itself, or a slice of an attention buffer) instead of a new tensor, saving a copy.
         """
         cos, sin = angles if angles is not None else self.temporal_angles(token_positions, freq_scale)
         cos = cos.to(x.device)[None, :, None, :]
         sin = sin.to(x.device)[None, :, None, :]
-        out = x.clone()
-        out[..., : self.t_ch] = _rotate_pairs(x[..., : self.t_ch].double(), cos, sin).to(x.dtype)
+        rotated = _rotate_pairs(x[..., : self.t_ch].double(), cos, sin)
+        if out is None:
+            out = x.clone()
+        elif out is not x:
+            out[..., self.t_ch:] = x[..., self.t_ch:]
+        out[..., : self.t_ch] = rotated.to(out.dtype)
         return out
 
     def rotate_slots(self, k_canon: torch.Tensor, slot_positions: torch.Tensor,
-                     freq_scale: torch.Tensor | None = None) -> torch.Tensor:
+                     freq_scale: torch.Tensor | None = None, out: torch.Tensor | None = None) -> torch.Tensor:
         """Rotate canonical keys of whole cache slots to their virtual positions.
 
         Args:
@@ -133,7 +139,7 @@ class MainRope:
         if num_slots == 0:
             return k_canon
         tokens_per_slot = k_canon.shape[1] // num_slots
-        return self.apply_temporal(k_canon, slot_positions.repeat_interleave(tokens_per_slot), freq_scale)
+        return self.apply_temporal(k_canon, slot_positions.repeat_interleave(tokens_per_slot), freq_scale, out=out)
 
 
 def yarn_frequency_scale(omega: torch.Tensor, trained_frames: float, scale: float,
