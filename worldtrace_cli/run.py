@@ -70,15 +70,14 @@ class _StopFlag:
 
 
 def _state_parts(rollout: Rollout, scorer, progress: dict) -> dict:
-    decoder = rollout.decoder
     return {"writer": rollout.writer.__dict__ | {"geometry": None},
             "action_caches": {"mouse": rollout.state.mouse_kv, "keyboard": rollout.state.keyboard_kv},
-            "decoder": {"cache": decoder._cache, "frames": decoder._frames},
+            "decoder": rollout.decoder.state(),
             "scorer": scorer.__dict__ | {"tower": None},
             "progress": progress}
 
 
-def _restore(rollout: Rollout, scorer, parts: dict, tensors: dict, device) -> dict:
+def _restore(rollout: Rollout, scorer, parts: dict, tensors: dict) -> dict:
     from .state import unpack
 
     # every tensor returns to the device it was saved from: host stores stay on the host
@@ -88,7 +87,7 @@ def _restore(rollout: Rollout, scorer, parts: dict, tensors: dict, device) -> di
     caches = unpack(parts["action_caches"], tensors)
     rollout.state.mouse_kv, rollout.state.keyboard_kv = caches["mouse"], caches["keyboard"]
     dec = unpack(parts["decoder"], tensors)
-    rollout.decoder._cache, rollout.decoder._frames = dec["cache"], dec["frames"]
+    rollout.decoder.load_state(dec)
     tower = scorer.tower
     scorer.__dict__.update(unpack(parts["scorer"], tensors, "cpu"))
     scorer.tower = tower
@@ -214,7 +213,7 @@ def run_generation(cfg: RunConfig, resume: bool = False) -> dict:
             raise OutputError(f"{run_dir}: the video ({have} frames) or chunks.jsonl ({len(records)} records) "
                               f"lost chunks before the saved chunk {start}; cannot resume exactly "
                               f"(use --overwrite to start again)")
-        progress = _restore(rollout, scorer, parts, tensors, device)
+        progress = _restore(rollout, scorer, parts, tensors)
         rollout.chunk = start
         tmp = run_dir / "chunks.jsonl.tmp"
         tmp.write_text("".join(json.dumps(r) + "\n" for r in records))

@@ -208,6 +208,17 @@ class StreamingDecoder:
         self._cache: list = [None] * self._num_convs
         self._frames = 0
 
+    def state(self) -> dict:
+        """The causal feature cache (per decoder conv: a tensor of at most 2 frames of features, None,
+        or diffusers' ``"Rep"`` marker) and the frame count, for resume states."""
+        return {"cache": list(self._cache), "frames": self._frames}
+
+    def load_state(self, state: dict) -> None:
+        """Restore :meth:`state`. Raises ValueError when it belongs to a different decoder layout."""
+        if len(state["cache"]) != self._num_convs:
+            raise ValueError(f"decoder state has {len(state['cache'])} cache entries, expected {self._num_convs}")
+        self._cache, self._frames = list(state["cache"]), int(state["frames"])
+
     @property
     def frames_decoded(self) -> int:
         """Pixel frames produced since the last :meth:`reset`."""
