@@ -114,7 +114,7 @@ def generate(trajectory, preset, checkpoint, random_weights, image, chunks, seed
       worldtrace generate --preset tiny --image assets/images/mg2_universal_0000.png \\
           trajectories/aba.yaml --chunks 16 -o out/
     """
-    from .config import RunConfig, load_preset
+    from .config import RunConfig, default_preset_name, load_preset
     from .errors import InputError
     from .memory import MemoryConfig
     from .rollout import generate as run_generate
@@ -142,7 +142,7 @@ def generate(trajectory, preset, checkpoint, random_weights, image, chunks, seed
             raise InputError("missing TRAJECTORY (or --resume RUN_DIR); see worldtrace generate --help")
         name = preset
         if name is None:
-            name = f"mg2-{load_trajectory(trajectory).mode.replace('_', '-')}" if checkpoint else "tiny"
+            name = default_preset_name(load_trajectory(trajectory).mode, checkpoint)
             logging.getLogger("worldtrace").info(f"preset: {name}")
         out = output or Path("runs") / f"{trajectory.stem}-{cache.replace(':', '')}"
         cfg = RunConfig(preset=load_preset(name), trajectory=trajectory, output=out, image=image, chunks=chunks,

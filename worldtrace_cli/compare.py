@@ -184,7 +184,7 @@ def run_compare(trajectory: str | Path, caches: list[str], out_dir: str | Path, 
         holds a comparison or runs (without ``overwrite``); the errors of ``rollout.generate``.
     """
     from . import rollout
-    from .config import RunConfig, load_preset
+    from .config import RunConfig, default_preset_name, load_preset
     from .errors import InputError, OutputError
     from .memory import MemoryConfig, build_writer
     from .outputs import RUN_FILES, write_json_atomic
@@ -198,7 +198,7 @@ def run_compare(trajectory: str | Path, caches: list[str], out_dir: str | Path, 
         build_writer(MemoryConfig(cache=cache), 3)
     traj = load_trajectory(trajectory)
     plan = plan_actions(traj, chunks)
-    preset_obj = load_preset(preset or (f"mg2-{traj.mode.replace('_', '-')}" if checkpoint else "tiny"))
+    preset_obj = load_preset(preset or default_preset_name(traj.mode, checkpoint))
     if not overwrite:  # refuse before running anything, not after the first writer's run
         taken = [str(out_dir / f) for f in folders if any((out_dir / f / n).exists() for n in RUN_FILES)]
         if (out_dir / "compare.json").exists() or taken:

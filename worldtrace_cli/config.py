@@ -70,6 +70,11 @@ def preset_names() -> list[str]:
     return sorted(p.name[:-5] for p in resources.files("worldtrace_cli.presets").iterdir() if p.name.endswith(".yaml"))
 
 
+def default_preset_name(mode: str, checkpoint) -> str:
+    """The preset a run uses when none is named: ``mg2-<mode>`` with a checkpoint, else ``tiny``."""
+    return f"mg2-{mode.replace('_', '-')}" if checkpoint else "tiny"
+
+
 def load_preset(name_or_path: str) -> Preset:
     """Load a built-in preset by name (``tiny``, ``mg2-universal``, ...) or a preset YAML file.
 
