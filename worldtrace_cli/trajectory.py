@@ -152,11 +152,6 @@ class Segment:
     label: str | None
     line: int
 
-    @property
-    def is_marker(self) -> bool:
-        """True for a zero-length, label-only waypoint marker."""
-        return self.num_frames == 0
-
 
 @dataclass(frozen=True)
 class Trajectory:
