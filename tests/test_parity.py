@@ -1,22 +1,29 @@
 """Golden parity: our DiT + sliding writer replay the official MG2 rollouts (fixtures made by the
-official code, see tests/data/fixtures/FIXTURES.md) within 1e-4 in float32."""
+official code, see tests/data/fixtures/FIXTURES.md) within 1e-4 in float32, with RoPE computed in
+float64 (MG2's own arithmetic) and in float32 (the default)."""
 
 from pathlib import Path
+
+import shutil
 
 import pytest
 import torch
 
 from worldtrace_cli import parity
+from worldtrace_cli.model.dit import configure_speed
 from worldtrace_cli.model.rope import MainRope
 
 FIXTURES = Path(__file__).parent / "data" / "fixtures"
 FOLDERS = [FIXTURES, FIXTURES / "templerun", FIXTURES / "universal_la4"]
 
 
-@pytest.fixture(scope="module", params=FOLDERS, ids=lambda p: p.name)
+@pytest.fixture(scope="module", params=[(f, p) for f in FOLDERS for p in ("float64", "float32")],
+                ids=lambda p: f"{p[0].name}-{p[1]}")
 def replayed(request):
-    """Replay each fixture once: (model, inputs, outputs, x0 per call, final latents, writer)."""
-    model, inputs, outputs = parity.load_fixture(request.param)
+    """Replay each fixture once per RoPE precision: (model, inputs, outputs, x0 per call, final latents, writer)."""
+    folder, precision = request.param
+    model, inputs, outputs = parity.load_fixture(folder)
+    configure_speed(model, precision)
     cfg = model.cfg
     writer = parity.build_writer(parity.MemoryConfig(cache="sliding"), cfg.local_attn_size - 3)
     x0s = {}
@@ -74,3 +81,19 @@ def test_parity_cli_fails_when_model_is_wrong(tmp_path, capsys):
 
 def test_parity_cli_reports_missing_folder(tmp_path):
     assert parity.main([str(tmp_path / "nope")]) == 2
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(shutil.which("c++") is None and shutil.which("g++") is None,
+                    reason="torch.compile on CPU needs a C++ compiler")
+def test_compiled_blocks_with_float32_rope_replay_the_official_rollout(capsys):
+    """The fastest settings `generate` offers still replay the official code (CPU; on a GPU run the
+    same command with --device cuda)."""
+    code = parity.main([str(FIXTURES / "universal_la4"), "--rope-precision", "float32", "--compile", "default"])
+    last = capsys.readouterr().out.strip().splitlines()[-1]
+    assert code == 0 and float(last.split("=")[1]) <= 1e-4
+
+
+def test_parity_cli_refuses_bad_arguments(capsys):
+    assert parity.main([str(FIXTURES), "--compile", "fastest"]) == 2
+    assert parity.main([]) == 2

@@ -1,8 +1,11 @@
 """Replay an MG2 golden fixture folder and report the largest deviation from the official outputs.
 
-Usage: ``python -m worldtrace_cli.parity FIXTURE_DIR`` (format: ``tests/data/fixtures/FIXTURES.md``).
-Prints one line per compared group and, last, ``max_abs_diff=<value>``; exits 0 when the value is
-<= 1e-4 and 1 otherwise (2 for an unreadable folder).
+Usage: ``python -m worldtrace_cli.parity FIXTURE_DIR [--rope-precision float64|float32]
+[--compile MODE] [--device cpu|cuda]`` (format: ``tests/data/fixtures/FIXTURES.md``). Prints one
+line per compared group and, last, ``max_abs_diff=<value>``; exits 0 when the value is <= 1e-4
+and 1 otherwise (2 for an unreadable folder or bad arguments). The model runs in float32; the
+speed options are those of ``worldtrace generate``, so a GPU session can check that a compiled
+float32-RoPE CUDA rollout still replays the official one.
 
 A folder holds ``tiny_config.json`` and ``tiny_outputs.safetensors``; weights and inputs come from
 the folder or, when absent there, from its parent (``universal_la4`` uses the universal files;
@@ -22,7 +25,7 @@ from .memory import build_writer
 from .memory.base import MemoryConfig
 from .model.checkpoint import check_state_dict, read_json, read_state_dict
 from .model.config import DiTConfig
-from .model.dit import CausalWanDiT
+from .model.dit import COMPILE_MODES, ROPE_PRECISIONS, CausalWanDiT, configure_speed
 from .model.sampler import FlowMatchSchedule
 
 TOLERANCE = 1e-4
@@ -73,12 +76,13 @@ class _FixtureConditioning:
         return self.cond[:, :, start:start + count]
 
 
-def replay(model: CausalWanDiT, inputs: dict, on_call=None, writer=None) -> torch.Tensor:
+def replay(model: CausalWanDiT, inputs: dict, on_call=None, writer=None, device: str = "cpu") -> torch.Tensor:
     """Replay the fixture rollout through :class:`~worldtrace_cli.rollout.Rollout` with the stored
     noise draws; return the output latents [1,16,N,h,w].
 
     ``on_call(name, x0)`` is called with ``call_c{c}_s{s}`` names and each x0. ``writer`` defaults
-    to the MG2-native sliding writer (budget local_attn_size - 3); the rollout resets it.
+    to the MG2-native sliding writer (budget local_attn_size - 3); the rollout resets it. ``device``:
+    where the rollout runs (``model`` must be there); x0 and the latents come back on the CPU.
     """
     from .rollout import Rollout
 
@@ -95,20 +99,25 @@ def replay(model: CausalWanDiT, inputs: dict, on_call=None, writer=None) -> torc
 
     def on_step(chunk, step, x0):
         if on_call:
-            on_call(f"call_c{chunk}_s{step}", x0)
+            on_call(f"call_c{chunk}_s{step}", x0.cpu())
 
     mouse = inputs.get("mouse_cond") if cfg.action_config.enable_mouse else None
     rollout = Rollout(model, writer, _FixtureConditioning(inputs["cond_concat"]), inputs["visual_context"],
                       inputs["keyboard_cond"], mouse, FlowMatchSchedule(steps), seed=0,
-                      device=torch.device("cpu"), latent_hw=tuple(noise.shape[3:]), noise=fixture_noise,
+                      device=torch.device(device), latent_hw=tuple(noise.shape[3:]), noise=fixture_noise,
                       on_step=on_step)
     n_chunks = noise.shape[2] // FRAMES_PER_CHUNK
-    return torch.cat([rollout.step().latents for _ in range(n_chunks)], dim=2)
+    return torch.cat([rollout.step().latents.cpu() for _ in range(n_chunks)], dim=2)
 
 
-def compare(folder: str | Path) -> dict[str, float]:
-    """Replay ``folder``; return max |diff| per group: ``x0`` (every call), ``output_latents``."""
+def compare(folder: str | Path, rope_precision: str = "float64", compile_mode: str = "none",
+            device: str = "cpu") -> dict[str, float]:
+    """Replay ``folder`` with the given speed options
+    (:func:`~worldtrace_cli.model.dit.configure_speed`) on ``device``; return max |diff| per group:
+    ``x0`` (every call), ``output_latents``."""
     model, inputs, outputs = load_fixture(folder)
+    model = model.to(device)
+    configure_speed(model, rope_precision, compile_mode)
     diffs = {"x0": 0.0}
 
     def on_call(name, x0):
@@ -116,19 +125,30 @@ def compare(folder: str | Path) -> dict[str, float]:
         if ref is not None:
             diffs["x0"] = max(diffs["x0"], (x0 - ref).abs().max().item())
 
-    latents = replay(model, inputs, on_call)
+    latents = replay(model, inputs, on_call, device=device)
     diffs["output_latents"] = (latents - outputs["output_latents"]).abs().max().item()
     return diffs
 
 
 def main(argv: list[str] | None = None) -> int:
-    """CLI entry: replay ``argv[0]``; returns the exit code (0 within 1e-4, 1 above, 2 on bad input)."""
-    argv = sys.argv[1:] if argv is None else argv
-    if len(argv) != 1:
-        print("usage: python -m worldtrace_cli.parity FIXTURE_DIR", file=sys.stderr)
+    """CLI entry (see the module docstring); returns the exit code (0 within 1e-4, 1 above, 2 on bad input)."""
+    import argparse
+
+    parser = argparse.ArgumentParser(prog="python -m worldtrace_cli.parity",
+                                     description="Replay an MG2 golden fixture folder against the official outputs.")
+    parser.add_argument("folder", metavar="FIXTURE_DIR")
+    parser.add_argument("--rope-precision", choices=sorted(ROPE_PRECISIONS), default="float64")
+    parser.add_argument("--compile", choices=COMPILE_MODES, default="none")
+    parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
+    try:
+        args = parser.parse_args(sys.argv[1:] if argv is None else argv)
+    except SystemExit as exc:
+        return 2 if exc.code else 0
+    if args.device == "cuda" and not torch.cuda.is_available():
+        print("error: --device cuda: no CUDA device is available", file=sys.stderr)
         return 2
     try:
-        diffs = compare(argv[0])
+        diffs = compare(args.folder, args.rope_precision, args.compile, args.device)
     except WorldtraceError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2

@@ -20,7 +20,7 @@ from torch import nn
 
 from .action import ActionKV, ActionModule
 from .config import DiTConfig
-from .rope import MainRope
+from .rope import MainRope, rotate_channels
 
 
 @dataclass
@@ -79,16 +79,15 @@ class ChunkInputs:
     committed: list[tuple[torch.Tensor, torch.Tensor]] = field(default_factory=list)
     temporal_freq_scale: torch.Tensor | None = None
     _buffers: dict[int, tuple[torch.Tensor, torch.Tensor]] = field(default_factory=dict)
-    _angles: tuple | None = None
+    _tables: tuple | None = None
 
-    def current_angles(self, rope: MainRope, frames: int, tokens_per_frame: int, device):
-        """Temporal RoPE cos/sin of the current chunk's tokens (offsets 0..F-1), on ``device``,
-        computed once per chunk and reused by every layer, step and the context pass."""
-        if self._angles is None:
-            pos = torch.arange(frames, dtype=torch.float64).repeat_interleave(tokens_per_frame)
-            cos, sin = rope.temporal_angles(pos, self.temporal_freq_scale)
-            self._angles = (pos, (cos.to(device), sin.to(device)))
-        return self._angles
+    def rope_tables(self, rope: MainRope, frames: int, height: int, width: int, device):
+        """cos/sin [F*h*w, head_dim/2] of every channel pair of the current chunk's tokens
+        (:meth:`MainRope.chunk_tables`), computed once per chunk and reused by every layer, step
+        and the context pass."""
+        if self._tables is None:
+            self._tables = rope.chunk_tables(frames, height, width, self.temporal_freq_scale, device)
+        return self._tables
 
     def kv_buffer(self, layer: int, rope: MainRope, current_tokens: int, dtype) -> tuple[torch.Tensor, torch.Tensor]:
         """[past rotated | room for the current chunk] K and V buffers [1, L+n, H, D], made once per chunk."""
@@ -139,30 +138,40 @@ class _Projections(nn.Module):
 
 
 class SelfAttention(_Projections):
-    """Causal self-attention of a block over [past slots | current chunk] (spec §5.1, design §3)."""
+    """Causal self-attention of a block over [past slots | current chunk] (spec §5.1, design §3).
 
-    def forward(self, x, layer: int, chunk: ChunkInputs, rope: MainRope, grid: tuple[int, int, int], commit: bool):
-        """x [1, F*S, D] (modulated, normed tokens) -> [1, F*S, D] after the output projection.
+    Split in two so the pure tensor part can be compiled (:func:`compile_blocks`): :meth:`project`
+    (projections, norms, RoPE) and :meth:`attend` (the chunk's K/V buffer and SDPA, eager).
+    """
 
-        ``grid`` = (F, h, w) with S = h*w. Attends over this layer's [past slots | current chunk]
-        buffer; with ``commit`` appends this chunk's canonical (k, v) [1, F*S, H, d] to ``chunk.committed``.
+    def project(self, x, cos, sin, t_ch: int, commit: bool):
+        """x [1, n, D] (modulated, normed tokens) -> (q, k, v, k_canon), each [1, n, H, d].
+
+        ``cos``/``sin`` [n, d/2] from :meth:`MainRope.chunk_tables`: q and k come back rotated on
+        every channel pair (temporal offsets within the chunk, height, width); ``k_canon`` is the
+        canonical key (spatial pairs only, the first ``t_ch`` channels untouched) on the context
+        pass (``commit``), else None. Arithmetic of the rotation in ``cos.dtype``.
         """
-        b, n, d = x.shape
-        f, gh, gw = grid
+        b, n, _ = x.shape
         q = self.norm_q(self.q(x)).view(b, n, self.heads, -1)
         k = self.norm_k(self.k(x)).view(b, n, self.heads, -1)
         v = self.v(x).view(b, n, self.heads, -1)
-        q = rope.apply_spatial(q, gh, gw)
-        k = rope.apply_spatial(k, gh, gw)  # canonical keys: what the cache stores
-        if commit:
-            chunk.committed.append((k, v))
-        pos, angles = chunk.current_angles(rope, f, gh * gw, x.device)
-        rope.apply_temporal(q, pos, angles=angles, out=q)  # q is this call's own tensor: rotate in place
+        k_canon = rotate_channels(k, cos[:, t_ch // 2:], sin[:, t_ch // 2:], t_ch) if commit else None
+        return rotate_channels(q, cos, sin, 0), rotate_channels(k, cos, sin, 0), v, k_canon
+
+    @staticmethod
+    def attend(q, k, v, layer: int, chunk: ChunkInputs, rope: MainRope):
+        """SDPA of q [1, n, H, d] over this layer's [past slots | current chunk] buffer -> [1, n, H*d].
+
+        The buffer (:meth:`ChunkInputs.kv_buffer`) holds the past slots rotated once per chunk; the
+        current chunk's rotated k and its v are copied into its tail.
+        """
+        b, n, h, d = q.shape
         kbuf, vbuf = chunk.kv_buffer(layer, rope, n, k.dtype)
-        rope.apply_temporal(k, pos, angles=angles, out=kbuf[:, -n:])  # k stays canonical for the commit
+        kbuf[:, -n:] = k
         vbuf[:, -n:] = v
         out = F.scaled_dot_product_attention(q.transpose(1, 2), kbuf.transpose(1, 2), vbuf.transpose(1, 2))
-        return self.o(out.transpose(1, 2).reshape(b, n, d))
+        return out.transpose(1, 2).reshape(b, n, h * d)
 
 
 class CrossAttention(_Projections):
@@ -197,26 +206,55 @@ class Block(nn.Module):
         self.ffn = nn.Sequential(nn.Linear(d, cfg.ffn_dim), nn.GELU(approximate="tanh"), nn.Linear(cfg.ffn_dim, d))
         self.action_model = (ActionModule(cfg.action_config, d, cfg.local_attn_size)
                              if index in cfg.action_config.blocks else None)
+        self.cudagraphs = False  # set by compile_blocks
 
     def forward(self, x, e0, layer, chunk, rope, grid, commit):
-        """x [1, F*S, D], e0 [1, F, 6, D] (time projection) -> [1, F*S, D] (spec §5.4)."""
-        b, n, d = x.shape
-        f = grid[0]
-        m = (self.modulation.float().unsqueeze(1) + e0.float()).chunk(6, dim=2)  # six [B, F, 1, D]
+        """x [1, F*S, D], e0 [1, F, 6, D] (time projection) -> [1, F*S, D] (spec §5.4).
 
-        def modulate(h, shift, scale):
-            return (h.view(b, f, -1, d).float() * (1 + scale) + shift).view(b, n, d).type_as(x)
-
-        def gate(y, g):
-            return (y.view(b, f, -1, d).float() * g).view(b, n, d).type_as(x)
-
-        x = x + gate(self.self_attn(modulate(self.norm1(x), m[0], m[1]), layer, chunk, rope, grid, commit), m[2])
-        x = x + self.cross_attn(self.norm3(x), chunk.rollout.cross_kv[layer])
+        With ``commit`` the chunk's canonical (k, v) [1, F*S, H, d] are appended to ``chunk.committed``.
+        """
+        f, gh, gw = grid
+        cos, sin = chunk.rope_tables(rope, f, gh, gw, x.device)
+        q, k, v, k_canon = self.attention_inputs(x, e0, cos, sin, rope.t_ch, commit)
+        if commit:
+            # the cache writer keeps these: under CUDA graphs the next replay would overwrite them
+            chunk.committed.append((k_canon.clone(), v.clone()) if self.cudagraphs else (k_canon, v))
+        attn = self.self_attn.attend(q, k, v, layer, chunk, rope)
+        x = self.attention_outputs(x, attn, e0, chunk.rollout.cross_kv[layer])
         if self.action_model is not None:
-            x = self.action_model(x, grid[1] * grid[2], chunk.frame_start, chunk.keyboard, chunk.mouse,
+            x = self.action_model(x, gh * gw, chunk.frame_start, chunk.keyboard, chunk.mouse,
                                   chunk.rollout.mouse_kv[layer], chunk.rollout.keyboard_kv[layer], commit)
-        x = x + gate(self.ffn(modulate(self.norm2(x), m[3], m[4])), m[5])
-        return x
+        return self.feed_forward(x, e0)
+
+    def _modulation(self, e0):
+        return (self.modulation.float().unsqueeze(1) + e0.float()).chunk(6, dim=2)  # six [B, F, 1, D]
+
+    @staticmethod
+    def _modulate(h, shift, scale, like):
+        b, n, d = h.shape
+        f = shift.shape[1]
+        return (h.view(b, f, -1, d).float() * (1 + scale) + shift).view(b, n, d).type_as(like)
+
+    @staticmethod
+    def _gate(y, g, like):
+        b, n, d = y.shape
+        return (y.view(b, g.shape[1], -1, d).float() * g).view(b, n, d).type_as(like)
+
+    def attention_inputs(self, x, e0, cos, sin, t_ch: int, commit: bool):
+        """Pure: norm1 + modulation, then :meth:`SelfAttention.project` -> (q, k, v, k_canon)."""
+        m = self._modulation(e0)
+        return self.self_attn.project(self._modulate(self.norm1(x), m[0], m[1], x), cos, sin, t_ch, commit)
+
+    def attention_outputs(self, x, attn, e0, cross_kv):
+        """Pure: output projection, gated residual, then the cross-attention residual -> [1, F*S, D]."""
+        m = self._modulation(e0)
+        x = x + self._gate(self.self_attn.o(attn), m[2], x)
+        return x + self.cross_attn(self.norm3(x), cross_kv)
+
+    def feed_forward(self, x, e0):
+        """Pure: norm2 + modulation, FFN, gated residual -> [1, F*S, D]."""
+        m = self._modulation(e0)
+        return x + self._gate(self.ffn(self._modulate(self.norm2(x), m[3], m[4], x)), m[5], x)
 
 
 class Head(nn.Module):
@@ -274,6 +312,8 @@ class CausalWanDiT(nn.Module):
         self.blocks = nn.ModuleList(Block(cfg, i) for i in range(cfg.num_layers))
         self.head = Head(cfg)
         self.rope = MainRope(cfg.head_dim)
+        self.compile_mode = "none"  # see compile_blocks
+        self.cudagraphs = False
 
     def new_rollout_state(self) -> RolloutState:
         """Fresh action caches and cross-attention cache for a new rollout."""
@@ -306,10 +346,68 @@ class CausalWanDiT(nn.Module):
             ctx = self.img_emb(chunk.visual_context.to(dtype))
             chunk.rollout.cross_kv = [blk.cross_attn.context_kv(ctx) for blk in self.blocks]
         grid = (f, gh, gw)
+        if self.cudagraphs:
+            torch.compiler.cudagraph_mark_step_begin()  # the previous call's graph outputs are dead now
         for i, block in enumerate(self.blocks):
             h = block(h, e0, i, chunk, self.rope, grid, commit)
         out = self.head(h, e, f)  # [B, F, S, 64], channels ordered (ph, pw, c)
         return out.view(b, f, gh, gw, 2, 2, -1).permute(0, 6, 1, 2, 4, 3, 5).reshape(b, -1, f, 2 * gh, 2 * gw)
+
+
+COMPILE_MODES = ("none", "default", "reduce-overhead", "max-autotune")
+_PURE_PARTS = ("attention_inputs", "attention_outputs", "feed_forward")
+_COMPILED_PARTS: dict[tuple[str, str], object] = {}
+
+
+def compile_blocks(model: CausalWanDiT, mode: str = "default") -> None:
+    """Compile the pure tensor parts of every block of ``model`` with ``torch.compile`` (fused norms,
+    modulation, RoPE and projections); the K/V buffer handling, SDPA over it and the action module
+    stay eager.
+
+    Each part is one function of (block, tensors) compiled once per process and mode, so the 30
+    blocks share one graph per part (parameters are graph inputs); shapes are static within a run
+    (``dynamic=False``) and the context pass (``commit``) is a second specialisation. ``mode``:
+    ``default`` | ``reduce-overhead`` (CUDA graphs on CUDA; the tensors the cache keeps are cloned
+    out of the graph pool) | ``max-autotune`` | ``none`` (back to eager). The first chunk pays the
+    compilation (tens of seconds on a CPU). Needs a C++ compiler on CPU.
+
+    Raises:
+        ValueError: unknown mode.
+    """
+    import types
+
+    if mode not in COMPILE_MODES:
+        raise ValueError(f"compile mode must be one of {', '.join(COMPILE_MODES)}, got {mode!r}")
+    cudagraphs = mode == "reduce-overhead" and next(model.parameters()).device.type == "cuda"
+    for block in model.blocks:
+        for name in _PURE_PARTS:
+            if mode == "none":
+                block.__dict__.pop(name, None)
+                continue
+            key = (name, mode)
+            if key not in _COMPILED_PARTS:
+                _COMPILED_PARTS[key] = torch.compile(getattr(Block, name), mode=mode, dynamic=False)
+            block.__dict__[name] = types.MethodType(_COMPILED_PARTS[key], block)
+        block.cudagraphs = cudagraphs
+    model.compile_mode = mode
+    model.cudagraphs = cudagraphs
+
+
+ROPE_PRECISIONS = {"float32": torch.float32, "float64": torch.float64}
+
+
+def configure_speed(model: CausalWanDiT, rope_precision: str = "float32", compile_mode: str = "none") -> None:
+    """Apply a run's speed settings to ``model`` (a loaded model may be shared by runs in one process,
+    so every run sets both): the RoPE precision (``float32`` | ``float64``, see
+    :class:`~worldtrace_cli.model.rope.MainRope`) and :func:`compile_blocks` (``none`` = eager).
+
+    Raises:
+        ValueError: an unknown precision or compile mode.
+    """
+    if rope_precision not in ROPE_PRECISIONS:
+        raise ValueError(f"RoPE precision must be one of {', '.join(ROPE_PRECISIONS)}, got {rope_precision!r}")
+    model.rope.precision = ROPE_PRECISIONS[rope_precision]
+    compile_blocks(model, compile_mode)
 
 
 @torch.no_grad()

@@ -42,45 +42,80 @@ def frequencies(num_channels: int, theta: float = ROPE_THETA) -> torch.Tensor:
     return theta ** (-j / num_channels)
 
 
-def _rotate_pairs(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """Rotate interleaved pairs of ``x`` [..., 2P] by angles given as cos/sin broadcastable to [..., P]."""
-    a, b = x[..., 0::2], x[..., 1::2]
-    out = torch.empty_like(x)
-    out[..., 0::2] = a * cos - b * sin
-    out[..., 1::2] = a * sin + b * cos
-    return out
+def rotate_channels(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, start: int = 0) -> torch.Tensor:
+    """Functional RoPE: channels ``start:`` of ``x`` [B, L, H, D] rotated as interleaved pairs by
+    per-token tables cos/sin [L, (D-start)/2]; channels before ``start`` unchanged.
+
+    The arithmetic runs in ``cos.dtype`` and the result is cast back to ``x.dtype``. No in-place
+    writes, so it fuses under ``torch.compile`` and records cleanly into CUDA graphs.
+    """
+    pairs = x[..., start:].unflatten(-1, (-1, 2)).to(cos.dtype)
+    a, b = pairs[..., 0], pairs[..., 1]
+    c, s = cos[None, :, None, :], sin[None, :, None, :]
+    rotated = torch.stack([a * c - b * s, a * s + b * c], dim=-1).flatten(-2).to(x.dtype)
+    return rotated if start == 0 else torch.cat([x[..., :start], rotated], dim=-1)
+
+
+def _rotate_into(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, out: torch.Tensor, start: int) -> None:
+    """:func:`rotate_channels` written into ``out`` [B, L, H, D] (which may be ``x`` itself, or a
+    slice of an attention buffer); cos/sin [L, (D-start)/2]."""
+    out[..., start:] = rotate_channels(x[..., start:], cos, sin)
+    if start and out is not x:
+        out[..., :start] = x[..., :start]
 
 
 class MainRope:
     """Main self-attention RoPE of one head dim (MG2 spec §6.1), split into spatial and temporal parts.
 
+    Angles are always computed in float64; ``precision`` is the dtype of the cos/sin tables and of
+    the rotation arithmetic. ``torch.float64`` (the default) is MG2's own (spec §16.6) and what the
+    golden parity uses; ``torch.float32`` keeps float64-accurate tables rounded once to float32,
+    which is below bf16's resolution (a bf16 model's keys differ by at most one bf16 rounding step)
+    and avoids float64 arithmetic on GPUs.
+
     Args:
         head_dim: per-head channels (128 for MG2).
         theta: RoPE base (10000).
+        precision: torch.float64 or torch.float32.
+    Raises:
+        ValueError: another precision.
     """
 
-    def __init__(self, head_dim: int = 128, theta: float = ROPE_THETA):
+    def __init__(self, head_dim: int = 128, theta: float = ROPE_THETA, precision: torch.dtype = torch.float64):
         self.head_dim = head_dim
         self.t_ch, self.h_ch, self.w_ch = axis_channels(head_dim)
         self.omega_t = frequencies(self.t_ch, theta)
         self.omega_h = frequencies(self.h_ch, theta)
         self.omega_w = frequencies(self.w_ch, theta)
+        self.precision = precision
         self._spatial: dict = {}
 
+    @property
+    def precision(self) -> torch.dtype:
+        """dtype of the cos/sin tables and of the rotation arithmetic."""
+        return self._precision
+
+    @precision.setter
+    def precision(self, dtype: torch.dtype) -> None:
+        if dtype not in (torch.float64, torch.float32):
+            raise ValueError(f"RoPE precision must be float64 or float32, got {dtype}")
+        self._precision = dtype
+
     def spatial_angles(self, height: int, width: int, device=None) -> tuple[torch.Tensor, torch.Tensor]:
-        """cos/sin float64 [height*width, (h_ch + w_ch)/2] for tokens in row-major (i, j) order
-        (memoised per grid and device: every layer and call of a rollout reuses them)."""
-        key = (height, width, str(device))
+        """cos/sin [height*width, (h_ch + w_ch)/2] in :attr:`precision` on ``device`` for tokens in
+        row-major (i, j) order (memoised per grid, device and precision: every layer and call of a
+        rollout reuses them)."""
+        key = (height, width, str(device), self.precision)
         if key not in self._spatial:
             i = torch.arange(height, dtype=torch.float64, device="cpu").repeat_interleave(width)
             j = torch.arange(width, dtype=torch.float64, device="cpu").repeat(height)
             ang = torch.cat([torch.outer(i, self.omega_h), torch.outer(j, self.omega_w)], dim=1)
-            self._spatial[key] = (ang.cos().to(device), ang.sin().to(device))
+            self._spatial[key] = (ang.cos().to(device, self.precision), ang.sin().to(device, self.precision))
         return self._spatial[key]
 
     def temporal_angles(self, positions: torch.Tensor, freq_scale: torch.Tensor | None = None
                         ) -> tuple[torch.Tensor, torch.Tensor]:
-        """cos/sin float64 [L, t_ch/2] for temporal positions [L] (latent frames, any real value).
+        """cos/sin float64 [L, t_ch/2] on the CPU for temporal positions [L] (latent frames, any real value).
 
         ``freq_scale`` [t_ch/2] multiplies the temporal frequencies (YaRN); None = MG2's own.
         """
@@ -88,39 +123,61 @@ class MainRope:
         ang = torch.outer(positions.to(torch.float64).cpu(), omega)
         return ang.cos(), ang.sin()
 
+    def chunk_tables(self, frames: int, height: int, width: int, freq_scale: torch.Tensor | None = None,
+                     device=None) -> tuple[torch.Tensor, torch.Tensor]:
+        """cos/sin [frames*height*width, head_dim/2] in :attr:`precision` on ``device``: every channel
+        pair of the current chunk's tokens (temporal offsets 0..frames-1 from the chunk's first
+        frame, then height, then width), so one pass rotates a query fully. Columns ``t_ch/2:`` are
+        the spatial part alone (what makes a canonical key)."""
+        pos = torch.arange(frames, dtype=torch.float64)
+        t_cos, t_sin = self.temporal_angles(pos, freq_scale)
+        s_cos, s_sin = self.spatial_angles(height, width, "cpu")
+        tokens = height * width
+
+        def table(t, s):
+            return torch.cat([t.repeat_interleave(tokens, 0), s.to(torch.float64).repeat(frames, 1)], dim=1)
+
+        return table(t_cos, s_cos).to(device, self.precision), table(t_sin, s_sin).to(device, self.precision)
+
+    def rotate(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, start: int = 0,
+               out: torch.Tensor | None = None) -> torch.Tensor:
+        """Rotate channels ``start:`` of ``x`` [B, L, H, D] by per-token tables cos/sin [L, (D-start)/2].
+
+        Arithmetic in the tables' dtype, result in ``out``'s dtype (``x.dtype`` for a new tensor).
+        ``out`` may be ``x`` (in place) or a slice of an attention buffer.
+        """
+        if out is None:
+            return rotate_channels(x, cos, sin, start)
+        _rotate_into(x, cos, sin, out, start)
+        return out
+
     def apply_spatial(self, x: torch.Tensor, height: int, width: int) -> torch.Tensor:
         """Rotate the height/width channels of ``x`` [B, F*height*width, H, D] (tokens (f, i, j) order).
 
-        Computed in float64 and cast back to ``x.dtype`` as MG2 does. Temporal channels are untouched,
-        so the result is a canonical key (or a query still to be rotated temporally).
+        Computed in :attr:`precision` and cast back to ``x.dtype`` as MG2 does. Temporal channels are
+        untouched, so the result is a canonical key (or a query still to be rotated temporally).
         """
         cos, sin = self.spatial_angles(height, width, x.device)
         frames = x.shape[1] // (height * width)
-        cos = cos.repeat(frames, 1)[None, :, None, :]
-        sin = sin.repeat(frames, 1)[None, :, None, :]
-        out = x.clone()
-        out[..., self.t_ch:] = _rotate_pairs(x[..., self.t_ch:].double(), cos, sin).to(x.dtype)
-        return out
+        return self.rotate(x, cos.repeat(frames, 1), sin.repeat(frames, 1), start=self.t_ch)
 
     def apply_temporal(self, x: torch.Tensor, token_positions: torch.Tensor,
                        freq_scale: torch.Tensor | None = None, angles=None,
                        out: torch.Tensor | None = None) -> torch.Tensor:
         """Rotate the temporal channels of ``x`` [B, L, H, D] at ``token_positions`` [L] (latent frames).
 
-        float64 rotation, cast back to ``x.dtype``. Only the ``t_ch`` temporal channels are computed.
-        ``angles``: precomputed ``temporal_angles(token_positions, freq_scale)`` already on ``x``'s
-        device (a chunk reuses them for every layer and call). ``out``: write the result there (it
-        may be ``x`` itself, or a slice of an attention buffer) instead of a new tensor, saving a copy.
+        Rotation in :attr:`precision`, cast back to ``x.dtype``. Only the ``t_ch`` temporal channels
+        are computed. ``angles``: precomputed ``temporal_angles(token_positions, freq_scale)``
+        (reused across calls). ``out``: write the result there (it may be ``x`` itself, or a slice
+        of an attention buffer) instead of a new tensor, saving a copy.
         """
         cos, sin = angles if angles is not None else self.temporal_angles(token_positions, freq_scale)
-        cos = cos.to(x.device)[None, :, None, :]
-        sin = sin.to(x.device)[None, :, None, :]
-        rotated = _rotate_pairs(x[..., : self.t_ch].double(), cos, sin)
+        cos, sin = cos.to(x.device, self.precision), sin.to(x.device, self.precision)
         if out is None:
-            out = x.clone()
-        elif out is not x:
+            out = torch.empty_like(x)
+        if out is not x:
             out[..., self.t_ch:] = x[..., self.t_ch:]
-        out[..., : self.t_ch] = rotated.to(out.dtype)
+        out[..., : self.t_ch] = rotate_channels(x[..., : self.t_ch], cos, sin)
         return out
 
     def rotate_slots(self, k_canon: torch.Tensor, slot_positions: torch.Tensor,
@@ -161,7 +218,7 @@ _ACTION_ANGLES: dict[tuple, tuple[torch.Tensor, torch.Tensor]] = {}
 
 
 def action_rope(x: torch.Tensor, positions: torch.Tensor, theta: float = ACTION_ROPE_THETA) -> torch.Tensor:
-    """Action-module RoPE (MG2 spec §6.2) on ``x`` [..., T, H_a, 64] at latent-frame ``positions`` [T].
+    """Action-module RoPE (MG2 spec §6.2) on ``x`` [N, T, H_a, 64] at latent-frame ``positions`` [T].
 
     Rotates channels 0..7 as four interleaved pairs with ``omega_j = 256 ** (-2j/8)`` (1, 1/4, 1/16,
     1/64) in float32 and casts back; channels 8..63 are untouched (their h/w grid has one position).
@@ -173,8 +230,8 @@ def action_rope(x: torch.Tensor, positions: torch.Tensor, theta: float = ACTION_
         ang = torch.outer(positions.to(torch.float32).cpu(), omega).to(x.device)
         if len(_ACTION_ANGLES) > 64:
             _ACTION_ANGLES.clear()
-        _ACTION_ANGLES[key] = (ang.cos()[:, None, :], ang.sin()[:, None, :])
+        _ACTION_ANGLES[key] = (ang.cos(), ang.sin())
     cos, sin = _ACTION_ANGLES[key]
     out = x.clone()
-    out[..., :ACTION_ROPE_CHANNELS] = _rotate_pairs(x[..., :ACTION_ROPE_CHANNELS].float(), cos, sin).to(x.dtype)
+    out[..., :ACTION_ROPE_CHANNELS] = rotate_channels(x[..., :ACTION_ROPE_CHANNELS], cos, sin)
     return out
