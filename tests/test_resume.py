@@ -38,9 +38,9 @@ def reference(tmp_path_factory):
     return refs
 
 
-def start_run(out, cache, save_every):
+def start_run(out, cache, save_every, *extra):
     cmd = [sys.executable, "-m", "worldtrace_cli", "generate", str(ABA), "--image", str(IMAGE), "--chunks",
-           str(CHUNKS), "--cache", cache, "--save-every", str(save_every), "-o", str(out), "--no-progress"]
+           str(CHUNKS), "--cache", cache, "--save-every", str(save_every), "-o", str(out), "--no-progress", *extra]
     return subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
 
@@ -61,11 +61,12 @@ def resume(out):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("sig,cache", [(signal.SIGKILL, "field"), (signal.SIGINT, "landmark"),
-                                       (signal.SIGTERM, "field")])
-def test_killed_run_keeps_chunks_and_resumes_exactly(tmp_path, reference, sig, cache):
+@pytest.mark.parametrize("sig,cache,extra", [(signal.SIGKILL, "field", ()), (signal.SIGINT, "landmark", ()),
+                                             (signal.SIGTERM, "field", ("--overlap-decode",))])
+def test_killed_run_keeps_chunks_and_resumes_exactly(tmp_path, reference, sig, cache, extra):
+    """With --overlap-decode the chunk being decoded when the signal arrives is still written."""
     out = tmp_path / "run"
-    proc = start_run(out, cache, save_every=2)
+    proc = start_run(out, cache, 2, *extra)
     wait_for_chunks(out, 3, proc)
     proc.send_signal(sig)
     _, err = proc.communicate(timeout=120)
@@ -80,6 +81,7 @@ def test_killed_run_keeps_chunks_and_resumes_exactly(tmp_path, reference, sig, c
     else:
         assert proc.returncode == 130
         assert "--resume" in err and "error" not in err.lower()
+        assert f"interrupted after chunk {done - 1} " in err  # every generated chunk was written
         assert frames == 9 + 12 * (done - 1)  # every finished chunk, exactly
     assert not (out / "summary.json").exists()
     result = resume(out)
@@ -98,7 +100,14 @@ def test_resume_without_state_is_a_clear_error(tmp_path):
     assert len(result.stderr.strip().splitlines()) == 1
 
 
-def test_non_finite_latents_stop_the_run_naming_the_chunk(tmp_path, monkeypatch):
+def test_overlapped_decode_makes_the_same_video(tmp_path, reference):
+    summary = run_generation(config(tmp_path / "o", "field", overlap_decode=True))
+    assert [r["frames_sha256"] for r in read_jsonl(tmp_path / "o" / "chunks.jsonl")] == reference["field"]
+    assert summary["config"]["overlap_decode"] is True and summary["totals"]["seconds"]["decode_wait"] >= 0
+
+
+@pytest.mark.parametrize("overlap", [False, True])
+def test_non_finite_latents_stop_the_run_naming_the_chunk(tmp_path, monkeypatch, overlap):
     from worldtrace_cli.model import dit
 
     original = dit.CausalWanDiT.forward
@@ -111,7 +120,8 @@ def test_non_finite_latents_stop_the_run_naming_the_chunk(tmp_path, monkeypatch)
 
     monkeypatch.setattr(dit.CausalWanDiT, "forward", poisoned)
     with pytest.raises(RunError, match="chunk 2: .*NaN"):
-        run_generation(config(tmp_path / "o", "sliding"))
+        run_generation(config(tmp_path / "o", "sliding", overlap_decode=overlap))
+    # with overlap chunk 1 was still being decoded when chunk 2 failed: it is written all the same
     assert [r["chunk"] for r in read_jsonl(tmp_path / "o" / "chunks.jsonl")] == [0, 1]
     assert probe_video(tmp_path / "o" / "video.mp4")["frames"] == 21
 

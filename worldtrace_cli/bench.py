@@ -184,31 +184,45 @@ def write_mechanism_report(rows: list[dict], folder, stem: str = "mechanism") ->
 
 def speed_benchmark(preset_name: str = "tiny", caches: tuple[str, ...] = ("sliding", "field", "landmark"),
                     chunk_counts: tuple[int, ...] = (8, 16), device: str = "auto", dtype: str = "auto",
-                    image=None, warmup_chunks: int = 1, decode: bool = True, seed: int = 0) -> dict:
+                    image=None, warmup_chunks: int = 1, decode: bool = True, seed: int = 0,
+                    rope_precision: str = "float32", compile_mode: str = "none",
+                    overlap_decode: bool = False) -> dict:
     """Time and measure memory of each writer in one rollout per writer of ``max(chunk_counts)`` chunks,
     with snapshots at every count in ``chunk_counts``. Weights are seeded random (speed does not
     depend on their values).
 
-    Per snapshot N: seconds per chunk (mean over chunks ``warmup_chunks``..N-1, CUDA-synchronised
-    phase timers: denoise, context, cache, decode), DiT forward seconds (denoise time / steps),
-    end-to-end fps (pixel frames / seconds), peak GPU bytes since the rollout started
-    (``torch.cuda.max_memory_allocated``), process RSS bytes, KV bytes read, writer host bytes.
+    Per snapshot N, over chunks ``warmup_chunks``..N-1: phase seconds per chunk (timers synchronised
+    with the generating CUDA stream: denoise, context, cache, decode, and with ``overlap_decode``
+    decode_wait, the part of the decode generation waited for), ``seconds_per_chunk`` (the critical
+    path: denoise + context + cache + decode, or + decode_wait with overlap), ``wall_seconds_per_chunk``
+    (wall clock from the first measured chunk until chunk N's frames are on the host), DiT forward
+    seconds (denoise time / steps), end-to-end ``fps`` (pixel frames / wall seconds), peak GPU bytes
+    since the rollout started (``torch.cuda.max_memory_allocated``), process RSS bytes, KV bytes
+    read, writer host bytes.
+
+    ``rope_precision``/``compile_mode`` are :func:`~worldtrace_cli.model.dit.configure_speed`'s;
+    compilation happens in the first chunk, so keep ``warmup_chunks`` >= 1 (>= 3 for
+    ``reduce-overhead``, whose CUDA graphs are recorded over the first calls).
 
     Returns a dict with ``meta`` (device, torch/CUDA versions, preset, settings) and ``rows``.
+    Raises ValueError for an unknown precision or compile mode.
     """
     import platform
+    import time
 
     from .config import load_preset
     from .model.checkpoint import load_world_model
     from .model.conditioning import build_conditioning, load_image, preprocess_image
+    from .model.dit import configure_speed
     from .model.sampler import FlowMatchSchedule
     from .model.vae import StreamingDecoder
-    from .rollout import Rollout, process_rss_bytes, resolve_device, resolve_dtype
+    from .rollout import DecodePipeline, Rollout, process_rss_bytes, resolve_device, resolve_dtype
 
     preset = load_preset(preset_name)
     dev = resolve_device(device)
     dt = resolve_dtype(dtype, dev)
     world = load_world_model(preset, None, True, seed, dev, dt)
+    configure_speed(world.dit, rope_precision, compile_mode)
     n_max = max(chunk_counts)
     f = preset.frames_per_chunk
     if image is not None:
@@ -223,43 +237,64 @@ def speed_benchmark(preset_name: str = "tiny", caches: tuple[str, ...] = ("slidi
     keyboard[..., 0] = 1.0  # hold the first key (forward / jump) the whole time
     mouse = torch.zeros(1, rows_n, 2) if preset.dit.action_config.enable_mouse else None
     schedule = FlowMatchSchedule(preset.denoising_steps, preset.timestep_shift)
+    phase_names = ("denoise", "context", "cache", "decode") + (("decode_wait",) if overlap_decode and decode else ())
+
+    def sync():
+        if dev.type == "cuda":
+            torch.cuda.synchronize(dev)
+
     rows = []
     for cache in caches:
         writer = build_writer(MemoryConfig(cache=cache), preset.dit.local_attn_size - f)
+        sync()
         if dev.type == "cuda":
-            torch.cuda.synchronize(dev)
             torch.cuda.reset_peak_memory_stats(dev)
         rollout = Rollout(world.dit, writer, cond, ctx, keyboard, mouse, schedule, seed, dev,
-                          (preset.height // 8, preset.width // 8), StreamingDecoder(world.vae) if decode else None, f)
+                          (preset.height // 8, preset.width // 8), None, f)
+        pipeline = DecodePipeline(StreamingDecoder(world.vae), dev, overlap_decode) if decode else None
         timings: list[dict] = []
         frames = 0
+        wall_start = None
         for c in range(n_max):
+            if c == warmup_chunks:
+                sync()
+                wall_start = time.perf_counter()
             out = rollout.step()
-            timings.append(out.record["timings_s"])
-            if c >= warmup_chunks:
-                frames += 9 if c == 0 else 12
+            done = pipeline.submit(out) if pipeline else [out]
             n = c + 1
+            if n in chunk_counts and pipeline:
+                done += pipeline.flush()
+            for d in done:
+                timings.append(d.record["timings_s"])
+                if d.record["chunk"] >= warmup_chunks:
+                    frames += 9 if d.record["chunk"] == 0 else 12
             if n in chunk_counts:
+                sync()
+                wall = None if wall_start is None else time.perf_counter() - wall_start
                 measured = timings[warmup_chunks:] or timings
-                phases = {k: sum(t.get(k, 0.0) for t in measured) / len(measured)
-                          for k in ("denoise", "context", "cache", "decode")}
-                per_chunk = sum(phases.values())
+                phases = {k: sum(t.get(k, 0.0) for t in measured) / len(measured) for k in phase_names}
+                critical = sum(v for k, v in phases.items() if not (k == "decode" and "decode_wait" in phases))
+                wall_per_chunk = None if wall is None else wall / (n - warmup_chunks)
                 rows.append({
-                    "cache": cache, "chunks": n, "seconds_per_chunk": per_chunk,
+                    "cache": cache, "chunks": n, "seconds_per_chunk": critical,
+                    "wall_seconds_per_chunk": wall_per_chunk,
                     "phase_seconds_per_chunk": phases,
                     "dit_forward_seconds": phases["denoise"] / len(schedule.denoising_steps),
-                    "fps": (frames / (per_chunk * len(measured))) if decode and per_chunk else None,
+                    "fps": (frames / wall) if decode and wall else None,
                     "gpu_peak_bytes": torch.cuda.max_memory_allocated(dev) if dev.type == "cuda" else None,
                     "rss_bytes": process_rss_bytes(),
                     "kv_bytes": out.record["cache"]["kv_bytes"],
                     "host_bytes": writer.host_bytes(),
                 })
+        if pipeline:
+            pipeline.close()
         del rollout
     meta = {"benchmark": "speed", "preset": preset_name, "device": str(dev), "dtype": str(dt).replace("torch.", ""),
             "device_name": torch.cuda.get_device_name(dev) if dev.type == "cuda" else platform.processor() or "cpu",
             "cpu_threads": torch.get_num_threads(), "torch": torch.__version__, "cuda": torch.version.cuda,
             "caches": list(caches), "chunk_counts": list(chunk_counts), "warmup_chunks": warmup_chunks,
-            "decode": decode, "resolution": [preset.height, preset.width]}
+            "decode": decode, "resolution": [preset.height, preset.width], "rope_precision": rope_precision,
+            "compile": compile_mode, "overlap_decode": overlap_decode and decode}
     return {"meta": meta, "rows": rows}
 
 
@@ -267,15 +302,20 @@ def speed_markdown(result: dict) -> str:
     """Markdown table of a :func:`speed_benchmark` result."""
     m = result["meta"]
     lines = [f"Preset `{m['preset']}` on {m['device_name']} ({m['device']}, {m['dtype']}, torch {m['torch']}), "
-             f"{m['resolution'][0]}x{m['resolution'][1]}, decode {'on' if m['decode'] else 'off'}.\n",
-             "| cache | chunks | s/chunk | denoise | context | cache | decode | DiT fwd ms | fps | GPU peak MB | RSS MB | KV MB | host MB |",
-             "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
+             f"{m['resolution'][0]}x{m['resolution'][1]}, decode {'on' if m['decode'] else 'off'}"
+             f"{' (overlapped)' if m.get('overlap_decode') else ''}, compile {m.get('compile', 'none')}, "
+             f"RoPE {m.get('rope_precision', 'float64')}; {m['warmup_chunks']} warm-up chunk(s) excluded.\n",
+             "| cache | chunks | s/chunk | wall s/chunk | denoise | context | cache | decode | DiT fwd ms | fps | "
+             "GPU peak MB | RSS MB | KV MB | host MB |",
+             "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
     for r in result["rows"]:
         p = r["phase_seconds_per_chunk"]
         fps = "-" if r["fps"] is None else f"{r['fps']:.1f}"
         gpu = "-" if r["gpu_peak_bytes"] is None else f"{r['gpu_peak_bytes'] / 2**20:.0f}"
-        lines.append(f"| {r['cache']} | {r['chunks']} | {r['seconds_per_chunk']:.3f} | {p['denoise']:.3f} | "
-                     f"{p['context']:.3f} | {p['cache']:.4f} | {p['decode']:.3f} | {1000 * r['dit_forward_seconds']:.1f} | "
+        wall = "-" if r.get("wall_seconds_per_chunk") is None else f"{r['wall_seconds_per_chunk']:.3f}"
+        decode = f"{p['decode']:.3f}" + (f" (wait {p['decode_wait']:.3f})" if "decode_wait" in p else "")
+        lines.append(f"| {r['cache']} | {r['chunks']} | {r['seconds_per_chunk']:.3f} | {wall} | {p['denoise']:.3f} | "
+                     f"{p['context']:.3f} | {p['cache']:.4f} | {decode} | {1000 * r['dit_forward_seconds']:.1f} | "
                      f"{fps} | {gpu} | {r['rss_bytes'] / 2**20:.0f} | {r['kv_bytes'] / 2**20:.2f} | "
                      f"{r['host_bytes'] / 2**20:.1f} |")
     return "\n".join(lines)

@@ -98,12 +98,22 @@ def main(verbose: bool) -> None:
 @click.option("--hash-checkpoint", is_flag=True, help="sha256 whole checkpoint files (default: first MiB).")
 @click.option("--save-every", type=int, default=16, show_default=True,
               help="Save a resume state every N chunks (0: only on Ctrl-C/SIGTERM).")
+@click.option("--rope-precision", type=click.Choice(["float32", "float64"]), default="float32", show_default=True,
+              help="dtype of the RoPE tables and rotation; float64 is MG2's own arithmetic (both replay the "
+                   "official fixtures within 4e-6).")
+@click.option("--compile", "compile_mode", type=click.Choice(["none", "default", "reduce-overhead", "max-autotune"]),
+              default="none", show_default=True,
+              help="torch.compile the DiT blocks (first chunk pays tens of seconds of compilation); "
+                   "reduce-overhead adds CUDA graphs on a GPU.")
+@click.option("--overlap-decode", is_flag=True,
+              help="Decode each chunk while the next one is generated (side CUDA stream; worker thread on CPU).")
 @click.option("--resume", "resume_dir", type=click.Path(path_type=Path), default=None, metavar="RUN_DIR",
               help="Continue an interrupted run from its last saved state (other options come from the run).")
 @click.option("--no-progress", is_flag=True, help="No progress bar.")
 def generate(trajectory, preset, checkpoint, random_weights, image, chunks, seed, output, overwrite, cache,
              positions, budget, summary_slots, recent_slots, landmark_threshold, sink_frames, max_cache_gb,
-             spill_dir, device, dtype, metrics, hash_checkpoint, save_every, resume_dir, no_progress):
+             spill_dir, device, dtype, metrics, hash_checkpoint, save_every, rope_precision, compile_mode,
+             overlap_decode, resume_dir, no_progress):
     """Generate a video from TRAJECTORY (a YAML file of actions; see trajectories/README.md).
 
     Writes to the run folder: video.mp4 (H.264, appended chunk by chunk), chunks.jsonl (one record
@@ -126,7 +136,8 @@ def generate(trajectory, preset, checkpoint, random_weights, image, chunks, seed
         if resume_dir is not None:
             from dataclasses import replace
 
-            given = [f"--{name.replace('_', '-')}" for name, value in ctx.params.items()
+            flags = {p.name: max(p.opts, key=len) for p in ctx.command.params}
+            given = [flags[name] for name, value in ctx.params.items()
                      if name not in ("resume_dir", "no_progress") and value is not None
                      and ctx.get_parameter_source(name) == click.core.ParameterSource.COMMANDLINE]
             if given:
@@ -153,7 +164,8 @@ def generate(trajectory, preset, checkpoint, random_weights, image, chunks, seed
                                             max_cache_gb=max_cache_gb,
                                             spill_dir=None if spill_dir is None else str(spill_dir)),
                         overwrite=overwrite, progress=not no_progress, hash_checkpoint=hash_checkpoint,
-                        metrics=metrics, save_every=save_every)
+                        metrics=metrics, save_every=save_every, rope_precision=rope_precision,
+                        compile=compile_mode, overlap_decode=overlap_decode)
         report(run_generate(cfg))
 
     def report(summary):
@@ -249,12 +261,26 @@ def bench_mechanism(writers, schemes, routes, legs, seed, landmark_threshold, ou
 @click.option("--image", type=click.Path(path_type=Path), default=None, help="Conditioning image (default: a gradient).")
 @click.option("--warmup", type=int, default=1, show_default=True, help="Chunks excluded from the timings.")
 @click.option("--no-decode", is_flag=True, help="Skip the VAE decode (DiT and cache only).")
+@click.option("--rope-precision", type=click.Choice(["float32", "float64"]), default="float32", show_default=True,
+              help="dtype of the RoPE tables and rotation (as generate).")
+@click.option("--compile", "compile_mode", type=click.Choice(["none", "default", "reduce-overhead", "max-autotune"]),
+              default="none", show_default=True,
+              help="torch.compile the DiT blocks (as generate); use --warmup 3 or more with it.")
+@click.option("--overlap-decode", is_flag=True, help="Decode each chunk while the next one is generated (as generate).")
 @click.option("-o", "--output", type=click.Path(path_type=Path), default=Path("benchmarks/results"), show_default=True)
 @click.option("--name", default=None, help="File stem of the results (default: speed-<preset>-<device>).")
-def bench_speed(preset, random_weights, caches, chunks, device, dtype, image, warmup, no_decode, output, name):
-    """Seconds per chunk by phase, DiT forward time, fps and peak memory of each writer (JSON + Markdown).
+def bench_speed(preset, random_weights, caches, chunks, device, dtype, image, warmup, no_decode, rope_precision,
+                compile_mode, overlap_decode, output, name):
+    """Seconds per chunk by phase, wall-clock seconds per chunk, DiT forward time, fps and peak memory
+    of each writer (JSON + Markdown with the device, versions and command).
 
-    CUDA timers are synchronised per phase; runs on CPU with the tiny preset for smoke tests.
+    Phase timers synchronise the generating CUDA stream; fps is pixel frames over wall-clock time.
+    Runs on CPU with the tiny preset for smoke tests.
+
+    \b
+    Full-size MG2 on a GPU (the targets in benchmarks/README.md):
+      worldtrace bench speed --preset mg2-universal --random-weights \\
+          --caches sliding,field,landmark --chunks 64,256,512
     """
     import json
 
@@ -262,7 +288,8 @@ def bench_speed(preset, random_weights, caches, chunks, device, dtype, image, wa
 
     def job():
         result = speed_benchmark(preset, tuple(_csv(caches)), tuple(_csv(chunks, int)), device, dtype, image,
-                                 warmup, not no_decode)
+                                 warmup, not no_decode, rope_precision=rope_precision, compile_mode=compile_mode,
+                                 overlap_decode=overlap_decode)
         result["meta"]["command"] = sys.argv
         output.mkdir(parents=True, exist_ok=True)
         stem = name or f"speed-{preset}-{result['meta']['device'].split(':')[0]}"

@@ -136,6 +136,12 @@ class RunConfig:
         weights_seed: seed of random weights (tiny preset, ``--random-weights``).
         metrics: ``none`` | ``fast`` (TempSSIM, LatentDiff) | ``all`` (+ CLIP Scene Drift, PAC).
         save_every: save a resume state every this many chunks (0: only on Ctrl-C / SIGTERM).
+        rope_precision: ``float32`` | ``float64``: dtype of the RoPE tables and rotation
+            (:class:`~worldtrace_cli.model.rope.MainRope`); both replay the golden fixtures.
+        compile: ``none`` | ``default`` | ``reduce-overhead`` | ``max-autotune``: torch.compile of the
+            DiT blocks' pure parts (:func:`~worldtrace_cli.model.dit.compile_blocks`).
+        overlap_decode: decode each chunk while the next one is generated
+            (:class:`~worldtrace_cli.rollout.DecodePipeline`).
     """
 
     preset: Preset
@@ -155,6 +161,9 @@ class RunConfig:
     hash_checkpoint: bool = False
     metrics: str = "fast"
     save_every: int = 16
+    rope_precision: str = "float32"
+    compile: str = "none"
+    overlap_decode: bool = False
 
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)

@@ -30,7 +30,8 @@ import torch
 from .config import RunConfig
 from .errors import InputError, OutputError, WorldtraceError
 from .memory import build_writer
-from .rollout import Rollout, resolve_device, resolve_dtype, versions
+from .model.dit import COMPILE_MODES, ROPE_PRECISIONS, configure_speed
+from .rollout import DecodePipeline, Rollout, resolve_device, resolve_dtype, versions
 
 log = logging.getLogger("worldtrace")
 STATE_DIR = "resume"
@@ -69,15 +70,15 @@ class _StopFlag:
             signal.signal(sig, handler)
 
 
-def _state_parts(rollout: Rollout, scorer, progress: dict) -> dict:
+def _state_parts(rollout: Rollout, decoder, scorer, progress: dict) -> dict:
     return {"writer": rollout.writer.__dict__ | {"geometry": None},
             "action_caches": {"mouse": rollout.state.mouse_kv, "keyboard": rollout.state.keyboard_kv},
-            "decoder": rollout.decoder.state(),
+            "decoder": decoder.state(),
             "scorer": scorer.__dict__ | {"tower": None},
             "progress": progress}
 
 
-def _restore(rollout: Rollout, scorer, parts: dict, tensors: dict) -> dict:
+def _restore(rollout: Rollout, decoder, scorer, parts: dict, tensors: dict) -> dict:
     from .state import unpack
 
     # every tensor returns to the device it was saved from: host stores stay on the host
@@ -87,18 +88,18 @@ def _restore(rollout: Rollout, scorer, parts: dict, tensors: dict) -> dict:
     caches = unpack(parts["action_caches"], tensors)
     rollout.state.mouse_kv, rollout.state.keyboard_kv = caches["mouse"], caches["keyboard"]
     dec = unpack(parts["decoder"], tensors)
-    rollout.decoder.load_state(dec)
+    decoder.load_state(dec)
     tower = scorer.tower
     scorer.__dict__.update(unpack(parts["scorer"], tensors, "cpu"))
     scorer.tower = tower
     return unpack(parts["progress"], tensors)
 
 
-def _save(run_dir: Path, cfg: RunConfig, rollout: Rollout, scorer, progress: dict, inputs: dict) -> None:
+def _save(run_dir: Path, cfg: RunConfig, rollout: Rollout, decoder, scorer, progress: dict, inputs: dict) -> None:
     from .state import save_state
 
     save_state(run_dir / STATE_DIR, {"config": cfg.to_dict(), "next_chunk": rollout.chunk, "version": 1,
-                                     "inputs": inputs}, _state_parts(rollout, scorer, progress))
+                                     "inputs": inputs}, _state_parts(rollout, decoder, scorer, progress))
 
 
 def _sha256(path: Path) -> str:
@@ -173,11 +174,18 @@ def run_generation(cfg: RunConfig, resume: bool = False) -> dict:
     dtype = resolve_dtype(cfg.dtype, device)
     if cfg.save_every < 0:
         raise InputError(f"--save-every: must be >= 0, got {cfg.save_every}")
+    if cfg.rope_precision not in ROPE_PRECISIONS:
+        raise InputError(f"--rope-precision: must be one of {', '.join(ROPE_PRECISIONS)}, got {cfg.rope_precision!r}")
+    if cfg.compile not in COMPILE_MODES:
+        raise InputError(f"--compile: must be one of {', '.join(COMPILE_MODES)}, got {cfg.compile!r}")
     run_dir = Path(cfg.output) if resume else prepare_run_dir(cfg.output, cfg.overwrite)
 
     t0 = time.perf_counter()
     world = load_world_model(preset, cfg.checkpoint, cfg.random_weights, cfg.weights_seed, device, dtype,
                              cfg.hash_checkpoint)
+    configure_speed(world.dit, cfg.rope_precision, cfg.compile)
+    if cfg.compile != "none":
+        log.info(f"--compile {cfg.compile}: the first chunk includes compiling the DiT blocks")
     load_s = time.perf_counter() - t0
     t0 = time.perf_counter()
     with torch.no_grad():
@@ -190,8 +198,8 @@ def run_generation(cfg: RunConfig, resume: bool = False) -> dict:
     rollout = Rollout(world.dit, writer, conditioning, visual_context, plan.keyboard[None],
                       None if plan.mouse is None else plan.mouse[None],
                       FlowMatchSchedule(preset.denoising_steps, preset.timestep_shift), seed, device,
-                      (preset.height // 8, preset.width // 8), StreamingDecoder(world.vae),
-                      preset.frames_per_chunk)
+                      (preset.height // 8, preset.width // 8), None, preset.frames_per_chunk)
+    decoder = StreamingDecoder(world.vae)
     scorer = OnlineMetrics(cfg.metrics, world.clip if cfg.metrics == "all" else None)
     progress = {"totals": {}, "peak": {"rss_bytes": 0, "gpu_peak_bytes": 0}}
     records: list[dict] = []
@@ -213,7 +221,7 @@ def run_generation(cfg: RunConfig, resume: bool = False) -> dict:
             raise OutputError(f"{run_dir}: the video ({have} frames) or chunks.jsonl ({len(records)} records) "
                               f"lost chunks before the saved chunk {start}; cannot resume exactly "
                               f"(use --overwrite to start again)")
-        progress = _restore(rollout, scorer, parts, tensors)
+        progress = _restore(rollout, decoder, scorer, parts, tensors)
         rollout.chunk = start
         tmp = run_dir / "chunks.jsonl.tmp"
         tmp.write_text("".join(json.dumps(r) + "\n" for r in records))
@@ -228,35 +236,52 @@ def run_generation(cfg: RunConfig, resume: bool = False) -> dict:
     bar = tqdm(total=plan.num_chunks, initial=start, unit="chunk", file=sys.stderr, disable=not cfg.progress,
                desc=writer.name)
     stop = _StopFlag().__enter__()  # held until the summary is written: a late Ctrl-C finishes cleanly
+    pipeline = DecodePipeline(decoder, device, cfg.overlap_decode)
+
+    def finish(out):
+        """Write one decoded chunk: video frames, metrics, its chunks.jsonl record."""
+        c = out.record["chunk"]
+        video.write(out.frames)
+        rec = out.record
+        rec["pixel_frames"] = list(chunk_rows(c))
+        rec["actions"] = plan.chunk_actions[c]
+        rec["waypoints"] = waypoints.get(c, [])
+        rec["frames_sha256"] = hashlib.sha256(out.frames.numpy().tobytes()).hexdigest()
+        with torch.no_grad():
+            rec["metrics"] = scorer.add_chunk(out.latents, out.frames)
+        jsonl.write(rec)
+        records.append(rec)
+        for k, v in rec["timings_s"].items():
+            totals[k] = totals.get(k, 0.0) + v
+        for k in peak:
+            peak[k] = max(peak[k], rec["memory"].get(k, 0))
+        bar.update(1)
+
     try:
         stopped = None
         try:
             for c in range(start, plan.num_chunks):
-                out = rollout.step()
-                video.write(out.frames)
-                rec = out.record
-                rec["pixel_frames"] = list(chunk_rows(c))
-                rec["actions"] = plan.chunk_actions[c]
-                rec["waypoints"] = waypoints.get(c, [])
-                rec["frames_sha256"] = hashlib.sha256(out.frames.numpy().tobytes()).hexdigest()
-                with torch.no_grad():
-                    rec["metrics"] = scorer.add_chunk(out.latents, out.frames)
-                jsonl.write(rec)
-                records.append(rec)
-                for k, v in rec["timings_s"].items():
-                    totals[k] = totals.get(k, 0.0) + v
-                for k in peak:
-                    peak[k] = max(peak[k], rec["memory"].get(k, 0))
-                bar.update(1)
+                try:
+                    out = rollout.step()
+                except BaseException:
+                    for done in pipeline.flush():  # the chunks generated before are still written
+                        finish(done)
+                    raise
+                for done in pipeline.submit(out):
+                    finish(done)
                 last = c == plan.num_chunks - 1
-                if not last and (stop.signal is not None or (cfg.save_every and (c + 1) % cfg.save_every == 0)):
-                    _save(run_dir, cfg, rollout, scorer, progress, inputs)
+                save = not last and (stop.signal is not None or (cfg.save_every and (c + 1) % cfg.save_every == 0))
+                if save or last or stop.signal is not None:
+                    for done in pipeline.flush():  # the decoder state must cover every chunk saved
+                        finish(done)
+                if save:
+                    _save(run_dir, cfg, rollout, decoder, scorer, progress, inputs)
                 if stop.signal is not None and not last:
                     stopped = c
                     break
         finally:
             failing = sys.exc_info()[1] is not None  # then a closing error must not hide the real one
-            steps = [bar.close, jsonl.close, video.close]
+            steps = [pipeline.close, bar.close, jsonl.close, video.close]
             if start:
                 steps.append(lambda: concat_videos([video_path, run_dir / VIDEO_PART], video_path))
             if records:
@@ -271,7 +296,8 @@ def run_generation(cfg: RunConfig, resume: bool = False) -> dict:
         if stopped is not None:
             raise Interrupted(f"interrupted after chunk {stopped} of {plan.num_chunks}; every finished chunk is in "
                               f"{run_dir}; resume with: worldtrace generate --resume {run_dir}")
-        gen_s = sum(totals.values())
+        # with overlap the decode runs beside the DiT: only the wait for it is on the critical path
+        gen_s = sum(v for k, v in totals.items() if k != ("decode" if cfg.overlap_decode else "decode_wait"))
         frames_total = frames_for_chunks(plan.num_chunks)
         summary = {
             "status": "complete",

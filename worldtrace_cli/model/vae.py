@@ -252,8 +252,8 @@ class StreamingDecoder:
         self._frames += out.shape[2]
         return out
 
-    def decode(self, latents: torch.Tensor) -> torch.Tensor:
-        """Decode the next chunk to video frames as MG2 writes them.
+    def decode_pixels(self, latents: torch.Tensor) -> torch.Tensor:
+        """Decode the next chunk to video frames as MG2 writes them, left on the VAE's device.
 
         Pixels: clamp to [-1, 1], then ``(x + 1) * 127.5`` computed in float32 and truncated to
         uint8 (MG2 ``inference.py``: ``((x + 1) * 127.5).clip(0, 255).astype(np.uint8)``).
@@ -262,11 +262,15 @@ class StreamingDecoder:
             latents: normalised ``[1, 16, F, h, w]`` (see :meth:`decode_float`).
 
         Returns:
-            uint8 ``[T, 8h, 8w, 3]`` on the CPU (T as in :meth:`decode_float`).
+            uint8 ``[T, 8h, 8w, 3]`` contiguous, on the VAE's device (T as in :meth:`decode_float`).
         """
         x = self.decode_float(latents)[0].float()
         pixels = ((x + 1.0) * 127.5).clamp_(0, 255).to(torch.uint8)
-        return pixels.permute(1, 2, 3, 0).contiguous().cpu()
+        return pixels.permute(1, 2, 3, 0).contiguous()
+
+    def decode(self, latents: torch.Tensor) -> torch.Tensor:
+        """:meth:`decode_pixels` moved to the CPU: uint8 ``[T, 8h, 8w, 3]``."""
+        return self.decode_pixels(latents).cpu()
 
 
 __all__ = [

@@ -1,0 +1,191 @@
+"""The hot path's speed options change how fast, not what is computed: RoPE tables in float32,
+torch.compile of the blocks, and decoding one chunk behind generation."""
+
+import copy
+import dataclasses
+import shutil
+
+import pytest
+import torch
+
+from worldtrace_cli.memory import MemoryConfig, build_writer
+from worldtrace_cli.model.dit import CausalWanDiT, compile_blocks, configure_speed, init_random_weights
+from worldtrace_cli.model.rope import MainRope
+from worldtrace_cli.model.sampler import FlowMatchSchedule
+from worldtrace_cli.model.vae import StreamingDecoder, build_wan_vae
+from worldtrace_cli.rollout import ChunkOutput, DecodePipeline, Rollout
+
+from test_rollout import LATENT_HW, ConstantConditioning
+
+
+def _rope(precision):
+    return MainRope(128, precision=precision)
+
+
+def test_chunk_tables_rotate_like_spatial_then_temporal():
+    """One pass over all pairs with the chunk's tables == spatial RoPE, then temporal RoPE at the
+    chunk's frame offsets (the axes use disjoint channels), exactly in float64."""
+    rope = _rope(torch.float64)
+    frames, h, w = 3, 2, 4
+    x = torch.randn(1, frames * h * w, 2, 128, dtype=torch.float64)
+    cos, sin = rope.chunk_tables(frames, h, w)
+    positions = torch.arange(frames, dtype=torch.float64).repeat_interleave(h * w)
+    expected = rope.apply_temporal(rope.apply_spatial(x, h, w), positions)
+    assert torch.equal(rope.rotate(x, cos, sin), expected)
+    # the spatial columns alone make the canonical key: temporal channels untouched
+    canon = rope.rotate(x, cos[:, rope.t_ch // 2:], sin[:, rope.t_ch // 2:], start=rope.t_ch)
+    assert torch.equal(canon, rope.apply_spatial(x, h, w))
+    assert torch.equal(canon[..., :rope.t_ch], x[..., :rope.t_ch])
+
+
+def test_float32_rope_is_within_one_bf16_rounding_of_float64():
+    """float32 tables (rounded once from float64 angles) only move a bf16 key where the float64
+    result sits on a rounding boundary: by one bf16 step, on a small fraction of elements."""
+    frames, h, w = 3, 6, 8
+    x = torch.randn(1, frames * h * w, 4, 128).to(torch.bfloat16)
+    results = {}
+    for precision in (torch.float64, torch.float32):
+        rope = _rope(precision)
+        cos, sin = rope.chunk_tables(frames, h, w, device="cpu")
+        assert cos.dtype == precision
+        results[precision] = rope.rotate(x, cos, sin)
+    a, b = results[torch.float64].float(), results[torch.float32].float()
+    diff = (a - b).abs()
+    one_step = a.abs().clamp(min=1e-30) * 2.0 ** -7  # bf16 has 8 significant bits
+    assert (diff <= one_step + 1e-30).all()
+    assert (diff > 0).float().mean() < 0.01
+
+
+def test_float32_rope_matches_float64_on_float32_keys_and_far_positions():
+    """Angles are computed in float64 before rounding, so even 5000 latent frames away the float32
+    rotation agrees with the float64 one to float32 accuracy."""
+    x = torch.randn(1, 4 * 6, 2, 128)
+    pos = torch.tensor([-5000.0, -1.0, 0.5, 3000.0], dtype=torch.float64)
+    a = _rope(torch.float64).rotate_slots(x, pos)
+    b = _rope(torch.float32).rotate_slots(x, pos)
+    assert (a - b).abs().max() < 1e-5
+
+
+def test_unknown_precision_and_compile_mode_are_refused(dit):
+    with pytest.raises(ValueError, match="float64 or float32"):
+        MainRope(128, precision=torch.float16)
+    with pytest.raises(ValueError, match="RoPE precision"):
+        configure_speed(dit, "float16")
+    with pytest.raises(ValueError, match="compile mode"):
+        compile_blocks(dit, "fastest")
+
+
+def _rollout(model, writer_name="landmark", device="cpu"):
+    gen = torch.Generator().manual_seed(5)
+    rows = 12 * 4 - 3
+    keyboard = (torch.rand(1, rows, 4, generator=gen) > 0.5).float()
+    writer = build_writer(MemoryConfig(cache=writer_name), model.cfg.local_attn_size - 3)
+    return Rollout(model, writer, ConstantConditioning(), torch.randn(1, 257, 1280, generator=gen), keyboard,
+                   torch.zeros(1, rows, 2), FlowMatchSchedule(), 0, torch.device(device), LATENT_HW)
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(shutil.which("c++") is None and shutil.which("g++") is None,
+                    reason="torch.compile on CPU needs a C++ compiler")
+def test_compiled_blocks_follow_eager_and_share_one_graph_per_part(dit):
+    """Three-layer model: a compiled rollout gives the eager latents and cache within float32
+    rounding; the graphs do not multiply with the layers (parameters are graph inputs), so a
+    30-layer MG2 does not hit torch's recompile limit and fall back to eager."""
+    from torch._dynamo.utils import counters
+
+    cfg = dataclasses.replace(dit.cfg, num_layers=3)
+    model = CausalWanDiT(cfg).eval()
+    init_random_weights(model, seed=4)
+    compiled = copy.deepcopy(model)
+    torch._dynamo.reset()
+    graphs_before = counters["stats"]["unique_graphs"]
+    compile_blocks(compiled, "default")
+    assert compiled.compile_mode == "default" and not compiled.cudagraphs
+    eager_run, compiled_run = _rollout(model), _rollout(compiled)
+    for _ in range(4):
+        a, b = eager_run.step(), compiled_run.step()
+        assert (a.latents - b.latents).abs().max() < 1e-4
+        assert a.record["cache"]["slots"] == b.record["cache"]["slots"]
+    for layer in range(cfg.num_layers):
+        (ka, va, _), (kb, vb, _) = eager_run.writer.read(layer), compiled_run.writer.read(layer)
+        assert (ka - kb).abs().max() < 1e-4 and (va - vb).abs().max() < 1e-4
+    # attention_inputs (denoising, context pass), attention_outputs, feed_forward; none per layer
+    assert 3 <= counters["stats"]["unique_graphs"] - graphs_before <= 4
+    compile_blocks(compiled, "none")  # back to eager: the very same numbers as the eager model
+    assert all("attention_inputs" not in block.__dict__ for block in compiled.blocks)
+    assert torch.equal(_rollout(model).step().latents, _rollout(compiled).step().latents)
+
+
+@pytest.fixture(scope="module")
+def tiny_vae():
+    return build_wan_vae("tiny", seed=2)
+
+
+def _outputs(count, seed=0):
+    gen = torch.Generator().manual_seed(seed)
+    return [ChunkOutput(torch.randn(1, 16, 3, 2, 3, generator=gen), None, {"chunk": c, "timings_s": {}})
+            for c in range(count)]
+
+
+def test_overlapped_decode_returns_every_chunk_once_in_order_with_the_same_frames(tiny_vae):
+    sync = DecodePipeline(StreamingDecoder(tiny_vae), "cpu", overlap=False)
+    lagged_decoder = StreamingDecoder(tiny_vae)
+    lagged = DecodePipeline(lagged_decoder, "cpu", overlap=True)
+    expected, got = [], []
+    for a, b in zip(_outputs(4), _outputs(4)):
+        done = sync.submit(a)
+        assert [d.record["chunk"] for d in done] == [a.record["chunk"]]
+        expected += done
+        ready = lagged.submit(b)
+        assert [d.record["chunk"] for d in ready] == ([] if b.record["chunk"] == 0 else [b.record["chunk"] - 1])
+        got += ready
+    got += lagged.flush()
+    assert lagged.flush() == []
+    lagged.close()
+    assert [d.record["chunk"] for d in got] == [0, 1, 2, 3]
+    for e, g in zip(expected, got):
+        assert torch.equal(e.frames, g.frames) and g.frames.dtype == torch.uint8
+        assert g.record["timings_s"]["decode"] > 0 and "decode_wait" in g.record["timings_s"]
+    assert [f.shape[0] for f in (d.frames for d in got)] == [9, 12, 12, 12]
+    # after a flush the decoder's state covers every submitted chunk (what resume states save)
+    assert lagged_decoder.frames_decoded == sync.decoder.frames_decoded == 45
+
+
+needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+
+
+@pytest.mark.gpu
+@needs_cuda
+def test_side_stream_decode_gives_the_synchronous_frames(tiny_vae):
+    vae = copy.deepcopy(tiny_vae).cuda()
+    sync = DecodePipeline(StreamingDecoder(vae), "cuda", overlap=False)
+    side = DecodePipeline(StreamingDecoder(vae), "cuda", overlap=True)
+    assert side._stream is not None
+    expected, got = [], []
+    for a, b in zip(_outputs(5), _outputs(5)):
+        expected += sync.submit(ChunkOutput(a.latents.cuda(), None, a.record))
+        got += side.submit(ChunkOutput(b.latents.cuda(), None, b.record))
+    got += side.flush()
+    assert [d.record["chunk"] for d in got] == list(range(5))
+    for e, g in zip(expected, got):
+        assert g.frames.device.type == "cpu" and torch.equal(e.frames, g.frames)
+        assert g.record["timings_s"]["decode"] > 0
+
+
+@pytest.mark.gpu
+@needs_cuda
+@pytest.mark.parametrize("mode", ["default", "reduce-overhead"])
+def test_compiled_blocks_on_cuda_follow_eager(dit, mode):
+    """reduce-overhead runs the blocks under CUDA graphs: the cache must still hold each chunk's
+    own keys (cloned out of the graph pool), so later chunks match eager too."""
+    model = copy.deepcopy(dit).cuda()
+    compiled = copy.deepcopy(model)
+    torch._dynamo.reset()
+    compile_blocks(compiled, mode)
+    assert compiled.cudagraphs == (mode == "reduce-overhead")
+
+    eager_run, compiled_run = _rollout(model, device="cuda"), _rollout(compiled, device="cuda")
+    for _ in range(5):
+        a, b = eager_run.step(), compiled_run.step()
+        assert (a.latents - b.latents).abs().max() < 1e-3
+    compile_blocks(compiled, "none")
