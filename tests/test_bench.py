@@ -55,3 +55,30 @@ def test_speed_bench_smoke_on_cpu():
         assert set(r["phase_seconds_per_chunk"]) == {"denoise", "context", "cache", "decode"}
         assert r["gpu_peak_bytes"] is None and r["rss_bytes"] > 0 and r["fps"] > 0
     assert rows[0]["kv_bytes"] == rows[1]["kv_bytes"]  # bounded cache: same bytes at 2 and 3 chunks
+    summary = {(e["cache"], e["chunks"]): e for e in result["summary"]}
+    assert summary[("sliding", 3)]["vs_reference"] == 1.0
+    assert summary[("field-streaming", 3)]["vs_reference"] == rows[3]["seconds_per_chunk"] / rows[1]["seconds_per_chunk"]
+
+
+def test_speed_bench_repeats_interleave_writers_and_take_medians():
+    result = speed_benchmark("tiny", ("sliding", "landmark"), (2,), device="cpu", decode=False, repeats=3,
+                             budget=6)
+    assert [(r["cache"], r["repeat"]) for r in result["rows"]] == [
+        ("sliding", 0), ("landmark", 0), ("sliding", 1), ("landmark", 1), ("sliding", 2), ("landmark", 2)]
+    assert {r["budget"] for r in result["rows"]} == {6}
+    for entry in result["summary"]:
+        runs = sorted(r["seconds_per_chunk"] for r in result["rows"] if r["cache"] == entry["cache"])
+        assert entry["seconds_per_chunk"] == runs[1]  # the median of three
+        assert entry["fps"] is None and entry["wall_seconds_per_chunk"] > 0
+
+
+def test_speed_cli_writes_json_and_markdown(tmp_path):
+    result = CliRunner().invoke(main, ["bench", "speed", "--caches", "sliding", "--chunks", "2", "--device", "cpu",
+                                       "--no-decode", "--budget", "6", "--rope-precision", "float64",
+                                       "-o", str(tmp_path), "--name", "smoke"])
+    assert result.exit_code == 0, result.output
+    data = json.loads((tmp_path / "smoke.json").read_text())
+    assert data["meta"]["rope_precision"] == "float64" and data["meta"]["budget"] == 6 and data["meta"]["command"]
+    assert "| sliding | 6 | 2 |" in (tmp_path / "smoke.md").read_text()
+    bad = CliRunner().invoke(main, ["bench", "speed", "--compile", "fastest"])
+    assert bad.exit_code == 2 and "fastest" in bad.output

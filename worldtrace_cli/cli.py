@@ -267,10 +267,15 @@ def bench_mechanism(writers, schemes, routes, legs, seed, landmark_threshold, ou
               default="none", show_default=True,
               help="torch.compile the DiT blocks (as generate); use --warmup 3 or more with it.")
 @click.option("--overlap-decode", is_flag=True, help="Decode each chunk while the next one is generated (as generate).")
+@click.option("--budget", type=int, default=None,
+              help="Past latent-frame slots of every writer (default: each writer's own: sliding 3, WorldTrace 6). "
+                   "Use 6 to compare writers at one cache size.")
+@click.option("--repeats", type=click.IntRange(1), default=1, show_default=True,
+              help="Run the writers in turn this many times; the summary takes medians.")
 @click.option("-o", "--output", type=click.Path(path_type=Path), default=Path("benchmarks/results"), show_default=True)
 @click.option("--name", default=None, help="File stem of the results (default: speed-<preset>-<device>).")
 def bench_speed(preset, random_weights, caches, chunks, device, dtype, image, warmup, no_decode, rope_precision,
-                compile_mode, overlap_decode, output, name):
+                compile_mode, overlap_decode, budget, repeats, output, name):
     """Seconds per chunk by phase, wall-clock seconds per chunk, DiT forward time, fps and peak memory
     of each writer (JSON + Markdown with the device, versions and command).
 
@@ -289,7 +294,7 @@ def bench_speed(preset, random_weights, caches, chunks, device, dtype, image, wa
     def job():
         result = speed_benchmark(preset, tuple(_csv(caches)), tuple(_csv(chunks, int)), device, dtype, image,
                                  warmup, not no_decode, rope_precision=rope_precision, compile_mode=compile_mode,
-                                 overlap_decode=overlap_decode)
+                                 overlap_decode=overlap_decode, budget=budget, repeats=repeats)
         result["meta"]["command"] = sys.argv
         output.mkdir(parents=True, exist_ok=True)
         stem = name or f"speed-{preset}-{result['meta']['device'].split(':')[0]}"

@@ -1,10 +1,11 @@
 #!/usr/bin/env bash
 # Run ON THE GPU MACHINE (device tool), in the repository root, with .whl carried:
 #   bash benchmarks/gpu/on-device.sh check            # GPU tests + CUDA parity, eager and compiled (~3 min)
-#   bash benchmarks/gpu/on-device.sh bench CACHE      # full-size speed bench of one writer at 64,256,512 chunks
-#   bash benchmarks/gpu/on-device.sh bench CACHE "--compile reduce-overhead --warmup 3 --overlap-decode"
+#   bash benchmarks/gpu/on-device.sh ratio [EXTRA]    # sliding, field, landmark interleaved 3 times, 64 chunks: s/chunk ratios
+#   bash benchmarks/gpu/on-device.sh bench CACHE [EXTRA]  # one writer at 64,256,512 chunks: peak memory vs N
+# EXTRA, e.g. "--compile reduce-overhead --warmup 4 --overlap-decode" or "--budget 6".
 # Results go to $OUT (returned by the device tool); copy them into benchmarks/results/.
-# Smoke test on a CPU machine: DEVICE=cpu PRESET=tiny CHUNKS=2,3 OUT=/tmp/o bash benchmarks/gpu/on-device.sh bench sliding
+# Smoke test on a CPU machine: DEVICE=cpu PRESET=tiny CHUNKS=2,3 RATIO_CHUNKS=6 OUT=/tmp/o bash benchmarks/gpu/on-device.sh ratio
 set -uo pipefail
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit 1
 export PYTHONPATH="/tmp/site:$PWD" PYTHONUNBUFFERED=1
@@ -22,11 +23,18 @@ case "${1:-check}" in
       done
     done 2>&1 | tee "$OUT/parity-cuda.log"
     ;;
+  ratio)
+    extra="${2:-}"
+    stem="speed-$PRESET-ratio-$(echo "$extra" | tr -c 'a-zA-Z0-9\n' '-' | tr -s '-' | sed 's/^-//;s/-$//')"
+    python3 -m worldtrace_cli bench speed --preset "$PRESET" --random-weights --device "$DEVICE" \
+        --caches sliding,field,landmark --chunks "${RATIO_CHUNKS:-64}" --repeats 3 --warmup 4 $extra \
+        -o "$OUT" --name "${stem%-}" 2>&1 | tee "$OUT/${stem%-}.log"
+    ;;
   bench)
     cache="${2:?bench needs a writer name}"; extra="${3:-}"
     stem="speed-$PRESET-$(echo "$cache $extra" | tr -c 'a-zA-Z0-9\n' '-' | tr -s '-' | sed 's/-$//')"
     python3 -m worldtrace_cli bench speed --preset "$PRESET" --random-weights --device "$DEVICE" \
         --caches "$cache" --chunks "$CHUNKS" $extra -o "$OUT" --name "$stem" 2>&1 | tee "$OUT/$stem.log"
     ;;
-  *) echo "usage: $0 check | bench CACHE [EXTRA_ARGS]"; exit 2 ;;
+  *) echo "usage: $0 check | ratio [EXTRA_ARGS] | bench CACHE [EXTRA_ARGS]"; exit 2 ;;
 esac
