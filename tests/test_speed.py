@@ -189,3 +189,17 @@ def test_compiled_blocks_on_cuda_follow_eager(dit, mode):
         a, b = eager_run.step(), compiled_run.step()
         assert (a.latents - b.latents).abs().max() < 1e-3
     compile_blocks(compiled, "none")
+
+
+@pytest.mark.gpu
+@needs_cuda
+def test_bf16_attention_over_the_cache_buffer_runs_on_the_flash_kernel(dit):
+    """SDPA over the [past slots | current chunk] buffer views must be flash-eligible in bf16
+    (last dim contiguous, head dim 128): forcing the flash backend must not raise."""
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    model = copy.deepcopy(dit).cuda().to(torch.bfloat16)
+    run = _rollout(model, "field", device="cuda")
+    with sdpa_kernel([SDPBackend.FLASH_ATTENTION]):
+        for _ in range(3):
+            assert torch.isfinite(run.step().latents).all()
