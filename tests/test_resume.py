@@ -126,6 +126,26 @@ def test_non_finite_latents_stop_the_run_naming_the_chunk(tmp_path, monkeypatch,
     assert probe_video(tmp_path / "o" / "video.mp4")["frames"] == 21
 
 
+def test_a_failure_while_writing_the_last_chunks_does_not_hide_the_real_error(tmp_path, monkeypatch):
+    from worldtrace_cli import rollout
+    from worldtrace_cli.model import dit
+
+    original = dit.CausalWanDiT.forward
+
+    def poisoned(self, x, t, cond, chunk, commit=False):
+        out = original(self, x, t, cond, chunk, commit)
+        return out * float("nan") if chunk.frame_start == 6 else out
+
+    def broken_flush(self):
+        raise OSError("No space left on device")
+
+    monkeypatch.setattr(dit.CausalWanDiT, "forward", poisoned)
+    monkeypatch.setattr(rollout.DecodePipeline, "flush", broken_flush)
+    with pytest.raises(RunError, match="chunk 2: .*NaN"):
+        run_generation(config(tmp_path / "o", "sliding", overlap_decode=True))
+    assert [r["chunk"] for r in read_jsonl(tmp_path / "o" / "chunks.jsonl")] == [0]
+
+
 def test_resume_refuses_changed_inputs_and_lost_chunks(tmp_path):
     """A resume must continue the same video: a changed trajectory, or a video that lost chunks
     before the saved one, is refused with a one-line error instead of splicing two runs."""

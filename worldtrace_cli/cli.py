@@ -104,7 +104,7 @@ def main(verbose: bool) -> None:
 @click.option("--compile", "compile_mode", type=click.Choice(["none", "default", "reduce-overhead", "max-autotune"]),
               default="none", show_default=True,
               help="torch.compile the DiT blocks (first chunk pays tens of seconds of compilation); "
-                   "reduce-overhead adds CUDA graphs on a GPU.")
+                   "reduce-overhead and max-autotune add CUDA graphs on a GPU.")
 @click.option("--overlap-decode", is_flag=True,
               help="Decode each chunk while the next one is generated (side CUDA stream; worker thread on CPU).")
 @click.option("--resume", "resume_dir", type=click.Path(path_type=Path), default=None, metavar="RUN_DIR",

@@ -57,7 +57,8 @@ def process_rss_bytes() -> int:
 
 
 class _Timer:
-    """Wall-clock seconds per phase, synchronising CUDA so GPU work is attributed to its phase."""
+    """Wall-clock seconds per phase, synchronising the current CUDA stream so its GPU work is
+    attributed to its phase (a decode on a side stream is not waited for)."""
 
     def __init__(self, device: torch.device):
         self.device = device
@@ -193,11 +194,14 @@ class DecodePipeline:
     Overlap runs the decode on a side CUDA stream (waiting on the main stream's work so far; frames
     come back through pinned memory) on CUDA, and on a single worker thread on CPU. The decoder is
     stateful (causal feature cache), so chunks are always decoded in submission order, by one
-    stream or thread. :meth:`flush` waits for everything submitted: call it before reading the
-    decoder's state (resume states) and at the end.
+    stream or thread. :meth:`flush` waits for everything submitted: call it before reading or
+    loading the decoder's state (resume states) and at the end. Build the pipeline after restoring
+    a decoder state: the restored tensors were made on the main stream, and the first side-stream
+    decode marks them as used there, so the allocator does not hand their memory to the next
+    chunk's DiT while the decode still reads them.
 
-    Each returned :class:`ChunkOutput` has ``frames`` (uint8 [T, H, W, 3] on the CPU) and, in its
-    record's ``timings_s``: ``decode`` (seconds the decode itself took: side-stream CUDA events or
+    Each returned :class:`ChunkOutput` has ``frames`` (uint8 [T, H, W, 3] on the CPU), its record's
+    ``memory`` re-read after the decode (peak GPU bytes include it), and in ``timings_s``: ``decode`` (seconds the decode itself took: side-stream CUDA events or
     the worker's wall clock) and with overlap ``decode_wait`` (seconds generation waited for it:
     the part of the decode on the critical path).
 
@@ -211,6 +215,7 @@ class DecodePipeline:
         self.decoder, self.device, self.overlap = decoder, torch.device(device), overlap
         self._pending: list = []
         self._stream = self._pool = None
+        self._state_marked = False
         if overlap and self.device.type == "cuda":
             self._stream = torch.cuda.Stream(self.device)
         elif overlap:
@@ -228,6 +233,11 @@ class DecodePipeline:
             return self._pool.submit(self._decode_timed, out.latents)
         main = torch.cuda.current_stream(self.device)
         self._stream.wait_stream(main)  # the latents (and a restored decoder state) are ready
+        if not self._state_marked:  # a restored feature cache was allocated on the main stream
+            for t in self.decoder.state()["cache"]:
+                if isinstance(t, torch.Tensor) and t.is_cuda:
+                    t.record_stream(self._stream)
+            self._state_marked = True
         with torch.cuda.stream(self._stream):
             begin, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
             begin.record()
@@ -249,6 +259,7 @@ class DecodePipeline:
         timings = out.record["timings_s"]
         timings["decode"] = round(seconds, 6)
         timings["decode_wait"] = round(time.perf_counter() - start, 6)
+        out.record["memory"] = memory_record(self.device)
         return out
 
     def submit(self, out: ChunkOutput) -> list[ChunkOutput]:
@@ -257,6 +268,7 @@ class DecodePipeline:
         if not self.overlap:
             out.frames, seconds = self._decode_timed(out.latents)
             out.record["timings_s"]["decode"] = round(seconds, 6)
+            out.record["memory"] = memory_record(self.device)
             return [out]
         self._pending.append((out, self._launch(out)))
         ready = []

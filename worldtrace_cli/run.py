@@ -236,7 +236,7 @@ def run_generation(cfg: RunConfig, resume: bool = False) -> dict:
     bar = tqdm(total=plan.num_chunks, initial=start, unit="chunk", file=sys.stderr, disable=not cfg.progress,
                desc=writer.name)
     stop = _StopFlag().__enter__()  # held until the summary is written: a late Ctrl-C finishes cleanly
-    pipeline = DecodePipeline(decoder, device, cfg.overlap_decode)
+    pipeline = None
 
     def finish(out):
         """Write one decoded chunk: video frames, metrics, its chunks.jsonl record."""
@@ -260,28 +260,36 @@ def run_generation(cfg: RunConfig, resume: bool = False) -> dict:
     try:
         stopped = None
         try:
+            pipeline = DecodePipeline(decoder, device, cfg.overlap_decode)  # after any decoder restore
             for c in range(start, plan.num_chunks):
                 try:
-                    out = rollout.step()
-                except BaseException:
-                    for done in pipeline.flush():  # the chunks generated before are still written
-                        finish(done)
+                    ready = pipeline.submit(rollout.step())
+                except KeyboardInterrupt:  # a second Ctrl-C: abort now, without waiting for a decode
                     raise
-                for done in pipeline.submit(out):
+                except BaseException:
+                    try:
+                        for done in pipeline.flush():  # the chunks generated before are still written
+                            finish(done)
+                    except Exception as exc:  # the original error is the one to report
+                        log.warning(f"while writing the chunks before the failure: {exc}")
+                    raise
+                for done in ready:
                     finish(done)
                 last = c == plan.num_chunks - 1
-                save = not last and (stop.signal is not None or (cfg.save_every and (c + 1) % cfg.save_every == 0))
-                if save or last or stop.signal is not None:
+                signalled = stop.signal is not None  # read once: a signal arriving now counts next chunk
+                save = not last and (signalled or (cfg.save_every and (c + 1) % cfg.save_every == 0))
+                if save or last or signalled:
                     for done in pipeline.flush():  # the decoder state must cover every chunk saved
                         finish(done)
                 if save:
                     _save(run_dir, cfg, rollout, decoder, scorer, progress, inputs)
-                if stop.signal is not None and not last:
+                if signalled and not last:
                     stopped = c
                     break
         finally:
             failing = sys.exc_info()[1] is not None  # then a closing error must not hide the real one
-            steps = [pipeline.close, bar.close, jsonl.close, video.close]
+            steps = [bar.close, jsonl.close, video.close] if pipeline is None else \
+                [pipeline.close, bar.close, jsonl.close, video.close]
             if start:
                 steps.append(lambda: concat_videos([video_path, run_dir / VIDEO_PART], video_path))
             if records:

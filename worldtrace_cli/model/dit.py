@@ -206,7 +206,7 @@ class Block(nn.Module):
         self.ffn = nn.Sequential(nn.Linear(d, cfg.ffn_dim), nn.GELU(approximate="tanh"), nn.Linear(cfg.ffn_dim, d))
         self.action_model = (ActionModule(cfg.action_config, d, cfg.local_attn_size)
                              if index in cfg.action_config.blocks else None)
-        self.cudagraphs = False  # set by compile_blocks
+        self.cudagraphs = False  # set by compile_blocks: the compiled parts replay CUDA graphs on CUDA
 
     def forward(self, x, e0, layer, chunk, rope, grid, commit):
         """x [1, F*S, D], e0 [1, F, 6, D] (time projection) -> [1, F*S, D] (spec §5.4).
@@ -218,7 +218,8 @@ class Block(nn.Module):
         q, k, v, k_canon = self.attention_inputs(x, e0, cos, sin, rope.t_ch, commit)
         if commit:
             # the cache writer keeps these: under CUDA graphs the next replay would overwrite them
-            chunk.committed.append((k_canon.clone(), v.clone()) if self.cudagraphs else (k_canon, v))
+            graphed = self.cudagraphs and x.is_cuda
+            chunk.committed.append((k_canon.clone(), v.clone()) if graphed else (k_canon, v))
         attn = self.self_attn.attend(q, k, v, layer, chunk, rope)
         x = self.attention_outputs(x, attn, e0, chunk.rollout.cross_kv[layer])
         if self.action_model is not None:
@@ -346,7 +347,7 @@ class CausalWanDiT(nn.Module):
             ctx = self.img_emb(chunk.visual_context.to(dtype))
             chunk.rollout.cross_kv = [blk.cross_attn.context_kv(ctx) for blk in self.blocks]
         grid = (f, gh, gw)
-        if self.cudagraphs:
+        if self.cudagraphs and h.is_cuda:
             torch.compiler.cudagraph_mark_step_begin()  # the previous call's graph outputs are dead now
         for i, block in enumerate(self.blocks):
             h = block(h, e0, i, chunk, self.rope, grid, commit)
@@ -364,21 +365,27 @@ def compile_blocks(model: CausalWanDiT, mode: str = "default") -> None:
     modulation, RoPE and projections); the K/V buffer handling, SDPA over it and the action module
     stay eager.
 
-    Each part is one function of (block, tensors) compiled once per process and mode, so the 30
-    blocks share one graph per part (parameters are graph inputs); shapes are static within a run
-    (``dynamic=False``) and the context pass (``commit``) is a second specialisation. ``mode``:
-    ``default`` | ``reduce-overhead`` (CUDA graphs on CUDA; the tensors the cache keeps are cloned
-    out of the graph pool) | ``max-autotune`` | ``none`` (back to eager). The first chunk pays the
-    compilation (tens of seconds on a CPU). Needs a C++ compiler on CPU.
+    Each part is one function of (block, tensors) compiled once per process and mode; parameters
+    are graph inputs, so the blocks share one Dynamo/Inductor graph per part instead of one per
+    layer (which would hit torch's recompile limit and fall back to eager). Shapes are static
+    within a run (``dynamic=False``); the context pass (``commit``) is a second specialisation.
+
+    ``mode``: ``default`` | ``reduce-overhead`` and ``max-autotune`` (both replay CUDA graphs when
+    run on CUDA: each call site is recorded once per path, every DiT call starts a new graph step
+    with ``torch.compiler.cudagraph_mark_step_begin``, and the keys/values the cache keeps are
+    cloned out of the graph pool) | ``none`` (back to eager). The first chunk pays the compilation
+    (tens of seconds on a CPU). Needs a C++ compiler on CPU.
 
     Raises:
         ValueError: unknown mode.
     """
     import types
 
+    from torch._inductor import list_mode_options
+
     if mode not in COMPILE_MODES:
         raise ValueError(f"compile mode must be one of {', '.join(COMPILE_MODES)}, got {mode!r}")
-    cudagraphs = mode == "reduce-overhead" and next(model.parameters()).device.type == "cuda"
+    cudagraphs = mode != "none" and bool(list_mode_options(mode).get("triton.cudagraphs", False))
     for block in model.blocks:
         for name in _PURE_PARTS:
             if mode == "none":

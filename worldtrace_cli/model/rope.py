@@ -68,8 +68,9 @@ class MainRope:
     """Main self-attention RoPE of one head dim (MG2 spec §6.1), split into spatial and temporal parts.
 
     Angles are always computed in float64; ``precision`` is the dtype of the cos/sin tables and of
-    the rotation arithmetic. ``torch.float64`` (the default) is MG2's own (spec §16.6) and what the
-    golden parity uses; ``torch.float32`` keeps float64-accurate tables rounded once to float32,
+    the rotation arithmetic. ``torch.float64`` (this class's default) is MG2's own (spec §16.6);
+    runs use ``torch.float32`` unless told otherwise (``--rope-precision``,
+    :func:`~worldtrace_cli.model.dit.configure_speed`), and both replay the golden fixtures; ``torch.float32`` keeps float64-accurate tables rounded once to float32,
     which is below bf16's resolution (a bf16 model's keys differ by at most one bf16 rounding step)
     and avoids float64 arithmetic on GPUs.
 
@@ -143,8 +144,8 @@ class MainRope:
                out: torch.Tensor | None = None) -> torch.Tensor:
         """Rotate channels ``start:`` of ``x`` [B, L, H, D] by per-token tables cos/sin [L, (D-start)/2].
 
-        Arithmetic in the tables' dtype, result in ``out``'s dtype (``x.dtype`` for a new tensor).
-        ``out`` may be ``x`` (in place) or a slice of an attention buffer.
+        Arithmetic in the tables' dtype, rounded to ``x.dtype`` (then copied into ``out``, which
+        should have ``x``'s dtype). ``out`` may be ``x`` (in place) or a slice of an attention buffer.
         """
         if out is None:
             return rotate_channels(x, cos, sin, start)
