@@ -15,7 +15,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from .config import ActionConfig
-from .rope import action_rope
+from .rope import action_rope_tables, apply_action_rope
 
 
 def _rms(x: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
@@ -40,21 +40,27 @@ class ActionKV:
         return 0 if self.k is None else self.k.shape[1]
 
 
-def _window_attention(q, k_cur, v_cur, past: ActionKV):
-    """Attend F query frames to [past | current] frames. q/k/v: [N, F, H, d]; past rotated here."""
-    p = past.frames
-    f = q.shape[1]
-    pos_cur = torch.arange(f, dtype=torch.float32)
-    q = action_rope(q, pos_cur)
-    k_cur = action_rope(k_cur, pos_cur)
-    if p:
-        k_past = action_rope(past.k.expand(k_cur.shape[0], -1, -1, -1), torch.arange(-p, 0, dtype=torch.float32))
+def _window_attention(q, k_cur, v_cur, past_k, past_v, tables):
+    """Attend F query frames to [past | current] frames: q/k/v [N, F, H, d]; ``past_k``/``past_v``
+    [N or 1, P, H, d] canonical (rotated here) or None; ``tables`` = (cos, sin) [F, 4] of the current
+    offsets 0..F-1 and (cos, sin) [P, 4] of the past offsets -P..-1 (:func:`action_rope_tables`)."""
+    cos_c, sin_c, cos_p, sin_p = tables
+    q = apply_action_rope(q, cos_c, sin_c)
+    k_cur = apply_action_rope(k_cur, cos_c, sin_c)
+    if past_k is not None:
+        k_past = apply_action_rope(past_k.expand(k_cur.shape[0], -1, -1, -1), cos_p, sin_p)
         k_all = torch.cat([k_past, k_cur], dim=1)
-        v_all = torch.cat([past.v.expand(v_cur.shape[0], -1, -1, -1), v_cur], dim=1)
+        v_all = torch.cat([past_v.expand(v_cur.shape[0], -1, -1, -1), v_cur], dim=1)
     else:
         k_all, v_all = k_cur, v_cur
     out = F.scaled_dot_product_attention(q.transpose(1, 2), k_all.transpose(1, 2), v_all.transpose(1, 2))
     return out.transpose(1, 2)  # [N, F, H, d]
+
+
+def _tables(frames: int, past: int, device):
+    """Action-RoPE tables of the current offsets 0..frames-1 and the past offsets -past..-1."""
+    return (*action_rope_tables(torch.arange(frames, dtype=torch.float32), device),
+            *action_rope_tables(torch.arange(-past, 0, dtype=torch.float32), device))
 
 
 class ActionModule(nn.Module):
@@ -85,6 +91,7 @@ class ActionModule(nn.Module):
         self.mouse_attn_q = nn.Linear(dim, ck, bias=False)
         self.keyboard_attn_kv = nn.Linear(cfg.hidden_size * rows, 2 * ck, bias=False)
         self.proj_keyboard = nn.Linear(ck, dim, bias=False)
+        self.cudagraphs = False  # set by compile_blocks (the caches copy what they keep: _push)
 
     def _row_index(self, frame_start: int, num_frames: int, device) -> torch.Tensor:
         """Row indices [F, 12] read by each latent frame: rows 4f-12 .. 4f-1 clamped at 0 (spec §8, §16.8)."""
@@ -92,52 +99,88 @@ class ActionModule(nn.Module):
         f = torch.arange(frame_start, frame_start + num_frames, device=device)[:, None]
         return (r * f - self.cfg.window_rows + torch.arange(self.cfg.window_rows, device=device)).clamp(min=0)
 
-    def forward(self, x: torch.Tensor, grid_tokens: int, frame_start: int, keyboard: torch.Tensor,
-                mouse: torch.Tensor | None, mouse_kv: ActionKV, keyboard_kv: ActionKV,
-                commit: bool = False) -> torch.Tensor:
-        """Add the mouse and keyboard terms to the block's tokens.
+    def select_rows(self, frame_start: int, num_frames: int, keyboard: torch.Tensor,
+                    mouse: torch.Tensor | None, dtype) -> tuple[torch.Tensor | None, torch.Tensor]:
+        """The action rows a chunk reads (the same for every block and call of the chunk).
 
         Args:
-            x: [1, F*S, D] tokens in (frame, row, col) order, S = ``grid_tokens``.
-            frame_start: absolute latent-frame index of the chunk's first frame (selects action rows).
+            frame_start: absolute latent-frame index of the chunk's first frame.
+            num_frames: F, latent frames in the chunk.
             keyboard: [1, R, keyboard_dim_in] action rows (pixel frames) covering at least the rows
                 this chunk reads (rows < 4*(frame_start+F) - 1 ... any longer prefix works).
             mouse: [1, R, 2] or None (keyboard-only models).
+        Returns:
+            (mouse rows [F, 24] or None when the mouse branch is off, keyboard rows [F, 12, kd]) in ``dtype``.
+        """
+        idx = self._row_index(frame_start, num_frames, keyboard.device)  # [F, 12]
+        mouse_rows = None
+        if self.cfg.enable_mouse and mouse is not None:
+            mouse_rows = mouse[0, idx].reshape(num_frames, -1).to(dtype)
+        return mouse_rows, keyboard[0, idx].to(dtype)
+
+    def forward(self, x: torch.Tensor, rows: tuple[torch.Tensor | None, torch.Tensor], mouse_kv: ActionKV,
+                keyboard_kv: ActionKV, commit: bool = False) -> torch.Tensor:
+        """Add the mouse and keyboard terms to the block's tokens.
+
+        Args:
+            x: [1, F*S, D] tokens in (frame, row, col) order.
+            rows: :meth:`select_rows` of this chunk.
             mouse_kv, keyboard_kv: this block's committed action caches; updated in place when ``commit``.
             commit: push this call's keys/values into the caches (the context pass).
         Returns:
             [1, F*S, D]: ``x + proj_mouse(mouse attn) + proj_keyboard(keyboard attn)``.
         """
-        b, n, d = x.shape
-        s = grid_tokens
-        f = n // s
-        h = self.heads
-        window = self.window_frames
-        idx = self._row_index(frame_start, f, x.device)  # [F, 12]
-        if self.cfg.enable_mouse and mouse is not None:
-            rows = mouse[0, idx].reshape(f, -1).to(x.dtype)                     # [F, 24]
-            feat = torch.cat([x.view(f, s, d), rows[:, None, :].expand(f, s, -1)], dim=-1)
-            feat = self.mouse_mlp(feat.transpose(0, 1))                        # [S, F, C]
-            q, k, v = self.t_qkv(feat).view(s, f, 3, h, -1).unbind(2)          # [S, F, H, d]
-            q, k = _rms(q), _rms(k)
-            out = _window_attention(q, k, v, mouse_kv)                         # [S, F, H, d]
-            x = x + self.proj_mouse(out.transpose(0, 1).reshape(1, n, -1))
+        mouse_rows, keyboard_rows = rows
+        f = keyboard_rows.shape[0]
+        keep = self.window_frames - f
+        if mouse_rows is not None:
+            x, k, v = self.mouse_part(x, mouse_rows, mouse_kv.k, mouse_kv.v, _tables(f, mouse_kv.frames, x.device))
             if commit:
-                _push(mouse_kv, k, v, window - f)
-        emb = self.keyboard_embed(keyboard[0, idx].to(x.dtype))                # [F, 12, hidden]: rows read only
+                _push(mouse_kv, k, v, keep)
+        x, k, v = self.keyboard_part(x, keyboard_rows, keyboard_kv.k, keyboard_kv.v,
+                                     _tables(f, keyboard_kv.frames, x.device))
+        if commit:
+            _push(keyboard_kv, k, v, keep)
+        return x
+
+    def mouse_part(self, x, rows, past_k, past_v, tables):
+        """Pure: the mouse term. x [1, F*S, D], rows [F, 24] (the mouse rows each frame reads),
+        past_k/past_v [S, P, H, d] or None -> (x + proj_mouse(attn), k, v), k/v [S, F, H, d] canonical."""
+        _, n, d = x.shape
+        f = rows.shape[0]
+        s = n // f
+        h = self.heads
+        feat = torch.cat([x.view(f, s, d), rows[:, None, :].expand(f, s, -1)], dim=-1)
+        feat = self.mouse_mlp(feat.transpose(0, 1))                        # [S, F, C]
+        q, k, v = self.t_qkv(feat).view(s, f, 3, h, -1).unbind(2)          # [S, F, H, d]
+        q, k = _rms(q), _rms(k)
+        out = _window_attention(q, k, v, past_k, past_v, tables)           # [S, F, H, d]
+        return x + self.proj_mouse(out.transpose(0, 1).reshape(1, n, -1)), k, v
+
+    def keyboard_part(self, x, rows, past_k, past_v, tables):
+        """Pure: the keyboard term. x [1, F*S, D], rows [F, 12, keyboard_dim_in], past_k/past_v
+        [1, P, H, d] or None -> (x + proj_keyboard(attn), k, v), k/v [1, F, H, d] canonical."""
+        _, n, _ = x.shape
+        f = rows.shape[0]
+        s = n // f
+        h = self.heads
+        emb = self.keyboard_embed(rows)                                        # [F, 12, hidden]
         kv = self.keyboard_attn_kv(emb.reshape(1, f, -1))                      # [1, F, 2C]
         k, v = kv.view(1, f, 2, h, -1).unbind(2)
         k = _rms(k)
         q = _rms(self.mouse_attn_q(x).view(f, s, h, -1)).transpose(0, 1)       # [S, F, H, d]
-        out = _window_attention(q, k.expand(s, -1, -1, -1), v.expand(s, -1, -1, -1), keyboard_kv)
-        x = x + self.proj_keyboard(out.transpose(0, 1).reshape(1, n, -1))
-        if commit:
-            _push(keyboard_kv, k, v, window - f)
-        return x
+        out = _window_attention(q, k.expand(s, -1, -1, -1), v.expand(s, -1, -1, -1), past_k, past_v, tables)
+        return x + self.proj_keyboard(out.transpose(0, 1).reshape(1, n, -1)), k, v
 
 
 def _push(cache: ActionKV, k: torch.Tensor, v: torch.Tensor, keep: int) -> None:
-    """Append the chunk's canonical k/v [N, F, H, d] and keep the newest ``keep`` frames."""
+    """Append the chunk's canonical k/v [N, F, H, d] and keep the newest ``keep`` frames.
+
+    The kept frames are always fresh tensors with standard strides: a compiled part sees the same
+    strides every chunk (no recompiles), and nothing kept aliases a CUDA-graph output.
+    """
     if cache.k is not None:
         k, v = torch.cat([cache.k, k], dim=1), torch.cat([cache.v, v], dim=1)
-    cache.k, cache.v = k[:, max(0, k.shape[1] - keep):].contiguous(), v[:, max(0, v.shape[1] - keep):].contiguous()
+    start = max(0, k.shape[1] - keep)
+    cache.k = k[:, start:].clone(memory_format=torch.contiguous_format)
+    cache.v = v[:, start:].clone(memory_format=torch.contiguous_format)

@@ -80,6 +80,7 @@ class ChunkInputs:
     temporal_freq_scale: torch.Tensor | None = None
     _buffers: dict[int, tuple[torch.Tensor, torch.Tensor]] = field(default_factory=dict)
     _tables: tuple | None = None
+    _action_rows: tuple | None = None
 
     def rope_tables(self, rope: MainRope, frames: int, height: int, width: int, device):
         """cos/sin [F*h*w, head_dim/2] of every channel pair of the current chunk's tokens
@@ -88,6 +89,13 @@ class ChunkInputs:
         if self._tables is None:
             self._tables = rope.chunk_tables(frames, height, width, self.temporal_freq_scale, device)
         return self._tables
+
+    def action_rows(self, module: ActionModule, frames: int, dtype):
+        """The action rows this chunk reads (:meth:`ActionModule.select_rows`), selected once per
+        chunk (every action module of a model reads the same rows)."""
+        if self._action_rows is None:
+            self._action_rows = module.select_rows(self.frame_start, frames, self.keyboard, self.mouse, dtype)
+        return self._action_rows
 
     def kv_buffer(self, layer: int, rope: MainRope, current_tokens: int, dtype) -> tuple[torch.Tensor, torch.Tensor]:
         """[past rotated | room for the current chunk] K and V buffers [1, L+n, H, D], made once per chunk."""
@@ -223,7 +231,7 @@ class Block(nn.Module):
         attn = self.self_attn.attend(q, k, v, layer, chunk, rope)
         x = self.attention_outputs(x, attn, e0, chunk.rollout.cross_kv[layer])
         if self.action_model is not None:
-            x = self.action_model(x, gh * gw, chunk.frame_start, chunk.keyboard, chunk.mouse,
+            x = self.action_model(x, chunk.action_rows(self.action_model, f, x.dtype),
                                   chunk.rollout.mouse_kv[layer], chunk.rollout.keyboard_kv[layer], commit)
         return self.feed_forward(x, e0)
 
@@ -356,8 +364,9 @@ class CausalWanDiT(nn.Module):
 
 
 COMPILE_MODES = ("none", "default", "reduce-overhead", "max-autotune")
-_PURE_PARTS = ("attention_inputs", "attention_outputs", "feed_forward")
-_COMPILED_PARTS: dict[tuple[str, str], object] = {}
+_PURE_PARTS = {Block: ("attention_inputs", "attention_outputs", "feed_forward"),
+               ActionModule: ("mouse_part", "keyboard_part")}
+_COMPILED_PARTS: dict[tuple[str, str, str], object] = {}
 
 
 def compile_blocks(model: CausalWanDiT, mode: str = "default") -> None:
@@ -365,10 +374,12 @@ def compile_blocks(model: CausalWanDiT, mode: str = "default") -> None:
     modulation, RoPE and projections); the K/V buffer handling, SDPA over it and the action module
     stay eager.
 
-    Each part is one function of (block, tensors) compiled once per process and mode; parameters
+    Each part is one function of (module, tensors) compiled once per process and mode; parameters
     are graph inputs, so the blocks share one Dynamo/Inductor graph per part instead of one per
-    layer (which would hit torch's recompile limit and fall back to eager). Shapes are static
-    within a run (``dynamic=False``); the context pass (``commit``) is a second specialisation.
+    layer (which would hit torch's recompile limit and fall back to eager). The parts: a block's
+    ``attention_inputs`` / ``attention_outputs`` / ``feed_forward`` and its action module's
+    ``mouse_part`` / ``keyboard_part``. Shapes are static within a run (``dynamic=False``); the
+    context pass (``commit``) and the first chunk (empty action caches) are extra specialisations.
 
     ``mode``: ``default`` | ``reduce-overhead`` and ``max-autotune`` (both replay CUDA graphs when
     run on CUDA: each call site is recorded once per path, every DiT call starts a new graph step
@@ -386,16 +397,17 @@ def compile_blocks(model: CausalWanDiT, mode: str = "default") -> None:
     if mode not in COMPILE_MODES:
         raise ValueError(f"compile mode must be one of {', '.join(COMPILE_MODES)}, got {mode!r}")
     cudagraphs = mode != "none" and bool(list_mode_options(mode).get("triton.cudagraphs", False))
-    for block in model.blocks:
-        for name in _PURE_PARTS:
+    modules = [m for block in model.blocks for m in (block, block.action_model) if m is not None]
+    for module in modules:
+        for name in _PURE_PARTS[type(module)]:
             if mode == "none":
-                block.__dict__.pop(name, None)
+                module.__dict__.pop(name, None)
                 continue
-            key = (name, mode)
+            key = (type(module).__name__, name, mode)
             if key not in _COMPILED_PARTS:
-                _COMPILED_PARTS[key] = torch.compile(getattr(Block, name), mode=mode, dynamic=False)
-            block.__dict__[name] = types.MethodType(_COMPILED_PARTS[key], block)
-        block.cudagraphs = cudagraphs
+                _COMPILED_PARTS[key] = torch.compile(getattr(type(module), name), mode=mode, dynamic=False)
+            module.__dict__[name] = types.MethodType(_COMPILED_PARTS[key], module)
+        module.cudagraphs = cudagraphs
     model.compile_mode = mode
     model.cudagraphs = cudagraphs
 

@@ -218,21 +218,31 @@ def yarn_frequency_scale(omega: torch.Tensor, trained_frames: float, scale: floa
 _ACTION_ANGLES: dict[tuple, tuple[torch.Tensor, torch.Tensor]] = {}
 
 
-def action_rope(x: torch.Tensor, positions: torch.Tensor, theta: float = ACTION_ROPE_THETA) -> torch.Tensor:
-    """Action-module RoPE (MG2 spec §6.2) on ``x`` [N, T, H_a, 64] at latent-frame ``positions`` [T].
-
-    Rotates channels 0..7 as four interleaved pairs with ``omega_j = 256 ** (-2j/8)`` (1, 1/4, 1/16,
-    1/64) in float32 and casts back; channels 8..63 are untouched (their h/w grid has one position).
-    """
-    key = (tuple(positions.tolist()), str(x.device), theta)
-    if key not in _ACTION_ANGLES:  # a handful of distinct windows per rollout, reused by every call
+def action_rope_tables(positions: torch.Tensor, device=None, theta: float = ACTION_ROPE_THETA
+                       ) -> tuple[torch.Tensor, torch.Tensor]:
+    """cos/sin float32 [T, 4] of the action-module RoPE (MG2 spec §6.2) at latent-frame ``positions``
+    [T]: four pairs with ``omega_j = 256 ** (-2j/8)`` (1, 1/4, 1/16, 1/64). Memoised per window and
+    device (a handful of distinct windows per rollout, reused by every call)."""
+    key = (tuple(positions.tolist()), str(device), theta)
+    if key not in _ACTION_ANGLES:
         omega = theta ** (-torch.arange(0, ACTION_ROPE_CHANNELS, 2, dtype=torch.float32, device="cpu")
                           / ACTION_ROPE_CHANNELS)
-        ang = torch.outer(positions.to(torch.float32).cpu(), omega).to(x.device)
+        ang = torch.outer(positions.to(torch.float32).cpu(), omega).to(device)
         if len(_ACTION_ANGLES) > 64:
             _ACTION_ANGLES.clear()
         _ACTION_ANGLES[key] = (ang.cos(), ang.sin())
-    cos, sin = _ACTION_ANGLES[key]
-    out = x.clone()
-    out[..., :ACTION_ROPE_CHANNELS] = rotate_channels(x[..., :ACTION_ROPE_CHANNELS], cos, sin)
-    return out
+    return _ACTION_ANGLES[key]
+
+
+def apply_action_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """Rotate channels 0..7 of ``x`` [N, T, H_a, 64] by :func:`action_rope_tables` cos/sin [T, 4] in
+    float32 and cast back; channels 8..63 are untouched (their h/w grid has one position).
+    Functional (no in-place writes), so it compiles."""
+    c = ACTION_ROPE_CHANNELS
+    return torch.cat([rotate_channels(x[..., :c], cos, sin), x[..., c:]], dim=-1)
+
+
+def action_rope(x: torch.Tensor, positions: torch.Tensor, theta: float = ACTION_ROPE_THETA) -> torch.Tensor:
+    """Action-module RoPE (MG2 spec §6.2) on ``x`` [N, T, H_a, 64] at latent-frame ``positions`` [T]
+    (:func:`apply_action_rope` with :func:`action_rope_tables`)."""
+    return apply_action_rope(x, *action_rope_tables(positions, x.device, theta))
