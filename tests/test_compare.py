@@ -26,14 +26,16 @@ def one_line_error(result, code):
 def test_compare_three_modes_writes_grid_video_and_table(tmp_path):
     out, chunks = tmp_path / "cmp", 2
     args = [str(ABA), "--cache", "sliding,field,landmark", "--preset", "tiny", "--chunks", str(chunks),
-            "--seed", "3", "-o", str(out)]
+            "--seed", "3", "-o", str(out), "--overlap-decode", "--rope-precision", "float64"]
     result = CliRunner().invoke(compare, args)
     assert result.exit_code == 0, result.output
     frames = 9 + 12 * (chunks - 1)
     assert probe_video(out / "compare.mp4") == {"frames": frames, "fps": 25.0, "width": 3 * 176, "height": 96}
     for mode in ("sliding", "field", "landmark"):
         assert probe_video(out / mode / "video.mp4")["frames"] == frames
-        assert json.loads((out / mode / "summary.json").read_text())["resolved"]["seed"] == 3
+        summary = json.loads((out / mode / "summary.json").read_text())
+        assert summary["resolved"]["seed"] == 3
+        assert summary["config"]["overlap_decode"] is True and summary["config"]["rope_precision"] == "float64"
     data = json.loads((out / "compare.json").read_text())
     assert [m["cache"] for m in data["modes"]] == ["sliding", "field", "landmark"]
     assert data["video"]["rows"] == 1 and data["seed"] == 3 and data["chunks"] == chunks

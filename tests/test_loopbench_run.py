@@ -106,6 +106,17 @@ def test_sweep_is_idempotent_and_resumable(tmp_path, fake_generate):
     assert not (victim / "video.mp4").exists()  # overwrite removed the stale run files
 
 
+def test_speed_options_reach_every_job(tmp_path, fake_generate):
+    out = tmp_path / "lb"
+    result = lb("run", "--configs", "aba", "--caches", "sliding", "--images", TWO_IMAGES, "--seeds", "0",
+                "--compile", "default", "--rope-precision", "float64", "--overlap-decode", "-o", out)
+    assert result.exit_code == 0, result.output
+    configs = [json.loads(p.read_text())["config"] for p in out.rglob("summary.json")]
+    assert len(configs) == 2
+    assert all((c["compile"], c["rope_precision"], c["overlap_decode"]) == ("default", "float64", True)
+               for c in configs)
+
+
 def test_failing_job_is_recorded_and_the_sweep_goes_on(tmp_path, fake_generate):
     out = tmp_path / "lb"
     fake_generate.fail = {"abca/field/mg2_universal_0000/seed0"}

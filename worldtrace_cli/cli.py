@@ -14,6 +14,7 @@ import click
 
 from . import __version__
 from .errors import WorldtraceError
+from .options import speed_config, speed_options
 
 EXIT_INTERRUPTED = 130
 
@@ -98,15 +99,7 @@ def main(verbose: bool) -> None:
 @click.option("--hash-checkpoint", is_flag=True, help="sha256 whole checkpoint files (default: first MiB).")
 @click.option("--save-every", type=int, default=16, show_default=True,
               help="Save a resume state every N chunks (0: only on Ctrl-C/SIGTERM).")
-@click.option("--rope-precision", type=click.Choice(["float32", "float64"]), default="float32", show_default=True,
-              help="dtype of the RoPE tables and rotation; float64 is MG2's own arithmetic (both replay the "
-                   "official fixtures within 4e-6).")
-@click.option("--compile", "compile_mode", type=click.Choice(["none", "default", "reduce-overhead", "max-autotune"]),
-              default="none", show_default=True,
-              help="torch.compile the DiT blocks (first chunk pays tens of seconds of compilation); "
-                   "reduce-overhead and max-autotune add CUDA graphs on a GPU.")
-@click.option("--overlap-decode", is_flag=True,
-              help="Decode each chunk while the next one is generated (side CUDA stream; worker thread on CPU).")
+@speed_options
 @click.option("--resume", "resume_dir", type=click.Path(path_type=Path), default=None, metavar="RUN_DIR",
               help="Continue an interrupted run from its last saved state (other options come from the run).")
 @click.option("--no-progress", is_flag=True, help="No progress bar.")
@@ -164,8 +157,8 @@ def generate(trajectory, preset, checkpoint, random_weights, image, chunks, seed
                                             max_cache_gb=max_cache_gb,
                                             spill_dir=None if spill_dir is None else str(spill_dir)),
                         overwrite=overwrite, progress=not no_progress, hash_checkpoint=hash_checkpoint,
-                        metrics=metrics, save_every=save_every, rope_precision=rope_precision,
-                        compile=compile_mode, overlap_decode=overlap_decode)
+                        metrics=metrics, save_every=save_every,
+                        **speed_config(rope_precision, compile_mode, overlap_decode))
         report(run_generate(cfg))
 
     def report(summary):
@@ -259,14 +252,10 @@ def bench_mechanism(writers, schemes, routes, legs, seed, landmark_threshold, ou
 @click.option("--device", type=click.Choice(["auto", "cuda", "cpu"]), default="auto", show_default=True)
 @click.option("--dtype", type=click.Choice(["auto", "bf16", "fp32"]), default="auto", show_default=True)
 @click.option("--image", type=click.Path(path_type=Path), default=None, help="Conditioning image (default: a gradient).")
-@click.option("--warmup", type=int, default=1, show_default=True, help="Chunks excluded from the timings.")
+@click.option("--warmup", type=int, default=1, show_default=True,
+              help="Chunks excluded from the timings (3 or more with --compile: compilation and CUDA-graph recording).")
 @click.option("--no-decode", is_flag=True, help="Skip the VAE decode (DiT and cache only).")
-@click.option("--rope-precision", type=click.Choice(["float32", "float64"]), default="float32", show_default=True,
-              help="dtype of the RoPE tables and rotation (as generate).")
-@click.option("--compile", "compile_mode", type=click.Choice(["none", "default", "reduce-overhead", "max-autotune"]),
-              default="none", show_default=True,
-              help="torch.compile the DiT blocks (as generate); use --warmup 3 or more with it.")
-@click.option("--overlap-decode", is_flag=True, help="Decode each chunk while the next one is generated (as generate).")
+@speed_options
 @click.option("--budget", type=int, default=None,
               help="Past latent-frame slots of every writer (default: each writer's own: sliding 3, WorldTrace 6). "
                    "Use 6 to compare writers at one cache size.")

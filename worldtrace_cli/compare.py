@@ -14,6 +14,8 @@ from pathlib import Path
 
 import click
 
+from .options import speed_config, speed_options
+
 log = logging.getLogger("worldtrace")
 
 MAX_ROW_PANELS = 3  # up to 3 modes side by side; more go on 2 rows
@@ -172,12 +174,13 @@ def run_compare(trajectory: str | Path, caches: list[str], out_dir: str | Path, 
                 image: str | Path | None = None, seed: int | None = None, chunks: int | None = None,
                 hud: bool = True, metrics: str = "all", device: str = "auto", dtype: str = "auto",
                 checkpoint: str | Path | None = None, random_weights: bool = False, overwrite: bool = False,
-                progress: bool = False) -> dict:
+                progress: bool = False, speed: dict | None = None) -> dict:
     """Run ``trajectory`` once per cache writer into ``out_dir/<cache>/`` and write the grid video
     ``compare.mp4`` plus ``compare.json`` / ``compare.md`` (returns the JSON dict).
 
     ``preset`` None = ``mg2-<trajectory mode>`` with a checkpoint, else ``tiny``. Panel order and
-    labels follow ``caches``; a ``:`` in a spec becomes ``-`` in its folder name.
+    labels follow ``caches``; a ``:`` in a spec becomes ``-`` in its folder name. ``speed``:
+    RunConfig speed fields (:func:`~worldtrace_cli.options.speed_config`), the same for every writer.
 
     Raises:
         InputError: bad writers/flags/trajectory (before anything runs); OutputError: ``out_dir``
@@ -210,7 +213,7 @@ def run_compare(trajectory: str | Path, caches: list[str], out_dir: str | Path, 
         cfg = RunConfig(preset=preset_obj, trajectory=trajectory, output=out_dir / folder, image=image,
                         chunks=chunks, seed=seed, device=device, dtype=dtype, checkpoint=checkpoint,
                         random_weights=random_weights, memory=MemoryConfig(cache=cache), overwrite=overwrite,
-                        progress=progress, metrics=metrics)
+                        progress=progress, metrics=metrics, **(speed or {}))
         summaries.append(rollout.generate(cfg))
     video = write_grid_video([out_dir / f / "video.mp4" for f in folders], list(caches), out_dir / "compare.mp4",
                              preset_obj.fps, hud_rows(plan) if hud else None, MODES[traj.mode].key_letters)
@@ -252,8 +255,9 @@ def run_compare(trajectory: str | Path, caches: list[str], out_dir: str | Path, 
               help="Output folder (default: runs/compare-<trajectory>).")
 @click.option("--overwrite", is_flag=True, help="Replace a comparison or runs already in DIR.")
 @click.option("--progress", is_flag=True, help="Per-chunk progress bars.")
+@speed_options
 def compare(trajectory, caches, preset, checkpoint, random_weights, image, seed, chunks, hud, metrics, device,
-            dtype, output, overwrite, progress):
+            dtype, output, overwrite, progress, rope_precision, compile_mode, overlap_decode):
     """Run TRAJECTORY through several cache writers and show them side by side.
 
     Each writer runs with the same image, seed and actions into DIR/<cache>/ (a normal run folder);
@@ -272,7 +276,7 @@ def compare(trajectory, caches, preset, checkpoint, random_weights, image, seed,
         out = output or Path("runs") / f"compare-{trajectory.stem}"
         result = run_compare(trajectory, [c.strip() for c in caches.split(",") if c.strip()], out, preset, image,
                              seed, chunks, hud, metrics, device, dtype, checkpoint, random_weights, overwrite,
-                             progress)
+                             progress, speed_config(rope_precision, compile_mode, overlap_decode))
         click.echo(compare_markdown(result))
         click.echo(f"worldtrace: wrote {out / 'compare.mp4'}, compare.md, compare.json", err=True)
 

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import click
 
+from ..options import speed_config, speed_options
 from .configs import CONFIGS
 
 _DEFAULT_CONFIGS = ",".join(n for n, c in CONFIGS.items() if c.tier in (1, 2, 3, 4))
@@ -54,10 +55,11 @@ def loopbench():
               help="Official Matrix-Game-2.0 folder (for the mg2-* presets).")
 @click.option("--random-weights", is_flag=True, help="Run a checkpoint preset with seeded random weights.")
 @click.option("--progress", is_flag=True, help="Show a per-chunk progress bar for every job.")
+@speed_options
 @click.option("-o", "--output", type=click.Path(path_type=Path), required=True, metavar="DIR",
               help="Sweep folder: DIR/<config>/<cache>/<image>/seed<N>/ per job, DIR/failures.jsonl.")
 def run_cmd(preset, configs, caches, images, seeds, chunks, metrics, shard, device, dtype, checkpoint,
-            random_weights, progress, output):
+            random_weights, progress, rope_precision, compile_mode, overlap_decode, output):
     """Generate a LoopBench sweep: every configuration x writer x image x seed.
 
     Jobs whose folder holds a complete run are skipped, so rerunning the same command resumes a
@@ -93,7 +95,8 @@ def run_cmd(preset, configs, caches, images, seeds, chunks, metrics, shard, devi
         log.info(f"loopbench: {len(mine)} of {len(jobs)} jobs (shard {index}/{count}) into {output}")
         counts = runner.run_jobs(mine, output, preset=preset, device=env_device if device == "auto" and env_device
                                  else device, dtype=dtype, metrics=metrics, chunks=chunks, checkpoint=checkpoint,
-                                 random_weights=random_weights, progress=progress)
+                                 random_weights=random_weights, progress=progress,
+                                 speed=speed_config(rope_precision, compile_mode, overlap_decode))
         click.echo(f"worldtrace: loopbench shard {index}/{count}: {counts.done} done, {counts.skipped} skipped, "
                    f"{counts.failed} failed", err=True)
         if counts.failed:

@@ -281,7 +281,7 @@ def record_failure(out_dir: Path, job: Job, exc: BaseException) -> dict:
 def run_jobs(jobs: Sequence[Job], out_dir: str | Path, preset: str = "tiny", device: str = "auto",
              dtype: str = "auto", metrics: str = "all", chunks: int | None = None,
              checkpoint: str | Path | None = None, random_weights: bool = False,
-             progress: bool = False) -> SweepCounts:
+             progress: bool = False, speed: dict | None = None) -> SweepCounts:
     """Run ``jobs`` one after another in this process (the model is loaded once and reused).
 
     A job whose folder holds a complete run with the same preset/chunks/metrics is skipped. A job
@@ -294,7 +294,8 @@ def run_jobs(jobs: Sequence[Job], out_dir: str | Path, preset: str = "tiny", dev
     Args:
         preset: preset name or YAML; device: ``auto|cuda|cpu|cuda:N`` (``cuda:N`` makes GPU N the
             current device); dtype: ``auto|bf16|fp32``; metrics: ``none|fast|all``; chunks:
-            rollout length override (None = each configuration's own N).
+            rollout length override (None = each configuration's own N); speed: RunConfig speed
+            fields (:func:`~worldtrace_cli.options.speed_config`; the model compiles once per process).
 
     Returns:
         :class:`SweepCounts` (done, skipped, failed).
@@ -326,7 +327,7 @@ def run_jobs(jobs: Sequence[Job], out_dir: str | Path, preset: str = "tiny", dev
             cfg = RunConfig(preset=preset_obj, trajectory=job.trajectory, output=folder, image=job.image,
                             chunks=chunks, seed=job.seed, device=device, dtype=dtype, checkpoint=checkpoint,
                             random_weights=random_weights, memory=MemoryConfig(cache=job.cache), overwrite=True,
-                            progress=progress, metrics=metrics)
+                            progress=progress, metrics=metrics, **(speed or {}))
             saved = resumable(folder, cfg)
             if saved is not None:
                 log.info(f"{tag}: resuming from its saved state")
@@ -362,10 +363,10 @@ def resumable(folder: Path, cfg) -> object | None:
         saved = resume_config(folder)
     except Exception:  # noqa: BLE001  (an unreadable state only means: start again)
         return None
-    volatile = ("output", "progress", "overwrite", "save_every")
+    volatile = ("output", "progress", "overwrite", "save_every", "overlap_decode")  # do not change the video
     same = ({k: v for k, v in saved.to_dict().items() if k not in volatile}
             == {k: v for k, v in cfg.to_dict().items() if k not in volatile})
-    return replace(saved, output=folder, progress=cfg.progress) if same else None
+    return replace(saved, output=folder, progress=cfg.progress, overlap_decode=cfg.overlap_decode) if same else None
 
 
 def _select_device(device: str) -> str:
