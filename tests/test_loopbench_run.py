@@ -179,6 +179,13 @@ def test_changed_settings_do_not_reuse_runs(tmp_path, fake_generate):
     assert lb("run", *MATRIX[:-2], "--seeds", "0", "--configs", "aba", "--chunks", 2, "-o", out).exit_code == 0
     result = lb("run", *MATRIX[:-2], "--seeds", "0", "--configs", "aba", "--chunks", 3, "-o", out)
     assert result.exit_code == 5 and "chunks 2 (now 3)" in (out / "failures.jsonl").read_text()
+    # settings that change the numbers count too; --overlap-decode does not
+    (out / "failures.jsonl").unlink()
+    result = lb("run", *MATRIX[:-2], "--seeds", "0", "--configs", "aba", "--chunks", 2, "--overlap-decode", "-o", out)
+    assert result.exit_code == 0 and "skipped" in result.output
+    result = lb("run", *MATRIX[:-2], "--seeds", "0", "--configs", "aba", "--chunks", 2, "--rope-precision", "float64",
+                "-o", out)
+    assert result.exit_code == 5 and "rope_precision 'float32' (now 'float64')" in (out / "failures.jsonl").read_text()
 
 
 def test_shard_flags_partition_the_jobs(tmp_path, fake_generate):

@@ -243,12 +243,18 @@ def is_complete(folder: Path) -> bool:
         return False
 
 
-def _settings_conflict(folder: Path, preset: str, chunks: int | None, metrics: str) -> str | None:
+def _settings_conflict(folder: Path, preset: str, chunks: int | None, metrics: str,
+                       speed: dict | None = None) -> str | None:
     """Why a complete run in ``folder`` was made with other sweep settings, else None. Reusing
-    it would silently mix settings in one report; overwriting it would silently delete results."""
+    it would silently mix settings in one report; overwriting it would silently delete results.
+    Compared: preset, chunks, metrics, and the speed settings that change numbers (RoPE precision,
+    compile mode; runs from before these settings existed used float64 RoPE, eager)."""
     cfg = json.loads((folder / "summary.json").read_text()).get("config", {})
-    found = {"preset": cfg.get("preset", {}).get("name"), "chunks": cfg.get("chunks"), "metrics": cfg.get("metrics")}
-    wanted = {"preset": preset, "chunks": chunks, "metrics": metrics}
+    speed = speed or {}
+    found = {"preset": cfg.get("preset", {}).get("name"), "chunks": cfg.get("chunks"), "metrics": cfg.get("metrics"),
+             "rope_precision": cfg.get("rope_precision", "float64"), "compile": cfg.get("compile", "none")}
+    wanted = {"preset": preset, "chunks": chunks, "metrics": metrics,
+              "rope_precision": speed.get("rope_precision", "float32"), "compile": speed.get("compile", "none")}
     diff = [f"{k} {found[k]!r} (now {wanted[k]!r})" for k in wanted if found[k] != wanted[k]]
     return "; ".join(diff) or None
 
@@ -317,7 +323,7 @@ def run_jobs(jobs: Sequence[Job], out_dir: str | Path, preset: str = "tiny", dev
         started = time.perf_counter()
         try:
             if is_complete(folder):
-                conflict = _settings_conflict(folder, preset_obj.name, chunks, metrics)
+                conflict = _settings_conflict(folder, preset_obj.name, chunks, metrics, speed)
                 if conflict is None:
                     skipped += 1
                     log.info(f"{tag}: complete, skipped")

@@ -91,7 +91,6 @@ class ActionModule(nn.Module):
         self.mouse_attn_q = nn.Linear(dim, ck, bias=False)
         self.keyboard_attn_kv = nn.Linear(cfg.hidden_size * rows, 2 * ck, bias=False)
         self.proj_keyboard = nn.Linear(ck, dim, bias=False)
-        self.cudagraphs = False  # set by compile_blocks (the caches copy what they keep: _push)
 
     def _row_index(self, frame_start: int, num_frames: int, device) -> torch.Tensor:
         """Row indices [F, 12] read by each latent frame: rows 4f-12 .. 4f-1 clamped at 0 (spec §8, §16.8)."""

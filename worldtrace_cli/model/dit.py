@@ -407,7 +407,8 @@ def compile_blocks(model: CausalWanDiT, mode: str = "default") -> None:
             if key not in _COMPILED_PARTS:
                 _COMPILED_PARTS[key] = torch.compile(getattr(type(module), name), mode=mode, dynamic=False)
             module.__dict__[name] = types.MethodType(_COMPILED_PARTS[key], module)
-        module.cudagraphs = cudagraphs
+    for block in model.blocks:  # the action caches copy what they keep anyway (action._push)
+        block.cudagraphs = cudagraphs
     model.compile_mode = mode
     model.cudagraphs = cudagraphs
 
