@@ -206,3 +206,23 @@ def test_bf16_attention_over_the_cache_buffer_runs_on_the_flash_kernel(dit):
     with sdpa_kernel([SDPBackend.FLASH_ATTENTION]):
         for _ in range(3):
             assert torch.isfinite(run.step().latents).all()
+
+
+@pytest.mark.slow
+def test_a_failing_torch_compile_is_a_one_line_error(tmp_path):
+    """No working C++ compiler (a fresh Inductor cache, so nothing compiled earlier is reused):
+    `generate --compile` stops at chunk 0 with one line naming --compile and exit code 5."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).parent.parent
+    env = {**os.environ, "CXX": str(tmp_path / "no-such-compiler"), "TORCHINDUCTOR_CACHE_DIR": str(tmp_path / "ind")}
+    cmd = [sys.executable, "-m", "worldtrace_cli", "generate", str(root / "trajectories" / "aba.yaml"), "--image",
+           str(root / "assets" / "images" / "mg2_universal_0000.png"), "--chunks", "2", "--compile", "default",
+           "-o", str(tmp_path / "run"), "--no-progress"]
+    result = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=600)
+    errors = [ln for ln in result.stderr.splitlines() if ln.startswith("worldtrace: error:")]
+    assert result.returncode == 5 and len(errors) == 1, result.stderr
+    assert "chunk 0: --compile default failed" in errors[0] and "Traceback" not in result.stderr

@@ -123,12 +123,30 @@ class Rollout:
         self.state = dit.new_rollout_state()
         self.chunk = 0
 
+    def _dit(self, *args, **kwargs):
+        """One DiT call; a torch.compile failure (no C++ compiler, no Triton, an Inductor bug) becomes
+        a one-line RunError naming --compile instead of a long traceback (details at debug level)."""
+        try:
+            return self.dit(*args, **kwargs)
+        except Exception as exc:
+            mode = getattr(self.dit, "compile_mode", "none")
+            from torch._dynamo.exc import TorchDynamoException
+
+            if mode == "none" or not isinstance(exc, TorchDynamoException):
+                raise
+            log.debug("torch.compile failure", exc_info=True)
+            lines = [ln.strip() for ln in str(exc).splitlines() if ln.strip()]
+            reason = lines[0] if lines else type(exc).__name__
+            raise RunError(f"chunk {self.chunk}: --compile {mode} failed ({reason[:300]}); run without --compile, "
+                           f"or give torch a working compiler (a C++ compiler on CPU, Triton on CUDA)") from None
+
     @torch.no_grad()
     def step(self) -> ChunkOutput:
         """Generate, commit and decode the next chunk.
 
         Raises:
-            RunError: non-finite latents (names the chunk); nothing of this chunk is committed.
+            RunError: non-finite latents (names the chunk), or a failed torch.compile; nothing of
+                this chunk is committed.
         """
         c, f = self.chunk, self.frames_per_chunk
         sf = c * f
@@ -151,7 +169,7 @@ class Rollout:
         x = draw(0).to(self.device)
         with timer.phase("denoise"):
             for s, t in enumerate(self.timesteps):
-                flow = self.dit(x, t.expand(1, f).to(self.device), cond, chunk)
+                flow = self._dit(x, t.expand(1, f).to(self.device), cond, chunk)
                 x0 = flow_to_x0(x, flow.float(), self.sigmas[s])
                 if self.on_step is not None:
                     self.on_step(c, s, x0)
@@ -160,7 +178,7 @@ class Rollout:
         if not torch.isfinite(x0).all():
             raise RunError(f"chunk {c}: the denoised latents contain NaN or inf")
         with timer.phase("context"):
-            self.dit(x0, torch.zeros(1, f, device=self.device), cond, chunk, commit=True)
+            self._dit(x0, torch.zeros(1, f, device=self.device), cond, chunk, commit=True)
         with timer.phase("cache"):
             self.writer.commit(chunk.committed, list(range(sf, sf + f)))
         del chunk
