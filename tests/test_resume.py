@@ -55,9 +55,9 @@ def wait_for_chunks(out, n, proc, timeout=240):
     raise AssertionError("run did not progress")
 
 
-def resume(out):
-    return subprocess.run([sys.executable, "-m", "worldtrace_cli", "generate", "--resume", str(out), "--no-progress"],
-                          capture_output=True, text=True, timeout=600)
+def resume(out, *extra):
+    return subprocess.run([sys.executable, "-m", "worldtrace_cli", "generate", "--resume", str(out), "--no-progress",
+                           *extra], capture_output=True, text=True, timeout=600)
 
 
 @pytest.mark.slow
@@ -84,13 +84,17 @@ def test_killed_run_keeps_chunks_and_resumes_exactly(tmp_path, reference, sig, c
         assert f"interrupted after chunk {done - 1} " in err  # every generated chunk was written
         assert frames == 9 + 12 * (done - 1)  # every finished chunk, exactly
     assert not (out / "summary.json").exists()
-    result = resume(out)
+    # --overlap-decode does not change the video, so a resume may switch it on
+    switch = ("--overlap-decode",) if sig == signal.SIGINT else ()
+    result = resume(out, *switch)
     assert result.returncode == 0, result.stderr
+    assert "ignored" not in result.stderr
     records = read_jsonl(out / "chunks.jsonl")
     assert [r["frames_sha256"] for r in records] == reference[cache]
     assert probe_video(out / "video.mp4")["frames"] == 9 + 12 * (CHUNKS - 1)
     summary = json.loads((out / "summary.json").read_text())
     assert summary["status"] == "complete" and summary["resolved"]["resumed_at_chunk"] >= 2
+    assert summary["config"]["overlap_decode"] == bool(switch or extra)
     assert not (out / "resume").exists()
 
 

@@ -101,7 +101,8 @@ def main(verbose: bool) -> None:
               help="Save a resume state every N chunks (0: only on Ctrl-C/SIGTERM).")
 @speed_options
 @click.option("--resume", "resume_dir", type=click.Path(path_type=Path), default=None, metavar="RUN_DIR",
-              help="Continue an interrupted run from its last saved state (other options come from the run).")
+              help="Continue an interrupted run from its last saved state (other options come from the run, "
+                   "except --overlap-decode and --no-progress).")
 @click.option("--no-progress", is_flag=True, help="No progress bar.")
 def generate(trajectory, preset, checkpoint, random_weights, image, chunks, seed, output, overwrite, cache,
              positions, budget, summary_slots, recent_slots, landmark_threshold, sink_frames, max_cache_gb,
@@ -130,8 +131,9 @@ def generate(trajectory, preset, checkpoint, random_weights, image, chunks, seed
             from dataclasses import replace
 
             flags = {p.name: max(p.opts, key=len) for p in ctx.command.params}
+            honoured = ("resume_dir", "no_progress", "overlap_decode")  # they do not change the video
             given = [flags[name] for name, value in ctx.params.items()
-                     if name not in ("resume_dir", "no_progress") and value is not None
+                     if name not in honoured and value is not None
                      and ctx.get_parameter_source(name) == click.core.ParameterSource.COMMANDLINE]
             if given:
                 logging.getLogger("worldtrace").warning(
@@ -140,6 +142,8 @@ def generate(trajectory, preset, checkpoint, random_weights, image, chunks, seed
             from .run import resume_config
 
             cfg = replace(resume_config(resume_dir), output=resume_dir, progress=not no_progress)
+            if ctx.get_parameter_source("overlap_decode") == click.core.ParameterSource.COMMANDLINE:
+                cfg = replace(cfg, overlap_decode=overlap_decode)
             report(run_generate(cfg, resume=True))
             return
         if trajectory is None:
