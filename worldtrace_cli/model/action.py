@@ -41,20 +41,25 @@ class ActionKV:
 
 
 def _window_attention(q, k_cur, v_cur, past_k, past_v, tables):
-    """Attend F query frames to [past | current] frames: q/k/v [N, F, H, d]; ``past_k``/``past_v``
-    [N or 1, P, H, d] canonical (rotated here) or None; ``tables`` = (cos, sin) [F, 4] of the current
-    offsets 0..F-1 and (cos, sin) [P, 4] of the past offsets -P..-1 (:func:`action_rope_tables`)."""
+    """Attend F query frames to [past | current] frames.
+
+    q [N, F, H, d]; k_cur/v_cur [G, F, H, d] with G = N (mouse: one key set per query row) or G = 1
+    (keyboard: one key set shared by every row, attended once for all N*F queries instead of being
+    copied N times; attention has no mask, so this is the same result); ``past_k``/``past_v``
+    [G, P, H, d] canonical (rotated here) or None; ``tables`` = (cos, sin) [F, 4] of the current
+    offsets 0..F-1 and (cos, sin) [P, 4] of the past offsets -P..-1 (:func:`action_rope_tables`).
+    Returns [N, F, H, d].
+    """
     cos_c, sin_c, cos_p, sin_p = tables
     q = apply_action_rope(q, cos_c, sin_c)
-    k_cur = apply_action_rope(k_cur, cos_c, sin_c)
+    k_all, v_all = apply_action_rope(k_cur, cos_c, sin_c), v_cur
     if past_k is not None:
-        k_past = apply_action_rope(past_k.expand(k_cur.shape[0], -1, -1, -1), cos_p, sin_p)
-        k_all = torch.cat([k_past, k_cur], dim=1)
-        v_all = torch.cat([past_v.expand(v_cur.shape[0], -1, -1, -1), v_cur], dim=1)
-    else:
-        k_all, v_all = k_cur, v_cur
-    out = F.scaled_dot_product_attention(q.transpose(1, 2), k_all.transpose(1, 2), v_all.transpose(1, 2))
-    return out.transpose(1, 2)  # [N, F, H, d]
+        k_all = torch.cat([apply_action_rope(past_k, cos_p, sin_p), k_all], dim=1)
+        v_all = torch.cat([past_v, v_all], dim=1)
+    groups = k_all.shape[0]
+    q_grouped = q.reshape(groups, -1, *q.shape[2:])  # [G, N/G*F, H, d]
+    out = F.scaled_dot_product_attention(q_grouped.transpose(1, 2), k_all.transpose(1, 2), v_all.transpose(1, 2))
+    return out.transpose(1, 2).reshape(q.shape)
 
 
 def _tables(frames: int, past: int, device):
@@ -168,7 +173,7 @@ class ActionModule(nn.Module):
         k, v = kv.view(1, f, 2, h, -1).unbind(2)
         k = _rms(k)
         q = _rms(self.mouse_attn_q(x).view(f, s, h, -1)).transpose(0, 1)       # [S, F, H, d]
-        out = _window_attention(q, k.expand(s, -1, -1, -1), v.expand(s, -1, -1, -1), past_k, past_v, tables)
+        out = _window_attention(q, k, v, past_k, past_v, tables)              # keys shared by all S rows
         return x + self.proj_keyboard(out.transpose(0, 1).reshape(1, n, -1)), k, v
 
 

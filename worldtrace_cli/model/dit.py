@@ -46,8 +46,8 @@ class RolloutState:
 
     num_layers: int
     cross_kv: list[tuple[torch.Tensor, torch.Tensor]] | None = None
-    mouse_kv: list[ActionKV] = field(default_factory=list)
-    keyboard_kv: list[ActionKV] = field(default_factory=list)
+    mouse_kv: list[ActionKV] = field(init=False)
+    keyboard_kv: list[ActionKV] = field(init=False)
 
     def __post_init__(self):
         self.mouse_kv = [ActionKV() for _ in range(self.num_layers)]
@@ -78,9 +78,10 @@ class ChunkInputs:
     visual_context: torch.Tensor
     committed: list[tuple[torch.Tensor, torch.Tensor]] = field(default_factory=list)
     temporal_freq_scale: torch.Tensor | None = None
-    _buffers: dict[int, tuple[torch.Tensor, torch.Tensor]] = field(default_factory=dict)
-    _tables: tuple | None = None
-    _action_rows: tuple | None = None
+    _buffers: dict[int, tuple[torch.Tensor, torch.Tensor]] = field(default_factory=dict, init=False)
+    _slot_angles: dict[tuple, tuple[torch.Tensor, torch.Tensor]] = field(default_factory=dict, init=False)
+    _tables: tuple | None = field(default=None, init=False)
+    _action_rows: tuple | None = field(default=None, init=False)
 
     def rope_tables(self, rope: MainRope, frames: int, height: int, width: int, device):
         """cos/sin [F*h*w, head_dim/2] of every channel pair of the current chunk's tokens
@@ -105,7 +106,12 @@ class ChunkInputs:
             kbuf = p.k.new_empty((b, length + current_tokens, h, d), dtype=dtype)
             vbuf = torch.empty_like(kbuf)
             if length:
-                rope.rotate_slots(p.k, p.positions, self.temporal_freq_scale, out=kbuf[:, :length])
+                # every layer reads the same slots at the same positions: one angle table per chunk
+                key = (tuple(p.positions.tolist()), length)
+                if key not in self._slot_angles:
+                    self._slot_angles[key] = rope.slot_angles(p.positions, length // len(p.positions),
+                                                              self.temporal_freq_scale, p.k.device)
+                rope.rotate_slots(p.k, p.positions, out=kbuf[:, :length], angles=self._slot_angles[key])
                 vbuf[:, :length] = p.v
             self._buffers[layer] = (kbuf, vbuf)
         return self._buffers[layer]

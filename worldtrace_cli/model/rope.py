@@ -162,14 +162,14 @@ class MainRope:
         frames = x.shape[1] // (height * width)
         return self.rotate(x, cos.repeat(frames, 1), sin.repeat(frames, 1), start=self.t_ch)
 
-    def apply_temporal(self, x: torch.Tensor, token_positions: torch.Tensor,
+    def apply_temporal(self, x: torch.Tensor, token_positions: torch.Tensor | None,
                        freq_scale: torch.Tensor | None = None, angles=None,
                        out: torch.Tensor | None = None) -> torch.Tensor:
         """Rotate the temporal channels of ``x`` [B, L, H, D] at ``token_positions`` [L] (latent frames).
 
         Rotation in :attr:`precision`, cast back to ``x.dtype``. Only the ``t_ch`` temporal channels
-        are computed. ``angles``: precomputed ``temporal_angles(token_positions, freq_scale)``
-        (reused across calls). ``out``: write the result there (it may be ``x`` itself, or a slice
+        are computed. ``angles``: precomputed per-token cos/sin [L, t_ch/2] (``temporal_angles`` or
+        :meth:`slot_angles`), reused across calls; ``token_positions`` is then unused. ``out``: write the result there (it may be ``x`` itself, or a slice
         of an attention buffer) instead of a new tensor, saving a copy.
         """
         cos, sin = angles if angles is not None else self.temporal_angles(token_positions, freq_scale)
@@ -181,14 +181,27 @@ class MainRope:
         out[..., : self.t_ch] = rotate_channels(x[..., : self.t_ch], cos, sin)
         return out
 
+    def slot_angles(self, slot_positions: torch.Tensor, tokens_per_slot: int,
+                    freq_scale: torch.Tensor | None = None, device=None) -> tuple[torch.Tensor, torch.Tensor]:
+        """cos/sin [S*T, t_ch/2] in :attr:`precision` on ``device`` for S slots of T tokens at
+        ``slot_positions`` [S] (latent frames): the trigonometry is done per slot (float64, on the
+        CPU) and only then repeated per token on the device."""
+        cos, sin = self.temporal_angles(slot_positions, freq_scale)
+        return (cos.to(device, self.precision).repeat_interleave(tokens_per_slot, 0),
+                sin.to(device, self.precision).repeat_interleave(tokens_per_slot, 0))
+
     def rotate_slots(self, k_canon: torch.Tensor, slot_positions: torch.Tensor,
-                     freq_scale: torch.Tensor | None = None, out: torch.Tensor | None = None) -> torch.Tensor:
+                     freq_scale: torch.Tensor | None = None, out: torch.Tensor | None = None,
+                     angles: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
         """Rotate canonical keys of whole cache slots to their virtual positions.
 
         Args:
             k_canon: [B, S*T, H, D], S slots of T tokens each (one latent frame per slot).
             slot_positions: [S] temporal position of each slot (latent frames, relative to the
                 first frame of the current chunk; may be fractional for centroid schemes).
+            out: write the result there (e.g. a slice of an attention buffer).
+            angles: precomputed :meth:`slot_angles` of these positions (a chunk reuses them in
+                every layer).
         Returns:
             [B, S*T, H, D] in ``k_canon.dtype``: the keys as attention reads them (Eq. 6/7 of the
             WorldTrace paper: R(omega * t_s) applied to the canonical key).
@@ -196,8 +209,9 @@ class MainRope:
         num_slots = slot_positions.shape[0]
         if num_slots == 0:
             return k_canon
-        tokens_per_slot = k_canon.shape[1] // num_slots
-        return self.apply_temporal(k_canon, slot_positions.repeat_interleave(tokens_per_slot), freq_scale, out=out)
+        if angles is None:
+            angles = self.slot_angles(slot_positions, k_canon.shape[1] // num_slots, freq_scale, k_canon.device)
+        return self.apply_temporal(k_canon, None, angles=angles, out=out)
 
 
 def yarn_frequency_scale(omega: torch.Tensor, trained_frames: float, scale: float,
