@@ -256,7 +256,7 @@ def speed_benchmark(preset_name: str = "tiny", caches: tuple[str, ...] = ("slidi
         if dev.type == "cuda":
             torch.cuda.reset_peak_memory_stats(dev)
         rollout = Rollout(world.dit, writer, cond, ctx, keyboard, mouse, schedule, seed, dev,
-                          (preset.height // 8, preset.width // 8), None, f)
+                          (preset.height // 8, preset.width // 8), f)
         pipeline = DecodePipeline(StreamingDecoder(world.vae), dev, overlap_decode) if decode else None
         timings: list[dict] = []
         out_rows = []

@@ -79,7 +79,8 @@ class _Timer:
 @dataclass
 class ChunkOutput:
     """One generated chunk: ``latents`` [1,16,3,h,w] float32 (normalised), ``frames`` uint8 [T,H,W,3]
-    (T = 9 for chunk 0, 12 after) or None without a decoder, and its ``record`` for chunks.jsonl."""
+    (T = 9 for chunk 0, 12 after) once :class:`DecodePipeline` decoded it (None before), and its
+    ``record`` for chunks.jsonl."""
 
     latents: torch.Tensor
     frames: torch.Tensor | None
@@ -97,7 +98,8 @@ class Rollout:
         keyboard: [1, R, kd] action rows (pixel frames); mouse: [1, R, 2] or None.
         schedule: the sampler's :class:`FlowMatchSchedule`.
         seed: noise seed; chunk c draws from ``chunk_generator(seed, c)`` (CPU, then moved).
-        decoder: optional streaming VAE decoder with ``decode(latents) -> uint8 [T,H,W,3]``.
+        device: where the DiT runs; latent_hw: latent grid (pixels / 8); frames_per_chunk: latent
+            frames per chunk (3). Decoding is :class:`DecodePipeline`'s job.
         noise: optional ``noise(chunk, draw, shape) -> Tensor`` replacing the seeded draws (draw 0 =
             the chunk's initial noise, draw s = the re-noising before step s); used to replay fixtures.
         on_step: optional ``on_step(chunk, step, x0)`` observer of every denoising step's x0.
@@ -105,8 +107,8 @@ class Rollout:
 
     def __init__(self, dit, writer: CacheWriter, conditioning, visual_context, keyboard, mouse,
                  schedule: FlowMatchSchedule, seed: int, device: torch.device, latent_hw: tuple[int, int],
-                 decoder=None, frames_per_chunk: int = 3, noise=None, on_step=None):
-        self.dit, self.writer, self.conditioning, self.decoder = dit, writer, conditioning, decoder
+                 frames_per_chunk: int = 3, noise=None, on_step=None):
+        self.dit, self.writer, self.conditioning = dit, writer, conditioning
         self.noise, self.on_step = noise, on_step
         self.device, self.seed, self.frames_per_chunk = device, seed, frames_per_chunk
         self.dtype = next(dit.parameters()).dtype
@@ -142,7 +144,7 @@ class Rollout:
 
     @torch.no_grad()
     def step(self) -> ChunkOutput:
-        """Generate, commit and decode the next chunk.
+        """Generate and commit the next chunk (decoding: :class:`DecodePipeline`).
 
         Raises:
             RunError: non-finite latents (names the chunk), or a failed torch.compile; nothing of
@@ -182,10 +184,6 @@ class Rollout:
         with timer.phase("cache"):
             self.writer.commit(chunk.committed, list(range(sf, sf + f)))
         del chunk
-        frames = None
-        if self.decoder is not None:
-            with timer.phase("decode"):
-                frames = self.decoder.decode(x0)
         self.chunk += 1
         record = {
             "chunk": c,
@@ -202,7 +200,7 @@ class Rollout:
             "memory": memory_record(self.device),
             "latents": {"mean": round(x0.mean().item(), 6), "std": round(x0.std().item(), 6)},
         }
-        return ChunkOutput(x0, frames, record)
+        return ChunkOutput(x0, None, record)
 
 
 class DecodePipeline:

@@ -198,7 +198,7 @@ def run_generation(cfg: RunConfig, resume: bool = False) -> dict:
     rollout = Rollout(world.dit, writer, conditioning, visual_context, plan.keyboard[None],
                       None if plan.mouse is None else plan.mouse[None],
                       FlowMatchSchedule(preset.denoising_steps, preset.timestep_shift), seed, device,
-                      (preset.height // 8, preset.width // 8), None, preset.frames_per_chunk)
+                      (preset.height // 8, preset.width // 8), preset.frames_per_chunk)
     decoder = StreamingDecoder(world.vae)
     scorer = OnlineMetrics(cfg.metrics, world.clip if cfg.metrics == "all" else None)
     progress = {"totals": {}, "peak": {"rss_bytes": 0, "gpu_peak_bytes": 0}}

@@ -254,9 +254,3 @@ def apply_action_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> 
     Functional (no in-place writes), so it compiles."""
     c = ACTION_ROPE_CHANNELS
     return torch.cat([rotate_channels(x[..., :c], cos, sin), x[..., c:]], dim=-1)
-
-
-def action_rope(x: torch.Tensor, positions: torch.Tensor, theta: float = ACTION_ROPE_THETA) -> torch.Tensor:
-    """Action-module RoPE (MG2 spec §6.2) on ``x`` [N, T, H_a, 64] at latent-frame ``positions`` [T]
-    (:func:`apply_action_rope` with :func:`action_rope_tables`)."""
-    return apply_action_rope(x, *action_rope_tables(positions, x.device, theta))
