@@ -103,6 +103,17 @@ def test_missing_checkpoint_files_listed_in_one_line(tmp_path):
     assert "missing Wan2.1_VAE.pth" not in msg and "\n" not in msg
 
 
+@pytest.mark.parametrize("raw,field", [({"sink_size": 3}, "sink_size"),
+                                       ({"action_config": {"rope_theta": 100}}, "action_config.rope_theta"),
+                                       ({"action_config": {"mouse_qk_dim_list": [16, 24, 24]}},
+                                        "action_config.mouse_qk_dim_list"),
+                                       ({"action_config": {"enable_keyboard": False}}, "action_config.enable_keyboard")])
+def test_config_values_the_model_does_not_implement_are_errors(raw, field):
+    """A config that would silently run a different model is refused, naming the field."""
+    with pytest.raises(CheckpointError, match=f"{field}.* is not supported"):
+        DiTConfig.from_dict(raw, "config.json")
+
+
 def test_unknown_config_keys_and_presets_are_errors(tmp_path):
     with pytest.raises(CheckpointError, match="unknown config keys: bogus"):
         DiTConfig.from_dict({"bogus": 1})

@@ -10,6 +10,7 @@ from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
 from ..errors import CheckpointError
+from .rope import ACTION_ROPE_CHANNELS, ACTION_ROPE_THETA
 
 # Stored in official configs but without effect on inference (MG2 spec §2.1, §16.4, §16.16).
 _IGNORED_TOP = {"_class_name", "_diffusers_version", "text_len", "model_type", "inject_sample_info",
@@ -66,7 +67,13 @@ class DiTConfig:
 
     @classmethod
     def from_dict(cls, raw: dict[str, Any], source: str = "config") -> "DiTConfig":
-        """Build from an official config.json dict; unknown keys raise CheckpointError naming them."""
+        """Build from an official config.json dict.
+
+        Raises:
+            CheckpointError: unknown keys (named), ``local_attn_size`` < 1, ``img_hidden_size`` != ``dim``,
+                or a value the model code fixes that differs from MG2's (``sink_size`` 0, action
+                ``rope_theta`` 256, 8 rotated action channels, keyboard branch on).
+        """
         raw = dict(raw)
         action = dict(raw.pop("action_config", {}) or {})
         top_names = {f.name for f in fields(cls)} - {"action_config"}
@@ -81,6 +88,16 @@ class DiTConfig:
         if cfg.local_attn_size < 1:
             raise CheckpointError(f"{source}: local_attn_size must be >= 1 (the global-attention "
                                   f"foundation model cannot run causally, spec §2.1)")
+        # values the model code fixes (MG2 uses exactly these): refuse others rather than run a different model
+        act = cfg.action_config
+        fixed = {"sink_size": (cfg.sink_size, 0), "action_config.rope_theta": (act.rope_theta, ACTION_ROPE_THETA),
+                 "action_config.mouse_qk_dim_list[0]": (act.mouse_qk_dim_list[0], ACTION_ROPE_CHANNELS),
+                 "action_config.enable_keyboard": (act.enable_keyboard, True)}
+        for name, (value, supported) in fixed.items():
+            if value != supported:
+                hint = "; --cache sink keeps sink frames" if name == "sink_size" else ""
+                raise CheckpointError(f"{source}: {name} = {value!r} is not supported (worldtrace implements "
+                                      f"{supported!r}, the value of every MG2 model{hint})")
         if cfg.action_config.img_hidden_size != cfg.dim:
             raise CheckpointError(f"{source}: action_config.img_hidden_size "
                                   f"{cfg.action_config.img_hidden_size} != dim {cfg.dim}")
