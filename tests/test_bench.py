@@ -39,9 +39,10 @@ def test_landmark_threshold_below_within_scene_noise_churns_scene_a_away():
 
 def test_mechanism_cli_writes_tables(tmp_path):
     result = CliRunner().invoke(main, ["bench", "mechanism", "--writers", "sliding,landmark", "--schemes", "slot_rank",
-                                       "--routes", "ABA", "--legs", "2,4", "-o", str(tmp_path)])
+                                       "--routes", "ABA", "--legs", "2,4", "--seed", "7", "-o", str(tmp_path)])
     assert result.exit_code == 0, result.output
     rows = json.loads((tmp_path / "mechanism.json").read_text())["rows"]
+    assert json.loads((tmp_path / "mechanism.json").read_text())["meta"]["setup"]["seed"] == 7
     assert len(rows) == 4 and "| landmark | slot_rank |" in (tmp_path / "mechanism.md").read_text()
 
 

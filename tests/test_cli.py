@@ -142,3 +142,21 @@ def test_full_cache_refuses_at_its_memory_cap_keeping_finished_chunks(tmp_path):
                                    "-o", out), 5)
     assert "--max-cache-gb" in line
     assert len(read_jsonl(out / "chunks.jsonl")) >= 1 and probe_video(out / "video.mp4")["frames"] >= 9
+
+
+def test_metrics_all_uses_the_runs_own_preset_even_a_yaml_one(tmp_path):
+    """`worldtrace metrics --level all` rebuilds the CLIP tower of the preset saved with the run (a
+    user YAML preset included); without summary.json or a resume state it refuses instead of guessing."""
+    import shutil
+
+    preset = tmp_path / "mytiny.yaml"
+    shutil.copy(ROOT / "worldtrace_cli" / "presets" / "tiny.yaml", preset)
+    run = tmp_path / "run"
+    result = generate(ABA, "--preset", preset, "--image", IMAGE, "--chunks", 2, "--metrics", "none", "-o", run)
+    assert result.exit_code == 0, result.output
+    result = CliRunner().invoke(main, ["metrics", str(run), "--level", "all", "--device", "cpu"])
+    assert result.exit_code == 0, result.output
+    assert "scene_drift" in json.loads((run / "metrics.json").read_text())
+    (run / "summary.json").unlink()
+    line = one_line_error(CliRunner().invoke(main, ["metrics", str(run), "--level", "all"]), 2)
+    assert "no saved state" in line

@@ -156,8 +156,10 @@ def markdown_table(rows: list[dict], route: str, metric: str) -> str:
     return "\n".join(lines)
 
 
-def write_mechanism_report(rows: list[dict], folder, stem: str = "mechanism") -> list:
-    """Write ``<stem>.json`` (rows + setup + versions) and ``<stem>.md`` (tables) into ``folder``."""
+def write_mechanism_report(rows: list[dict], folder, stem: str = "mechanism",
+                           setup: SceneSetup = SceneSetup()) -> list:
+    """Write ``<stem>.json`` (rows + the ``setup`` they were made with + versions) and ``<stem>.md``
+    (tables) into ``folder``; returns the two paths. Raises OSError when ``folder`` is not writable."""
     import json
     import platform
     from pathlib import Path
@@ -165,7 +167,7 @@ def write_mechanism_report(rows: list[dict], folder, stem: str = "mechanism") ->
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
     meta = {"benchmark": "mechanism", "torch": torch.__version__, "python": platform.python_version(),
-            "setup": SceneSetup().__dict__}
+            "setup": setup.__dict__}
     (folder / f"{stem}.json").write_text(json.dumps({"meta": meta, "rows": rows}, indent=1))
     parts = ["# Mechanism benchmark (synthetic scenes, real RoPE)\n",
              "Produced by `worldtrace bench mechanism`; definitions in `worldtrace_cli/bench.py`.\n"]

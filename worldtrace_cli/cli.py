@@ -13,10 +13,9 @@ from pathlib import Path
 import click
 
 from . import __version__
-from .errors import WorldtraceError
+from .errors import Interrupted, WorldtraceError
 from .options import speed_config, speed_options
 
-EXIT_INTERRUPTED = 130
 
 
 class _EchoHandler(logging.Handler):
@@ -31,12 +30,12 @@ def _run(fn, *args, **kwargs):
     try:
         return fn(*args, **kwargs)
     except WorldtraceError as exc:
-        kind = "stopped" if exc.exit_code == EXIT_INTERRUPTED else "error"
+        kind = "stopped" if isinstance(exc, Interrupted) else "error"
         click.echo(f"worldtrace: {kind}: {exc}", err=True)
         sys.exit(exc.exit_code)
     except KeyboardInterrupt:
         click.echo("worldtrace: interrupted; the run folder holds every finished chunk", err=True)
-        sys.exit(EXIT_INTERRUPTED)
+        sys.exit(Interrupted.exit_code)
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
@@ -120,6 +119,7 @@ def generate(trajectory, preset, checkpoint, random_weights, image, chunks, seed
     """
     from .config import RunConfig, default_preset_name, load_preset
     from .errors import InputError
+    from .outputs import cache_folder
     from .memory import MemoryConfig
     from .rollout import generate as run_generate
     from .trajectory import load_trajectory
@@ -152,7 +152,7 @@ def generate(trajectory, preset, checkpoint, random_weights, image, chunks, seed
         if name is None:
             name = default_preset_name(load_trajectory(trajectory).mode, checkpoint)
             logging.getLogger("worldtrace").info(f"preset: {name}")
-        out = output or Path("runs") / f"{trajectory.stem}-{cache.replace(':', '')}"
+        out = output or Path("runs") / f"{trajectory.stem}-{cache_folder(cache)}"
         cfg = RunConfig(preset=load_preset(name), trajectory=trajectory, output=out, image=image, chunks=chunks,
                         seed=seed, device=device, dtype=dtype, checkpoint=checkpoint, random_weights=random_weights,
                         memory=MemoryConfig(cache=cache, positions=positions, budget=budget,
@@ -191,20 +191,23 @@ def metrics_cmd(run_dir, level, trajectory, device, output):
     def job():
         import torch
 
-        from .config import load_preset
+        from .config import RunConfig
         from .metrics import summarise_run
         from .model.checkpoint import load_clip_tower
         from .rollout import resolve_device
+        from .run import resume_config
 
         if not (run_dir / "video.mp4").is_file():
             raise InputError(f"{run_dir}: no video.mp4 (not a worldtrace run folder)")
         tower = None
-        summary_path = run_dir / "summary.json"
-        if level == "all":
-            cfg = json.loads(summary_path.read_text())["config"] if summary_path.is_file() else {}
-            preset = load_preset(cfg.get("preset", {}).get("name", "tiny"))
-            tower = load_clip_tower(preset, cfg.get("checkpoint"), cfg.get("random_weights", False),
-                                    cfg.get("weights_seed", 0), resolve_device(device), torch.float32)
+        if level == "all":  # the CLIP tower of the model that made the run (its own preset, even a YAML one)
+            summary_path = run_dir / "summary.json"
+            if summary_path.is_file():
+                cfg = RunConfig.from_dict(json.loads(summary_path.read_text())["config"])
+            else:
+                cfg = resume_config(run_dir)  # an interrupted run: its saved settings (InputError if none)
+            tower = load_clip_tower(cfg.preset, cfg.checkpoint, cfg.random_weights, cfg.weights_seed,
+                                    resolve_device(device), torch.float32)
         with torch.no_grad():
             result = summarise_run(run_dir, tower, level, trajectory)
         text = json.dumps(result, indent=1)
@@ -239,9 +242,10 @@ def bench_mechanism(writers, schemes, routes, legs, seed, landmark_threshold, ou
     from .bench import SceneSetup, mechanism_benchmark, write_mechanism_report
 
     def job():
+        setup = SceneSetup(seed=seed)
         rows = mechanism_benchmark(_csv(writers), _csv(schemes), tuple(_csv(routes)), tuple(_csv(legs, int)),
-                                   SceneSetup(seed=seed), landmark_threshold)
-        for path in write_mechanism_report(rows, output, name):
+                                   setup, landmark_threshold)
+        for path in write_mechanism_report(rows, output, name, setup):
             click.echo(f"worldtrace: wrote {path}", err=True)
 
     _run(job)

@@ -190,11 +190,11 @@ def run_compare(trajectory: str | Path, caches: list[str], out_dir: str | Path, 
     from .config import RunConfig, default_preset_name, load_preset
     from .errors import InputError, OutputError
     from .memory import MemoryConfig, build_writer
-    from .outputs import RUN_FILES, write_json_atomic
+    from .outputs import RUN_FILES, cache_folder, write_json_atomic
     from .trajectory import MODES, load_trajectory, plan_actions
 
     trajectory, out_dir = Path(trajectory), Path(out_dir)
-    folders = [c.replace(":", "-") for c in caches]
+    folders = [cache_folder(c) for c in caches]
     if not caches or len(set(folders)) != len(folders):
         raise InputError(f"--cache: expected distinct writers, got {','.join(caches) or '(none)'}")
     for cache in caches:

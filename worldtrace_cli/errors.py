@@ -47,6 +47,12 @@ class OutputError(WorldtraceError):
     exit_code = 4
 
 
+class Interrupted(WorldtraceError):
+    """The run stopped on Ctrl-C / SIGTERM after saving a resume state (exit code 130)."""
+
+    exit_code = 130
+
+
 class RunError(WorldtraceError):
     """A generation run failed midway: non-finite latents, memory cap (exit code 5)."""
 

@@ -31,7 +31,16 @@ TIMELINE_NAME = "cache_timeline.png"
 # Files a run writes; a rerun removes them first so nothing stale survives an interruption.
 RUN_FILES = (SUMMARY_NAME, CHUNKS_NAME, VIDEO_NAME, TIMELINE_NAME)
 # a replaced run's resume state must go too, or --resume could mix two runs
-_RESUME_LEFTOVERS = ("resume", "resume.old", "resume.tmp", "video.part.mp4")
+STATE_NAME = "resume"  # the resume state folder of an interrupted run (run.py, state.py)
+_RESUME_LEFTOVERS = (STATE_NAME, STATE_NAME + ".old", STATE_NAME + ".tmp", "video.part.mp4")
+
+
+
+def cache_folder(cache: str) -> str:
+    """Folder name of a cache spec (run folders of generate, compare, loopbench): ``mixed:2`` ->
+    ``mixed-2`` (``:`` is awkward in paths)."""
+    return cache.replace(":", "-")
+
 
 _GOP_FRAMES = 12  # one keyframe (= one MP4 fragment) per 12 pixel frames, about a chunk
 

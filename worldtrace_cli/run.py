@@ -28,20 +28,15 @@ from pathlib import Path
 import torch
 
 from .config import RunConfig
-from .errors import InputError, OutputError, WorldtraceError
+from .errors import InputError, Interrupted, OutputError  # noqa: F401  (Interrupted: re-exported)
 from .memory import build_writer
+from .outputs import STATE_NAME
 from .model.dit import COMPILE_MODES, ROPE_PRECISIONS, configure_speed
 from .rollout import DecodePipeline, Rollout, resolve_device, resolve_dtype, versions
 
 log = logging.getLogger("worldtrace")
-STATE_DIR = "resume"
+STATE_DIR = STATE_NAME
 VIDEO_PART = "video.part.mp4"
-
-
-class Interrupted(WorldtraceError):
-    """The run stopped on Ctrl-C / SIGTERM after saving a resume state (exit code 130)."""
-
-    exit_code = 130
 
 
 class _StopFlag:

@@ -20,13 +20,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import NamedTuple
 
-from ..errors import InputError, OutputError
+from ..errors import InputError, Interrupted, OutputError
+from ..outputs import STATE_NAME, cache_folder
 from .configs import CONFIGS, DEFAULT_FOLDER, render
 
 log = logging.getLogger("worldtrace")
 
-EXIT_INTERRUPTED = 130  # errors.py: Ctrl-C / SIGTERM; the run saved a resume state
-RESUME_DIR = "resume"  # run.py's STATE_DIR: the resume state of an interrupted run
 IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".webp", ".bmp")
 FAILURES_NAME = "failures.jsonl"
 FAILED_NAME = "failed.json"
@@ -69,11 +68,6 @@ class SweepCounts(NamedTuple):
     done: int
     skipped: int
     failed: int
-
-
-def cache_folder(cache: str) -> str:
-    """Folder name of a cache spec: ``mixed:2`` -> ``mixed-2`` (``:`` is awkward in paths)."""
-    return cache.replace(":", "-")
 
 
 # --------------------------------------------------------------------------- inputs
@@ -341,14 +335,14 @@ def run_jobs(jobs: Sequence[Job], out_dir: str | Path, preset: str = "tiny", dev
             else:
                 summary = rollout.generate(cfg)
         except Exception as exc:  # noqa: BLE001  (a sweep records every failure and goes on)
-            if getattr(exc, "exit_code", None) == EXIT_INTERRUPTED:
+            if isinstance(exc, Interrupted):
                 log.info(f"{tag}: interrupted; rerun the same command to resume the sweep")
                 raise
             failed += 1
             rec = record_failure(out_dir, job, exc)
             log.info(f"{tag}: FAILED ({rec['error']}: {rec['message']})")
             # A resume state that failed may be the cause: the next attempt starts from chunk 0.
-            shutil.rmtree(folder / RESUME_DIR, ignore_errors=True)
+            shutil.rmtree(folder / STATE_NAME, ignore_errors=True)
             continue
         (folder / FAILED_NAME).unlink(missing_ok=True)  # an earlier failure of this job is history now
         done += 1
@@ -359,7 +353,7 @@ def run_jobs(jobs: Sequence[Job], out_dir: str | Path, preset: str = "tiny", dev
 def resumable(folder: Path, cfg) -> object | None:
     """The RunConfig saved in ``folder``'s resume state (a job killed by SIGTERM, or by anything
     after its last periodic save) when it is the same job as ``cfg``, else None (redo it)."""
-    if not (folder / RESUME_DIR).is_dir():
+    if not (folder / STATE_NAME).is_dir():
         return None
     from dataclasses import replace
 
