@@ -10,6 +10,7 @@ import torch
 from worldtrace_cli.errors import InputError
 from worldtrace_cli.memory import CacheGeometry, MemoryConfig, build_writer
 from worldtrace_cli.memory.landmark import LandmarkSummary, LandmarkWriter, frame_descriptor
+from worldtrace_cli.memory.window import split_frames
 from worldtrace_cli.model.rope import MainRope
 
 FIXTURES = Path(__file__).parent / "data" / "fixtures"
@@ -159,9 +160,9 @@ def test_state_is_constant_in_rollout_length():
     comp.reset(GEOM)
     sizes = {}
     for i in range(500):
-        # a chunk-sized tensor sliced per frame, as the recent window hands frames over
+        # a chunk's K/V split into per-frame copies, as the recent window hands frames over
         chunk = [(torch.randn(1, 3 * 8, 2, 128), torch.randn(1, 3 * 8, 2, 128)) for _ in range(2)]
-        comp.evict(i, [(k[:, :8], v[:, :8]) for k, v in chunk])
+        comp.evict(i, split_frames(chunk, [0], 8)[0])
         if i + 1 in (50, 500):
             sizes[i + 1] = comp.stored_bytes()
     frame_bytes = 2 * 2 * 8 * 2 * 128 * 4  # layers x (K, V) x T x H x D x float32

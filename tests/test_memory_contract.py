@@ -87,6 +87,32 @@ def test_deterministic(name):
         assert all(torch.equal(x, y) for x, y in zip(a.read(layer), b.read(layer)))
 
 
+@pytest.mark.parametrize("name", ["sliding", "sink", "landmark", "field-streaming", "memrope"])
+def test_kept_frames_do_not_pin_their_whole_chunk(name):
+    """Verbatim frames (sliding, the recent window, sink frames, landmarks) are stored as per-frame
+    copies: no stored tensor's memory is larger than what that tensor itself needs."""
+    writer = run(build_writer(MemoryConfig(cache=name), DEFAULT_BUDGET), 6)
+    frame_bytes = GEOM.tokens_per_frame * GEOM.heads * GEOM.head_dim * 4
+    stored = []
+
+    def walk(obj):
+        if isinstance(obj, torch.Tensor):
+            stored.append(obj)
+        elif isinstance(obj, dict):
+            for value in obj.values():
+                walk(value)
+        elif isinstance(obj, (list, tuple, set)) or type(obj).__name__ == "deque":
+            for value in obj:
+                walk(value)
+        elif hasattr(obj, "__dict__") and type(obj).__module__.startswith("worldtrace_cli.memory"):
+            walk(vars(obj))
+
+    walk(vars(writer))
+    frames = [t for t in stored if t.shape[1:] == (GEOM.tokens_per_frame, GEOM.heads, GEOM.head_dim)]
+    assert frames, "the writer keeps verbatim frames"
+    assert all(t.untyped_storage().nbytes() == frame_bytes for t in frames)
+
+
 def test_block_relative_collapses_old_slots_and_slot_rank_keeps_them_distinct():
     """Remark 1: beyond the trained offset, distinct summary slots share one position."""
     br = run(build_writer(MemoryConfig(cache="sink", positions="block_relative", sink_frames=2, budget=4),

@@ -91,10 +91,10 @@ class LandmarkSummary(SummaryMemory):
                              "landmark": is_landmark})
         if not is_landmark:
             return
-        # clone: the recent window holds views of the whole chunk's tensor; a landmark owns exactly
-        # one frame, so its memory is N_s frames and nothing upstream can alter the frozen key.
+        # frame_kv is the recent window's per-frame copy (split_frames), which nothing writes to again:
+        # the landmark keeps exactly that frame, its key frozen, so its memory is N_s frames.
         self._ids.append(frame_id)
-        self._kv.append([(k.clone(), v.clone()) for k, v in frame_kv])
+        self._kv.append(frame_kv)
         if len(self._ids) > self.n_slots:
             self._ids.popleft()
             self._kv.popleft()

@@ -25,8 +25,7 @@ class SinkSummary(SummaryMemory):
     def evict(self, frame_id: int, frame_kv: FrameKV) -> None:
         if len(self._ids) < self.k:
             self._ids.append(frame_id)
-            # copies: a view would keep its whole chunk's K/V alive for the rest of the run
-            self._kv.append([(k.clone(), v.clone()) for k, v in frame_kv])
+            self._kv.append(frame_kv)  # the recent window's own per-frame copy (split_frames)
 
     def slots(self) -> list[Slot]:
         return [Slot("sink", (f,)) for f in self._ids]

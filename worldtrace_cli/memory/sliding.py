@@ -12,6 +12,7 @@ from typing import Sequence
 import torch
 
 from .base import CacheGeometry, CacheWriter, Slot, register
+from .window import split_frames
 
 
 @register
@@ -38,10 +39,9 @@ class SlidingWriter(CacheWriter):
     def commit(self, layers_kv: Sequence[tuple[torch.Tensor, torch.Tensor]], frame_ids: Sequence[int]) -> None:
         if self.budget == 0:
             return
-        t = self.geometry.tokens_per_frame
-        for layer, (k, v) in enumerate(layers_kv):
-            # keep only the newest `budget` frames, copied so no view pins its chunk's whole K/V
-            for i in range(max(0, len(frame_ids) - self.budget), len(frame_ids)):
-                self._k[layer].append(k[:, i * t:(i + 1) * t].clone())
-                self._v[layer].append(v[:, i * t:(i + 1) * t].clone())
-        self._frames.extend(frame_ids[max(0, len(frame_ids) - self.budget):])
+        newest = range(max(0, len(frame_ids) - self.budget), len(frame_ids))  # only these can stay
+        for frame_kv in split_frames(layers_kv, newest, self.geometry.tokens_per_frame):
+            for layer, (k, v) in enumerate(frame_kv):
+                self._k[layer].append(k)
+                self._v[layer].append(v)
+        self._frames.extend(frame_ids[newest.start:])

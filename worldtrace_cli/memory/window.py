@@ -21,6 +21,23 @@ from .base import CacheGeometry, CacheWriter, MemoryConfig, Slot
 FrameKV = list[tuple[torch.Tensor, torch.Tensor]]  # per layer (k, v) of one latent frame: [1, T, H, D] each
 
 
+def split_frames(layers_kv: Sequence[tuple[torch.Tensor, torch.Tensor]], frames: Sequence[int],
+                 tokens_per_frame: int) -> list[FrameKV]:
+    """Per-frame copies of a chunk's committed K/V.
+
+    Args:
+        layers_kv: per layer (k, v) [1, F*T, H, D] of one chunk (canonical keys).
+        frames: indices 0..F-1 of the frames wanted, in order.
+        tokens_per_frame: T.
+    Returns:
+        one :data:`FrameKV` per wanted frame, each tensor [1, T, H, D] owning its memory: a stored
+        frame never keeps its whole chunk alive (a view would, for as long as the frame is kept).
+    """
+    t = tokens_per_frame
+    return [[(k[:, i * t:(i + 1) * t].clone(), v[:, i * t:(i + 1) * t].clone()) for k, v in layers_kv]
+            for i in frames]
+
+
 class SummaryMemory:
     """A component that owns some summary slots. State is created in :meth:`reset`."""
 
@@ -116,10 +133,10 @@ class RecentWindowWriter(CacheWriter):
         return torch.cat([k for k, _ in pairs], dim=1), torch.cat([v for _, v in pairs], dim=1)
 
     def commit(self, layers_kv: Sequence[tuple[torch.Tensor, torch.Tensor]], frame_ids: Sequence[int]) -> None:
-        t = self.geometry.tokens_per_frame
-        for i, fid in enumerate(frame_ids):
+        frames = split_frames(layers_kv, range(len(frame_ids)), self.geometry.tokens_per_frame)
+        for fid, frame_kv in zip(frame_ids, frames):
             self._recent_ids.append(fid)
-            self._recent.append([(k[:, i * t:(i + 1) * t], v[:, i * t:(i + 1) * t]) for k, v in layers_kv])
+            self._recent.append(frame_kv)  # owned per-frame copies: components may keep them as they are
             while len(self._recent) > self.n_recent:
                 old_id, old_kv = self._recent_ids.popleft(), self._recent.popleft()
                 for comp in self._components:
