@@ -224,6 +224,7 @@ def speed_benchmark(preset_name: str = "tiny", caches: tuple[str, ...] = ("slidi
     from .model.sampler import FlowMatchSchedule
     from .model.vae import StreamingDecoder
     from .rollout import DecodePipeline, Rollout, process_rss_bytes, resolve_device, resolve_dtype
+    from .trajectory import chunk_rows, frames_for_chunks
 
     if repeats < 1:
         raise ValueError(f"repeats must be >= 1, got {repeats}")
@@ -241,7 +242,7 @@ def speed_benchmark(preset_name: str = "tiny", caches: tuple[str, ...] = ("slidi
     with torch.no_grad():
         cond, ctx = build_conditioning(pixels.to(dev, dt), world.vae, world.clip, n_max * f)
     kd = preset.dit.action_config.keyboard_dim_in
-    rows_n = 12 * n_max - 3
+    rows_n = frames_for_chunks(n_max)
     keyboard = torch.zeros(1, rows_n, kd)
     keyboard[..., 0] = 1.0  # hold the first key (forward / jump) the whole time
     mouse = torch.zeros(1, rows_n, 2) if preset.dit.action_config.enable_mouse else None
@@ -277,7 +278,8 @@ def speed_benchmark(preset_name: str = "tiny", caches: tuple[str, ...] = ("slidi
                 for d in done:
                     timings.append(d.record["timings_s"])
                     if d.record["chunk"] >= warmup_chunks:
-                        frames += 9 if d.record["chunk"] == 0 else 12
+                        start, end = chunk_rows(d.record["chunk"])
+                        frames += end - start
                 if n not in chunk_counts:
                     continue
                 sync()
@@ -315,12 +317,6 @@ def speed_benchmark(preset_name: str = "tiny", caches: tuple[str, ...] = ("slidi
     return result
 
 
-def _median(values: list[float]) -> float:
-    values = sorted(values)
-    mid = len(values) // 2
-    return values[mid] if len(values) % 2 else (values[mid - 1] + values[mid]) / 2
-
-
 def speed_summary(result: dict) -> list[dict]:
     """The speed targets per writer x snapshot, over the repeats of :func:`speed_benchmark`.
 
@@ -330,6 +326,8 @@ def speed_summary(result: dict) -> list[dict]:
     largest ``gpu_peak_bytes`` and ``gpu_peak_vs_first`` (that peak / the writer's own peak at the
     smallest N; the flat-memory target), and ``host_bytes``.
     """
+    from statistics import median as _median
+
     rows = result["rows"]
     caches = list(dict.fromkeys(r["cache"] for r in rows))
     reference = "sliding" if "sliding" in caches else (caches[0] if caches else None)
