@@ -87,7 +87,7 @@ def test_deterministic(name):
         assert all(torch.equal(x, y) for x, y in zip(a.read(layer), b.read(layer)))
 
 
-@pytest.mark.parametrize("name", ["sliding", "sink", "landmark", "field-streaming", "memrope"])
+@pytest.mark.parametrize("name", ["sliding", "full", "sink", "landmark", "field-streaming", "memrope"])
 def test_kept_frames_do_not_pin_their_whole_chunk(name):
     """Verbatim frames (sliding, the recent window, sink frames, landmarks) are stored as per-frame
     copies: no stored tensor's memory is larger than what that tensor itself needs."""

@@ -136,7 +136,12 @@ class CacheWriter:
         raise NotImplementedError
 
     def commit(self, layers_kv: Sequence[tuple[torch.Tensor, torch.Tensor]], frame_ids: Sequence[int]) -> None:
-        """Store a finished chunk: per layer canonical K and V [1, F*T, H, D]; ``frame_ids`` [F] absolute."""
+        """Store a finished chunk: per layer canonical K and V [1, F*T, H, D]; ``frame_ids`` [F] absolute.
+
+        The tensors are the DiT's own outputs of this call (under CUDA graphs they live in the graph
+        pool and are overwritten by the next call): a writer copies what it keeps, per frame
+        (:func:`~worldtrace_cli.memory.window.split_frames`), and keeps no view of them.
+        """
         raise NotImplementedError
 
     def positions(self) -> torch.Tensor:

@@ -14,6 +14,7 @@ import torch
 
 from ..errors import RunError
 from .base import CacheGeometry, CacheWriter, Slot, register
+from .window import split_frames
 
 
 @register
@@ -50,10 +51,10 @@ class FullWriter(CacheWriter):
             raise RunError(f"--cache {self.name}: the KV cache would reach {needed / 1e9:.2f} GB at latent frame "
                            f"{frame_ids[-1]}, over --max-cache-gb {self.config.max_cache_gb:g}; use a bounded "
                            f"writer or raise the cap")
-        t = self.geometry.tokens_per_frame
-        for layer, (k, v) in enumerate(layers_kv):
-            self._k[layer].extend(k[:, i * t:(i + 1) * t] for i in range(len(frame_ids)))
-            self._v[layer].extend(v[:, i * t:(i + 1) * t] for i in range(len(frame_ids)))
+        for frame_kv in split_frames(layers_kv, range(len(frame_ids)), self.geometry.tokens_per_frame):
+            for layer, (k, v) in enumerate(frame_kv):
+                self._k[layer].append(k)
+                self._v[layer].append(v)
         self._ids.extend(frame_ids)
 
     def describe(self) -> dict:

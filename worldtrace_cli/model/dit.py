@@ -220,7 +220,6 @@ class Block(nn.Module):
         self.ffn = nn.Sequential(nn.Linear(d, cfg.ffn_dim), nn.GELU(approximate="tanh"), nn.Linear(cfg.ffn_dim, d))
         self.action_model = (ActionModule(cfg.action_config, d, cfg.local_attn_size)
                              if index in cfg.action_config.blocks else None)
-        self.cudagraphs = False  # set by compile_blocks: the compiled parts replay CUDA graphs on CUDA
 
     def forward(self, x, e0, layer, chunk, rope, grid, commit):
         """x [1, F*S, D], e0 [1, F, 6, D] (time projection) -> [1, F*S, D] (spec §5.4).
@@ -230,10 +229,8 @@ class Block(nn.Module):
         f, gh, gw = grid
         cos, sin = chunk.rope_tables(rope, f, gh, gw, x.device)
         q, k, v, k_canon = self.attention_inputs(x, e0, cos, sin, rope.t_ch, commit)
-        if commit:
-            # the cache writer keeps these: under CUDA graphs the next replay would overwrite them
-            graphed = self.cudagraphs and x.is_cuda
-            chunk.committed.append((k_canon.clone(), v.clone()) if graphed else (k_canon, v))
+        if commit:  # the writer copies what it keeps (CacheWriter.commit), so CUDA-graph outputs are safe
+            chunk.committed.append((k_canon, v))
         attn = self.self_attn.attend(q, k, v, layer, chunk, rope)
         x = self.attention_outputs(x, attn, e0, chunk.rollout.cross_kv[layer])
         if self.action_model is not None:
@@ -256,18 +253,27 @@ class Block(nn.Module):
         return (y.view(b, g.shape[1], -1, d).float() * g).view(b, n, d).type_as(like)
 
     def attention_inputs(self, x, e0, cos, sin, t_ch: int, commit: bool):
-        """Pure: norm1 + modulation, then :meth:`SelfAttention.project` -> (q, k, v, k_canon)."""
+        """Pure: norm1 + modulation, then :meth:`SelfAttention.project`.
+
+        x [1, F*S, D], e0 [1, F, 6, D] (time projection), cos/sin [F*S, d/2] (chunk RoPE tables)
+        -> (q, k, v, k_canon) [1, F*S, H, d] in x's dtype (k_canon None unless ``commit``). Spec §5.4.
+        """
         m = self._modulation(e0)
         return self.self_attn.project(self._modulate(self.norm1(x), m[0], m[1], x), cos, sin, t_ch, commit)
 
     def attention_outputs(self, x, attn, e0, cross_kv):
-        """Pure: output projection, gated residual, then the cross-attention residual -> [1, F*S, D]."""
+        """Pure: output projection, gated residual, then the cross-attention residual (spec §5.4).
+
+        x [1, F*S, D], attn [1, F*S, D] (SDPA output), e0 [1, F, 6, D], cross_kv (k, v) [1, H, 257, d]
+        -> [1, F*S, D] in x's dtype.
+        """
         m = self._modulation(e0)
         x = x + self._gate(self.self_attn.o(attn), m[2], x)
         return x + self.cross_attn(self.norm3(x), cross_kv)
 
     def feed_forward(self, x, e0):
-        """Pure: norm2 + modulation, FFN, gated residual -> [1, F*S, D]."""
+        """Pure: norm2 + modulation, FFN, gated residual (spec §5.4): x [1, F*S, D], e0 [1, F, 6, D]
+        -> [1, F*S, D] in x's dtype."""
         m = self._modulation(e0)
         return x + self._gate(self.ffn(self._modulate(self.norm2(x), m[3], m[4], x)), m[5], x)
 
@@ -389,8 +395,8 @@ def compile_blocks(model: CausalWanDiT, mode: str = "default") -> None:
 
     ``mode``: ``default`` | ``reduce-overhead`` and ``max-autotune`` (both replay CUDA graphs when
     run on CUDA: each call site is recorded once per path, every DiT call starts a new graph step
-    with ``torch.compiler.cudagraph_mark_step_begin``, and the keys/values the cache keeps are
-    cloned out of the graph pool) | ``none`` (back to eager). The first chunk pays the compilation
+    with ``torch.compiler.cudagraph_mark_step_begin``; cache writers and the action caches copy
+    what they keep, so nothing kept aliases the graph pool) | ``none`` (back to eager). The first chunk pays the compilation
     (tens of seconds on a CPU). Needs a C++ compiler on CPU.
 
     Raises:
@@ -413,8 +419,6 @@ def compile_blocks(model: CausalWanDiT, mode: str = "default") -> None:
             if key not in _COMPILED_PARTS:
                 _COMPILED_PARTS[key] = torch.compile(getattr(type(module), name), mode=mode, dynamic=False)
             module.__dict__[name] = types.MethodType(_COMPILED_PARTS[key], module)
-    for block in model.blocks:  # the action caches copy what they keep anyway (action._push)
-        block.cudagraphs = cudagraphs
     model.compile_mode = mode
     model.cudagraphs = cudagraphs
 
