@@ -228,18 +228,21 @@ class Block(nn.Module):
         """
         f, gh, gw = grid
         cos, sin = chunk.rope_tables(rope, f, gh, gw, x.device)
-        q, k, v, k_canon = self.attention_inputs(x, e0, cos, sin, rope.t_ch, commit)
+        m = self.modulation_terms(e0)
+        q, k, v, k_canon = self.attention_inputs(x, m, cos, sin, rope.t_ch, commit)
         if commit:  # the writer copies what it keeps (CacheWriter.commit), so CUDA-graph outputs are safe
             chunk.committed.append((k_canon, v))
         attn = self.self_attn.attend(q, k, v, layer, chunk, rope)
-        x = self.attention_outputs(x, attn, e0, chunk.rollout.cross_kv[layer])
+        x = self.attention_outputs(x, attn, m, chunk.rollout.cross_kv[layer])
         if self.action_model is not None:
             x = self.action_model(x, chunk.action_rows(self.action_model, f, x.dtype),
                                   chunk.rollout.mouse_kv[layer], chunk.rollout.keyboard_kv[layer], commit)
-        return self.feed_forward(x, e0)
+        return self.feed_forward(x, m)
 
-    def _modulation(self, e0):
-        return (self.modulation.float().unsqueeze(1) + e0.float()).chunk(6, dim=2)  # six [B, F, 1, D]
+    def modulation_terms(self, e0):
+        """e0 [1, F, 6, D] (time projection) -> six float32 [1, F, 1, D]: shift/scale/gate of the
+        self-attention, then of the FFN (spec §5.4); computed once per block call."""
+        return (self.modulation.float().unsqueeze(1) + e0.float()).chunk(6, dim=2)
 
     @staticmethod
     def _modulate(h, shift, scale, like):
@@ -252,29 +255,26 @@ class Block(nn.Module):
         b, n, d = y.shape
         return (y.view(b, g.shape[1], -1, d).float() * g).view(b, n, d).type_as(like)
 
-    def attention_inputs(self, x, e0, cos, sin, t_ch: int, commit: bool):
+    def attention_inputs(self, x, m, cos, sin, t_ch: int, commit: bool):
         """Pure: norm1 + modulation, then :meth:`SelfAttention.project`.
 
-        x [1, F*S, D], e0 [1, F, 6, D] (time projection), cos/sin [F*S, d/2] (chunk RoPE tables)
+        x [1, F*S, D], m (:meth:`modulation_terms`), cos/sin [F*S, d/2] (chunk RoPE tables)
         -> (q, k, v, k_canon) [1, F*S, H, d] in x's dtype (k_canon None unless ``commit``). Spec §5.4.
         """
-        m = self._modulation(e0)
         return self.self_attn.project(self._modulate(self.norm1(x), m[0], m[1], x), cos, sin, t_ch, commit)
 
-    def attention_outputs(self, x, attn, e0, cross_kv):
+    def attention_outputs(self, x, attn, m, cross_kv):
         """Pure: output projection, gated residual, then the cross-attention residual (spec §5.4).
 
-        x [1, F*S, D], attn [1, F*S, D] (SDPA output), e0 [1, F, 6, D], cross_kv (k, v) [1, H, 257, d]
+        x [1, F*S, D], attn [1, F*S, D] (SDPA output), m (:meth:`modulation_terms`), cross_kv (k, v) [1, H, 257, d]
         -> [1, F*S, D] in x's dtype.
         """
-        m = self._modulation(e0)
         x = x + self._gate(self.self_attn.o(attn), m[2], x)
         return x + self.cross_attn(self.norm3(x), cross_kv)
 
-    def feed_forward(self, x, e0):
-        """Pure: norm2 + modulation, FFN, gated residual (spec §5.4): x [1, F*S, D], e0 [1, F, 6, D]
-        -> [1, F*S, D] in x's dtype."""
-        m = self._modulation(e0)
+    def feed_forward(self, x, m):
+        """Pure: norm2 + modulation, FFN, gated residual (spec §5.4): x [1, F*S, D], m
+        (:meth:`modulation_terms`) -> [1, F*S, D] in x's dtype."""
         return x + self._gate(self.ffn(self._modulate(self.norm2(x), m[3], m[4], x)), m[5], x)
 
 
