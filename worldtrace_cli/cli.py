@@ -14,7 +14,7 @@ import click
 
 from . import __version__
 from .errors import Interrupted, WorldtraceError
-from .options import speed_config, speed_options
+from .options import SEED, device_options, speed_config, speed_options
 
 
 
@@ -67,7 +67,7 @@ def main(verbose: bool) -> None:
 @click.option("--chunks", type=int, default=None,
               help="Chunks to generate (3 latent frames = 12 pixel frames each); repeats the last segment "
                    "or truncates the trajectory. Default: the trajectory's length.")
-@click.option("--seed", type=click.IntRange(0, 2**63 - 1), default=None,
+@click.option("--seed", type=SEED, default=None,
               help="Noise seed >= 0 (default: the trajectory's seed, else 0).")
 @click.option("-o", "--output", type=click.Path(path_type=Path), default=None, metavar="DIR",
               help="Run folder (default: runs/<trajectory>-<cache>).")
@@ -89,9 +89,7 @@ def main(verbose: bool) -> None:
               help="full/yarn: refuse before the KV cache (3 copies per chunk) exceeds this many GB.")
 @click.option("--spill-dir", type=click.Path(path_type=Path), default=None,
               help="field: keep evicted frames on disk here instead of host memory (very long runs).")
-@click.option("--device", type=click.Choice(["auto", "cuda", "cpu"]), default="auto", show_default=True)
-@click.option("--dtype", type=click.Choice(["auto", "bf16", "fp32"]), default="auto", show_default=True,
-              help="auto = bf16 on cuda, fp32 on cpu.")
+@device_options
 @click.option("--metrics", type=click.Choice(["none", "fast", "all"]), default="fast", show_default=True,
               help="Per-chunk metrics: fast = TempSSIM + LatentDiff; all = + CLIP Scene Drift and PAC "
                    "(one CLIP forward per pixel frame).")
@@ -257,8 +255,7 @@ def bench_mechanism(writers, schemes, routes, legs, seed, landmark_threshold, ou
 @click.option("--caches", default="sliding,field,landmark", show_default=True, help="Comma-separated writers.")
 @click.option("--chunks", default="8,16", show_default=True,
               help="Comma-separated chunk counts: one rollout per writer to the largest, snapshots at each.")
-@click.option("--device", type=click.Choice(["auto", "cuda", "cpu"]), default="auto", show_default=True)
-@click.option("--dtype", type=click.Choice(["auto", "bf16", "fp32"]), default="auto", show_default=True)
+@device_options
 @click.option("--image", type=click.Path(path_type=Path), default=None, help="Conditioning image (default: a gradient).")
 @click.option("--warmup", type=int, default=1, show_default=True,
               help="Chunks excluded from the timings (3 or more with --compile: compilation and CUDA-graph recording).")

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import click
 
-from .options import speed_config, speed_options
+from .options import SEED, device_options, speed_config, speed_options
 
 log = logging.getLogger("worldtrace")
 
@@ -242,15 +242,14 @@ def run_compare(trajectory: str | Path, caches: list[str], out_dir: str | Path, 
 @click.option("--random-weights", is_flag=True, help="Run a checkpoint preset with seeded random weights.")
 @click.option("--image", type=click.Path(path_type=Path), default=None,
               help="Conditioning image shared by every mode (default: the trajectory's).")
-@click.option("--seed", type=int, default=None,
+@click.option("--seed", type=SEED, default=None,
               help="Noise seed shared by every mode (default: the trajectory's, else 0).")
 @click.option("--chunks", type=int, default=None, help="Chunks to generate (default: the trajectory's length).")
 @click.option("--hud/--no-hud", default=True, show_default=True,
               help="Overlay the pressed keys and the mouse direction of every pixel frame.")
 @click.option("--metrics", type=click.Choice(["fast", "all"]), default="all", show_default=True,
               help="fast = TempSSIM + LatentDiff; all = + Scene Drift and PAC.")
-@click.option("--device", type=click.Choice(["auto", "cuda", "cpu"]), default="auto", show_default=True)
-@click.option("--dtype", type=click.Choice(["auto", "bf16", "fp32"]), default="auto", show_default=True)
+@device_options
 @click.option("-o", "--output", type=click.Path(path_type=Path), default=None, metavar="DIR",
               help="Output folder (default: runs/compare-<trajectory>).")
 @click.option("--overwrite", is_flag=True, help="Replace a comparison or runs already in DIR.")

@@ -6,6 +6,19 @@ from __future__ import annotations
 import click
 
 
+SEED = click.IntRange(0, 2**63 - 1)  # noise seeds (torch generators take 64-bit seeds)
+
+
+def device_options(command):
+    """``--device auto|cuda|cpu`` and ``--dtype auto|bf16|fp32`` (parameters ``device``, ``dtype``),
+    the same for every command that runs the model (:func:`~worldtrace_cli.rollout.resolve_device`,
+    :func:`~worldtrace_cli.rollout.resolve_dtype`)."""
+    command = click.option("--dtype", type=click.Choice(["auto", "bf16", "fp32"]), default="auto", show_default=True,
+                           help="auto = bf16 on cuda, fp32 on cpu.")(command)
+    return click.option("--device", type=click.Choice(["auto", "cuda", "cpu"]), default="auto", show_default=True,
+                        help="auto = cuda when available, else cpu (loopbench under torchrun: the LOCAL_RANK GPU).")(command)
+
+
 def speed_options(command):
     """The speed settings shared by generate, compare, loopbench run and bench speed (click options
     ``--rope-precision``, ``--compile``, ``--overlap-decode`` -> parameters ``rope_precision``,

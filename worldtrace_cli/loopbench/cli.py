@@ -10,7 +10,7 @@ from pathlib import Path
 
 import click
 
-from ..options import speed_config, speed_options
+from ..options import device_options, speed_config, speed_options
 from .configs import CONFIGS
 
 _DEFAULT_CONFIGS = ",".join(n for n, c in CONFIGS.items() if c.tier in (1, 2, 3, 4))
@@ -48,9 +48,7 @@ def loopbench():
               help="fast = TempSSIM + LatentDiff; all = + Scene Drift and PAC (needed for the report's PAC).")
 @click.option("--shard", default=None, metavar="I/N",
               help="Run only shard I of N of the sorted job list (0-based; combines with torchrun's RANK/WORLD_SIZE).")
-@click.option("--device", type=click.Choice(["auto", "cuda", "cpu"]), default="auto", show_default=True,
-              help="auto = cuda when available; under torchrun, LOCAL_RANK picks the GPU.")
-@click.option("--dtype", type=click.Choice(["auto", "bf16", "fp32"]), default="auto", show_default=True)
+@device_options
 @click.option("--checkpoint", type=click.Path(path_type=Path), default=None, metavar="DIR",
               help="Official Matrix-Game-2.0 folder (for the mg2-* presets).")
 @click.option("--random-weights", is_flag=True, help="Run a checkpoint preset with seeded random weights.")
