@@ -1,0 +1,135 @@
+"""The procedural world: deterministic scenes and renders, the one motion model, ground truth,
+GT metrics and `worldtrace world render`."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+import torch
+from click.testing import CliRunner
+
+from worldtrace_cli.metrics import PSNR_CAP_DB, dead_reckon, gt_scores, gt_summary
+from worldtrace_cli.trajectory import parse_trajectory, plan_actions
+from worldtrace_cli.world.motion import frame_poses, integrate, plan_frame_poses, pose_steps
+from worldtrace_cli.world.render import render_frames, render_view
+from worldtrace_cli.world.scene import EYE_HEIGHT, PATTERNS, make_world
+from worldtrace_cli.world.truth import GroundTruth
+
+
+def plan_of(*segments: str):
+    return plan_actions(parse_trajectory("mode: universal\nsegments:\n" + "".join(f"  - {s}\n" for s in segments)))
+
+
+def test_a_seed_is_a_world():
+    a, b, c = make_world.__wrapped__(7), make_world.__wrapped__(7), make_world.__wrapped__(8)
+    for name in ("solid", "color_a", "color_b", "pattern", "frequency", "floor_a", "sky_top"):
+        assert np.array_equal(getattr(a, name), getattr(b, name)), name
+    assert not np.array_equal(a.color_a, c.color_a) and not np.array_equal(a.solid, c.solid)
+    assert a.solid.dtype == bool and a.pattern.max() < len(PATTERNS)
+    # the plaza around the start and the +y corridor are open ground; the border is walled
+    centres = np.arange(a.cells) - a.half + 0.5
+    near = np.hypot(*np.meshgrid(centres, centres, indexing="ij")) < 5.0
+    assert not a.solid[near].any()
+    i, j = a.cell_of(0.0, 0.0)
+    assert not a.solid[i - 1:i + 1, j:j + 40].any()
+    assert a.solid[0].all() and a.solid[:, -1].all()
+    with pytest.raises(ValueError):
+        make_world(-1)
+
+
+def test_renders_are_deterministic_and_show_the_world():
+    w = make_world(3)
+    f1 = render_view(w, (0.0, 0.0, 0.0, 0.0), 96, 176)
+    assert f1.dtype == np.uint8 and f1.shape == (96, 176, 3)
+    assert np.array_equal(f1, render_view(make_world.__wrapped__(3), (0.0, 0.0, 0.0, 0.0), 96, 176))
+    other_world = render_view(make_world(4), (0.0, 0.0, 0.0, 0.0), 96, 176)
+    behind = render_view(w, (0.0, 0.0, 180.0, 0.0), 96, 176)
+    assert np.abs(f1.astype(int) - other_world).mean() > 10   # another world looks different
+    assert np.abs(f1.astype(int) - behind).mean() > 10        # so does the other side of this one
+    # sky above the horizon, ground below; looking up moves the horizon down (more sky)
+    assert f1[0].astype(float).std(axis=0).max() < 1.0 < f1[60:].reshape(-1, 3).astype(float).std(axis=0).max()
+    up = render_view(w, (0.0, 0.0, 0.0, 30.0), 96, 176)
+    sky = lambda img: (np.abs(img.astype(int) - img[0, 0]).sum(-1) < 20).mean()  # noqa: E731
+    assert sky(up) > sky(f1)
+    # a small step forward changes the view a little, a turn of 90 degrees a lot
+    step = render_view(w, (0.0, 1 / 12, 0.0, 0.0), 96, 176)
+    turn = render_view(w, (0.0, 0.0, 90.0, 0.0), 96, 176)
+    assert np.abs(f1.astype(int) - step).mean() < np.abs(f1.astype(int) - turn).mean()
+    frames = render_frames(w, torch.tensor([[0.0, 0.0, 0.0, 0.0], [0.0, 0.0, 90.0, 0.0]]), 96, 176)
+    assert np.array_equal(frames[0], f1) and np.array_equal(frames[1], turn)
+    with pytest.raises(ValueError):
+        render_view(w, (0.0, float("nan"), 0.0, 0.0), 96, 176)
+    assert EYE_HEIGHT > 0
+
+
+def test_walking_through_a_building_sees_out_of_it():
+    w = make_world(3)
+    i, j = np.argwhere(w.solid[10:-10, 10:-10])[0] + 10
+    inside = (i - w.half + 0.5, j - w.half + 0.5, 0.0, 0.0)
+    img = render_view(w, inside, 48, 88)
+    assert img.std() > 5  # not one flat wall colour
+
+
+def test_motion_model_calibration():
+    # MG2's camera step 0.1 turns 45 degrees per chunk; walking covers 1 unit per chunk
+    plan = plan_of("{action: camera_r, chunks: 2}", "{action: forward, chunks: 1}")
+    poses = dead_reckon(plan)  # pose after each row
+    assert poses[20, 2].item() == pytest.approx(21 * 3.75)    # 21 rows of yaw 0.1
+    assert poses[-1, :2].tolist() == pytest.approx([12 / 12 * np.sin(np.deg2rad(78.75)),
+                                                     12 / 12 * np.cos(np.deg2rad(78.75))])
+    # pixel frame k shows the pose after rows 0..k-1: frame 0 is the start (the conditioning image)
+    frames = plan_frame_poses(plan)
+    assert frames[0].tolist() == [0.0, 0.0, 0.0, 0.0]
+    assert torch.equal(frames[1:], poses[:-1])
+    # a start pose moves the whole path; steps integrate in the camera frame
+    steps = pose_steps("universal", plan.keyboard, plan.mouse)
+    moved = integrate(steps, torch.tensor([1.0, 2.0, 0.0, 0.0], dtype=torch.float64))
+    assert torch.allclose(moved[:, :2] - poses[:, :2], torch.tensor([1.0, 2.0], dtype=torch.float64))
+    assert frame_poses("universal", plan.keyboard, plan.mouse).shape == (plan.num_frames, 4)
+
+
+def test_ground_truth_and_gt_scores():
+    plan = plan_of("{label: A, action: camera_r, chunks: 2}", "{label: B, action: camera_l, chunks: 2}", "{label: A}")
+    truth = GroundTruth(5, plan, 48, 88)
+    assert np.array_equal(truth.start_image(), render_view(make_world(5), (0, 0, 0, 0), 48, 88))
+    frames = truth.frames(0, 9)
+    assert frames.shape == (9, 48, 88, 3) and np.array_equal(frames[0], truth.start_image())
+    same = gt_scores(frames, frames)
+    assert same["psnr"] == [PSNR_CAP_DB] * 9 and same["ssim"] == pytest.approx([1.0] * 9)
+    noisy = frames.astype(np.int16)
+    noisy[..., 0] += np.where(np.arange(88) % 2 == 0, 4, -4).astype(np.int16)  # MSE = 16 / 3 exactly
+    noisy = np.clip(noisy, 0, 255).astype(np.uint8)
+    exact = (noisy.astype(float) - frames) ** 2
+    want = 10 * np.log10(255**2 / exact.reshape(9, -1).mean(1))
+    assert gt_scores(noisy, frames)["psnr"] == pytest.approx(want.tolist())
+    assert gt_scores(frames[::-1].copy(), frames)["psnr"][0] < 30
+    with pytest.raises(ValueError):
+        gt_scores(frames[:2], frames[:3])
+    with pytest.raises(ValueError):
+        GroundTruth(0, plan_actions(parse_trajectory("mode: templerun\nsegments:\n  - {action: idle, chunks: 1}\n")),
+                    48, 88)
+    summary = gt_summary([30.0, 20.0, 10.0, 40.0], [0.9, 0.8, 0.7, 0.6], plan)
+    assert summary["psnr"] == pytest.approx(25.0)
+    assert summary["return"]["chunks"] == [2, 3] and summary["return"]["psnr"] == pytest.approx(25.0)
+
+
+def test_world_render_command(tmp_path):
+    from worldtrace_cli.cli import main
+
+    traj = tmp_path / "t.yaml"
+    traj.write_text("mode: universal\nsegments:\n  - {action: forward+camera_l, chunks: 2}\n")
+    out = tmp_path / "gt"
+    result = CliRunner().invoke(main, ["world", "render", str(traj), "--world-seed", "2", "-o", str(out),
+                                       "--no-progress"])
+    assert result.exit_code == 0, result.output
+    from worldtrace_cli.outputs import read_video_frames
+
+    video = read_video_frames(out / "video.mp4")
+    poses = json.loads((out / "poses.json").read_text())
+    assert video.shape == (21, 96, 176, 3) and len(poses["poses"]) == 21 and poses["world_seed"] == 2
+    truth = render_view(make_world(2), poses["poses"][20], 96, 176)
+    assert np.abs(video[20].astype(int) - truth).mean() < 6  # H.264 is lossy, not wrong
+    bad = CliRunner().invoke(main, ["world", "render", str(tmp_path / "missing.yaml"), "-o", str(out)])
+    assert bad.exit_code == 2 and "missing.yaml" in bad.output

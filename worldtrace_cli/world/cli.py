@@ -1,0 +1,62 @@
+"""``worldtrace world render``: the true frames of a trajectory in the procedural world."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import click
+
+from ..options import SEED
+
+
+@click.group("world")
+def world():
+    """The procedural world: ground truth for the loopworld preset."""
+
+
+@world.command("render")
+@click.argument("trajectory", type=click.Path(path_type=Path))
+@click.option("--world-seed", type=SEED, default=0, show_default=True, help="Which world.")
+@click.option("--chunks", type=click.IntRange(1, 100_000), default=None,
+              help="Chunks to cover (default: the trajectory's length), as `generate --chunks`.")
+@click.option("--preset", default="loopworld", show_default=True, metavar="NAME|FILE",
+              help="Takes the frame size and fps from this preset.")
+@click.option("-o", "--output", type=click.Path(path_type=Path), required=True, metavar="DIR",
+              help="Folder for video.mp4 and poses.json (created; existing files are replaced).")
+@click.option("--no-progress", is_flag=True)
+def render_cmd(trajectory, world_seed, chunks, preset, output, no_progress):
+    """Render the true frames of TRAJECTORY: DIR/video.mp4 (one frame per action row, as `generate`
+    lays them out) and DIR/poses.json (x, y, yaw_deg, pitch_deg of every pixel frame, from the
+    project's one motion model)."""
+    from ..cli import _run
+
+    def job():
+        from tqdm import tqdm
+
+        from ..config import load_preset
+        from ..errors import InputError, OutputError
+        from ..outputs import VideoStreamWriter, write_json_atomic
+        from ..trajectory import chunk_rows, load_trajectory, plan_actions
+        from .truth import GroundTruth
+
+        p = load_preset(preset)
+        plan = plan_actions(load_trajectory(trajectory), chunks)
+        if plan.mode != "universal":
+            raise InputError(f"{trajectory}: mode {plan.mode!r}: the procedural world is walked in universal mode")
+        try:
+            output.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise OutputError(f"{output}: cannot create the folder ({exc.strerror or exc})") from None
+        truth = GroundTruth(world_seed, plan, p.height, p.width)
+        with VideoStreamWriter(output / "video.mp4", p.width, p.height, p.fps) as video:
+            for c in tqdm(range(plan.num_chunks), unit="chunk", disable=no_progress):
+                video.write(truth.frames(*chunk_rows(c)))
+        write_json_atomic(output / "poses.json", {
+            "world_seed": world_seed, "trajectory": str(trajectory), "chunks": plan.num_chunks,
+            "height": p.height, "width": p.width, "fps": p.fps,
+            "pose_fields": ["x", "y", "yaw_deg", "pitch_deg"], "units": "1 unit = 1 chunk of walking",
+            "poses": [[round(v, 6) for v in row] for row in truth.poses.tolist()]}, indent=None)
+        click.echo(f"worldtrace: wrote {output}/video.mp4 ({len(truth.poses)} frames of world {world_seed}) "
+                   f"and poses.json", err=True)
+
+    _run(job)

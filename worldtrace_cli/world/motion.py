@@ -1,0 +1,129 @@
+"""The one motion model: where the camera is after a trajectory's actions.
+
+This is the project's single source of truth for camera poses. The procedural world
+(:mod:`worldtrace_cli.world.render`) renders its ground truth at these poses, the embedded-world
+training data (:mod:`worldtrace_cli.train.data`) is rendered at them, and the revisit pairing of
+the loop metrics (:func:`worldtrace_cli.metrics.revisit_pairs`) and LoopBench's loop geometry use
+the same numbers. MG2 itself defines no metric speeds or turn rates: for MG2 checkpoints this is a
+calibration assumption (documented in ``docs/metrics.md``); for the ``loopworld`` preset it is
+exact, because that model was trained on frames rendered with it.
+
+Units: 1 unit of distance per chunk of walking (12 pixel frames); degrees for angles.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import torch
+
+from ..trajectory import CHUNK_FRAMES
+
+if TYPE_CHECKING:
+    from ..trajectory import ActionPlan
+
+UNITS_PER_FRAME = 1.0 / CHUNK_FRAMES  # 1 unit of distance per chunk (12 pixel frames)
+DEG_PER_FRAME_PER_MOUSE = 37.5  # |yaw| = 0.1 turns 3.75 deg per pixel frame = 45 deg per chunk
+MAX_PITCH_DEG = 85.0
+TEMPLERUN_TURN_DEG = 90.0
+
+
+def pose_steps(mode: str, keyboard: torch.Tensor, mouse: torch.Tensor | None) -> torch.Tensor:
+    """Per-row pose increments of the motion model, before integration.
+
+    Args:
+        mode: ``universal`` | ``gta_drive`` | ``templerun``.
+        keyboard: [R, keyboard_dim] action rows (any float dtype); mouse: [R, 2] (pitch, yaw) or None.
+    Returns:
+        float64 [R, 4]: (right speed, forward speed) in units per row in the camera frame
+        (normalised: unit speed for any key combination), yaw step and pitch step in degrees.
+    Raises:
+        ValueError: unknown mode.
+    """
+    keys = keyboard.to(torch.float64)
+    rows = keys.shape[0]
+    zeros = torch.zeros(rows, dtype=torch.float64)
+    mouse = mouse.to(torch.float64) if mouse is not None else torch.stack([zeros, zeros], 1)
+    if mode == "universal":
+        right, forward = keys[:, 3] - keys[:, 2], keys[:, 0] - keys[:, 1]
+    elif mode == "gta_drive":
+        right, forward = zeros, keys[:, 0] - keys[:, 1]
+    elif mode == "templerun":
+        right, forward = keys[:, 6] - keys[:, 5], torch.ones(rows, dtype=torch.float64)
+    else:
+        raise ValueError(f"motion model: unknown mode {mode!r}")
+    yaw_step = DEG_PER_FRAME_PER_MOUSE * mouse[:, 1]
+    if mode == "templerun":
+        turn = keys[:, 4] - keys[:, 3]  # C right, Z left
+        pressed_before = torch.cat([zeros[:1], turn[:-1]])
+        yaw_step = yaw_step + TEMPLERUN_TURN_DEG * turn * (turn != pressed_before)
+    norm = torch.sqrt(right**2 + forward**2).clamp_min(1e-12)
+    speed = UNITS_PER_FRAME / norm
+    return torch.stack([right * speed, forward * speed, yaw_step, DEG_PER_FRAME_PER_MOUSE * mouse[:, 0]], 1)
+
+
+def integrate(steps: torch.Tensor, start: torch.Tensor | None = None) -> torch.Tensor:
+    """Integrate :func:`pose_steps` rows: pose[r] is the pose after rows 0..r.
+
+    Args:
+        steps: float64 [R, 4] from :func:`pose_steps`.
+        start: optional float64 [4] start pose (x, y, yaw_deg, pitch_deg); default the origin facing +y.
+    Returns:
+        float64 [R, 4] (x, y, yaw_deg, pitch_deg). Pitch is clamped to +-85 degrees (path-dependent).
+    """
+    start = torch.zeros(4, dtype=torch.float64) if start is None else start.to(torch.float64)
+    yaw = start[2] + torch.cumsum(steps[:, 2], 0)
+    pitch = start[3] + torch.cumsum(steps[:, 3], 0)
+    if pitch.numel() and pitch.abs().max() > MAX_PITCH_DEG:  # clamping makes pitch path-dependent
+        value = float(start[3])
+        for r, s in enumerate(steps[:, 3].tolist()):
+            value = min(MAX_PITCH_DEG, max(-MAX_PITCH_DEG, value + s))
+            pitch[r] = value
+    rad = torch.deg2rad(yaw)
+    right, forward = steps[:, 0], steps[:, 1]
+    # Camera frame -> world: forward = (sin yaw, cos yaw), right = (cos yaw, -sin yaw).
+    dx = forward * torch.sin(rad) + right * torch.cos(rad)
+    dy = forward * torch.cos(rad) - right * torch.sin(rad)
+    return torch.stack([start[0] + torch.cumsum(dx, 0), start[1] + torch.cumsum(dy, 0), yaw, pitch], dim=1)
+
+
+def dead_reckon(plan: ActionPlan) -> torch.Tensor:
+    """Camera pose per action row of an ActionPlan: float64 ``[R, 4]`` = (x, y, yaw_deg, pitch_deg),
+    in units of "1 chunk of walking"; ``pose[r]`` is the pose after row r's action (rows 0..r).
+
+    Model: start at (0, 0) facing +y, yaw 0, pitch 0. Per row:
+
+    - yaw += 37.5 * mouse_yaw degrees (|yaw| = 0.1, MG2's camera step, turns 45 deg per chunk:
+      the paper's 90 deg pan is 2 chunks out, 2 back); positive = right. Pitch likewise from
+      mouse_pitch (positive = up), clamped to +-85 deg. Pitch does not affect motion.
+    - keys give a direction in the camera frame: universal W (0,+1) forward, S (0,-1), A (-1,0)
+      strafe left, D (+1,0) strafe right; gta_drive W/S (the car turns by its yaw); templerun
+      always runs forward (0,+1), plus A/D lane changes as (-+1, 0). The direction is NORMALISED
+      (unit speed for any combination: the paper's ABCA diagonal is 5*sqrt(2) ~ 7 chunks), rotated
+      by the yaw, and walked at 1/12 unit per pixel frame (1 unit per chunk).
+    - templerun turn keys Z/C turn the heading by -90/+90 deg once per contiguous press (Temple
+      Run turns snap at junctions); Q (MG2's "no move"), jump and slide add nothing to the run.
+    """
+    return integrate(pose_steps(plan.mode, plan.keyboard, plan.mouse))
+
+
+def frame_poses(mode: str, keyboard: torch.Tensor, mouse: torch.Tensor | None,
+                start: torch.Tensor | None = None) -> torch.Tensor:
+    """Camera pose of every pixel frame: float64 [R, 4] for R action rows.
+
+    MG2 reads action rows up to, not including, a frame (latent frame f, pixel frames 4f-3..4f, reads
+    rows 4f-12..4f-1: MG2 spec §8), so pixel frame k shows the pose after rows 0..k-1: frame 0 is
+    the start pose (the conditioning image) and frame k is :func:`integrate`'s pose[k-1].
+    """
+    poses = integrate(pose_steps(mode, keyboard, mouse), start)
+    first = (torch.zeros(1, 4, dtype=torch.float64) if start is None else start.to(torch.float64)[None])
+    return torch.cat([first, poses[:-1]])
+
+
+def plan_frame_poses(plan: ActionPlan) -> torch.Tensor:
+    """:func:`frame_poses` of an ActionPlan: the pose of each of its R pixel frames, float64 [R, 4]."""
+    return frame_poses(plan.mode, plan.keyboard, plan.mouse)
+
+
+__all__ = ["DEG_PER_FRAME_PER_MOUSE", "MAX_PITCH_DEG", "TEMPLERUN_TURN_DEG", "UNITS_PER_FRAME", "dead_reckon",
+           "frame_poses", "integrate", "plan_frame_poses", "pose_steps"]

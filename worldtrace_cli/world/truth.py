@@ -1,0 +1,47 @@
+"""Ground truth of a run in the procedural world: the start image and the true pixel frames.
+
+A run of a ``world: procedural`` preset (``loopworld``) is conditioned on the world's view from the
+motion model's start pose, and every generated pixel frame k has a true counterpart: the world
+rendered at :func:`~worldtrace_cli.world.motion.plan_frame_poses` ``[k]``, the pose the trajectory's
+actions lead to. :mod:`worldtrace_cli.metrics` scores generated frames against it (GT-PSNR, GT-SSIM).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from .motion import plan_frame_poses
+from .render import render_frames, render_view
+from .scene import make_world
+
+
+class GroundTruth:
+    """True frames of one run.
+
+    Args:
+        world_seed: the world (any integer >= 0).
+        plan: the run's :class:`~worldtrace_cli.trajectory.ActionPlan` (universal mode).
+        height, width: frame size in pixels.
+    Raises:
+        ValueError: a negative seed, or a plan whose mode has no camera model in the world
+            (only ``universal`` walks and looks around freely).
+    """
+
+    def __init__(self, world_seed: int, plan, height: int, width: int):
+        if plan.mode != "universal":
+            raise ValueError(f"the procedural world is walked in universal mode, not {plan.mode!r}")
+        self.world_seed = int(world_seed)
+        self.world = make_world(self.world_seed)
+        self.poses = plan_frame_poses(plan).numpy()  # float64 [R, 4]
+        self.height, self.width = height, width
+
+    def start_image(self) -> np.ndarray:
+        """uint8 [H, W, 3]: the view at pixel frame 0 (the conditioning image)."""
+        return render_view(self.world, self.poses[0], self.height, self.width)
+
+    def frames(self, start: int, end: int) -> np.ndarray:
+        """uint8 [end - start, H, W, 3]: the true pixel frames ``start .. end - 1``."""
+        return render_frames(self.world, self.poses[start:end], self.height, self.width)
+
+
+__all__ = ["GroundTruth"]
