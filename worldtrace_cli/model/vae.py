@@ -35,11 +35,11 @@ WAN_LATENT_STD: tuple[float, ...] = (
 # MG2's full-length encode exactly.
 CONDITIONING_ENCODE_LATENT_FRAMES = 31
 
-_CONFIG_DIRS = {"wan2.1": "wan2.1_vae", "tiny": "wan2.1_vae_tiny"}
+_CONFIG_DIRS = {"wan2.1": "wan2.1_vae", "tiny": "wan2.1_vae_tiny", "loopworld": "wan2.1_vae_loopworld"}
 
 
 def vae_config_dir(variant: str) -> Path:
-    """Folder of the shipped diffusers ``config.json`` for ``variant`` ("wan2.1" or "tiny").
+    """Folder of the shipped diffusers ``config.json`` for ``variant`` ("wan2.1", "tiny" or "loopworld").
 
     Raises:
         ValueError: unknown variant.
@@ -79,18 +79,20 @@ def use_mkldnn_conv3d(vae: torch.nn.Module) -> torch.nn.Module:
     return vae
 
 
-def build_wan_vae(variant: str = "wan2.1", weights: str | Path | None = None, *, seed: int = 0,
+def build_wan_vae(variant: str = "wan2.1", weights: str | Path | dict | None = None, *, seed: int = 0,
                   device: str | torch.device = "cpu", dtype: torch.dtype = torch.float32,
                   cpu_mkldnn: bool = True) -> AutoencoderKLWan:
     """Build the Wan 2.1 VAE from the shipped config, with seeded random or official weights.
 
     Args:
-        variant: "wan2.1" (base_dim 96, 127M parameters, spec §14) or "tiny" (same architecture
-            and 8x spatial / 4x temporal compression, z_dim 16, base_dim 8, for CPU smoke runs).
+        variant: "wan2.1" (base_dim 96, 127M parameters, spec §14), "tiny" (same architecture
+            and 8x spatial / 4x temporal compression, z_dim 16, base_dim 8, for CPU smoke runs) or
+            "loopworld" (tiny with one residual block per stage: the trained embedded world's codec).
         weights: ``None`` for seeded random init (the global torch RNG state is restored
-            afterwards), or the original-format ``Wan2.1_VAE.pth`` (read with
-            ``weights_only=True``) / a ``.safetensors`` with the same 194 keys. Keys are mapped with
-            diffusers' own single-file converter and loaded strictly, offline.
+            afterwards), the original-format ``Wan2.1_VAE.pth`` (read with ``weights_only=True``) /
+            a ``.safetensors`` with the same 194 keys (mapped with diffusers' own single-file
+            converter), or a state dict already in diffusers' names (a file, or a dict of tensors,
+            e.g. the ``loopworld`` bundle's ``vae.*`` part). Loaded strictly, offline.
         seed: seed of the random init.
         device, dtype: where the returned model lives.
         cpu_mkldnn: route fp32 CPU 3-D convolutions through oneDNN (see
@@ -112,10 +114,12 @@ def build_wan_vae(variant: str = "wan2.1", weights: str | Path | None = None, *,
     else:
         # Not from_single_file: it treats a missing path as a Hub id (network), and it ignores
         # missing/unexpected keys instead of failing.
-        sd = convert_wan_vae_to_diffusers(read_state_dict(weights))
+        sd = weights if isinstance(weights, dict) else read_state_dict(weights)
         with torch.device("meta"):
             vae = AutoencoderKLWan.from_config(config)
-        check_state_dict(vae, sd, str(weights))
+        if not set(vae.state_dict()) <= set(sd):  # original Wan names
+            sd = convert_wan_vae_to_diffusers(sd)
+        check_state_dict(vae, sd, "VAE state dict" if isinstance(weights, dict) else str(weights))
         vae.load_state_dict({k: v.to(dtype) for k, v in sd.items()}, strict=True, assign=True)
         if any(t.is_meta for t in (*vae.parameters(), *vae.buffers())):
             raise RuntimeError("AutoencoderKLWan kept meta tensors after loading (diffusers changed?)")

@@ -1,0 +1,175 @@
+"""Training the embedded world: clips, the codec's normalisation fold, the DiT trainer (loss falls,
+resume), the memory test and the bundle export, on small settings of the same code paths."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+import torch
+
+from worldtrace_cli.config import load_preset
+from worldtrace_cli.errors import InputError
+from worldtrace_cli.model.sampler import FlowMatchSchedule
+from worldtrace_cli.train.common import LoopSettings, learning_rate
+from worldtrace_cli.train.data import loop_actions, walk_actions
+from worldtrace_cli.trajectory import chunk_rows
+from worldtrace_cli.world.motion import frame_poses
+
+
+@pytest.fixture(scope="module")
+def vae_file(tmp_path_factory, one_thread):
+    """A loopworld VAE trained for 2 steps (weights barely moved: the tests need its file, not its skill)."""
+    from worldtrace_cli.train.vae import train_vae
+
+    folder = tmp_path_factory.mktemp("vae")
+    result = train_vae(folder, LoopSettings(steps=2, warmup=1, log_every=1, save_every=1), height=48, width=96,
+                       progress=False)
+    return folder / "vae.safetensors", result
+
+
+@pytest.fixture(scope="module")
+def data(tmp_path_factory, vae_file):
+    from worldtrace_cli.train.dataset import ClipMix, encode_clips
+
+    folder = tmp_path_factory.mktemp("data")
+    encode_clips(folder, vae_file[0], shards=2, mix=ClipMix(late=0.5, loop=1.0), height=48, width=96,
+                 progress=False, shard_clips=2)
+    return folder
+
+
+def test_loop_clips_return_exactly():
+    rng = np.random.default_rng(0)
+    for rows, start, end in ((33, 9, 32), (45, 21, 44)):
+        for _ in range(20):
+            keyboard, mouse, ret = loop_actions(rng, rows, start, end)
+            poses = frame_poses("universal", torch.tensor(keyboard), torch.tensor(mouse))
+            assert ret == end and torch.allclose(poses[end], poses[start], atol=1e-9)
+            assert (poses[start + 1:end, 2] - poses[start, 2]).abs().max() >= 29.0  # it looked away
+    assert chunk_rows(1)[0] == 9 and chunk_rows(2)[1] - 1 == 32  # early clips: P opens chunk 1, returns at the end
+    keyboard, mouse = walk_actions(rng, 50)
+    assert keyboard.shape == (50, 4) and mouse.shape == (50, 2) and not (keyboard[:, 0] * keyboard[:, 1]).any()
+    with pytest.raises(ValueError):
+        loop_actions(rng, 33, 20, 25)
+
+
+def test_learning_rate_schedule():
+    s = LoopSettings(steps=100, warmup=10, lr=1.0)
+    assert learning_rate(0, s) == pytest.approx(0.1) and learning_rate(9, s) == pytest.approx(1.0)
+    assert learning_rate(100, s) == pytest.approx(0.1) and 0.1 < learning_rate(50, s) < 1.0
+
+
+def test_vae_file_and_normalisation_fold(vae_file):
+    from worldtrace_cli.model.vae import StreamingDecoder, build_wan_vae, encode_conditioning_latents
+    from worldtrace_cli.train.vae import fold_normalisation, rendered_batch
+
+    path, result = vae_file
+    assert path.is_file() and result["step"] == 2 and np.isfinite(result["psnr_db"])
+    vae = build_wan_vae("loopworld", path)
+    x = rendered_batch(np.random.default_rng(1), 2, 5, 48, 96)
+    with torch.no_grad():
+        mu = vae.encode(x).latent_dist.mode()
+        before = vae.decode(mu).sample
+        stats = fold_normalisation(vae, mu)
+        mu2 = vae.encode(x).latent_dist.mode()
+        after = vae.decode(mu2).sample
+    from worldtrace_cli.model.vae import _norm_stats
+
+    mean, std = _norm_stats("cpu")
+    z = ((mu2 - mean) / std).transpose(0, 1).flatten(1)
+    assert torch.allclose(z.mean(1), torch.zeros(16), atol=1e-4)     # normalised latents: zero mean ...
+    assert torch.allclose(z.std(1), torch.ones(16), atol=1e-4)       # ... and unit std per channel
+    assert torch.allclose(before, after, atol=1e-4)                  # decoding unchanged
+    assert len(stats["mean"]) == 16
+    # the product's own decode path reads the file too
+    decoder = StreamingDecoder(vae)
+    assert decoder.decode(((mu2 - mean) / std)[:1])[0].shape == (48, 96, 3)
+    image = encode_conditioning_latents(vae, x[:1, :, 0], 3)
+    assert image.shape == (1, 16, 3, 6, 12)
+
+
+def test_encoded_clips(data, vae_file):
+    from worldtrace_cli.train.dataset import LATE_START, ClipMix, encode_clips, read_shard, shard_paths
+
+    clips = [c for p in shard_paths(data) for c in read_shard(p)]
+    assert len(clips) == 4 and (data / "late_conditioning.safetensors").is_file()
+    for c in clips:
+        assert c.latents.shape == (16, 9, 6, 12) and c.return_latent == 8
+        assert c.frame_start in (0, LATE_START) and c.clip_tokens.shape == (257, 64)
+        kb, ms = c.action_rows()
+        assert kb.shape[1] >= 4 * (c.frame_start + 8)  # every row the clip's latent frames read
+        assert (c.image_latents is None) == (c.frame_start == LATE_START)
+        # the stored rows are aligned with the latents: the loop's first pose (first pixel frame of the
+        # clip's second chunk, absolute 4(a+3)-3) comes back at its last pixel frame (absolute 4(a+8))
+        poses = frame_poses("universal", c.keyboard, c.mouse)
+        first, last = 4 * (c.frame_start + 3) - 3 - c.rows_start, 4 * (c.frame_start + 8) - c.rows_start
+        assert torch.allclose(poses[first], poses[last], atol=1e-9)
+        assert (poses[first:last, 2] - poses[first, 2]).abs().max() >= 29.0
+    with pytest.raises(InputError, match="other settings"):
+        encode_clips(data, vae_file[0], 2, mix=ClipMix(late=0.1), height=48, width=96, progress=False, shard_clips=2)
+
+
+def _tiny_preset():
+    return load_preset("tiny")  # the DiT of the golden fixtures: 2 layers, fast
+
+
+def test_dit_training_lowers_the_loss_and_resumes(tmp_path, data, one_thread):
+    from safetensors.torch import load_file
+
+    from worldtrace_cli.train.dit import ClipPool, build_dit, clip_loss, train_dit
+
+    preset, pool = _tiny_preset(), ClipPool(data)
+    schedule = FlowMatchSchedule()
+
+    def fixed_loss(dit):
+        with torch.no_grad():
+            return float(np.mean([clip_loss(dit, clip, pool.late_cond, np.random.default_rng(i), schedule, 1.0, 1.0)
+                                  for i, clip in enumerate(pool.clips)]))
+
+    before = fixed_loss(build_dit(preset, 0))
+    folder = tmp_path / "dit"
+    s = LoopSettings(steps=24, warmup=2, lr=2e-3, log_every=4, save_every=8)
+    train_dit(folder, data, preset, s, batch=2, progress=False)
+    dit = build_dit(preset, 0)
+    dit.load_state_dict(load_file(str(folder / "dit.safetensors")))
+    assert fixed_loss(dit) < 0.9 * before
+    log = [json.loads(line) for line in (folder / "loss.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in log] == [4, 8, 12, 16, 20, 24]
+    # a longer budget continues from the saved step; other settings are refused
+    from dataclasses import replace
+
+    result = train_dit(folder, data, preset, replace(s, steps=28), batch=2, progress=False)
+    log = [json.loads(line) for line in (folder / "loss.jsonl").read_text().splitlines()]
+    assert result["step"] == 28 and [r["step"] for r in log][-2:] == [24, 28]
+    with pytest.raises(InputError, match="other settings"):
+        train_dit(folder, data, preset, s, batch=3, progress=False)
+
+
+def test_memory_test_and_bundle(tmp_path, data, vae_file, one_thread):
+    from safetensors.torch import save_file
+
+    from worldtrace_cli.model.checkpoint import load_world_model
+    from worldtrace_cli.train.dataset import read_shard, shard_paths
+    from worldtrace_cli.train.dit import ClipPool, build_dit, export_bundle
+    from worldtrace_cli.train.evaluate import memory_effect
+
+    preset = _tiny_preset()
+    dit = build_dit(preset, 0)
+    pool = ClipPool(data)
+    clips = [c for p in shard_paths(data) for c in read_shard(p)][:2]
+    out = memory_effect(dit, clips, pool.late_cond, FlowMatchSchedule())
+    assert out["clips"] == 2 and all(np.isfinite(out[k]) for k in ("full", "removed", "wrong"))
+    assert out["gap_removed"] == pytest.approx(out["removed"] - out["full"])
+    # a bundle of the trained parts loads through the preset loader like the shipped one
+    save_file({k: v.contiguous() for k, v in dit.state_dict().items()}, str(tmp_path / "dit.safetensors"))
+    info = export_bundle(tmp_path / "dit.safetensors", vae_file[0], tmp_path / "bundle.safetensors")
+    assert info["parameters"]["dit"] == sum(p.numel() for p in dit.parameters())
+    from dataclasses import replace
+
+    bundled = replace(preset, weights="bundled", bundle=str(tmp_path / "bundle.safetensors"), vae="loopworld",
+                      height=48, width=96)
+    world = load_world_model(bundled, None, False, 0, torch.device("cpu"), torch.float32)
+    for k, v in dit.state_dict().items():
+        assert torch.allclose(world.dit.state_dict()[k], v.half().float()), k
+    assert world.files[0]["role"] == "bundle"

@@ -1,0 +1,210 @@
+"""``worldtrace train vae|dit``: train the loopworld model's codec and DiT (resumable, budgeted)."""
+
+from __future__ import annotations
+
+import signal
+from pathlib import Path
+
+import click
+
+from ..options import SEED
+
+
+def _settings(steps, minutes, lr, warmup, seed, threads, save_every):
+    from .common import LoopSettings
+
+    return LoopSettings(steps=steps, minutes=minutes, lr=lr, warmup=warmup, seed=seed, threads=threads,
+                        save_every=save_every)
+
+
+class _StopFlag:
+    """Ctrl-C / SIGTERM ask the loop to stop after the current step (the state is saved first)."""
+
+    def __init__(self):
+        self.stopped = False
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            signal.signal(sig, self._handle)
+
+    def _handle(self, *_):
+        if self.stopped:
+            raise KeyboardInterrupt
+        self.stopped = True
+
+    def __call__(self):
+        return self.stopped
+
+
+def loop_options(default_steps: int, default_lr: float):
+    """Options every trainer takes: budget, schedule, seed, threads, output folder."""
+    def wrap(command):
+        for option in reversed([
+            click.option("-o", "--output", type=click.Path(path_type=Path), required=True, metavar="DIR",
+                         help="Training folder (created; rerun the same command to continue a stopped run)."),
+            click.option("--steps", type=click.IntRange(1), default=default_steps, show_default=True,
+                         help="Optimiser steps in all."),
+            click.option("--minutes", type=click.FloatRange(0), default=0.0, show_default=True,
+                         help="Stop this invocation after this many minutes (0: no limit); rerun to continue."),
+            click.option("--lr", type=click.FloatRange(0, min_open=True), default=default_lr, show_default=True,
+                         help="Peak learning rate (AdamW; warm-up then cosine to lr/10)."),
+            click.option("--warmup", type=click.IntRange(0), default=100, show_default=True),
+            click.option("--seed", type=SEED, default=0, show_default=True, help="Seeds data and noise."),
+            click.option("--threads", type=click.IntRange(1), default=1, show_default=True,
+                         help="torch CPU threads (1 is fastest on a busy 2-core machine)."),
+            click.option("--save-every", type=click.IntRange(1), default=250, show_default=True,
+                         help="Steps between saved training states."),
+            click.option("--no-progress", is_flag=True, help="No progress bar."),
+        ]):
+            command = option(command)
+        return command
+    return wrap
+
+
+@click.group("train")
+def train():
+    """Train the embedded world model (preset loopworld) on the procedural world.
+
+    \b
+    1. worldtrace train vae -o train/vae            the codec (diffusers AutoencoderKLWan)
+    2. worldtrace train dit --vae train/vae/vae.safetensors -o train/dit
+    3. worldtrace train export train/dit -o loopworld.safetensors
+    """
+
+
+@train.command("vae")
+@loop_options(default_steps=2000, default_lr=1e-3)
+@click.option("--batch", type=click.IntRange(1), default=4, show_default=True, help="Clips per clip step.")
+@click.option("--clip-frames", type=click.IntRange(5), default=9, show_default=True,
+              help="Pixel frames per clip (1 + 4k): 9 for the first stage, 33 for the long-video stage.")
+@click.option("--init", type=click.Path(exists=True, dir_okay=False, path_type=Path), default=None,
+              help="Start from an earlier stage's vae.safetensors.")
+def train_vae_cmd(output, steps, minutes, lr, warmup, seed, threads, save_every, no_progress, batch, clip_frames,
+                  init):
+    """Train the loopworld VAE on rendered clips; writes DIR/vae.safetensors (normalisation folded in)."""
+    from ..cli import _run
+    from .vae import train_vae
+
+    stop = _StopFlag()
+
+    def job():
+        if clip_frames % 4 != 1:
+            from ..errors import InputError
+
+            raise InputError(f"--clip-frames: must be 1 + 4k (5, 9, 13, ...), got {clip_frames}")
+        r = train_vae(output, _settings(steps, minutes, lr, warmup, seed, threads, save_every), batch=batch,
+                      progress=not no_progress, stop=stop, clip_frames=clip_frames, init=init)
+        click.echo(f"worldtrace: VAE step {r['step']} ({r['minutes']:.1f} min this run), held-out "
+                   f"reconstruction {r['psnr_db']:.2f} dB PSNR -> {r['file']}", err=True)
+
+    _run(job)
+
+
+@train.command("encode")
+@click.option("--vae", "vae_weights", type=click.Path(exists=True, dir_okay=False, path_type=Path), required=True,
+              help="The trained VAE (DIR/vae.safetensors of `train vae`).")
+@click.option("-o", "--output", type=click.Path(path_type=Path), required=True, metavar="DIR",
+              help="Data folder (shards clips-NNNNN.safetensors; rerun to continue or to add shards).")
+@click.option("--shards", type=click.IntRange(1), default=100, show_default=True, help="Shards of 32 clips wanted.")
+@click.option("--seed", type=SEED, default=0, show_default=True)
+@click.option("--late", type=click.FloatRange(0, 1), default=0.7, show_default=True,
+              help="Share of clips taken far into a rollout (constant conditioning) rather than at its start.")
+@click.option("--loop", type=click.FloatRange(0, 1), default=0.85, show_default=True,
+              help="Share of look-away-and-back clips (the rest are random walks).")
+@click.option("--max-angle", type=click.FloatRange(30, 180), default=90.0, show_default=True,
+              help="Largest turn of a loop clip in degrees.")
+@click.option("--threads", type=click.IntRange(1), default=1, show_default=True)
+@click.option("--no-progress", is_flag=True)
+def train_encode_cmd(vae_weights, output, shards, seed, late, loop, max_angle, threads, no_progress):
+    """Render and encode training clips for `train dit` (can run while it trains)."""
+    from ..cli import _run
+    from .dataset import ClipMix, encode_clips
+
+    stop = _StopFlag()
+
+    def job():
+        r = encode_clips(output, vae_weights, shards, seed, ClipMix(late, loop, max_angle), threads=threads,
+                         progress=not no_progress, stop=stop)
+        click.echo(f"worldtrace: {r['clips']} clips in {output}", err=True)
+
+    _run(job)
+
+
+@train.command("dit")
+@click.option("--data", type=click.Path(exists=True, file_okay=False, path_type=Path), required=True,
+              help="Data folder of `train encode` (re-scanned for new shards while training).")
+@click.option("--preset", default="loopworld", show_default=True, metavar="NAME|FILE",
+              help="Preset whose DiT configuration is trained.")
+@loop_options(default_steps=4000, default_lr=1e-3)
+@click.option("--batch", type=click.IntRange(1), default=4, show_default=True, help="Clips per optimiser step.")
+@click.option("--return-weight", type=click.FloatRange(1), default=3.0, show_default=True,
+              help="Loss weight of the latent frame where a loop returns to its first pose.")
+def train_dit_cmd(data, preset, output, steps, minutes, lr, warmup, seed, threads, save_every, no_progress, batch,
+                  return_weight):
+    """Train the DiT on encoded clips through MG2's sliding cache; writes DIR/dit.safetensors."""
+    from ..cli import _run
+    from ..config import load_preset
+    from .dit import train_dit
+
+    stop = _StopFlag()
+
+    def job():
+        r = train_dit(output, data, load_preset(preset), _settings(steps, minutes, lr, warmup, seed, threads, save_every),
+                      batch=batch, return_weight=return_weight, progress=not no_progress, stop=stop)
+        click.echo(f"worldtrace: DiT step {r['step']} ({r['minutes']:.1f} min this run), loss {r['loss']} -> {r['file']}",
+                   err=True)
+
+    _run(job)
+
+
+@train.command("eval")
+@click.argument("dit_dir", type=click.Path(exists=True, file_okay=False, path_type=Path))
+@click.option("--vae", "vae_weights", type=click.Path(exists=True, dir_okay=False, path_type=Path), required=True)
+@click.option("--clips", type=click.IntRange(2), default=64, show_default=True, help="Held-out loop clips.")
+@click.option("--threads", type=click.IntRange(1), default=1, show_default=True)
+def train_eval_cmd(dit_dir, vae_weights, clips, threads):
+    """Memory test of a DiT folder: return-frame latent MSE with the first visit in the cache, removed,
+    or replaced by another world's frame (prints JSON; held-out clips are cached in the data folder)."""
+    import json
+
+    from ..cli import _run
+
+    def job():
+        import torch
+        from safetensors.torch import load_file
+
+        from ..config import Preset
+        from ..model.sampler import FlowMatchSchedule
+        from .dit import build_dit
+        from .evaluate import heldout_clips, memory_effect
+
+        torch.set_num_threads(threads)
+        settings = json.loads((dit_dir / "settings.json").read_text())
+        preset = Preset.from_dict(settings["preset"])
+        dit = build_dit(preset, 0)
+        dit.load_state_dict(load_file(str(dit_dir / "dit.safetensors")))
+        data = Path(settings["data"])
+        held = heldout_clips(data, vae_weights, clips)
+        late_cond = load_file(str(data / "late_conditioning.safetensors"))["latents"]
+        out = memory_effect(dit, held, late_cond, FlowMatchSchedule(tuple(preset.denoising_steps), preset.timestep_shift))
+        click.echo(json.dumps(out, indent=2))
+
+    _run(job)
+
+
+@train.command("export")
+@click.option("--dit", "dit_weights", type=click.Path(exists=True, dir_okay=False, path_type=Path), required=True,
+              help="DIR/dit.safetensors of `train dit`.")
+@click.option("--vae", "vae_weights", type=click.Path(exists=True, dir_okay=False, path_type=Path), required=True,
+              help="DIR/vae.safetensors of `train vae`.")
+@click.option("-o", "--output", type=click.Path(dir_okay=False, path_type=Path), required=True,
+              help="Bundle file (the loopworld preset reads worldtrace_cli/presets/loopworld.safetensors).")
+def train_export_cmd(dit_weights, vae_weights, output):
+    """Bundle a trained DiT and VAE (and the tiny CLIP tower) into one preset weights file."""
+    from ..cli import _run
+    from .dit import export_bundle
+
+    def job():
+        r = export_bundle(dit_weights, vae_weights, output)
+        click.echo(f"worldtrace: wrote {r['file']} ({r['bytes'] / 2**20:.1f} MiB; parameters {r['parameters']})",
+                   err=True)
+
+    _run(job)

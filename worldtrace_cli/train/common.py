@@ -1,0 +1,175 @@
+"""What both trainers share: a resumable, time-budgeted optimisation loop with a loss log.
+
+A training folder holds ``train_state.pt`` (model, optimiser, step, RNG states; written atomically
+every ``save_every`` steps and at the end, read back with ``torch.load(weights_only=True)``),
+``loss.jsonl`` (one line per logged step: step, loss terms, learning rate, elapsed seconds) and
+``settings.json`` (the trainer's arguments). Running the same command again continues from the
+saved step; a folder made with other settings is refused.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import os
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Callable
+
+import numpy as np
+import torch
+
+from ..errors import InputError, Interrupted
+
+log = logging.getLogger("worldtrace")
+STATE_FILE = "train_state.pt"
+LOSS_FILE = "loss.jsonl"
+SETTINGS_FILE = "settings.json"
+
+
+@dataclass(frozen=True)
+class LoopSettings:
+    """Budget and schedule of a training run.
+
+    Attributes:
+        steps: optimiser steps in all (the run may stop earlier at ``minutes``).
+        minutes: wall-clock budget of this invocation in minutes (0: no limit).
+        lr: peak learning rate (AdamW), reached after ``warmup`` steps, then cosine to ``lr / 10``
+            at ``steps``.
+        save_every: steps between train-state saves; log_every: steps between loss-log lines.
+        seed: seeds data and noise; threads: torch CPU threads (1 is fastest on a loaded 2-core machine).
+    """
+
+    steps: int = 10000
+    minutes: float = 0.0
+    lr: float = 1e-3
+    warmup: int = 200
+    save_every: int = 250
+    log_every: int = 25
+    seed: int = 0
+    threads: int = 1
+
+
+def learning_rate(step: int, s: LoopSettings) -> float:
+    """Linear warm-up to ``s.lr`` over ``s.warmup`` steps, then cosine decay to ``s.lr / 10`` at ``s.steps``."""
+    if step < s.warmup:
+        return s.lr * (step + 1) / s.warmup
+    frac = min(1.0, (step - s.warmup) / max(1, s.steps - s.warmup))
+    return s.lr * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * frac)))
+
+
+def _atomic_save(obj, path: Path) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    torch.save(obj, tmp)
+    os.replace(tmp, path)
+
+
+def prepare_folder(folder: Path, settings: dict) -> bool:
+    """Create ``folder`` or check that it belongs to a run with the same ``settings``.
+
+    Returns True when a saved state exists (the run continues).
+    Raises:
+        InputError: the folder holds a run made with other settings (names the differing keys).
+    """
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / SETTINGS_FILE
+    ignored = {"minutes", "threads", "steps"}  # may change between invocations (more steps: train longer)
+    if path.exists():
+        old = json.loads(path.read_text())
+        diff = sorted(k for k in set(old) | set(settings)
+                      if k not in ignored and old.get(k) != settings.get(k))
+        if diff:
+            raise InputError(f"{folder}: holds a training run with other settings ({', '.join(diff)}); "
+                             f"use another folder")
+    path.write_text(json.dumps(settings, indent=2, default=str) + "\n")
+    return (folder / STATE_FILE).exists()
+
+
+def run_loop(folder: Path, model: torch.nn.Module, step_fn: Callable[[int, np.random.Generator], dict],
+             s: LoopSettings, progress: bool = True, extra_state: dict | None = None,
+             stop=lambda: False) -> dict:
+    """Optimise ``model`` with AdamW, calling ``step_fn(step, rng) -> {"loss": tensor, ...}`` per step.
+
+    ``step_fn`` returns a dict whose ``loss`` is backpropagated (other entries are floats logged as
+    they are). Gradients are clipped to norm 1. Resumes from ``folder/train_state.pt`` if present
+    (model, optimiser, step, data RNG, torch RNG, and ``extra_state`` entries that are tensors).
+
+    Returns:
+        ``{"step": last step, "minutes": wall-clock minutes of this invocation, "loss": mean loss of
+        the last logged window}``.
+    Raises:
+        Interrupted: ``stop()`` became true (Ctrl-C / SIGTERM); the state was saved first.
+    """
+    from tqdm import tqdm
+
+    torch.set_num_threads(s.threads)
+    opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=s.lr, betas=(0.9, 0.99),
+                            weight_decay=0.01)
+    rng = np.random.default_rng([s.seed, 1])
+    step = 0
+    state_path = folder / STATE_FILE
+    if state_path.exists():
+        state = torch.load(state_path, map_location="cpu", weights_only=True)
+        model.load_state_dict(state["model"])
+        opt.load_state_dict(state["optimizer"])
+        step = int(state["step"])
+        rng.bit_generator.state = json.loads(state["numpy_rng"])
+        torch.set_rng_state(state["torch_rng"])
+        if extra_state is not None:
+            extra_state.update(state.get("extra", {}))
+        log.info(f"resuming {folder} at step {step}")
+
+    def save():
+        _atomic_save({"model": model.state_dict(), "optimizer": opt.state_dict(), "step": step,
+                      "numpy_rng": json.dumps(rng.bit_generator.state), "torch_rng": torch.get_rng_state(),
+                      "extra": extra_state or {}}, state_path)
+
+    start = time.perf_counter()
+    window: dict[str, list[float]] = {}
+    last: dict = {}
+    bar = tqdm(total=s.steps, initial=step, disable=not progress, unit="step", dynamic_ncols=True)
+    with open(folder / LOSS_FILE, "a") as log_fh:
+        while step < s.steps:
+            if s.minutes and time.perf_counter() - start > 60 * s.minutes:
+                break
+            if stop():
+                save()
+                raise Interrupted(f"training stopped at step {step}; run the same command to continue")
+            lr = learning_rate(step, s)
+            for group in opt.param_groups:
+                group["lr"] = lr
+            out = step_fn(step, rng)
+            loss = out["loss"]
+            if not torch.isfinite(loss):
+                save()
+                raise RuntimeError(f"non-finite loss at step {step}")
+            opt.zero_grad(set_to_none=True)
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+            opt.step()
+            step += 1
+            for k, v in out.items():
+                window.setdefault(k, []).append(float(v.detach()) if isinstance(v, torch.Tensor) else float(v))
+            bar.update(1)
+            if step % s.log_every == 0 or step == s.steps:
+                last = {k: float(np.mean(v)) for k, v in window.items()}
+                window.clear()
+                bar.set_postfix(loss=f"{last['loss']:.4f}")
+                log_fh.write(json.dumps({"step": step, **{k: round(v, 6) for k, v in last.items()},
+                                         "lr": lr, "seconds": round(time.perf_counter() - start, 2)}) + "\n")
+                log_fh.flush()
+            if step % s.save_every == 0:
+                save()
+    bar.close()
+    save()
+    return {"step": step, "minutes": (time.perf_counter() - start) / 60, "loss": last.get("loss")}
+
+
+def settings_dict(s: LoopSettings, **more) -> dict:
+    """JSON-able settings of a run (LoopSettings fields plus trainer-specific ones)."""
+    return {**asdict(s), **more}
+
+
+__all__ = ["LoopSettings", "learning_rate", "prepare_folder", "run_loop", "settings_dict"]

@@ -1,0 +1,262 @@
+"""Encoded training clips of the procedural world for the DiT: render, encode once, train many times.
+
+Encoding is the expensive part (the VAE costs ~6x a DiT training step per clip), so
+``worldtrace train encode`` writes clips to shard files that ``worldtrace train dit`` reads (and
+re-reads as more appear, so both can run side by side on two cores).
+
+A clip is 3 chunks = 9 latent frames of a rollout at absolute latent frames ``a .. a + 8``:
+
+- ``early`` (a = 0): the rollout's first chunks. Pixel frame 0 is the start image; the
+  conditioning latents are :func:`~worldtrace_cli.model.vae.encode_conditioning_latents` of it,
+  exactly as inference computes them.
+- ``late`` (a = :data:`LATE_START`): chunks far into a rollout, where MG2's conditioning channels
+  have become the constant encoding of blank frames (:func:`late_conditioning`) and the start image
+  (the view at the origin facing +y, as in inference) reaches the model only through CLIP.
+  Rendered with 8 lead-in action rows, and encoded from 37 pixel frames of which the first latent
+  (a lone causal first frame, never seen mid-rollout) is dropped.
+
+Most clips are loops (look away and back: :func:`~worldtrace_cli.train.data.loop_actions`) placed
+so that the pose at the first frame of the second chunk is reached again at the clip's last pixel
+frame; the rest are random walks.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from ..trajectory import frames_for_chunks
+from .data import loop_actions, random_start_pose, render_clip, walk_actions
+
+LATE_START = 30            # absolute latent frame of a late clip (conditioning constant from ~21 on)
+CLIP_CHUNKS = 3
+CLIP_LATENTS = 3 * CLIP_CHUNKS
+LEAD_ROWS = 8              # action rows before a late clip's first pixel frame (read by its first latents)
+LATE_WARMUP_FRAMES = 16    # pixel frames encoded before a late clip and dropped: the codec's causal caches
+                           # take ~5 latent frames to reach their steady state, which is what a late frame sees
+SHARD_CLIPS = 32
+
+
+@dataclass
+class EncodedClip:
+    """One training clip as the DiT trainer reads it.
+
+    Attributes:
+        latents: float32 [16, 9, h, w] normalised latents of absolute latent frames a .. a + 8.
+        frame_start: a (0 or :data:`LATE_START`).
+        keyboard, mouse: float32 [R, 4] / [R, 2] action rows from absolute row ``rows_start``
+            (``max(0, 4a - 12)``: the first row latent frame a reads) to the clip's end.
+        rows_start: absolute row index of ``keyboard[0]``.
+        image_latents: float32 [16, 9, h, w] conditioning latents of frames 0..8 (early) or None (late:
+            the constant of :func:`late_conditioning`).
+        clip_tokens: float32 [257, clip_dim] CLIP conditioning tokens of the start image.
+        return_latent: index (0..8) of the latent frame whose last pixel frame returns to the loop's
+            first pose, or -1 (walk).
+        world_seed: the world it shows.
+    """
+
+    latents: torch.Tensor
+    frame_start: int
+    keyboard: torch.Tensor
+    mouse: torch.Tensor
+    rows_start: int
+    image_latents: torch.Tensor | None
+    clip_tokens: torch.Tensor
+    return_latent: int
+    world_seed: int
+
+    def action_rows(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """Keyboard [1, R_abs, 4] and mouse [1, R_abs, 2] indexed by absolute row (zeros before
+        ``rows_start``, which no latent frame of the clip reads)."""
+        pad = self.rows_start
+        kb = torch.cat([torch.zeros(pad, 4), self.keyboard])[None]
+        ms = torch.cat([torch.zeros(pad, 2), self.mouse])[None]
+        return kb, ms
+
+
+@torch.no_grad()
+def late_conditioning(vae) -> torch.Tensor:
+    """The conditioning latents of any late frame: float32 [1, 16, 1, h, w], the normalised encoding
+    of a blank frame past the encoder's receptive field (equal for every start image)."""
+    from ..model.vae import CONDITIONING_ENCODE_LATENT_FRAMES, encode_conditioning_latents
+
+    p = next(vae.parameters())
+    h, w = vae_frame_shape(vae)
+    image = torch.zeros(1, 3, h, w, dtype=p.dtype)
+    lat = encode_conditioning_latents(vae, image, CONDITIONING_ENCODE_LATENT_FRAMES)
+    return lat[:, :, -1:].float().cpu().contiguous()
+
+
+def vae_frame_shape(vae) -> tuple[int, int]:
+    """(height, width) in pixels the trainer renders at (attached by :func:`make_encoder`)."""
+    return vae._loopworld_frame_shape
+
+
+def make_encoder(vae_weights, clip_seed: int, height: int, width: int):
+    """(vae, clip_tower) on the CPU in float32 for encoding clips: the trained loopworld VAE and the
+    tiny frozen CLIP tower of seed ``clip_seed`` (what the loopworld preset ships)."""
+    from ..model.image_encoder import build_clip_tower
+    from ..model.vae import build_wan_vae
+
+    vae = build_wan_vae("loopworld", vae_weights)
+    vae._loopworld_frame_shape = (height, width)
+    return vae, build_clip_tower("tiny", None, seed=clip_seed)
+
+
+def _to_video(frames: np.ndarray) -> torch.Tensor:
+    """uint8 [T, H, W, 3] -> float32 [1, 3, T, H, W] in [-1, 1]."""
+    return torch.from_numpy(frames).permute(3, 0, 1, 2).float().div(127.5).sub(1.0)[None]
+
+
+@torch.no_grad()
+def make_clip(rng: np.random.Generator, vae, clip_tower, late: bool, loop: bool,
+              max_angle_deg: float = 90.0) -> EncodedClip:
+    """Render and encode one clip (see the module docstring). Deterministic given ``rng``'s state."""
+    from ..model.vae import encode_conditioning_latents
+
+    height, width = vae_frame_shape(vae)
+    world_seed = int(rng.integers(2**31))
+    origin = rng.random() < 0.5 and not late
+    start = (0.0, 0.0, 0.0, 0.0) if origin else random_start_pose(rng)
+    lead = LEAD_ROWS if late else 0
+    warm = LATE_WARMUP_FRAMES if late else 0
+    pixels = frames_for_chunks(CLIP_CHUNKS) + (4 + lead + warm if late else 0)   # 33, or 8 + 16 + 37 for late
+    if loop:
+        p_frame = lead + warm + (13 if late else 9)  # first pixel frame of the clip's second chunk
+        keyboard, mouse, ret = loop_actions(rng, pixels, p_frame, pixels - 1, max_angle_deg)
+    else:
+        keyboard, mouse = walk_actions(rng, pixels)
+    clip = render_clip(world_seed, keyboard, mouse, height, width, start)
+    video = _to_video(clip.frames[lead:])
+    mu = vae.encode(video).latent_dist.mode()
+    from ..model.vae import _norm_stats
+
+    mean, std = _norm_stats(mu.device)
+    z = ((mu.float() - mean) / std)[0]
+    if late:
+        z = z[:, 1 + warm // 4:]                     # drop the lone causal first frame and the warm-up
+        a = LATE_START
+        from ..world.render import render_view
+        from ..world.scene import make_world
+
+        start_image = render_view(make_world(world_seed), (0.0, 0.0, 0.0, 0.0), height, width)
+        image_latents = None
+        # sequence frame k is absolute pixel frame k + 4a - 12 - warm (encoded latent j <-> absolute
+        # latent a + j - 1 - warm/4), so absolute latent a reads rows 4a-12 .. 4a-1 = sequence rows
+        # warm .. warm+11: the clip keeps its rows from there
+        rows_start = 4 * a - 12
+        keyboard, mouse = keyboard[warm:], mouse[warm:]
+    else:
+        a = 0
+        start_image = clip.frames[0]
+        image_latents = encode_conditioning_latents(vae, _to_video(start_image[None])[:, :, 0], CLIP_LATENTS)[0]
+        rows_start = 0
+    tokens = clip_tower.conditioning_tokens(_to_video(start_image[None])[:, :, 0]).float()[0]
+    return_latent = CLIP_LATENTS - 1 if loop else -1
+    return EncodedClip(z.contiguous(), a, torch.as_tensor(keyboard).float(), torch.as_tensor(mouse).float(), rows_start,
+                       None if image_latents is None else image_latents.float().contiguous(),
+                       tokens.contiguous(), return_latent, world_seed)
+
+
+def write_shard(path: Path, clips: list[EncodedClip]) -> None:
+    """Write clips to one safetensors file (float16 latents and tokens, float32 actions), atomically."""
+    from safetensors.torch import save_file
+
+    tensors, meta = {}, []
+    for i, c in enumerate(clips):
+        tensors[f"{i}.latents"] = c.latents.half()
+        tensors[f"{i}.keyboard"] = c.keyboard
+        tensors[f"{i}.mouse"] = c.mouse
+        tensors[f"{i}.clip_tokens"] = c.clip_tokens.half()
+        if c.image_latents is not None:
+            tensors[f"{i}.image_latents"] = c.image_latents.half()
+        meta.append({"frame_start": c.frame_start, "rows_start": c.rows_start, "return_latent": c.return_latent,
+                     "world_seed": c.world_seed})
+    tmp = path.with_name(path.name + ".tmp")
+    save_file(tensors, str(tmp), metadata={"clips": json.dumps(meta)})
+    os.replace(tmp, path)
+
+
+def read_shard(path: Path) -> list[EncodedClip]:
+    """Clips of a shard written by :func:`write_shard` (float32 tensors)."""
+    from safetensors import safe_open
+
+    out = []
+    with safe_open(str(path), "pt") as fh:
+        meta = json.loads(fh.metadata()["clips"])
+        names = set(fh.keys())
+        for i, m in enumerate(meta):
+            get = lambda k: fh.get_tensor(f"{i}.{k}").float()  # noqa: E731
+            image = get("image_latents") if f"{i}.image_latents" in names else None
+            out.append(EncodedClip(get("latents"), m["frame_start"], get("keyboard"), get("mouse"), m["rows_start"],
+                                   image, get("clip_tokens"), m["return_latent"], m["world_seed"]))
+    return out
+
+
+def shard_paths(folder: Path) -> list[Path]:
+    """Finished shards of a data folder, in order."""
+    return sorted(Path(folder).glob("clips-*.safetensors"))
+
+
+@dataclass(frozen=True)
+class ClipMix:
+    """Proportions of clip kinds: ``late`` (vs early) and ``loop`` (vs walk); loops turn up to
+    ``max_angle_deg`` degrees."""
+
+    late: float = 0.7
+    loop: float = 0.85
+    max_angle_deg: float = 90.0
+
+
+def encode_clips(folder: Path, vae_weights, shards: int, seed: int = 0, mix: ClipMix = ClipMix(),
+                 height: int = 96, width: int = 176, clip_seed: int = 2, threads: int = 1,
+                 progress: bool = True, stop=lambda: False, shard_clips: int = SHARD_CLIPS) -> dict:
+    """Write shards ``folder/clips-NNNNN.safetensors`` of ``shard_clips`` clips each, until
+    ``shards`` exist (existing ones are kept: rerun to continue). Shard i draws from
+    ``default_rng([seed, i])``, so the data do not depend on how often the command was stopped.
+
+    Also writes ``folder/late_conditioning.safetensors`` (:func:`late_conditioning`) and
+    ``folder/data.json`` (settings). Returns ``{"shards": n, "clips": n * shard_clips}``.
+    Raises:
+        InputError: the folder holds shards made with other settings or another VAE file.
+    """
+    from safetensors.torch import save_file
+    from tqdm import tqdm
+
+    from ..errors import InputError, Interrupted
+    from ..model.checkpoint import file_identity
+
+    torch.set_num_threads(threads)
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    settings = {"seed": seed, "mix": asdict(mix), "height": height,
+                "width": width, "clip_seed": clip_seed, "vae": file_identity(vae_weights)["sha256_first_mib"],
+                "late_start": LATE_START, "late_warmup_frames": LATE_WARMUP_FRAMES, "clip_chunks": CLIP_CHUNKS,
+                "shard_clips": shard_clips}
+    info = folder / "data.json"
+    if info.exists() and json.loads(info.read_text()) != settings:
+        raise InputError(f"{folder}: holds clips made with other settings or another VAE; use another folder")
+    info.write_text(json.dumps(settings, indent=2) + "\n")
+    vae, tower = make_encoder(vae_weights, clip_seed, height, width)
+    cond = folder / "late_conditioning.safetensors"
+    if not cond.exists():
+        save_file({"latents": late_conditioning(vae)}, str(cond))
+    done = len(shard_paths(folder))
+    bar = tqdm(total=shards, initial=done, disable=not progress, unit="shard", dynamic_ncols=True)
+    for i in range(done, shards):
+        rng = np.random.default_rng([seed, i])
+        clips = []
+        for _ in range(shard_clips):
+            if stop():
+                raise Interrupted(f"encoding stopped with {i} shards; run the same command to continue")
+            clips.append(make_clip(rng, vae, tower, late=rng.random() < mix.late, loop=rng.random() < mix.loop,
+                                   max_angle_deg=mix.max_angle_deg))
+        write_shard(folder / f"clips-{i:05d}.safetensors", clips)
+        bar.update(1)
+    bar.close()
+    return {"shards": shards, "clips": shards * shard_clips}

@@ -1,0 +1,231 @@
+"""Train the loopworld DiT: the project's own :class:`~worldtrace_cli.model.dit.CausalWanDiT` with its
+action module, through the same cache contract as inference, with flow matching.
+
+One training sample is one encoded clip (:mod:`worldtrace_cli.train.dataset`) of 3 chunks. Exactly
+as :class:`~worldtrace_cli.rollout.Rollout` does at inference, the chunks before the target chunk
+are run as context passes (clean latents, timestep 0, ``commit=True``) whose canonical K/V go into
+MG2's own cache, the ``sliding`` writer with MG2's local window (``local_attn_size`` latent frames
+including the current chunk: 3 past frames for a window of 6), and whose action K/V go into the
+action caches; the context passes run without gradients (teacher forcing on clean context). The
+target chunk is noised, ``x_t = (1 - sigma) x0 + sigma eps``, and the model's flow prediction is
+regressed on ``eps - x0`` (MG2 spec §10; :mod:`~worldtrace_cli.model.sampler`). sigma is one of the
+sampler's own steps (shift 5.0: 1.0, 0.909, 0.714 for 1000/666/333) with probability
+``sampler_sigma_prob``, else drawn from the shifted uniform schedule. The latent frame at which a
+loop returns to its first pose gets ``return_weight`` times the loss weight.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from ..config import Preset
+from ..memory import CacheGeometry, MemoryConfig, build_writer
+from ..model.conditioning import MASK_CHANNELS, ConditioningLatents
+from ..model.dit import CausalWanDiT, ChunkInputs, LayerPast, init_random_weights
+from ..model.sampler import FlowMatchSchedule
+from .common import LoopSettings, prepare_folder, run_loop, settings_dict
+from .dataset import CLIP_CHUNKS, EncodedClip, read_shard, shard_paths
+
+DIT_FILE = "dit.safetensors"
+
+
+class ClipPool:
+    """The clips of a data folder in memory, re-scanned for new shards every ``rescan`` draws (so
+    training can start while ``train encode`` still writes)."""
+
+    def __init__(self, folder: Path, rescan: int = 200):
+        from safetensors.torch import load_file
+
+        self.folder, self.rescan = Path(folder), rescan
+        self.clips: list[EncodedClip] = []
+        self._loaded: set[Path] = set()
+        self._draws = 0
+        self.late_cond = load_file(str(self.folder / "late_conditioning.safetensors"))["latents"]
+        self.refresh()
+
+    def refresh(self) -> None:
+        for path in shard_paths(self.folder):
+            if path not in self._loaded:
+                self.clips += read_shard(path)
+                self._loaded.add(path)
+        if not self.clips:
+            raise FileNotFoundError(f"{self.folder}: no encoded clips yet (run worldtrace train encode)")
+
+    def draw(self, rng: np.random.Generator) -> EncodedClip:
+        self._draws += 1
+        if self._draws % self.rescan == 0:
+            self.refresh()
+        return self.clips[int(rng.integers(len(self.clips)))]
+
+
+def cond_concat(clip: EncodedClip, late_cond: torch.Tensor, start: int, count: int) -> torch.Tensor:
+    """``cond_concat`` [1, 20, count, h, w] of the clip's absolute latent frames start..start+count-1:
+    :meth:`ConditioningLatents.cond_concat` for early clips; the mask (zero past frame 0) and the
+    constant late conditioning otherwise."""
+    if clip.image_latents is not None:
+        return ConditioningLatents(clip.image_latents[None]).cond_concat(start, count)
+    lat = late_cond.expand(-1, -1, count, -1, -1)
+    return torch.cat([torch.zeros(1, MASK_CHANNELS, *lat.shape[2:]), lat], dim=1)
+
+
+def cache_geometry(dit: CausalWanDiT, latent_hw: tuple[int, int]) -> CacheGeometry:
+    """The cache geometry a rollout of ``dit`` at latent size ``latent_hw`` uses (as :class:`Rollout`)."""
+    cfg = dit.cfg
+    tokens = (latent_hw[0] // 2) * (latent_hw[1] // 2)
+    dtype = next(dit.parameters()).dtype
+    return CacheGeometry(cfg.num_layers, cfg.num_heads, cfg.head_dim, tokens, 3, cfg.local_attn_size - 1, "cpu", dtype)
+
+
+def context_state(dit: CausalWanDiT, clip: EncodedClip, late_cond, chunks: int, writer=None):
+    """Run the clip's first ``chunks`` chunks as context passes; returns (rollout state, writer, action rows).
+
+    The writer defaults to MG2's own ``sliding`` cache (budget ``local_attn_size - 3``).
+    """
+    z = clip.latents[None]
+    kb, ms = clip.action_rows()
+    visual = clip.clip_tokens[None]
+    if writer is None:
+        writer = build_writer(MemoryConfig(cache="sliding"), dit.cfg.local_attn_size - 3)
+    writer.reset(cache_geometry(dit, tuple(z.shape[-2:])))
+    state = dit.new_rollout_state()
+    with torch.no_grad():
+        for c in range(chunks):
+            sf = clip.frame_start + 3 * c
+            writer.begin_chunk(sf)
+            past = [LayerPast(*writer.read(layer)) for layer in range(dit.cfg.num_layers)]
+            chunk = ChunkInputs(state, past, sf, kb, ms, visual)
+            dit(z[:, :, 3 * c:3 * c + 3], torch.zeros(1, 3), cond_concat(clip, late_cond, sf, 3), chunk, commit=True)
+            writer.commit(chunk.committed, list(range(sf, sf + 3)))
+    return state, writer, (kb, ms, visual)
+
+
+def target_chunk_inputs(dit, clip, late_cond, target: int, state, writer, rows, past_edit=None):
+    """ChunkInputs and cond_concat of the clip's chunk ``target`` reading ``writer``'s cache
+    (``past_edit(list[LayerPast]) -> list[LayerPast]`` may change what is read: evaluation controls)."""
+    sf = clip.frame_start + 3 * target
+    writer.begin_chunk(sf)
+    past = [LayerPast(*writer.read(layer)) for layer in range(dit.cfg.num_layers)]
+    if past_edit is not None:
+        past = past_edit(past)
+    state.cross_kv = None  # recomputed inside the graph so img_emb and the cross-attention K/V learn
+    kb, ms, visual = rows
+    return ChunkInputs(state, past, sf, kb, ms, visual), cond_concat(clip, late_cond, sf, 3)
+
+
+def sample_sigma(rng: np.random.Generator, schedule: FlowMatchSchedule, sampler_prob: float) -> float:
+    """A training noise level: one of the sampler's sigmas with probability ``sampler_prob``, else
+    ``shift * s / (1 + (shift - 1) s)`` for s ~ U(0, 1)."""
+    if rng.random() < sampler_prob:
+        sig = schedule.sigmas()
+        return float(sig[int(rng.integers(len(sig)))])
+    s = rng.random()
+    return float(schedule.shift * s / (1 + (schedule.shift - 1) * s))
+
+
+def clip_loss(dit, clip: EncodedClip, late_cond, rng: np.random.Generator, schedule: FlowMatchSchedule,
+              sampler_prob: float, return_weight: float) -> torch.Tensor:
+    """Flow-matching loss of one clip's target chunk (see the module docstring): scalar float32."""
+    if clip.frame_start == 0:
+        target = int(rng.choice([0, 1, 2, 2, 2, 2]))
+    else:
+        target = int(rng.choice([1, 2, 2, 2]))
+    state, writer, rows = context_state(dit, clip, late_cond, target)
+    chunk, cond = target_chunk_inputs(dit, clip, late_cond, target, state, writer, rows)
+    x0 = clip.latents[None, :, 3 * target:3 * target + 3]
+    sigma = sample_sigma(rng, schedule, sampler_prob)
+    eps = torch.from_numpy(rng.standard_normal(x0.shape).astype(np.float32))
+    xt = (1 - sigma) * x0 + sigma * eps
+    t = torch.full((1, 3), sigma * 1000.0)
+    flow = dit(xt, t, cond, chunk).float()
+    err = (flow - (eps - x0)).pow(2).mean(dim=(0, 1, 3, 4))  # per latent frame [3]
+    weights = torch.ones(3)
+    if clip.return_latent >= 0 and clip.return_latent // 3 == target:
+        weights[clip.return_latent % 3] = return_weight
+    return (err * weights).sum() / weights.sum()
+
+
+def build_dit(preset: Preset, seed: int) -> CausalWanDiT:
+    """A float32 CPU DiT of the preset's config with seeded random weights (the head scaled by 0.1,
+    so the first predictions are near zero)."""
+    dit = CausalWanDiT(preset.dit)
+    init_random_weights(dit, seed)
+    with torch.no_grad():
+        dit.head.head.weight.mul_(0.1)
+    return dit
+
+
+def train_dit(folder: Path, data: Path, preset: Preset, s: LoopSettings, batch: int = 4,
+              sampler_prob: float = 0.75, return_weight: float = 3.0, progress: bool = True,
+              stop=lambda: False) -> dict:
+    """Train (or continue training) the DiT of ``preset`` on the clips in ``data``; writes
+    ``folder/dit.safetensors`` (float32, official parameter names) at every save and at the end.
+
+    Args:
+        batch: clips per optimiser step (gradient accumulation: the DiT runs batch 1).
+    Returns: ``{"step", "minutes", "loss", "file"}``.
+    Raises:
+        InputError: the folder holds a run with other settings.
+        FileNotFoundError: no encoded clips in ``data``.
+        Interrupted: stopped by ``stop()`` (state saved; rerun to continue).
+    """
+    from safetensors.torch import save_file
+
+    prepare_folder(folder, settings_dict(s, kind="dit", data=str(data), preset=preset.to_dict(), batch=batch,
+                                         sampler_prob=sampler_prob, return_weight=return_weight))
+    torch.manual_seed(s.seed)
+    random.seed(s.seed)
+    dit = build_dit(preset, s.seed).train()
+    pool = ClipPool(data)
+    schedule = FlowMatchSchedule(tuple(preset.denoising_steps), preset.timestep_shift)
+
+    def step_fn(step: int, rng: np.random.Generator) -> dict:
+        losses = [clip_loss(dit, pool.draw(rng), pool.late_cond, rng, schedule, sampler_prob, return_weight)
+                  for _ in range(batch)]
+        if step % 250 == 249:
+            save_file({k: v.contiguous() for k, v in dit.state_dict().items()}, str(folder / DIT_FILE))
+        return {"loss": torch.stack(losses).mean(), "clips": float(len(pool.clips))}
+
+    result = run_loop(folder, dit, step_fn, s, progress=progress, stop=stop)
+    save_file({k: v.contiguous() for k, v in dit.state_dict().items()}, str(folder / DIT_FILE))
+    result["file"] = str(folder / DIT_FILE)
+    (folder / "result.json").write_text(json.dumps(result, indent=2) + "\n")
+    return result
+
+
+__all__ = ["CLIP_CHUNKS", "ClipPool", "DIT_FILE", "build_dit", "cache_geometry", "clip_loss", "cond_concat",
+           "context_state", "sample_sigma", "target_chunk_inputs", "train_dit"]
+
+
+def export_bundle(dit_weights: Path, vae_weights: Path, output: Path, clip_seed: int = 2) -> dict:
+    """Write a ``bundled`` preset's weights file: ``dit.*`` (float16: half the size, well within
+    the model's own error), ``vae.*`` and ``clip.*`` (the tiny CLIP tower of ``clip_seed``, float32).
+
+    Returns ``{"file", "bytes", "parameters": {"dit", "vae", "clip"}}``.
+    Raises:
+        CheckpointError: unreadable or mismatching input files.
+    """
+    from safetensors.torch import save_file
+
+    from ..model.checkpoint import read_state_dict
+    from ..model.image_encoder import build_clip_tower
+
+    dit = read_state_dict(dit_weights)
+    vae = read_state_dict(vae_weights)
+    clip = build_clip_tower("tiny", None, seed=clip_seed).model.state_dict()
+    tensors = {f"dit.{k}": v.half().contiguous() for k, v in dit.items()}
+    tensors.update({f"vae.{k}": v.float().contiguous() for k, v in vae.items()})
+    tensors.update({f"clip.{k}": v.float().contiguous() for k, v in clip.items() if not k.endswith("position_ids")})
+    output = Path(output)
+    output.parent.mkdir(parents=True, exist_ok=True)
+    tmp = output.with_name(output.name + ".tmp")
+    save_file(tensors, str(tmp), metadata={"format": "worldtrace-bundle-1", "dit": str(dit_weights),
+                                           "vae": str(vae_weights), "clip_seed": str(clip_seed)})
+    tmp.replace(output)
+    count = lambda sd: sum(v.numel() for v in sd.values())  # noqa: E731
+    return {"file": str(output), "bytes": output.stat().st_size,
+            "parameters": {"dit": count(dit), "vae": count(vae), "clip": count(clip)}}

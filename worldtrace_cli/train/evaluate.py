@@ -1,0 +1,107 @@
+"""Does the trained DiT read its cache? The look-away-and-back test of loopworld-measurements.md.
+
+On held-out loop clips (the pose of the cache's oldest slot is reached again at the target chunk's
+last latent frame), the target chunk is sampled with the product's sampler (3 steps, fixed noise)
+under three caches that differ only in that oldest slot:
+
+- ``full``: the cache as the rollout wrote it (the first visit is in slot 0);
+- ``removed``: slot 0 dropped (two slots left, at their own positions);
+- ``wrong``: slot 0's K/V replaced by the same slot of a clip of another world (same position).
+
+The score is the latent MSE of the return frame against the true latent. A model that reads its
+cache is better with ``full`` than ``removed`` (the memory helps) and worse with ``wrong`` (the
+memory is used even when it misleads); the decision rule of the measurements note calls a gap
+(``removed - full``) above ~0.1 latent MSE a clear memory effect.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from ..model.dit import LayerPast
+from ..model.sampler import FlowMatchSchedule, add_noise, flow_to_x0
+from .dataset import ClipMix, EncodedClip, make_clip, make_encoder, read_shard, write_shard
+from .dit import context_state, target_chunk_inputs
+
+HELDOUT_FILE = "heldout.safetensors"
+HELDOUT_SEED = 10_000_019  # a data stream the training shards (seeds [seed, i]) never use
+
+
+def heldout_clips(data: Path, vae_weights, count: int, mix: ClipMix = ClipMix(late=1.0, loop=1.0),
+                  clip_seed: int = 2, height: int = 96, width: int = 176) -> list[EncodedClip]:
+    """``count`` held-out loop clips, encoded once and kept in ``data/heldout.safetensors``."""
+    path = Path(data) / HELDOUT_FILE
+    if path.exists():
+        clips = read_shard(path)
+        if len(clips) >= count:
+            return clips[:count]
+    vae, tower = make_encoder(vae_weights, clip_seed, height, width)
+    rng = np.random.default_rng(HELDOUT_SEED)
+    clips = [make_clip(rng, vae, tower, late=rng.random() < mix.late, loop=True, max_angle_deg=mix.max_angle_deg)
+             for _ in range(count)]
+    write_shard(path, clips)
+    return clips
+
+
+@torch.no_grad()
+def sample_chunk(dit, clip: EncodedClip, late_cond, target: int, schedule: FlowMatchSchedule, seed: int,
+                 past_edit=None) -> torch.Tensor:
+    """The product's sampler on the clip's chunk ``target`` after clean context: x0 [1, 16, 3, h, w]."""
+    state, writer, rows = context_state(dit, clip, late_cond, target)
+    chunk, cond = target_chunk_inputs(dit, clip, late_cond, target, state, writer, rows, past_edit)
+    gen = torch.Generator().manual_seed(seed)
+    shape = (1, 16, 3, *clip.latents.shape[-2:])
+    x = torch.randn(shape, generator=gen)
+    timesteps, sigmas = schedule.timesteps(), schedule.sigmas()
+    for s, t in enumerate(timesteps):
+        x0 = flow_to_x0(x, dit(x, t.expand(1, 3), cond, chunk).float(), sigmas[s])
+        if s < len(timesteps) - 1:
+            x = add_noise(x0, torch.randn(shape, generator=gen), sigmas[s + 1])
+    return x0
+
+
+def _replace_slot0(donor: list[LayerPast], tokens: int):
+    def edit(past: list[LayerPast]) -> list[LayerPast]:
+        return [LayerPast(torch.cat([d.k[:, :tokens], p.k[:, tokens:]], 1), torch.cat([d.v[:, :tokens], p.v[:, tokens:]], 1),
+                          p.positions) for p, d in zip(past, donor)]
+    return edit
+
+
+def _drop_slot0(tokens: int):
+    def edit(past: list[LayerPast]) -> list[LayerPast]:
+        return [LayerPast(p.k[:, tokens:], p.v[:, tokens:], p.positions[1:]) for p in past]
+    return edit
+
+
+@torch.no_grad()
+def memory_effect(dit, clips: list[EncodedClip], late_cond, schedule: FlowMatchSchedule) -> dict:
+    """Return-frame latent MSE under the full / removed / wrong caches (module docstring).
+
+    Args:
+        clips: loop clips (``return_latent`` 8: the last latent of chunk 2).
+    Returns:
+        ``{"clips": n, "full": mse, "removed": mse, "wrong": mse, "gap_removed": removed - full,
+        "gap_wrong": wrong - full}`` (means over clips; MSE over the return latent frame).
+    """
+    dit.eval()
+    tokens = (clips[0].latents.shape[-2] // 2) * (clips[0].latents.shape[-1] // 2)
+    scores = {"full": [], "removed": [], "wrong": []}
+    for i, clip in enumerate(clips):
+        donor_clip = clips[(i + 1) % len(clips)]
+        _, donor_writer, _ = context_state(dit, donor_clip, late_cond, 2)
+        donor_writer.begin_chunk(clip.frame_start + 6)
+        donor = [LayerPast(*donor_writer.read(layer)) for layer in range(dit.cfg.num_layers)]
+        truth = clip.latents[:, clip.return_latent]
+        for name, edit in (("full", None), ("removed", _drop_slot0(tokens)), ("wrong", _replace_slot0(donor, tokens))):
+            x0 = sample_chunk(dit, clip, late_cond, 2, schedule, seed=i, past_edit=edit)
+            scores[name].append(float((x0[0, :, clip.return_latent % 3] - truth).pow(2).mean()))
+    out = {"clips": len(clips), **{k: float(np.mean(v)) for k, v in scores.items()}}
+    out["gap_removed"] = out["removed"] - out["full"]
+    out["gap_wrong"] = out["wrong"] - out["full"]
+    return out
+
+
+__all__ = ["HELDOUT_FILE", "heldout_clips", "memory_effect", "sample_chunk"]
