@@ -14,6 +14,7 @@ import pytest
 from click.testing import CliRunner
 
 from worldtrace_cli import rollout
+from worldtrace_cli.errors import InputError
 from worldtrace_cli.loopbench import runner
 from worldtrace_cli.loopbench.cli import loopbench
 from worldtrace_cli.loopbench.report import collect, mean_ci, paired_test, report
@@ -253,8 +254,8 @@ def test_real_tiny_sweep_and_report(tmp_path):
     """The real model end to end: two writers at 2 chunks, then the report (PAC undefined: no
     revisit within 2 chunks, so the tables show dashes)."""
     out = tmp_path / "lb"
-    args = ["--configs", "pan_90", "--caches", "sliding,landmark", "--images", IMAGES / "mg2_universal_0000.png",
-            "--seeds", "0", "--chunks", 2, "-o", out]
+    args = ["--preset", "tiny", "--configs", "pan_90", "--caches", "sliding,landmark",
+            "--images", IMAGES / "mg2_universal_0000.png", "--seeds", "0", "--chunks", 2, "-o", out]
     result = lb("run", *args)
     assert result.exit_code == 0, result.output
     summary = json.loads((out / "pan_90" / "landmark" / "mg2_universal_0000" / "seed0" / "summary.json").read_text())
@@ -274,14 +275,16 @@ def test_real_tiny_sweep_and_report(tmp_path):
 # --------------------------------------------------------------------------- report statistics
 
 
-def write_run(out, config, cache, image, seed, pac, temp_ssim, chunks=16):
+def write_run(out, config, cache, image, seed, pac, temp_ssim, chunks=16, gt=None):
     folder = out / config / cache.replace(":", "-") / image / f"seed{seed}"
     folder.mkdir(parents=True)
     write_json_atomic(folder / "summary.json", {
         "status": "complete", "config": {"memory": {"cache": cache}, "preset": {"name": "tiny"}},
         "resolved": {"seed": seed}, "cache": {"kv_bytes": 4096},
         "metrics": {"temp_ssim": temp_ssim, "latent_diff": 0.2, "scene_drift": 0.05,
-                    "pac": None if pac is None else {"mean": pac, "pairs": 3}},
+                    "pac": None if pac is None else {"mean": pac, "pairs": 3},
+                    **({} if gt is None else {"gt": {"psnr": gt + 1, "ssim": 0.5,
+                                                     "return": {"chunks": [9], "psnr": gt, "ssim": 0.4}}})},
         "totals": {"chunks": chunks, "seconds_per_chunk": 1.5, "peak_rss_bytes": 10 * 2**20, "gpu_peak_bytes": None}})
 
 
@@ -368,8 +371,53 @@ def test_report_of_an_empty_folder_is_an_error(tmp_path):
 
 
 def test_report_counts_failed_jobs(synthetic_sweep):
-    job = runner.Job("aba", "field", Path("s9.png"), 0)
+    job = runner.Job("aba", "field", "s9", 0, image=Path("s9.png"))
     runner.record_failure(synthetic_sweep, job, ValueError("bad | thing"))
     paths = report(synthetic_sweep)
     md = paths["report.md"].read_text()
     assert "1 failed" in md and "aba/field/s9/seed0" in md and "bad \\| thing" in md
+
+
+def test_world_scenes(tmp_path):
+    """Procedural worlds are scenes too: --worlds parses ranges, jobs run in world<N> folders and pass
+    the world seed to the run; image-only presets refuse --worlds."""
+    assert runner.parse_worlds("0-3,7") == [0, 1, 2, 3, 7] and runner.parse_worlds("5") == [5]
+    for bad in ("3-1", "-2", "a", ","):
+        with pytest.raises(InputError):
+            runner.parse_worlds(bad)
+    jobs = runner.plan_jobs(["pan_90"], ["sliding"], [], [0], worlds=[2, 1])
+    assert [j.key for j in jobs] == ["pan_90/sliding/world1/seed0", "pan_90/sliding/world2/seed0"]
+    assert jobs[0].world == 1 and jobs[0].image is None
+    mixed = runner.plan_jobs(["pan_90"], ["sliding"], [IMAGES / "mg2_universal_0000.png"], [0], worlds=[0])
+    assert {j.scene for j in mixed} == {"mg2_universal_0000", "world0"}
+    line = one_line_error(lb("run", "--preset", "tiny", "--worlds", "0-1", "--configs", "aba", "-o", tmp_path), 2)
+    assert "--worlds" in line and "tiny" in line
+    line = one_line_error(lb("run", "--preset", "tiny", "--configs", "aba", "-o", tmp_path), 2)
+    assert "--images" in line
+
+
+def test_world_jobs_reach_the_run(tmp_path, fake_generate):
+    result = lb("run", "--configs", "pan_90", "--caches", "sliding", "--worlds", "3", "--seeds", "0", "-o", tmp_path)
+    assert result.exit_code == 0, result.output
+    assert list(fake_generate) == ["pan_90/sliding/world3/seed0"]
+    cfg = json.loads((tmp_path / "pan_90" / "sliding" / "world3" / "seed0" / "summary.json").read_text())["config"]
+    assert cfg["world_seed"] == 3 and cfg["image"] is None and cfg["preset"]["name"] == "loopworld"
+
+
+def test_report_has_a_ground_truth_column(tmp_path):
+    """Runs with ground truth (procedural worlds) add return-leg GT-PSNR beside PAC / TempSSIM, with
+    CIs over scenes and a paired test against sliding."""
+    out = tmp_path / "gt"
+    for scene, (s_gt, l_gt) in {"world0": (14.0, 16.0), "world1": (15.0, 16.5), "world2": (13.0, 15.2)}.items():
+        write_run(out, "aba", "sliding", scene, 0, 0.7, 0.8, gt=s_gt)
+        write_run(out, "aba", "landmark", scene, 0, 0.8, 0.8, gt=l_gt)
+    report(out)
+    rows = list(csv.DictReader((out / "report.csv").open()))
+    assert {float(r["gt_return_psnr"]) for r in rows if r["cache"] == "landmark"} == {16.0, 16.5, 15.2}
+    md = (out / "report.md").read_text()
+    assert "GT-PSNR on return legs" in md
+    line = next(ln for ln in md.splitlines() if ln.startswith("| landmark |"))
+    assert "15.900 ±" in line  # mean of 16.0, 16.5, 15.2
+    data = json.loads((out / "report.json").read_text())
+    cell = next(c for c in data["by_config"] if c["writer"] == "landmark")
+    assert cell["gt_return_psnr"]["p"] == pytest.approx(hand_paired_p([16.0, 16.5, 15.2], [14.0, 15.0, 13.0]))

@@ -39,7 +39,7 @@ def reference(tmp_path_factory):
 
 
 def start_run(out, cache, save_every, *extra):
-    cmd = [sys.executable, "-m", "worldtrace_cli", "generate", str(ABA), "--image", str(IMAGE), "--chunks",
+    cmd = [sys.executable, "-m", "worldtrace_cli", "generate", str(ABA), "--preset", "tiny", "--image", str(IMAGE), "--chunks",
            str(CHUNKS), "--cache", cache, "--save-every", str(save_every), "-o", str(out), "--no-progress", *extra]
     return subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 

@@ -14,7 +14,7 @@ import click
 
 from . import __version__
 from .errors import Interrupted, WorldtraceError
-from .options import SEED, device_options, speed_config, speed_options
+from .options import SEED, device_options, memory_config, memory_options, speed_config, speed_options
 
 
 
@@ -57,13 +57,18 @@ def main(verbose: bool) -> None:
 @main.command()
 @click.argument("trajectory", type=click.Path(path_type=Path), required=False)
 @click.option("--preset", default=None, metavar="NAME|FILE",
-              help="Model preset: tiny (random weights, CPU), mg2-universal, mg2-gta-drive, mg2-templerun, "
-                   "or a preset YAML. Default: mg2-<trajectory mode> with --checkpoint, else tiny.")
+              help="Model preset: loopworld (trained embedded world, CPU), tiny (random weights, CPU), "
+                   "mg2-universal, mg2-gta-drive, mg2-templerun, or a preset YAML. Default: mg2-<trajectory mode> "
+                   "with --checkpoint, else loopworld (universal) or tiny.")
 @click.option("--checkpoint", type=click.Path(path_type=Path), default=None, metavar="DIR",
               help="Official Matrix-Game-2.0 folder (Wan2.1_VAE.pth, the CLIP .pth, the DiT safetensors).")
 @click.option("--random-weights", is_flag=True, help="Run a checkpoint preset at full size with seeded random weights.")
 @click.option("--image", type=click.Path(path_type=Path), default=None,
-              help="Conditioning image (any format PIL reads; overrides the trajectory's `image`).")
+              help="Conditioning image (any format PIL reads; overrides the trajectory's `image`). With "
+                   "loopworld the start image is the world's own view unless this is given.")
+@click.option("--world-seed", type=SEED, default=0, show_default=True,
+              help="loopworld: the procedural world to walk (its start view conditions the model, its renders "
+                   "are the ground truth).")
 @click.option("--chunks", type=int, default=None,
               help="Chunks to generate (3 latent frames = 12 pixel frames each); repeats the last segment "
                    "or truncates the trajectory. Default: the trajectory's length.")
@@ -75,20 +80,7 @@ def main(verbose: bool) -> None:
 @click.option("--cache", default="sliding", show_default=True, metavar="WRITER",
               help="KV-cache writer: sliding, sink, full, field, field-streaming, landmark, mixed:K, naive, "
                    "memrope, yarn (README: 'Memory writers').")
-@click.option("--positions", type=click.Choice(["actual", "block_relative", "centroid_linear", "slot_rank"]),
-              default=None, help="Position scheme override (default: the writer's).")
-@click.option("--budget", type=int, default=None,
-              help="Past latent-frame slots the cache holds = summary + recent (default: the writer's; "
-                   "sliding: MG2's own 3, gta_drive 1; WorldTrace writers: 6).")
-@click.option("--summary-slots", type=int, default=None, help="N_s summary slots (WorldTrace writers; default 4).")
-@click.option("--recent-slots", type=int, default=None, help="N_r verbatim recent slots (default 2).")
-@click.option("--landmark-threshold", type=float, default=0.1, show_default=True,
-              help="tau: cosine distance between consecutive frame descriptors that marks a scene entry.")
-@click.option("--sink-frames", type=int, default=1, show_default=True, help="sink: first latent frames kept.")
-@click.option("--max-cache-gb", type=float, default=16.0, show_default=True,
-              help="full/yarn: refuse before the KV cache (3 copies per chunk) exceeds this many GB.")
-@click.option("--spill-dir", type=click.Path(path_type=Path), default=None,
-              help="field: keep evicted frames on disk here instead of host memory (very long runs).")
+@memory_options
 @device_options
 @click.option("--metrics", type=click.Choice(["none", "fast", "all"]), default="fast", show_default=True,
               help="Per-chunk metrics: fast = TempSSIM + LatentDiff; all = + CLIP Scene Drift and PAC "
@@ -101,10 +93,9 @@ def main(verbose: bool) -> None:
               help="Continue an interrupted run from its last saved state (other options come from the run, "
                    "except --overlap-decode and --no-progress).")
 @click.option("--no-progress", is_flag=True, help="No progress bar.")
-def generate(trajectory, preset, checkpoint, random_weights, image, chunks, seed, output, overwrite, cache,
-             positions, budget, summary_slots, recent_slots, landmark_threshold, sink_frames, max_cache_gb,
-             spill_dir, device, dtype, metrics, hash_checkpoint, save_every, rope_precision, compile_mode,
-             overlap_decode, resume_dir, no_progress):
+def generate(trajectory, preset, checkpoint, random_weights, image, world_seed, chunks, seed, output, overwrite, cache,
+             device, dtype, metrics, hash_checkpoint, save_every, rope_precision, compile_mode,
+             overlap_decode, resume_dir, no_progress, **memory):
     """Generate a video from TRAJECTORY (a YAML file of actions; see trajectories/README.md).
 
     Writes to the run folder: video.mp4 (H.264, appended chunk by chunk), chunks.jsonl (one record
@@ -118,7 +109,6 @@ def generate(trajectory, preset, checkpoint, random_weights, image, chunks, seed
     from .config import RunConfig, default_preset_name, load_preset
     from .errors import InputError
     from .outputs import cache_folder
-    from .memory import MemoryConfig
     from .rollout import generate as run_generate
     from .trajectory import load_trajectory
 
@@ -152,12 +142,9 @@ def generate(trajectory, preset, checkpoint, random_weights, image, chunks, seed
             logging.getLogger("worldtrace").info(f"preset: {name}")
         out = output or Path("runs") / f"{trajectory.stem}-{cache_folder(cache)}"
         cfg = RunConfig(preset=load_preset(name), trajectory=trajectory, output=out, image=image, chunks=chunks,
+                        world_seed=world_seed,
                         seed=seed, device=device, dtype=dtype, checkpoint=checkpoint, random_weights=random_weights,
-                        memory=MemoryConfig(cache=cache, positions=positions, budget=budget,
-                                            summary_slots=summary_slots, recent_slots=recent_slots,
-                                            landmark_threshold=landmark_threshold, sink_frames=sink_frames,
-                                            max_cache_gb=max_cache_gb,
-                                            spill_dir=None if spill_dir is None else str(spill_dir)),
+                        memory=memory_config(cache, **memory),
                         overwrite=overwrite, progress=not no_progress, hash_checkpoint=hash_checkpoint,
                         metrics=metrics, save_every=save_every,
                         **speed_config(rope_precision, compile_mode, overlap_decode))
@@ -221,7 +208,7 @@ def _csv(value: str | None, cast=str) -> list | None:
 
 @main.group()
 def bench():
-    """Benchmarks: memory mechanism on synthetic scenes (results under benchmarks/results/)."""
+    """Benchmarks: memory mechanism on synthetic scenes, speed, landmark tau calibration."""
 
 
 @bench.command("mechanism")
@@ -245,6 +232,38 @@ def bench_mechanism(writers, schemes, routes, legs, seed, landmark_threshold, ou
                                    setup, landmark_threshold)
         for path in write_mechanism_report(rows, output, name, setup):
             click.echo(f"worldtrace: wrote {path}", err=True)
+
+    _run(job)
+
+
+@bench.command("tau")
+@click.argument("run_dirs", nargs=-1, required=True, type=click.Path(exists=True, file_okay=False, path_type=Path))
+@click.option("--min-change", type=click.FloatRange(0, min_open=True), default=10.0, show_default=True,
+              help="View change (degrees per latent frame) that counts as a scene entry (ground-truth runs).")
+@click.option("--rate", type=click.FloatRange(0, 1, min_open=True, max_open=True), default=0.1, show_default=True,
+              help="Landmark share of frames for the suggestion without ground truth.")
+@click.option("-o", "--output", type=click.Path(path_type=Path), default=None,
+              help="Folder for tau.json and tau.md (default: print only).")
+def bench_tau(run_dirs, min_change, rate, output):
+    """Suggest the landmark threshold tau from the detector distances that landmark runs logged
+    (RUN_DIRS: run folders of --cache landmark; for loopworld runs, against the true view changes)."""
+    import json
+
+    from .calibrate import calibrate, calibration_markdown
+
+    def job():
+        try:
+            result = calibrate(list(run_dirs), min_change, rate)
+        except ValueError as exc:
+            from .errors import InputError
+
+            raise InputError(str(exc)) from None
+        text = calibration_markdown(result)
+        if output is not None:
+            output.mkdir(parents=True, exist_ok=True)
+            (output / "tau.json").write_text(json.dumps(result, indent=1) + "\n")
+            (output / "tau.md").write_text(text)
+        click.echo(text)
 
     _run(job)
 
@@ -313,9 +332,13 @@ def list_presets():
 def _register() -> None:
     from .compare import compare
     from .loopbench.cli import loopbench
+    from .train.cli import train
+    from .world.cli import world
 
     main.add_command(loopbench)
     main.add_command(compare)
+    main.add_command(train)
+    main.add_command(world)
 
 
 _register()

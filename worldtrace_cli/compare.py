@@ -4,7 +4,9 @@ Every mode runs with the same image, seed and actions into ``DIR/<cache>/`` (an 
 folder), then ``DIR/compare.mp4`` shows the runs as a grid of labelled panels (one row for up to
 3 modes, two rows beyond), optionally with a HUD of the keys pressed and the mouse direction of
 each pixel frame; ``DIR/compare.json`` / ``compare.md`` tabulate speed, memory and metrics. The
-grid is streamed: panels are decoded and the grid encoded one pixel frame at a time.
+grid is streamed: panels are decoded and the grid encoded one pixel frame at a time. ``compare.png``
+is a still: one row per mode, a few frames across the rollout. With a procedural-world preset
+(loopworld) the truth, the world rendered at the same poses, is the first panel and row.
 """
 
 from __future__ import annotations
@@ -13,8 +15,9 @@ import logging
 from pathlib import Path
 
 import click
+import numpy as np
 
-from .options import SEED, device_options, speed_config, speed_options
+from .options import SEED, device_options, memory_config, memory_options, speed_config, speed_options
 
 log = logging.getLogger("worldtrace")
 
@@ -143,7 +146,10 @@ def _mode_record(cache: str, folder: str, summary: dict) -> dict:
             "host_bytes": summary.get("cache", {}).get("host_bytes"),
             "metrics": {"temp_ssim": metrics.get("temp_ssim"), "latent_diff": metrics.get("latent_diff"),
                         "scene_drift": metrics.get("scene_drift"),
-                        "pac": pac.get("mean") if isinstance(pac, dict) else None}}
+                        "pac": pac.get("mean") if isinstance(pac, dict) else None,
+                        "gt_psnr": (metrics.get("gt") or {}).get("psnr"),
+                        "gt_ssim": (metrics.get("gt") or {}).get("ssim"),
+                        "gt_return_psnr": ((metrics.get("gt") or {}).get("return") or {}).get("psnr")}}
 
 
 def compare_markdown(result: dict) -> str:
@@ -154,32 +160,83 @@ def compare_markdown(result: dict) -> str:
     def mib(v):
         return "—" if v is None else f"{v / 2**20:.1f} MiB"
 
+    gt = any(m["metrics"].get("gt_psnr") is not None for m in result["modes"])
     lines = ["# worldtrace compare", "",
              f"Trajectory `{result['trajectory']}`, image `{result['image']}`, seed {result['seed']}, "
              f"{result['chunks']} chunks, preset {result['preset']}, device {result['device']}. "
              f"Video: `compare.mp4` ({result['video']['frames']} frames, "
              f"{result['video']['width']}x{result['video']['height']}).", "",
              "| mode | s/chunk | KV cache | peak RSS | GPU peak | TempSSIM ↑ | LatentDiff ↓ | Scene Drift ↓ "
-             "| PAC ↑ |",
-             "|---|---|---|---|---|---|---|---|---|"]
+             "| PAC ↑ |" + (" GT-PSNR ↑ | GT-SSIM ↑ | GT-PSNR return ↑ |" if gt else ""),
+             "|---|---|---|---|---|---|---|---|---|" + ("---|---|---|" if gt else "")]
     for m in result["modes"]:
         x = m["metrics"]
         lines.append(f"| {m['cache']} | {f(m['s_per_chunk'])} | {mib(m['kv_bytes'])} | {mib(m['peak_rss_bytes'])} | "
                      f"{mib(m['gpu_peak_bytes'])} | {f(x['temp_ssim'])} | {f(x['latent_diff'])} | "
-                     f"{f(x['scene_drift'])} | {f(x['pac'])} |")
+                     f"{f(x['scene_drift'])} | {f(x['pac'])} |"
+                     + (f" {f(x['gt_psnr'], '.2f')} | {f(x['gt_ssim'])} | {f(x['gt_return_psnr'], '.2f')} |" if gt else ""))
+    if gt:
+        lines += ["", f"GT: generated vs true frames of world {result['world_seed']} at the same poses "
+                  "(PSNR in dB); return = the chunks that come back to a place seen before. "
+                  "The video's first panel is the truth."]
     return "\n".join(lines) + "\n"
+
+
+def write_keyframes(videos: list[Path], labels: list[str], path: Path, plan, columns: int = 8) -> dict:
+    """A still of the comparison: one row per video (labelled), ``columns`` pixel frames spread over the
+    rollout (each chunk's last frame at evenly spaced chunks), written as PNG. Returns ``{"frames": [...]}``."""
+    from PIL import Image, ImageDraw
+
+    from .outputs import read_video_frames
+    from .trajectory import chunk_rows
+
+    chunks = sorted({round(c) for c in np.linspace(0, plan.num_chunks - 1, min(columns, plan.num_chunks))})
+    picks = [chunk_rows(c)[1] - 1 for c in chunks]
+    rows = [read_video_frames(v) for v in videos]
+    h, w = rows[0].shape[1:3]
+    label_w, top = 8 * max(len(s) for s in labels) + 10, 14
+    sheet = Image.new("RGB", (label_w + w * len(picks), top + h * len(rows)), (255, 255, 255))
+    draw = ImageDraw.Draw(sheet)
+    font = _font(11)
+    for j, (c, k) in enumerate(zip(chunks, picks)):
+        draw.text((label_w + j * w + 3, 1), f"chunk {c}", fill=(0, 0, 0), font=font)
+    for i, (frames, label) in enumerate(zip(rows, labels)):
+        draw.text((3, top + i * h + h // 2 - 6), label, fill=(0, 0, 0), font=font)
+        for j, k in enumerate(picks):
+            if k < len(frames):
+                sheet.paste(Image.fromarray(frames[k]), (label_w + j * w, top + i * h))
+    sheet.save(path)
+    return {"path": path.name, "frames": picks, "chunks": chunks}
+
+
+def write_truth_video(folder: Path, world_seed: int, plan, preset) -> Path:
+    """The true frames of ``plan`` in world ``world_seed`` as ``folder/video.mp4`` (the compare panel)."""
+    from .outputs import VideoStreamWriter
+    from .trajectory import chunk_rows
+    from .world.truth import GroundTruth
+
+    folder.mkdir(parents=True, exist_ok=True)
+    truth = GroundTruth(world_seed, plan, preset.height, preset.width)
+    with VideoStreamWriter(folder / "video.mp4", preset.width, preset.height, preset.fps) as video:
+        for c in range(plan.num_chunks):
+            video.write(truth.frames(*chunk_rows(c)))
+    return folder / "video.mp4"
 
 
 def run_compare(trajectory: str | Path, caches: list[str], out_dir: str | Path, preset: str | None = None,
                 image: str | Path | None = None, seed: int | None = None, chunks: int | None = None,
                 hud: bool = True, metrics: str = "all", device: str = "auto", dtype: str = "auto",
                 checkpoint: str | Path | None = None, random_weights: bool = False, overwrite: bool = False,
-                progress: bool = False, speed: dict | None = None) -> dict:
+                progress: bool = False, speed: dict | None = None, world_seed: int = 0,
+                memory: dict | None = None) -> dict:
     """Run ``trajectory`` once per cache writer into ``out_dir/<cache>/`` and write the grid video
     ``compare.mp4`` plus ``compare.json`` / ``compare.md`` (returns the JSON dict).
 
-    ``preset`` None = ``mg2-<trajectory mode>`` with a checkpoint, else ``tiny``. Panel order and
-    labels follow ``caches``; a ``:`` in a spec becomes ``-`` in its folder name. ``speed``:
+    ``memory``: :func:`~worldtrace_cli.options.memory_config` keywords every writer gets (``budget``,
+    ``summary_slots``, ...). ``preset`` None = ``mg2-<trajectory mode>`` with a checkpoint, else ``loopworld`` (universal) or
+    ``tiny``. Panel order and labels follow ``caches``; a ``:`` in a spec becomes ``-`` in its folder
+    name. With a procedural-world preset and no ``image``, the runs walk world ``world_seed`` and the
+    video's first panel is the truth (``out_dir/truth/video.mp4``, the world rendered at the same poses). ``speed``:
     RunConfig speed fields (:func:`~worldtrace_cli.options.speed_config`), the same for every writer.
 
     Raises:
@@ -189,7 +246,7 @@ def run_compare(trajectory: str | Path, caches: list[str], out_dir: str | Path, 
     from . import rollout
     from .config import RunConfig, default_preset_name, load_preset
     from .errors import InputError, OutputError
-    from .memory import MemoryConfig, build_writer
+    from .memory import build_writer
     from .outputs import RUN_FILES, cache_folder, write_json_atomic
     from .trajectory import MODES, load_trajectory, plan_actions
 
@@ -198,7 +255,7 @@ def run_compare(trajectory: str | Path, caches: list[str], out_dir: str | Path, 
     if not caches or len(set(folders)) != len(folders):
         raise InputError(f"--cache: expected distinct writers, got {','.join(caches) or '(none)'}")
     for cache in caches:
-        build_writer(MemoryConfig(cache=cache), 3)
+        build_writer(memory_config(cache, **(memory or {})), 3)
     traj = load_trajectory(trajectory)
     plan = plan_actions(traj, chunks)
     preset_obj = load_preset(preset or default_preset_name(traj.mode, checkpoint))
@@ -212,16 +269,22 @@ def run_compare(trajectory: str | Path, caches: list[str], out_dir: str | Path, 
         log.info(f"compare: {cache} -> {out_dir / folder}")
         cfg = RunConfig(preset=preset_obj, trajectory=trajectory, output=out_dir / folder, image=image,
                         chunks=chunks, seed=seed, device=device, dtype=dtype, checkpoint=checkpoint,
-                        random_weights=random_weights, memory=MemoryConfig(cache=cache), overwrite=overwrite,
-                        progress=progress, metrics=metrics, **(speed or {}))
+                        random_weights=random_weights, memory=memory_config(cache, **(memory or {})),
+                        overwrite=overwrite,
+                        progress=progress, metrics=metrics, world_seed=world_seed, **(speed or {}))
         summaries.append(rollout.generate(cfg))
-    video = write_grid_video([out_dir / f / "video.mp4" for f in folders], list(caches), out_dir / "compare.mp4",
-                             preset_obj.fps, hud_rows(plan) if hud else None, MODES[traj.mode].key_letters)
+    videos, labels = [out_dir / f / "video.mp4" for f in folders], list(caches)
+    if preset_obj.world is not None and image is None:
+        videos, labels = [write_truth_video(out_dir / "truth", world_seed, plan, preset_obj)] + videos, ["truth"] + labels
+    video = write_grid_video(videos, labels, out_dir / "compare.mp4", preset_obj.fps, hud_rows(plan) if hud else None,
+                             MODES[traj.mode].key_letters)
+    still = write_keyframes(videos, labels, out_dir / "compare.png", plan)
     resolved = summaries[0]["resolved"]
     result = {"trajectory": str(trajectory), "image": resolved["image"], "seed": resolved["seed"],
+              "world_seed": resolved.get("world_seed"),
               "chunks": resolved["chunks"], "preset": preset_obj.name, "device": resolved["device"],
               "dtype": resolved["dtype"], "metrics_level": metrics, "hud": hud,
-              "video": {"path": "compare.mp4", **video},
+              "video": {"path": "compare.mp4", **video}, "keyframes": still,
               "modes": [_mode_record(c, f, s) for c, f, s in zip(caches, folders, summaries)]}
     write_json_atomic(out_dir / "compare.json", result)
     try:
@@ -236,7 +299,8 @@ def run_compare(trajectory: str | Path, caches: list[str], out_dir: str | Path, 
 @click.option("--cache", "caches", default="sliding,field,landmark", show_default=True, metavar="W1,W2,...",
               help="Comma-separated cache writers to compare (as --cache of generate, e.g. mixed:2).")
 @click.option("--preset", default=None, metavar="NAME|FILE",
-              help="Model preset (default: mg2-<trajectory mode> with --checkpoint, else tiny).")
+              help="Model preset (default: mg2-<trajectory mode> with --checkpoint, else loopworld for universal "
+                   "trajectories, tiny otherwise).")
 @click.option("--checkpoint", type=click.Path(path_type=Path), default=None, metavar="DIR",
               help="Official Matrix-Game-2.0 folder.")
 @click.option("--random-weights", is_flag=True, help="Run a checkpoint preset with seeded random weights.")
@@ -244,6 +308,8 @@ def run_compare(trajectory: str | Path, caches: list[str], out_dir: str | Path, 
               help="Conditioning image shared by every mode (default: the trajectory's).")
 @click.option("--seed", type=SEED, default=None,
               help="Noise seed shared by every mode (default: the trajectory's, else 0).")
+@click.option("--world-seed", type=SEED, default=0, show_default=True,
+              help="loopworld: the procedural world every mode walks (the truth is the video's first panel).")
 @click.option("--chunks", type=int, default=None, help="Chunks to generate (default: the trajectory's length).")
 @click.option("--hud/--no-hud", default=True, show_default=True,
               help="Overlay the pressed keys and the mouse direction of every pixel frame.")
@@ -254,14 +320,16 @@ def run_compare(trajectory: str | Path, caches: list[str], out_dir: str | Path, 
               help="Output folder (default: runs/compare-<trajectory>).")
 @click.option("--overwrite", is_flag=True, help="Replace a comparison or runs already in DIR.")
 @click.option("--progress", is_flag=True, help="Per-chunk progress bars.")
+@memory_options
 @speed_options
-def compare(trajectory, caches, preset, checkpoint, random_weights, image, seed, chunks, hud, metrics, device,
-            dtype, output, overwrite, progress, rope_precision, compile_mode, overlap_decode):
+def compare(trajectory, caches, preset, checkpoint, random_weights, image, seed, world_seed, chunks, hud, metrics,
+            device, dtype, output, overwrite, progress, rope_precision, compile_mode, overlap_decode, **memory):
     """Run TRAJECTORY through several cache writers and show them side by side.
 
     Each writer runs with the same image, seed and actions into DIR/<cache>/ (a normal run folder);
     then DIR/compare.mp4 puts the videos next to each other (a 2-row grid beyond 3 writers), each
-    panel labelled, with an optional HUD of the keys and mouse of the current pixel frame.
+    panel labelled, with an optional HUD of the keys and mouse of the current pixel frame, and
+    DIR/compare.png shows a few frames of each (loopworld: the true frames first).
     DIR/compare.md and compare.json list per writer s/chunk, peak RSS / GPU memory, KV-cache bytes
     and the metrics.
 
@@ -275,7 +343,8 @@ def compare(trajectory, caches, preset, checkpoint, random_weights, image, seed,
         out = output or Path("runs") / f"compare-{trajectory.stem}"
         result = run_compare(trajectory, [c.strip() for c in caches.split(",") if c.strip()], out, preset, image,
                              seed, chunks, hud, metrics, device, dtype, checkpoint, random_weights, overwrite,
-                             progress, speed_config(rope_precision, compile_mode, overlap_decode))
+                             progress, speed_config(rope_precision, compile_mode, overlap_decode), world_seed,
+                             memory)
         click.echo(compare_markdown(result))
         click.echo(f"worldtrace: wrote {out / 'compare.mp4'}, compare.md, compare.json", err=True)
 

@@ -19,7 +19,7 @@ from .model.config import DiTConfig
 
 MODES = ("universal", "gta_drive", "templerun")
 _PRESET_KEYS = {"description", "mode", "height", "width", "fps", "denoising_steps", "timestep_shift",
-                "weights", "vae", "clip", "files", "dit", "frames_per_chunk"}
+                "weights", "vae", "clip", "files", "dit", "frames_per_chunk", "bundle", "world"}
 _FILE_ROLES = ("dit", "vae", "clip")
 
 
@@ -30,9 +30,14 @@ class Preset:
     Attributes:
         height, width: pixel resolution of generated frames (multiples of 16).
         denoising_steps: nominal steps (warped by the sampler); ``timestep_shift`` 5.0.
-        weights: ``random`` (seeded random weights, e.g. ``tiny``) or ``checkpoint``.
+        weights: ``random`` (seeded random weights, e.g. ``tiny``), ``checkpoint`` (an official
+            folder) or ``bundled`` (one safetensors file shipped with the presets: ``bundle``).
         vae, clip: variant names of the shipped VAE / CLIP configs.
         files: checkpoint-relative paths of the ``dit``, ``vae`` and ``clip`` weight files.
+        bundle: file name of a ``bundled`` preset's weights (``dit.*``, ``vae.*``, ``clip.*``), in
+            the presets folder (or beside a preset YAML).
+        world: ``procedural`` for a model of the procedural world (start image rendered from the
+            world, ground-truth metrics), else None.
     """
 
     name: str
@@ -49,6 +54,8 @@ class Preset:
     vae: str = "wan2.1"
     clip: str = "vit-h-14"
     files: dict[str, str] = field(default_factory=dict)
+    bundle: str | None = None
+    world: str | None = None
 
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)
@@ -71,8 +78,11 @@ def preset_names() -> list[str]:
 
 
 def default_preset_name(mode: str, checkpoint) -> str:
-    """The preset a run uses when none is named: ``mg2-<mode>`` with a checkpoint, else ``tiny``."""
-    return f"mg2-{mode.replace('_', '-')}" if checkpoint else "tiny"
+    """The preset a run uses when none is named: ``mg2-<mode>`` with a checkpoint, else the trained
+    embedded world ``loopworld`` for universal trajectories and ``tiny`` otherwise."""
+    if checkpoint:
+        return f"mg2-{mode.replace('_', '-')}"
+    return "loopworld" if mode == "universal" else "tiny"
 
 
 def load_preset(name_or_path: str) -> Preset:
@@ -114,13 +124,19 @@ def load_preset(name_or_path: str) -> Preset:
     for key in ("height", "width"):
         if not isinstance(raw[key], int) or raw[key] <= 0 or raw[key] % 16:
             raise InputError(f"{source}: {key}: must be a positive multiple of 16, got {raw[key]!r}")
-    if raw.get("weights", "checkpoint") not in ("random", "checkpoint"):
-        raise InputError(f"{source}: weights: must be 'random' or 'checkpoint'")
+    if raw.get("weights", "checkpoint") not in ("random", "checkpoint", "bundled"):
+        raise InputError(f"{source}: weights: must be 'random', 'checkpoint' or 'bundled'")
+    if (raw.get("weights") == "bundled") != bool(raw.get("bundle")):
+        raise InputError(f"{source}: bundle: a file name is needed with weights: bundled, and only then")
+    if raw.get("world") not in (None, "procedural"):
+        raise InputError(f"{source}: world: must be 'procedural' or absent, got {raw.get('world')!r}")
     files = raw.pop("files", None) or {}
     if set(files) - set(_FILE_ROLES):
         raise InputError(f"{source}: files: unknown roles {sorted(set(files) - set(_FILE_ROLES))}")
     if "denoising_steps" in raw:
         raw["denoising_steps"] = tuple(raw["denoising_steps"])
+    if raw.get("bundle") and path.suffix in (".yaml", ".yml") and path.is_file():
+        raw["bundle"] = str((path.parent / raw["bundle"]).resolve())  # a preset file's bundle lies beside it
     return Preset(name=name, dit=dit, files=dict(files), **raw)
 
 
@@ -134,6 +150,8 @@ class RunConfig:
         device: ``auto`` | ``cuda`` | ``cpu``; dtype: ``auto`` | ``bf16`` | ``fp32``.
         checkpoint: official MG2 folder (required by checkpoint presets unless ``random_weights``).
         weights_seed: seed of random weights (tiny preset, ``--random-weights``).
+        world_seed: the procedural world a ``world: procedural`` preset (loopworld) runs in; its
+            view from the start pose is the conditioning image and its renders are the ground truth.
         metrics: ``none`` | ``fast`` (TempSSIM, LatentDiff) | ``all`` (+ CLIP Scene Drift, PAC).
         save_every: save a resume state every this many chunks (0: only on Ctrl-C / SIGTERM).
         rope_precision: ``float32`` | ``float64``: dtype of the RoPE tables and rotation
@@ -155,6 +173,7 @@ class RunConfig:
     checkpoint: Path | None = None
     random_weights: bool = False
     weights_seed: int = 0
+    world_seed: int = 0
     memory: MemoryConfig = field(default_factory=MemoryConfig)
     overwrite: bool = False
     progress: bool = True

@@ -19,7 +19,8 @@ from typing import TYPE_CHECKING
 import numpy as np
 import torch
 
-from .trajectory import CHUNK_FRAMES, chunk_of_row, chunk_rows, chunks_for_frames
+from .trajectory import chunk_of_row, chunk_rows, chunks_for_frames
+from .world.motion import dead_reckon  # the one motion model (re-exported for callers)
 
 if TYPE_CHECKING:
     from .trajectory import ActionPlan
@@ -27,11 +28,6 @@ if TYPE_CHECKING:
 SSIM_WINDOW = 11  # pytorch_msssim's default Gaussian window (sigma 1.5), Wang et al. 2004
 SSIM_BATCH_BYTES = 256 * 2**20  # float32 working memory of one TempSSIM batch (about 16 maps/pair)
 
-# Dead-reckoning calibration: OUR ASSUMPTION (MG2 specifies no metric speeds or turn rates).
-UNITS_PER_FRAME = 1.0 / CHUNK_FRAMES  # 1 unit of distance per chunk (12 pixel frames)
-DEG_PER_FRAME_PER_MOUSE = 37.5  # |yaw| = 0.1 turns 3.75 deg per pixel frame = 45 deg per chunk
-MAX_PITCH_DEG = 85.0
-TEMPLERUN_TURN_DEG = 90.0
 
 
 # --------------------------------------------------------------------------- helpers
@@ -136,6 +132,53 @@ def latent_diff(latents, frames_per_chunk: int = 3) -> dict:
     return {"pairs": diffs, "per_chunk": _group_by_chunk(diffs, chunk_of), "mean": _mean(diffs)}
 
 
+# --------------------------------------------------------------------------- ground truth
+
+
+PSNR_CAP_DB = 100.0  # PSNR of identical frames (MSE 0) is reported as this
+
+
+def gt_scores(frames, truth) -> dict:
+    """GT-PSNR and GT-SSIM of generated pixel frames against the true frames at the same poses
+    (procedural-world presets; :class:`~worldtrace_cli.world.truth.GroundTruth`). Up is better.
+
+    PSNR per frame: ``10 log10(255^2 / MSE)`` over all pixels and channels of uint8 frames (capped at
+    :data:`PSNR_CAP_DB`); SSIM per frame: ``pytorch_msssim.ssim`` on [0, 1] frames with
+    ``data_range=1`` (as TempSSIM).
+
+    Args:
+        frames, truth: uint8 RGB ``[T, H, W, 3]`` (numpy or torch) of the same shape.
+    Returns:
+        ``{"psnr": [T floats], "ssim": [T floats]}``.
+    Raises:
+        ValueError: shapes differ or are not uint8 [T, H, W, 3].
+    """
+    from pytorch_msssim import ssim
+
+    a, b = _frames_tensor(frames), _frames_tensor(truth)
+    if a.shape != b.shape:
+        raise ValueError(f"frames {list(a.shape)} and truth {list(b.shape)} differ in shape")
+    af, bf = a.permute(0, 3, 1, 2).float(), b.permute(0, 3, 1, 2).float()
+    mse = (af - bf).pow(2).flatten(1).mean(1).double()
+    psnr = torch.where(mse > 0, 10 * torch.log10(255.0**2 / mse.clamp_min(1e-12)), torch.tensor(PSNR_CAP_DB,
+                       dtype=torch.float64)).clamp(max=PSNR_CAP_DB)
+    with torch.no_grad():
+        s = ssim(af / 255.0, bf / 255.0, data_range=1.0, size_average=False)
+    return {"psnr": psnr.tolist(), "ssim": s.double().tolist()}
+
+
+def gt_summary(per_chunk_psnr: list, per_chunk_ssim: list, plan=None) -> dict:
+    """Run-level GT means: over all chunks, and over the return chunks of the plan's revisit pairs
+    (:func:`revisit_pairs`; ``return`` None without revisits). Inputs are per-chunk means (None allowed)."""
+    out = {"psnr": _mean(per_chunk_psnr), "ssim": _mean(per_chunk_ssim), "return": None}
+    if plan is not None:
+        returns = sorted({b for _, b in revisit_pairs(plan)["chunk_pairs"] if b < len(per_chunk_psnr)})
+        if returns:
+            out["return"] = {"chunks": returns, "psnr": _mean([per_chunk_psnr[c] for c in returns]),
+                             "ssim": _mean([per_chunk_ssim[c] for c in returns])}
+    return out
+
+
 # --------------------------------------------------------------------------- CLIP metrics
 
 
@@ -211,61 +254,6 @@ def pac(frame_embeds: torch.Tensor, frame_pairs) -> dict:
 
 
 # --------------------------------------------------------------------------- dead reckoning
-
-
-def dead_reckon(plan: ActionPlan) -> torch.Tensor:
-    """Camera pose per pixel frame from an ActionPlan's rows: float64 ``[R, 4]`` =
-    (x, y, yaw_deg, pitch_deg), in units of "1 chunk of walking".
-
-    Model (our calibration assumption; MG2 defines no speeds or turn rates, and the world the
-    model draws has its own): start at (0, 0) facing +y, yaw 0, pitch 0; pose[r] is the pose after
-    row r's action (rows 0..r applied). Per row:
-
-    - yaw += 37.5 * mouse_yaw degrees (|yaw| = 0.1, MG2's camera step, turns 45 deg per chunk:
-      the paper's 90 deg pan is 2 chunks out, 2 back); positive = right. Pitch likewise from
-      mouse_pitch (positive = up), clamped to +-85 deg. Pitch does not affect motion.
-    - keys give a direction in the camera frame: universal W (0,+1) forward, S (0,-1), A (-1,0)
-      strafe left, D (+1,0) strafe right; gta_drive W/S (the car turns by its yaw); templerun
-      always runs forward (0,+1), plus A/D lane changes as (-+1, 0). The direction is NORMALISED
-      (unit speed for any combination: the paper's ABCA diagonal is 5*sqrt(2) ~ 7 chunks), rotated
-      by the yaw, and walked at 1/12 unit per pixel frame (1 unit per chunk).
-    - templerun turn keys Z/C turn the heading by -90/+90 deg once per contiguous press (Temple
-      Run turns snap at junctions); Q (MG2's "no move"), jump and slide add nothing to the run.
-    """
-    mode = plan.mode
-    keys = plan.keyboard.to(torch.float64)
-    rows = keys.shape[0]
-    zeros = torch.zeros(rows, dtype=torch.float64)
-    mouse = plan.mouse.to(torch.float64) if plan.mouse is not None else torch.stack([zeros, zeros], 1)
-    if mode == "universal":
-        right, forward = keys[:, 3] - keys[:, 2], keys[:, 0] - keys[:, 1]
-    elif mode == "gta_drive":
-        right, forward = zeros, keys[:, 0] - keys[:, 1]
-    elif mode == "templerun":
-        right, forward = keys[:, 6] - keys[:, 5], torch.ones(rows, dtype=torch.float64)
-    else:
-        raise ValueError(f"dead_reckon: unknown mode {mode!r}")
-
-    yaw_step = DEG_PER_FRAME_PER_MOUSE * mouse[:, 1]
-    if mode == "templerun":
-        turn = keys[:, 4] - keys[:, 3]  # C right, Z left
-        pressed_before = torch.cat([zeros[:1], turn[:-1]])
-        yaw_step = yaw_step + TEMPLERUN_TURN_DEG * turn * (turn != pressed_before)
-    yaw = torch.cumsum(yaw_step, 0)
-    pitch = torch.cumsum(DEG_PER_FRAME_PER_MOUSE * mouse[:, 0], 0)
-    if pitch.abs().max() > MAX_PITCH_DEG:  # clamping makes pitch path-dependent
-        steps, value = (DEG_PER_FRAME_PER_MOUSE * mouse[:, 0]).tolist(), 0.0
-        for r, s in enumerate(steps):
-            value = min(MAX_PITCH_DEG, max(-MAX_PITCH_DEG, value + s))
-            pitch[r] = value
-
-    norm = torch.sqrt(right**2 + forward**2).clamp_min(1e-12)
-    right, forward = right / norm * UNITS_PER_FRAME, forward / norm * UNITS_PER_FRAME
-    rad = torch.deg2rad(yaw)
-    # Camera frame -> world: forward = (sin yaw, cos yaw), right = (cos yaw, -sin yaw).
-    dx = forward * torch.sin(rad) + right * torch.cos(rad)
-    dy = forward * torch.cos(rad) - right * torch.sin(rad)
-    return torch.stack([torch.cumsum(dx, 0), torch.cumsum(dy, 0), yaw, pitch], dim=1)
 
 
 def _wrap_deg(d):
@@ -405,8 +393,13 @@ def summarise_run(run_dir: str | Path, tower=None, level: str = "fast",
     laid out over ``resolved.chunks``; without either, PAC is skipped with a note. Metrics cover
     the frames the video holds (a killed run's last chunk may be partial).
 
+    A run of a procedural-world preset (``summary.json`` names its world seed) also gets ``gt``:
+    GT-PSNR / GT-SSIM of the video's frames against the world rendered at the same poses, per chunk,
+    overall and on the return chunks (:func:`gt_summary`); from the lossy MP4, so a little below the
+    values ``generate`` records on the decoded frames.
+
     Returns a JSON-able dict: run_dir, level, status ("complete" | "partial"), chunks (records in
-    chunks.jsonl), pixel_frames, temp_ssim, latent_diff, scene_drift, pac, revisit, notes.
+    chunks.jsonl), pixel_frames, temp_ssim, latent_diff, scene_drift, pac, revisit, gt, notes.
     """
     from .outputs import read_jsonl, read_video_frames
     from .trajectory import load_trajectory, plan_actions
@@ -434,7 +427,23 @@ def summarise_run(run_dir: str | Path, tower=None, level: str = "fast",
            "status": "complete" if summary and summary.get("status") == "complete" else "partial",
            "chunks": len(records), "pixel_frames": t_frames,
            "temp_ssim": temp_ssim(frames), "latent_diff": latent,
-           "scene_drift": None, "pac": None, "revisit": None, "notes": notes}
+           "scene_drift": None, "pac": None, "revisit": None, "gt": None, "notes": notes}
+    world_seed = (summary or {}).get("resolved", {}).get("world_seed")
+    if world_seed is not None and t_frames:  # a procedural-world run: score the video against the truth
+        from .world.truth import GroundTruth
+
+        cfg = summary["config"]
+        plan = plan_actions(load_trajectory(trajectory or cfg["trajectory"]), summary["resolved"]["chunks"])
+        truth = GroundTruth(world_seed, plan, frames.shape[1], frames.shape[2])
+        psnr, ssim_ = [], []
+        for c in range(num_chunks):
+            start, end = chunk_rows(c)
+            end = min(end, t_frames)
+            scores = gt_scores(frames[start:end], truth.frames(start, end))
+            psnr.append(_mean(scores["psnr"]))
+            ssim_.append(_mean(scores["ssim"]))
+        out["gt"] = {"world_seed": world_seed, "source": "video.mp4 (lossy H.264)", **gt_summary(psnr, ssim_, plan),
+                     "per_chunk": {"psnr": psnr, "ssim": ssim_}}
     if level == "fast" or not t_frames:
         return out
 
@@ -462,18 +471,21 @@ class OnlineMetrics:
     """Per-chunk metrics computed while a run generates (``worldtrace generate --metrics``).
 
     ``level``: ``none`` (nothing), ``fast`` (TempSSIM and LatentDiff, including the pair across
-    each chunk boundary) or ``all`` (also Local Scene Drift, and PAC over the trajectory's revisit
+    each chunk boundary, and GT-PSNR/GT-SSIM per chunk when ``truth``, a
+    :class:`~worldtrace_cli.world.truth.GroundTruth`, is given) or ``all`` (also Local Scene Drift, and PAC over the trajectory's revisit
     pairs at the end; needs the CLIP ``tower``, one forward per pixel frame). State is the previous
     chunk's last pixel frame, last latent frame and mean CLIP embedding, plus the per-frame CLIP
     embeddings for PAC ([T, P] float32: 12 MB at 256 chunks).
     """
 
-    def __init__(self, level: str = "fast", tower=None):
+    def __init__(self, level: str = "fast", tower=None, truth=None):
         if level not in ("none", "fast", "all"):
             raise ValueError(f"metrics level must be none, fast or all, got {level!r}")
         if level == "all" and tower is None:
             raise ValueError("metrics level 'all' needs a CLIP tower")
-        self.level, self.tower = level, tower
+        self.level, self.tower, self.truth = level, tower, truth
+        self._gt_psnr: list[float] = []
+        self._gt_ssim: list[float] = []
         self._last_frame = self._last_latent = self._last_embed = None
         self._embeds: list[torch.Tensor] = []
         self._ssim: list[float] = []
@@ -487,6 +499,12 @@ class OnlineMetrics:
             return {}
         frames = _frames_tensor(frames)
         rec: dict = {}
+        if self.truth is not None:
+            start, end = chunk_rows(len(self._gt_psnr))
+            scores = gt_scores(frames, self.truth.frames(start, end))
+            self._gt_psnr.append(_mean(scores["psnr"]))
+            self._gt_ssim.append(_mean(scores["ssim"]))
+            rec["gt_psnr"], rec["gt_ssim"] = self._gt_psnr[-1], self._gt_ssim[-1]
         seq = frames if self._last_frame is None else torch.cat([self._last_frame[None], frames])
         pairs = temp_ssim(seq)["pairs"]
         self._ssim += pairs
@@ -513,6 +531,8 @@ class OnlineMetrics:
         if self.level == "none":
             return {"level": "none"}
         out = {"level": self.level, "temp_ssim": _mean(self._ssim), "latent_diff": _mean(self._ldiff)}
+        if self.truth is not None:
+            out["gt"] = {"world_seed": self.truth.world_seed, **gt_summary(self._gt_psnr, self._gt_ssim, plan)}
         if self.level == "all":
             out["scene_drift"] = _mean(self._drift)
             out["pac"] = None
@@ -526,5 +546,5 @@ class OnlineMetrics:
         return out
 
 
-__all__ = ["OnlineMetrics", "clip_embeddings", "dead_reckon", "latent_diff", "pac", "pairs_from_poses",
+__all__ = ["OnlineMetrics", "clip_embeddings", "dead_reckon", "gt_scores", "gt_summary", "latent_diff", "pac", "pairs_from_poses",
            "pairs_from_waypoints", "revisit_pairs", "scene_drift", "summarise_run", "temp_ssim"]

@@ -45,3 +45,58 @@ def speed_options(command):
 def speed_config(rope_precision: str, compile_mode: str, overlap_decode: bool) -> dict:
     """:func:`speed_options` values as RunConfig keyword arguments."""
     return {"rope_precision": rope_precision, "compile": compile_mode, "overlap_decode": overlap_decode}
+
+
+def _finite(ctx, param, value):
+    import math
+
+    if value is not None and not math.isfinite(value):
+        raise click.BadParameter(f"must be a finite number, got {value}")
+    return value
+
+
+def memory_options(command):
+    """The memory settings shared by generate, compare and loopbench run (parameters ``positions``,
+    ``budget``, ``summary_slots``, ``recent_slots``, ``landmark_threshold``, ``sink_frames``,
+    ``max_cache_gb``, ``spill_dir``), with one set of defaults and ranges; :func:`memory_config`
+    turns them (and a ``--cache`` spec) into a :class:`~worldtrace_cli.memory.MemoryConfig`."""
+    from pathlib import Path
+
+    options = [
+        click.option("--positions", type=click.Choice(["actual", "block_relative", "centroid_linear", "slot_rank"]),
+                     default=None, help="Position scheme override (default: the writer's)."),
+        click.option("--budget", type=click.IntRange(0), default=None,
+                     help="Past latent-frame slots the cache holds = summary + recent (default: the writer's; "
+                          "sliding: MG2's own 3, gta_drive 1; WorldTrace writers: 6)."),
+        click.option("--summary-slots", type=click.IntRange(0), default=None,
+                     help="N_s summary slots (WorldTrace writers; default 4)."),
+        click.option("--recent-slots", type=click.IntRange(1), default=None, help="N_r verbatim recent slots (default 2)."),
+        click.option("--landmark-threshold", type=click.FloatRange(0, 2), default=0.1, show_default=True,
+                     callback=_finite,
+                     help="tau: cosine distance (0-2) between consecutive frame descriptors that marks a scene entry "
+                          "(`worldtrace bench tau` calibrates it)."),
+        click.option("--sink-frames", type=click.IntRange(1), default=1, show_default=True,
+                     help="sink: first latent frames kept."),
+        click.option("--max-cache-gb", type=click.FloatRange(0, min_open=True), default=16.0, show_default=True,
+                     callback=_finite,
+                     help="full/yarn: refuse before the KV cache (3 copies per chunk) exceeds this many GB."),
+        click.option("--spill-dir", type=click.Path(path_type=Path), default=None,
+                     help="field: keep evicted frames on disk here instead of host memory (very long runs)."),
+    ]
+    for option in reversed(options):
+        command = option(command)
+    return command
+
+
+def memory_config(cache: str, positions=None, budget=None, summary_slots=None, recent_slots=None,
+                  landmark_threshold=0.1, sink_frames=1, max_cache_gb=16.0, spill_dir=None):
+    """:func:`memory_options` values and a writer spec as a MemoryConfig."""
+    from .memory import MemoryConfig
+
+    return MemoryConfig(cache=cache, positions=positions, budget=budget, summary_slots=summary_slots,
+                        recent_slots=recent_slots, landmark_threshold=landmark_threshold, sink_frames=sink_frames,
+                        max_cache_gb=max_cache_gb, spill_dir=None if spill_dir is None else str(spill_dir))
+
+
+MEMORY_PARAMS = ("positions", "budget", "summary_slots", "recent_slots", "landmark_threshold", "sink_frames",
+                 "max_cache_gb", "spill_dir")

@@ -69,7 +69,7 @@ def _state_parts(rollout: Rollout, decoder, scorer, progress: dict) -> dict:
     return {"writer": rollout.writer.__dict__ | {"geometry": None},
             "action_caches": {"mouse": rollout.state.mouse_kv, "keyboard": rollout.state.keyboard_kv},
             "decoder": decoder.state(),
-            "scorer": scorer.__dict__ | {"tower": None},
+            "scorer": scorer.__dict__ | {"tower": None, "truth": None},
             "progress": progress}
 
 
@@ -84,9 +84,9 @@ def _restore(rollout: Rollout, decoder, scorer, parts: dict, tensors: dict) -> d
     rollout.state.mouse_kv, rollout.state.keyboard_kv = caches["mouse"], caches["keyboard"]
     dec = unpack(parts["decoder"], tensors)
     decoder.load_state(dec)
-    tower = scorer.tower
+    tower, truth = scorer.tower, scorer.truth
     scorer.__dict__.update(unpack(parts["scorer"], tensors, "cpu"))
-    scorer.tower = tower
+    scorer.tower, scorer.truth = tower, truth
     return unpack(parts["progress"], tensors)
 
 
@@ -156,14 +156,33 @@ def run_generation(cfg: RunConfig, resume: bool = False) -> dict:
     plan = plan_actions(traj, cfg.chunks)
     for note in plan.notes:
         log.info(note)
-    image_path = cfg.image or traj.image
-    if image_path is None:
-        raise InputError(f"{cfg.trajectory}: no conditioning image: pass --image or set `image:` in the trajectory")
-    pil_image = load_image(image_path)
+    truth = None
+    if preset.world == "procedural" and cfg.image is None:
+        from PIL import Image
+
+        from .world.truth import GroundTruth
+
+        if cfg.world_seed < 0:
+            raise InputError(f"--world-seed: must be >= 0, got {cfg.world_seed}")
+        truth = GroundTruth(cfg.world_seed, plan, preset.height, preset.width)
+        if traj.image is not None:
+            log.info(f"preset {preset.name}: the start image is world {cfg.world_seed}'s view, not the "
+                     f"trajectory's image (--image overrides, without ground truth)")
+        start_view = truth.start_image()
+        pil_image, image_path = Image.fromarray(start_view), f"world:{cfg.world_seed}"
+        image_sha = hashlib.sha256(start_view.tobytes()).hexdigest()
+    else:
+        image_path = cfg.image or traj.image
+        if image_path is None:
+            raise InputError(f"{cfg.trajectory}: no conditioning image: pass --image or set `image:` in the trajectory")
+        if preset.world == "procedural":
+            log.warning(f"--image replaces world {cfg.world_seed}'s start view: no ground-truth metrics")
+        pil_image = load_image(image_path)
+        image_sha = _sha256(image_path)
     seed = cfg.seed if cfg.seed is not None else (traj.seed if traj.seed is not None else 0)
     if seed < 0:
         raise InputError(f"--seed: must be >= 0, got {seed}")
-    inputs = {"trajectory_sha256": _sha256(cfg.trajectory), "image_sha256": _sha256(image_path)}
+    inputs = {"trajectory_sha256": _sha256(cfg.trajectory), "image_sha256": image_sha}
     writer = build_writer(cfg.memory, preset.dit.local_attn_size - preset.frames_per_chunk)
     device = resolve_device(cfg.device)
     dtype = resolve_dtype(cfg.dtype, device)
@@ -195,7 +214,8 @@ def run_generation(cfg: RunConfig, resume: bool = False) -> dict:
                       FlowMatchSchedule(preset.denoising_steps, preset.timestep_shift), seed, device,
                       (preset.height // 8, preset.width // 8), preset.frames_per_chunk)
     decoder = StreamingDecoder(world.vae)
-    scorer = OnlineMetrics(cfg.metrics, world.clip if cfg.metrics == "all" else None)
+    scorer = OnlineMetrics(cfg.metrics, world.clip if cfg.metrics == "all" else None,
+                           truth if cfg.metrics != "none" else None)
     progress = {"totals": {}, "peak": {"rss_bytes": 0, "gpu_peak_bytes": 0}}
     records: list[dict] = []
     video_path = run_dir / "video.mp4"
@@ -310,6 +330,7 @@ def run_generation(cfg: RunConfig, resume: bool = False) -> dict:
             "resolved": {"seed": seed, "device": str(device), "dtype": str(dtype).replace("torch.", ""),
                          "trajectory": str(Path(cfg.trajectory).resolve()), "waypoints": plan.waypoints,
                          "chunks": plan.num_chunks, "image": str(image_path), "notes": plan.notes,
+                         "world_seed": None if truth is None else truth.world_seed,
                          "resumed_at_chunk": start or None},
             "checkpoint": world.files,
             "versions": versions(),

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import click
 
-from ..options import device_options, speed_config, speed_options
+from ..options import device_options, memory_config, memory_options, speed_config, speed_options
 from .configs import CONFIGS
 
 _DEFAULT_CONFIGS = ",".join(n for n, c in CONFIGS.items() if c.tier in (1, 2, 3, 4))
@@ -31,15 +31,18 @@ def loopbench():
 
 
 @loopbench.command("run")
-@click.option("--preset", default="tiny", show_default=True, metavar="NAME|FILE",
-              help="Model preset (tiny = random weights on CPU; mg2-universal with --checkpoint).")
+@click.option("--preset", default="loopworld", show_default=True, metavar="NAME|FILE",
+              help="Model preset (loopworld = the trained embedded world on CPU, scored against ground truth; "
+                   "tiny = random weights; mg2-universal with --checkpoint).")
 @click.option("--configs", default=_DEFAULT_CONFIGS, show_default="the 12 configurations of tiers 1-4",
               help="Comma-separated LoopBench configurations (e.g. aba,abca,aba_n64) or trajectory .yaml files. "
                    f"Known: {', '.join(CONFIGS)}.")
 @click.option("--caches", default="sliding,field,landmark", show_default=True,
               help="Comma-separated cache writers (as --cache of generate, e.g. mixed:2).")
-@click.option("--images", required=True, metavar="DIR|A.png,B.png",
+@click.option("--images", default=None, metavar="DIR|A.png,B.png",
               help="Conditioning images (one scene each): every image in a folder, or a comma list.")
+@click.option("--worlds", default=None, metavar="0-7|0,3,5",
+              help="Procedural worlds as scenes (loopworld; default 0-7 when no --images is given).")
 @click.option("--seeds", default="0,42,123,456,789", show_default=True, help="Comma-separated noise seeds.")
 @click.option("--chunks", type=int, default=None,
               help="Override every rollout's length in chunks (smoke tests; truncation can remove the revisit, "
@@ -53,11 +56,12 @@ def loopbench():
               help="Official Matrix-Game-2.0 folder (for the mg2-* presets).")
 @click.option("--random-weights", is_flag=True, help="Run a checkpoint preset with seeded random weights.")
 @click.option("--progress", is_flag=True, help="Show a per-chunk progress bar for every job.")
+@memory_options
 @speed_options
 @click.option("-o", "--output", type=click.Path(path_type=Path), required=True, metavar="DIR",
               help="Sweep folder: DIR/<config>/<cache>/<image>/seed<N>/ per job, DIR/failures.jsonl.")
-def run_cmd(preset, configs, caches, images, seeds, chunks, metrics, shard, device, dtype, checkpoint,
-            random_weights, progress, rope_precision, compile_mode, overlap_decode, output):
+def run_cmd(preset, configs, caches, images, worlds, seeds, chunks, metrics, shard, device, dtype, checkpoint,
+            random_weights, progress, rope_precision, compile_mode, overlap_decode, output, **memory):
     """Generate a LoopBench sweep: every configuration x writer x image x seed.
 
     Jobs whose folder holds a complete run are skipped, so rerunning the same command resumes a
@@ -68,7 +72,8 @@ def run_cmd(preset, configs, caches, images, seeds, chunks, metrics, shard, devi
 
     \b
     Examples:
-      worldtrace loopbench run --images assets/images --configs aba,pan_90 --seeds 0 -o lb/
+      worldtrace loopbench run --worlds 0-7 --configs aba,pan_90 --seeds 0,1 -o lb/   # loopworld
+      worldtrace loopbench run --preset tiny --images assets/images --configs aba,pan_90 --seeds 0 -o lb/
       worldtrace loopbench run --images assets/images --shard 1/4 -o lb/       # machine 2 of 4
       torchrun --nproc-per-node 8 -m worldtrace_cli loopbench run --preset mg2-universal \\
           --checkpoint MG2/ --images scenes/ -o lb/                        # one GPU per rank
@@ -78,14 +83,23 @@ def run_cmd(preset, configs, caches, images, seeds, chunks, metrics, shard, devi
 
     def job():
         from ..errors import RunError
-        from ..memory import MemoryConfig, build_writer
+        from ..memory import build_writer
         from . import runner
+
+        from ..config import load_preset
+        from ..errors import InputError
 
         cache_list = _split(caches)
         for cache in cache_list:  # a typo should stop the sweep now, not fail every job of it
-            build_writer(MemoryConfig(cache=cache), 3)
-        jobs = runner.plan_jobs(_split(configs), cache_list, runner.resolve_images(images),
-                                runner.parse_seeds(seeds), scratch=output / ".trajectories")
+            build_writer(memory_config(cache, **memory), 3)
+        world_preset = load_preset(preset).world is not None
+        if images is None and worlds is None and not world_preset:
+            raise InputError(f"--images: required with preset {preset} (only procedural-world presets take --worlds)")
+        if worlds is not None and not world_preset:
+            raise InputError(f"--worlds: preset {preset} has no procedural world (use --images)")
+        world_list = runner.parse_worlds(worlds or "0-7") if worlds is not None or images is None else []
+        jobs = runner.plan_jobs(_split(configs), cache_list, runner.resolve_images(images) if images else [],
+                                runner.parse_seeds(seeds), scratch=output / ".trajectories", worlds=world_list)
         rank, world, env_device = runner.shard_from_env()
         index, count = runner.combine_shards(runner.parse_shard(shard), (rank, world))
         mine = runner.shard(jobs, index, count)
@@ -94,7 +108,7 @@ def run_cmd(preset, configs, caches, images, seeds, chunks, metrics, shard, devi
         counts = runner.run_jobs(mine, output, preset=preset, device=env_device if device == "auto" and env_device
                                  else device, dtype=dtype, metrics=metrics, chunks=chunks, checkpoint=checkpoint,
                                  random_weights=random_weights, progress=progress,
-                                 speed=speed_config(rope_precision, compile_mode, overlap_decode))
+                                 speed=speed_config(rope_precision, compile_mode, overlap_decode), memory=memory)
         click.echo(f"worldtrace: loopbench shard {index}/{count}: {counts.done} done, {counts.skipped} skipped, "
                    f"{counts.failed} failed", err=True)
         if counts.failed:

@@ -21,9 +21,17 @@ from .configs import CONFIGS
 from .runner import FAILED_NAME
 
 BASELINE = "sliding"
-METRICS = ("pac", "temp_ssim")  # the table's entries: PAC / TempSSIM
+METRICS = ("pac", "temp_ssim")  # the table's entries: PAC / TempSSIM (+ return-leg GT-PSNR for world scenes)
+GT_METRIC = "gt_return_psnr"
+METRIC_NAMES = {"pac": "PAC", "temp_ssim": "TempSSIM", GT_METRIC: "GT-PSNR on return legs (dB)"}
 ROW_FIELDS = ("config", "tier", "cache", "image", "seed", "chunks", "pac", "temp_ssim", "scene_drift",
-              "latent_diff", "s_per_chunk", "kv_bytes", "peak_rss_bytes", "gpu_peak_bytes", "run_dir")
+              "latent_diff", "gt_psnr", "gt_ssim", "gt_return_psnr", "gt_return_ssim", "s_per_chunk", "kv_bytes",
+              "peak_rss_bytes", "gpu_peak_bytes", "run_dir")
+
+
+def metrics_of(rows: list[dict]) -> tuple[str, ...]:
+    """The table's entries: PAC / TempSSIM, plus return-leg GT-PSNR when any run has ground truth."""
+    return METRICS + ((GT_METRIC,) if any(r.get(GT_METRIC) is not None for r in rows) else ())
 TIER_TITLES = {1: "Tier 1: topology", 2: "Tier 2: rollout length (ABA)", 3: "Tier 3: camera orientation",
                4: "Tier 4: multi-revisit", "sweep": "ABA sweep", "custom": "Custom trajectories"}
 TIER_ORDER = (1, 2, 3, 4, "sweep", "custom")
@@ -51,13 +59,17 @@ def _row(out_dir: Path, summary_path: Path) -> dict | None:
     pac = metrics.get("pac")
     totals = summary.get("totals", {})
     config = rel.parts[0]
+    gt = metrics.get("gt") or {}
+    ret = gt.get("return") or {}
     return {"config": config, "tier": tier_of(config),
             "cache": summary.get("config", {}).get("memory", {}).get("cache", rel.parts[1]),
             "image": rel.parts[2], "seed": summary.get("resolved", {}).get("seed"),
             "chunks": totals.get("chunks"),
             "pac": pac.get("mean") if isinstance(pac, dict) else None,
             "temp_ssim": metrics.get("temp_ssim"), "scene_drift": metrics.get("scene_drift"),
-            "latent_diff": metrics.get("latent_diff"), "s_per_chunk": totals.get("seconds_per_chunk"),
+            "latent_diff": metrics.get("latent_diff"), "gt_psnr": gt.get("psnr"), "gt_ssim": gt.get("ssim"),
+            "gt_return_psnr": ret.get("psnr"), "gt_return_ssim": ret.get("ssim"),
+            "s_per_chunk": totals.get("seconds_per_chunk"),
             "kv_bytes": summary.get("cache", {}).get("kv_bytes"), "peak_rss_bytes": totals.get("peak_rss_bytes"),
             "gpu_peak_bytes": totals.get("gpu_peak_bytes"), "run_dir": str(rel)}
 
@@ -137,10 +149,10 @@ def paired_test(rows: list[dict], base_rows: list[dict], metric: str) -> tuple[f
     return (p if math.isfinite(p) else None), len(pairs)
 
 
-def cell_stats(rows: list[dict], base_rows: list[dict] | None) -> dict:
-    """``{metric: {"mean", "ci", "scenes", "p", "pairs"}}`` for PAC and TempSSIM over ``rows``."""
+def cell_stats(rows: list[dict], base_rows: list[dict] | None, metrics: tuple[str, ...] = METRICS) -> dict:
+    """``{metric: {"mean", "ci", "scenes", "p", "pairs"}}`` for each of ``metrics`` over ``rows``."""
     out = {}
-    for metric in METRICS:
+    for metric in metrics:
         values = scene_values(rows, metric)
         mean, ci = mean_ci(values)
         p, pairs = paired_test(rows, base_rows, metric) if base_rows is not None else (None, 0)
@@ -158,6 +170,7 @@ def aggregate(rows: list[dict]) -> dict:
     ``{group keys..., "writer", "pac": {...}, "temp_ssim": {...}}`` (see :func:`cell_stats`; the
     baseline's own p is None), and ``cost`` per writer (mean s/chunk, max bytes)."""
     writers = writers_of(rows)
+    metrics = metrics_of(rows)
 
     def table(group_of) -> list[dict]:
         groups: dict = defaultdict(list)
@@ -171,7 +184,7 @@ def aggregate(rows: list[dict]) -> dict:
             for w in writers:
                 mine = [r for r in members if r["cache"] == w]
                 if mine:
-                    stats = cell_stats(mine, base if base and w != BASELINE else None)
+                    stats = cell_stats(mine, base if base and w != BASELINE else None, metrics)
                     out.append({**dict(key), "writer": w, **stats})
         return out
 
@@ -216,10 +229,11 @@ def _md_table(header: list[str], body: list[list[str]]) -> list[str]:
             *("| " + " | ".join(row) + " |" for row in body)]
 
 
-def _grid(cells: list[dict], column_key: str, columns: list, titles: dict, writers: list[str]) -> list[str]:
-    """Rows = writers, per column ``PAC / TempSSIM`` and, when any p exists, a p-value column."""
+def _grid(cells: list[dict], column_key: str, columns: list, titles: dict, writers: list[str],
+          metrics: tuple[str, ...] = METRICS) -> list[str]:
+    """Rows = writers, per column ``PAC / TempSSIM [/ GT-PSNR]`` and, when any p exists, a p-value column."""
     index = {(c["writer"], c[column_key]): c for c in cells}
-    with_p = {col: any(index.get((w, col), {}).get(m, {}).get("p") is not None for w in writers for m in METRICS)
+    with_p = {col: any(index.get((w, col), {}).get(m, {}).get("p") is not None for w in writers for m in metrics)
               for col in columns}
     header = ["writer"]
     for col in columns:
@@ -229,9 +243,9 @@ def _grid(cells: list[dict], column_key: str, columns: list, titles: dict, write
         row = [w]
         for col in columns:
             c = index.get((w, col))
-            row.append(" / ".join(_num(c[m]) for m in METRICS) if c else "—")
+            row.append(" / ".join(_num(c[m]) for m in metrics) if c else "—")
             if with_p[col]:
-                row.append(" / ".join(_p(c[m]) for m in METRICS) if c and w != BASELINE else "—")
+                row.append(" / ".join(_p(c[m]) for m in metrics) if c and w != BASELINE else "—")
         body.append(row)
     return _md_table(header, body)
 
@@ -244,6 +258,8 @@ def _span(rows: list[dict]) -> str:
 def markdown(rows: list[dict], agg: dict, failed: list[dict], out_dir: Path) -> str:
     """The report's Markdown text (tables of :func:`aggregate`, plots linked)."""
     writers = writers_of(rows)
+    metrics = metrics_of(rows)
+    names = " / ".join(METRIC_NAMES[m] for m in metrics)
     scenes, seeds = len({r["image"] for r in rows}), len({r["seed"] for r in rows})
     configs = sorted({r["config"] for r in rows}, key=lambda c: (list(CONFIGS).index(c) if c in CONFIGS else 999, c))
     lines = [
@@ -251,23 +267,25 @@ def markdown(rows: list[dict], agg: dict, failed: list[dict], out_dir: Path) -> 
         f"Sweep `{out_dir}`: {len(rows)} complete runs ({len(configs)} configurations x {len(writers)} writers x "
         f"{scenes} scenes x {seeds} seeds)" + (f"; {len(failed)} failed (see `failures.jsonl`)." if failed else "."),
         "",
-        "Entries: PAC / TempSSIM (both higher is better), mean ± 95% CI half-width over scenes (each scene "
+        f"Entries: {names} (all higher is better), mean ± 95% CI half-width over scenes (each scene "
         "averaged over its seeds first; t-distribution; no CI with one scene). p vs sliding: paired t-test "
-        "over runs matched on (configuration, scene, seed), PAC / TempSSIM; — with fewer than 2 pairs.",
+        f"over runs matched on (configuration, scene, seed), in the same order; — with fewer than 2 pairs."
+        + (" GT-PSNR: generated vs true frames (the world rendered at the same poses), over the chunks that "
+           "return to a place seen before." if GT_METRIC in metrics else ""),
         "", "## By tier", "",
     ]
     tiers = [t for t in TIER_ORDER if any(r["tier"] == t for r in rows)]
-    lines += _grid(agg["by_tier"], "tier", tiers, {t: TIER_TITLES[t] for t in tiers}, writers)
+    lines += _grid(agg["by_tier"], "tier", tiers, {t: TIER_TITLES[t] for t in tiers}, writers, metrics)
     for tier in tiers:
         names = [c for c in configs if tier_of(c) == tier]
         titles = {c: f"{c} ({_span([r for r in rows if r['config'] == c])})" for c in names}
         lines += ["", f"## {TIER_TITLES[tier]}", ""]
-        lines += _grid([c for c in agg["by_config"] if c["tier"] == tier], "config", names, titles, writers)
+        lines += _grid([c for c in agg["by_config"] if c["tier"] == tier], "config", names, titles, writers, metrics)
     if agg["aba_by_chunks"]:
         ns = sorted({c["chunks"] for c in agg["aba_by_chunks"]})
         lines += ["", "## ABA loops by rollout length", "",
                   "All ABA-type configurations pooled by N (`pac_vs_chunks.png`).", ""]
-        lines += _grid(agg["aba_by_chunks"], "chunks", ns, {n: f"N={n}" for n in ns}, writers)
+        lines += _grid(agg["aba_by_chunks"], "chunks", ns, {n: f"N={n}" for n in ns}, writers, metrics)
     lines += ["", "## Cost", ""]
     lines += _md_table(["writer", "runs", "s/chunk (mean)", "KV cache (max)", "peak RSS (max)", "GPU peak (max)"],
                        [[c["writer"], str(c["runs"]),
@@ -313,17 +331,21 @@ def plot_pac_vs_chunks(agg: dict, path: Path) -> None:
 
 
 def plot_tiers(agg: dict, path: Path) -> None:
-    """Grouped bars per tier: PAC and TempSSIM (mean ± CI over scenes) of each writer."""
+    """Grouped bars per tier: PAC, TempSSIM and, with ground truth, return-leg GT-PSNR (mean ± CI over
+    scenes) of each writer."""
     from matplotlib.figure import Figure
 
     cells = agg["by_tier"]
     tiers = [t for t in TIER_ORDER if any(c["tier"] == t for c in cells)]
     writers = writers_of([{"cache": c["writer"]} for c in cells])
     index = {(c["writer"], c["tier"]): c for c in cells}
-    fig = Figure(figsize=(max(6, 1.6 * len(tiers) + 2), 6.5), dpi=120, layout="constrained")
+    panels = [("pac", "PAC"), ("temp_ssim", "TempSSIM")]
+    if any(GT_METRIC in c for c in cells):
+        panels.append((GT_METRIC, "GT-PSNR, return (dB)"))
+    fig = Figure(figsize=(max(6, 1.6 * len(tiers) + 2), 3.25 * len(panels)), dpi=120, layout="constrained")
     width = 0.8 / max(1, len(writers))
-    for k, (metric, label) in enumerate((("pac", "PAC"), ("temp_ssim", "TempSSIM"))):
-        ax = fig.add_subplot(2, 1, k + 1)
+    for k, (metric, label) in enumerate(panels):
+        ax = fig.add_subplot(len(panels), 1, k + 1)
         for j, w in enumerate(writers):
             stats = [index.get((w, t), {}).get(metric, {}) for t in tiers]
             means = [s.get("mean") if s.get("mean") is not None else math.nan for s in stats]
@@ -381,5 +403,5 @@ def report(out_dir: str | Path, dest: str | Path | None = None) -> dict[str, Pat
     return paths
 
 
-__all__ = ["aggregate", "cell_stats", "collect", "failures", "markdown", "mean_ci", "paired_test", "report",
+__all__ = ["aggregate", "cell_stats", "collect", "failures", "markdown", "mean_ci", "metrics_of", "paired_test", "report",
            "scene_values"]

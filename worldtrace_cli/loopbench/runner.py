@@ -16,7 +16,7 @@ import os
 import shutil
 import time
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import NamedTuple
 
@@ -41,21 +41,26 @@ class Job:
     Attributes:
         config: LoopBench configuration name (a key of ``CONFIGS``) or a custom trajectory's stem.
         cache: writer spec as given to ``--cache`` (``sliding``, ``mixed:2``, ...).
-        image: conditioning image file; its stem names the scene.
+        scene: the scene's name: a conditioning image's stem, or ``world<N>`` for world N of a
+            procedural-world preset (loopworld).
         seed: noise seed.
         trajectory: the YAML file the rollout follows (not part of the ordering).
+        image: the conditioning image file (None for a world scene).
+        world: the world seed of a world scene (None for an image scene).
     """
 
     config: str
     cache: str
-    image: Path
+    scene: str
     seed: int
-    trajectory: Path = Path()
+    trajectory: Path = field(default=Path(), compare=False)
+    image: Path | None = field(default=None, compare=False)
+    world: int | None = field(default=None, compare=False)
 
     @property
     def key(self) -> str:
-        """``config/cache/image-stem/seedN``: the folder relative to the sweep folder."""
-        return f"{self.config}/{cache_folder(self.cache)}/{self.image.stem}/seed{self.seed}"
+        """``config/cache/scene/seedN``: the folder relative to the sweep folder."""
+        return f"{self.config}/{cache_folder(self.cache)}/{self.scene}/seed{self.seed}"
 
     def folder(self, out_dir: str | Path) -> Path:
         """The job's run folder under the sweep folder ``out_dir``."""
@@ -145,16 +150,41 @@ def parse_seeds(spec: str) -> list[int]:
     return sorted(set(seeds))
 
 
+def parse_worlds(spec: str) -> list[int]:
+    """``"0-7"`` or ``"0,3,5"`` (or a mix, ``"0-3,9"``) -> sorted distinct world seeds.
+
+    Raises:
+        InputError: not integers >= 0, a reversed range, or an empty list.
+    """
+    out: set[int] = set()
+    try:
+        for part in (p.strip() for p in spec.split(",") if p.strip()):
+            lo, _, hi = part.partition("-")
+            a, b = int(lo), int(hi) if hi else int(lo)
+            if a < 0 or b < a:
+                raise ValueError
+            out.update(range(a, b + 1))
+    except ValueError:
+        raise InputError(f"--worlds: expected world seeds >= 0 like 0-7 or 0,3,5, got {spec!r}") from None
+    if not out:
+        raise InputError(f"--worlds: empty list {spec!r}")
+    return sorted(out)
+
+
 def plan_jobs(configs: Iterable[str], caches: Iterable[str], images: Iterable[str | Path],
-              seeds: Iterable[int], scratch: Path | None = None) -> list[Job]:
-    """Every (config, cache, image, seed) job, sorted by (config, cache, image, seed) so that every
-    process of a sweep computes the same list whatever order the flags list them in.
+              seeds: Iterable[int], scratch: Path | None = None, worlds: Iterable[int] = ()) -> list[Job]:
+    """Every (config, cache, scene, seed) job, sorted by (config, cache, scene, seed) so that every
+    process of a sweep computes the same list whatever order the flags list them in. Scenes are the
+    ``images`` (named by stem) and the ``worlds`` (named ``world<N>``).
 
     Raises:
         InputError: unknown configs (see :func:`resolve_config`), duplicates, an empty dimension.
     """
-    configs, caches, images, seeds = list(configs), list(caches), [Path(p) for p in images], list(seeds)
-    for flag, values in (("--configs", configs), ("--caches", caches), ("--images", images), ("--seeds", seeds)):
+    configs, caches, seeds = list(configs), list(caches), list(seeds)
+    images, worlds = [Path(p) for p in images], list(worlds)
+    scenes = [(p.stem, p, None) for p in images] + [(f"world{w}", None, int(w)) for w in worlds]
+    for flag, values in (("--configs", configs), ("--caches", caches), ("--images/--worlds", scenes),
+                         ("--seeds", seeds)):
         if not values:
             raise InputError(f"{flag}: empty list")
         if len(set(values)) != len(values):
@@ -162,9 +192,11 @@ def plan_jobs(configs: Iterable[str], caches: Iterable[str], images: Iterable[st
     names = [config_name(c) for c in configs]
     if len(set(names)) != len(names):
         raise InputError(f"--configs: two entries share a name: {', '.join(names)}")
+    if len({name for name, _, _ in scenes}) != len(scenes):
+        raise InputError("--images/--worlds: two scenes share a name")
     trajectories = {name: resolve_config(spec, scratch) for name, spec in zip(names, configs)}
-    return sorted(Job(name, cache, image, int(seed), trajectories[name])
-                  for name in names for cache in caches for image in images for seed in seeds)
+    return sorted(Job(name, cache, scene, int(seed), trajectories[name], image, world)
+                  for name in names for cache in caches for scene, image, world in scenes for seed in seeds)
 
 
 # --------------------------------------------------------------------------- shards
@@ -238,7 +270,7 @@ def is_complete(folder: Path) -> bool:
 
 
 def _settings_conflict(folder: Path, preset: str, chunks: int | None, metrics: str,
-                       speed: dict | None = None) -> str | None:
+                       speed: dict | None = None, memory=None) -> str | None:
     """Why a complete run in ``folder`` was made with other sweep settings, else None. Reusing
     it would silently mix settings in one report; overwriting it would silently delete results.
     Compared: preset, chunks, metrics, and the speed settings that change numbers (RoPE precision,
@@ -250,6 +282,12 @@ def _settings_conflict(folder: Path, preset: str, chunks: int | None, metrics: s
     wanted = {"preset": preset, "chunks": chunks, "metrics": metrics,
               "rope_precision": speed.get("rope_precision", "float32"), "compile": speed.get("compile", "none")}
     diff = [f"{k} {found[k]!r} (now {wanted[k]!r})" for k in wanted if found[k] != wanted[k]]
+    if memory is not None and "memory" in cfg:  # --budget, --summary-slots, tau ... change the run too
+        from dataclasses import asdict
+
+        now = asdict(memory)
+        diff += [f"{k} {cfg['memory'].get(k)!r} (now {now[k]!r})" for k in now
+                 if k in cfg["memory"] and cfg["memory"][k] != now[k]]
     return "; ".join(diff) or None
 
 
@@ -261,7 +299,8 @@ def _one_line(exc: BaseException) -> str:
 def record_failure(out_dir: Path, job: Job, exc: BaseException) -> dict:
     """Append the failure to ``out_dir/failures.jsonl`` and write ``failed.json`` in the job's
     folder. One ``write`` per line in append mode keeps lines whole when shards share the file."""
-    rec = {"job": job.key, "config": job.config, "cache": job.cache, "image": str(job.image), "seed": job.seed,
+    rec = {"job": job.key, "config": job.config, "cache": job.cache, "scene": job.scene,
+           "image": None if job.image is None else str(job.image), "world": job.world, "seed": job.seed,
            "error": type(exc).__name__, "exit_code": getattr(exc, "exit_code", 1), "message": _one_line(exc),
            "time": time.strftime("%Y-%m-%dT%H:%M:%S")}
     line = json.dumps(rec) + "\n"
@@ -281,7 +320,7 @@ def record_failure(out_dir: Path, job: Job, exc: BaseException) -> dict:
 def run_jobs(jobs: Sequence[Job], out_dir: str | Path, preset: str = "tiny", device: str = "auto",
              dtype: str = "auto", metrics: str = "all", chunks: int | None = None,
              checkpoint: str | Path | None = None, random_weights: bool = False,
-             progress: bool = False, speed: dict | None = None) -> SweepCounts:
+             progress: bool = False, speed: dict | None = None, memory: dict | None = None) -> SweepCounts:
     """Run ``jobs`` one after another in this process (the model is loaded once and reused).
 
     A job whose folder holds a complete run with the same preset/chunks/metrics is skipped. A job
@@ -295,7 +334,9 @@ def run_jobs(jobs: Sequence[Job], out_dir: str | Path, preset: str = "tiny", dev
         preset: preset name or YAML; device: ``auto|cuda|cpu|cuda:N`` (``cuda:N`` makes GPU N the
             current device); dtype: ``auto|bf16|fp32``; metrics: ``none|fast|all``; chunks:
             rollout length override (None = each configuration's own N); speed: RunConfig speed
-            fields (:func:`~worldtrace_cli.options.speed_config`; the model compiles once per process).
+            fields (:func:`~worldtrace_cli.options.speed_config`; the model compiles once per process);
+            memory: the memory settings every job's writer gets besides its spec (``--budget``,
+            ``--summary-slots``, ...: :func:`~worldtrace_cli.options.memory_config` keywords).
 
     Returns:
         :class:`SweepCounts` (done, skipped, failed).
@@ -305,7 +346,7 @@ def run_jobs(jobs: Sequence[Job], out_dir: str | Path, preset: str = "tiny", dev
     """
     from .. import rollout  # looked up per call so tests can replace rollout.generate
     from ..config import RunConfig, load_preset
-    from ..memory import MemoryConfig
+    from ..options import memory_config
 
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -317,7 +358,8 @@ def run_jobs(jobs: Sequence[Job], out_dir: str | Path, preset: str = "tiny", dev
         started = time.perf_counter()
         try:
             if is_complete(folder):
-                conflict = _settings_conflict(folder, preset_obj.name, chunks, metrics, speed)
+                conflict = _settings_conflict(folder, preset_obj.name, chunks, metrics, speed,
+                                              memory_config(job.cache, **(memory or {})))
                 if conflict is None:
                     skipped += 1
                     log.info(f"{tag}: complete, skipped")
@@ -325,8 +367,9 @@ def run_jobs(jobs: Sequence[Job], out_dir: str | Path, preset: str = "tiny", dev
                 raise OutputError(f"{folder} holds a complete run made with {conflict}: use another -o "
                                   "folder or delete it")
             cfg = RunConfig(preset=preset_obj, trajectory=job.trajectory, output=folder, image=job.image,
-                            chunks=chunks, seed=job.seed, device=device, dtype=dtype, checkpoint=checkpoint,
-                            random_weights=random_weights, memory=MemoryConfig(cache=job.cache), overwrite=True,
+                            world_seed=job.world or 0, chunks=chunks, seed=job.seed, device=device, dtype=dtype, checkpoint=checkpoint,
+                            random_weights=random_weights, memory=memory_config(job.cache, **(memory or {})),
+                            overwrite=True,
                             progress=progress, metrics=metrics, **(speed or {}))
             saved = resumable(folder, cfg)
             if saved is not None:
@@ -386,7 +429,7 @@ def _select_device(device: str) -> str:
 
 
 def _brief(summary: dict) -> str:
-    """``1.23 s/chunk, PAC 0.812, TempSSIM 0.771`` from a summary dict (metrics may be absent)."""
+    """``1.23 s/chunk, PAC 0.812, TempSSIM 0.771, GT-PSNR 18.2`` from a summary dict (metrics may be absent)."""
     parts = [f"{summary.get('totals', {}).get('seconds_per_chunk', float('nan')):.3f} s/chunk"]
     metrics = summary.get("metrics") or {}
     pac = metrics.get("pac")
@@ -394,9 +437,12 @@ def _brief(summary: dict) -> str:
         parts.append(f"PAC {pac['mean']:.3f}")
     if metrics.get("temp_ssim") is not None:
         parts.append(f"TempSSIM {metrics['temp_ssim']:.3f}")
+    gt = metrics.get("gt") or {}
+    if gt.get("psnr") is not None:
+        parts.append(f"GT-PSNR {gt['psnr']:.2f} dB")
     return ", ".join(parts)
 
 
 __all__ = ["DEFAULT_CONFIGS", "DEFAULT_SEEDS", "Job", "SweepCounts", "combine_shards", "is_complete",
-           "parse_seeds", "parse_shard", "plan_jobs", "record_failure", "resolve_config", "resolve_images",
+           "parse_seeds", "parse_shard", "parse_worlds", "plan_jobs", "record_failure", "resolve_config", "resolve_images",
            "resumable", "run_jobs", "shard", "shard_from_env"]

@@ -180,6 +180,11 @@ def _load_world_model(preset, checkpoint: str | Path | None, random_weights: boo
     from .vae import build_wan_vae
 
     use_random = random_weights or preset.weights == "random"
+    if preset.weights == "bundled" and checkpoint is not None:
+        raise InputError(f"--checkpoint: preset {preset.name} ships its own weights ({preset.bundle}); "
+                         f"drop --checkpoint, or choose an mg2-* preset")
+    if preset.weights == "bundled" and not use_random:
+        return _load_bundle(preset, device, dtype, full_hash)
     if use_random:
         with torch.device(device):
             dit = CausalWanDiT(preset.dit)
@@ -204,6 +209,57 @@ def _load_world_model(preset, checkpoint: str | Path | None, random_weights: boo
     return WorldModel(dit, vae, clip, files)
 
 
+BUNDLE_PARTS = ("dit", "vae", "clip")
+
+
+def bundle_path(preset) -> Path:
+    """The weights file of a ``bundled`` preset: ``preset.bundle`` if absolute, else in the package's
+    presets folder."""
+    from importlib import resources
+
+    path = Path(preset.bundle)
+    return path if path.is_absolute() else Path(str(resources.files("worldtrace_cli.presets").joinpath(preset.bundle)))
+
+
+def split_bundle(sd: dict[str, torch.Tensor], source: str) -> dict[str, dict[str, torch.Tensor]]:
+    """``{"dit": {...}, "vae": {...}, "clip": {...}}`` from a bundle's ``dit.*``/``vae.*``/``clip.*`` keys.
+
+    Raises:
+        CheckpointError: a key outside the three parts, or a part missing.
+    """
+    parts: dict[str, dict[str, torch.Tensor]] = {p: {} for p in BUNDLE_PARTS}
+    for key, value in sd.items():
+        part, _, name = key.partition(".")
+        if part not in parts or not name:
+            raise CheckpointError(f"{source}: unexpected key {key!r} (a bundle holds dit.*, vae.*, clip.*)")
+        parts[part][name] = value
+    missing = [p for p, d in parts.items() if not d]
+    if missing:
+        raise CheckpointError(f"{source}: no {', '.join(missing)} weights in the bundle")
+    return parts
+
+
+def _load_bundle(preset, device: torch.device, dtype: torch.dtype, full_hash: bool) -> WorldModel:
+    """A ``bundled`` preset's DiT, VAE and CLIP tower from its one safetensors file (strict keys)."""
+    from .dit import CausalWanDiT
+    from .image_encoder import build_clip_tower
+    from .vae import build_wan_vae
+
+    path = bundle_path(preset)
+    parts = split_bundle(read_state_dict(path), str(path))
+    with torch.device("meta"):
+        dit = CausalWanDiT(preset.dit)
+    check_state_dict(dit, parts["dit"], f"{path} (dit.*)")
+    dit.load_state_dict({k: v.float() for k, v in parts["dit"].items()}, strict=True, assign=True)
+    dit = dit.to(device=device, dtype=dtype).eval().requires_grad_(False)
+    vae = build_wan_vae(preset.vae, parts["vae"], device=device, dtype=dtype)
+    clip = build_clip_tower(preset.clip, None, device="cpu", dtype=torch.float32)
+    check_state_dict(clip.model, parts["clip"], f"{path} (clip.*)")
+    clip.model.load_state_dict(parts["clip"], strict=True)
+    clip = clip.to(device=device, dtype=dtype)
+    return WorldModel(dit, vae, clip, [{"role": "bundle", **file_identity(path, full_hash)}])
+
+
 def load_clip_tower(preset, checkpoint: str | Path | None, random_weights: bool, weights_seed: int,
                     device: torch.device, dtype: torch.dtype):
     """The preset's CLIP image tower alone (e.g. for ``worldtrace metrics``): the same weights
@@ -214,6 +270,11 @@ def load_clip_tower(preset, checkpoint: str | Path | None, random_weights: bool,
     """
     from .image_encoder import build_clip_tower
 
+    if preset.weights == "bundled" and not random_weights:
+        tower = build_clip_tower(preset.clip, None, device="cpu", dtype=torch.float32)
+        path = bundle_path(preset)
+        tower.model.load_state_dict(split_bundle(read_state_dict(path), str(path))["clip"], strict=True)
+        return tower.to(device=device, dtype=dtype)
     if random_weights or preset.weights == "random" or checkpoint is None:
         return build_clip_tower(preset.clip, None, seed=weights_seed + 2, device=device, dtype=dtype)
     path = resolve_checkpoint_files({"clip": preset.files["clip"]}, checkpoint, preset.name)["clip"]

@@ -89,12 +89,14 @@ def prepare_folder(folder: Path, settings: dict) -> bool:
 
 def run_loop(folder: Path, model: torch.nn.Module, step_fn: Callable[[int, np.random.Generator], dict],
              s: LoopSettings, progress: bool = True, extra_state: dict | None = None,
-             stop=lambda: False) -> dict:
+             stop=lambda: False, on_save=None) -> dict:
     """Optimise ``model`` with AdamW, calling ``step_fn(step, rng) -> {"loss": tensor, ...}`` per step.
 
     ``step_fn`` returns a dict whose ``loss`` is backpropagated (other entries are floats logged as
     they are). Gradients are clipped to norm 1. Resumes from ``folder/train_state.pt`` if present
     (model, optimiser, step, data RNG, torch RNG, and ``extra_state`` entries that are tensors).
+    The state is saved every ``s.save_every`` steps, on ``stop()`` and at the end; ``on_save()`` is
+    called after each save (e.g. to write the current weights file).
 
     Returns:
         ``{"step": last step, "minutes": wall-clock minutes of this invocation, "loss": mean loss of
@@ -125,6 +127,8 @@ def run_loop(folder: Path, model: torch.nn.Module, step_fn: Callable[[int, np.ra
         _atomic_save({"model": model.state_dict(), "optimizer": opt.state_dict(), "step": step,
                       "numpy_rng": json.dumps(rng.bit_generator.state), "torch_rng": torch.get_rng_state(),
                       "extra": extra_state or {}}, state_path)
+        if on_save is not None:
+            on_save()
 
     start = time.perf_counter()
     window: dict[str, list[float]] = {}

@@ -186,12 +186,12 @@ def train_dit(folder: Path, data: Path, preset: Preset, s: LoopSettings, batch: 
     def step_fn(step: int, rng: np.random.Generator) -> dict:
         losses = [clip_loss(dit, pool.draw(rng), pool.late_cond, rng, schedule, sampler_prob, return_weight)
                   for _ in range(batch)]
-        if step % 250 == 249:
-            save_file({k: v.contiguous() for k, v in dit.state_dict().items()}, str(folder / DIT_FILE))
         return {"loss": torch.stack(losses).mean(), "clips": float(len(pool.clips))}
 
-    result = run_loop(folder, dit, step_fn, s, progress=progress, stop=stop)
-    save_file({k: v.contiguous() for k, v in dit.state_dict().items()}, str(folder / DIT_FILE))
+    def write_weights():  # with every saved state, so an interrupted run's weights are current
+        save_file({k: v.contiguous() for k, v in dit.state_dict().items()}, str(folder / DIT_FILE))
+
+    result = run_loop(folder, dit, step_fn, s, progress=progress, stop=stop, on_save=write_weights)
     result["file"] = str(folder / DIT_FILE)
     (folder / "result.json").write_text(json.dumps(result, indent=2) + "\n")
     return result
