@@ -265,7 +265,9 @@ def markdown(rows: list[dict], agg: dict, failed: list[dict], out_dir: Path) -> 
     lines = [
         "# LoopBench report", "",
         f"Sweep `{out_dir}`: {len(rows)} complete runs ({len(configs)} configurations x {len(writers)} writers x "
-        f"{scenes} scenes x {seeds} seeds)" + (f"; {len(failed)} failed (see `failures.jsonl`)." if failed else "."),
+        f"{scenes} scenes x {seeds} seeds"
+        + ("" if len(rows) == len(configs) * len(writers) * scenes * seeds else ", not every combination")
+        + ")" + (f"; {len(failed)} failed (see `failures.jsonl`)." if failed else "."),
         "",
         f"Entries: {names} (all higher is better), mean ± 95% CI half-width over scenes (each scene "
         "averaged over its seeds first; t-distribution; no CI with one scene). p vs sliding: paired t-test "
