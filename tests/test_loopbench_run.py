@@ -330,6 +330,7 @@ def test_report_tables_csv_json_and_plots(synthetic_sweep):
     for writer in ("sliding", "field", "landmark"):
         assert md.count(f"| {writer} |") == tables
     assert "p vs sliding" in md and "aba_long (N=32)" in md and "| N=64 |" in md
+    assert "108 complete runs (6 configurations x 3 writers x 3 scenes x 2 seeds)." in md  # a full grid
     assert "| field | — / " in md  # pan_90 field has no PAC: a dash, not a crash
     data = json.loads((rep / "report.json").read_text())
     assert len(data["rows"]) == 108 and data["baseline"] == "sliding"
@@ -368,6 +369,12 @@ def test_mean_ci_and_paired_test_edge_cases():
 def test_report_of_an_empty_folder_is_an_error(tmp_path):
     line = one_line_error(CliRunner().invoke(loopbench, ["report", str(tmp_path)]), 2)
     assert "no complete LoopBench runs" in line
+
+
+def test_report_says_when_a_sweep_is_not_a_full_grid(synthetic_sweep):
+    write_run(synthetic_sweep, "abcda", "landmark", "s1", 0, 0.5, 0.25, chunks=16)  # one config, one writer
+    md = report(synthetic_sweep)["report.md"].read_text()
+    assert "109 complete runs (7 configurations x 3 writers x 3 scenes x 2 seeds, not every combination)." in md
 
 
 def test_report_counts_failed_jobs(synthetic_sweep):
