@@ -172,6 +172,7 @@ def train_eval_cmd(dit_dir, vae_weights, clips, threads):
         from safetensors.torch import load_file
 
         from ..config import Preset
+        from ..model.checkpoint import load_dit_weights
         from ..model.sampler import FlowMatchSchedule
         from .dit import build_dit
         from .evaluate import heldout_clips, memory_effect
@@ -180,7 +181,7 @@ def train_eval_cmd(dit_dir, vae_weights, clips, threads):
         settings = json.loads((dit_dir / "settings.json").read_text())
         preset = Preset.from_dict(settings["preset"])
         dit = build_dit(preset, 0)
-        dit.load_state_dict(load_file(str(dit_dir / "dit.safetensors")))
+        load_dit_weights(dit, dit_dir / "dit.safetensors")  # strict, with a clear error for a bad file
         data = Path(settings["data"])
         held = heldout_clips(data, vae_weights, clips)
         late_cond = load_file(str(data / "late_conditioning.safetensors"))["latents"]

@@ -87,6 +87,19 @@ def prepare_folder(folder: Path, settings: dict) -> bool:
     return (folder / STATE_FILE).exists()
 
 
+def save_safetensors_atomic(tensors: dict[str, torch.Tensor], path: Path, metadata: dict | None = None) -> None:
+    """Write ``tensors`` (contiguous copies are made) to the safetensors file ``path`` through a
+    temporary file and ``os.replace``, so a kill mid-write never leaves a corrupt file behind."""
+    import os
+
+    from safetensors.torch import save_file
+
+    path = Path(path)
+    tmp = path.with_name(path.name + ".tmp")
+    save_file({k: v.contiguous() for k, v in tensors.items()}, str(tmp), metadata=metadata)
+    os.replace(tmp, path)
+
+
 def run_loop(folder: Path, model: torch.nn.Module, step_fn: Callable[[int, np.random.Generator], dict],
              s: LoopSettings, progress: bool = True, extra_state: dict | None = None,
              stop=lambda: False, on_save=None) -> dict:
@@ -176,4 +189,4 @@ def settings_dict(s: LoopSettings, **more) -> dict:
     return {**asdict(s), **more}
 
 
-__all__ = ["LoopSettings", "learning_rate", "prepare_folder", "run_loop", "settings_dict"]
+__all__ = ["LoopSettings", "learning_rate", "prepare_folder", "run_loop", "save_safetensors_atomic", "settings_dict"]

@@ -21,7 +21,6 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from ..trajectory import CHUNK_FRAMES, FIRST_CHUNK_FRAMES, frames_for_chunks
 from ..world.motion import DEG_PER_FRAME_PER_MOUSE, frame_poses
 from ..world.render import render_frames
 from ..world.scene import make_world
@@ -38,7 +37,6 @@ class Clip:
         keyboard: float32 [R, 4] action rows; mouse: float32 [R, 2] (pitch, yaw).
         poses: float64 [R, 4] pose of every pixel frame.
         frames: uint8 [R, H, W, 3].
-        return_row: pixel frame at which a loop returns to its first pose (-1 for walks).
     """
 
     world_seed: int
@@ -46,7 +44,6 @@ class Clip:
     mouse: torch.Tensor
     poses: torch.Tensor
     frames: np.ndarray
-    return_row: int = -1
 
 
 def _segments_to_rows(segments, rows: int) -> tuple[np.ndarray, np.ndarray]:

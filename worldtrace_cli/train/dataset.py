@@ -23,7 +23,6 @@ frame; the rest are random walks.
 from __future__ import annotations
 
 import json
-import os
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -31,6 +30,7 @@ import numpy as np
 import torch
 
 from ..trajectory import frames_for_chunks
+from .common import save_safetensors_atomic
 from .data import loop_actions, random_start_pose, render_clip, walk_actions
 
 LATE_START = 30            # absolute latent frame of a late clip (conditioning constant from ~21 on)
@@ -165,8 +165,6 @@ def make_clip(rng: np.random.Generator, vae, clip_tower, late: bool, loop: bool,
 
 def write_shard(path: Path, clips: list[EncodedClip]) -> None:
     """Write clips to one safetensors file (float16 latents and tokens, float32 actions), atomically."""
-    from safetensors.torch import save_file
-
     tensors, meta = {}, []
     for i, c in enumerate(clips):
         tensors[f"{i}.latents"] = c.latents.half()
@@ -177,9 +175,7 @@ def write_shard(path: Path, clips: list[EncodedClip]) -> None:
             tensors[f"{i}.image_latents"] = c.image_latents.half()
         meta.append({"frame_start": c.frame_start, "rows_start": c.rows_start, "return_latent": c.return_latent,
                      "world_seed": c.world_seed})
-    tmp = path.with_name(path.name + ".tmp")
-    save_file(tensors, str(tmp), metadata={"clips": json.dumps(meta)})
-    os.replace(tmp, path)
+    save_safetensors_atomic(tensors, path, metadata={"clips": json.dumps(meta)})
 
 
 def read_shard(path: Path) -> list[EncodedClip]:
@@ -225,7 +221,6 @@ def encode_clips(folder: Path, vae_weights, shards: int, seed: int = 0, mix: Cli
     Raises:
         InputError: the folder holds shards made with other settings or another VAE file.
     """
-    from safetensors.torch import save_file
     from tqdm import tqdm
 
     from ..errors import InputError, Interrupted
@@ -245,7 +240,7 @@ def encode_clips(folder: Path, vae_weights, shards: int, seed: int = 0, mix: Cli
     vae, tower = make_encoder(vae_weights, clip_seed, height, width)
     cond = folder / "late_conditioning.safetensors"
     if not cond.exists():
-        save_file({"latents": late_conditioning(vae)}, str(cond))
+        save_safetensors_atomic({"latents": late_conditioning(vae)}, cond)
     done = len(shard_paths(folder))
     bar = tqdm(total=shards, initial=done, disable=not progress, unit="shard", dynamic_ncols=True)
     for i in range(done, shards):

@@ -17,7 +17,6 @@ loop returns to its first pose gets ``return_weight`` times the loss weight.
 from __future__ import annotations
 
 import json
-import random
 from pathlib import Path
 
 import numpy as np
@@ -27,8 +26,8 @@ from ..config import Preset
 from ..memory import CacheGeometry, MemoryConfig, build_writer
 from ..model.conditioning import MASK_CHANNELS, ConditioningLatents
 from ..model.dit import CausalWanDiT, ChunkInputs, LayerPast, init_random_weights
-from ..model.sampler import FlowMatchSchedule
-from .common import LoopSettings, prepare_folder, run_loop, settings_dict
+from ..model.sampler import NUM_TRAIN_TIMESTEPS, FlowMatchSchedule, add_noise
+from .common import LoopSettings, prepare_folder, run_loop, save_safetensors_atomic, settings_dict
 from .dataset import CLIP_CHUNKS, EncodedClip, read_shard, shard_paths
 
 DIT_FILE = "dit.safetensors"
@@ -49,6 +48,7 @@ class ClipPool:
         self.refresh()
 
     def refresh(self) -> None:
+        """Load shards not loaded yet. Raises FileNotFoundError when the folder holds no clips."""
         for path in shard_paths(self.folder):
             if path not in self._loaded:
                 self.clips += read_shard(path)
@@ -57,6 +57,7 @@ class ClipPool:
             raise FileNotFoundError(f"{self.folder}: no encoded clips yet (run worldtrace train encode)")
 
     def draw(self, rng: np.random.Generator) -> EncodedClip:
+        """A uniformly drawn clip (re-scanning for new shards every ``rescan`` draws)."""
         self._draws += 1
         if self._draws % self.rescan == 0:
             self.refresh()
@@ -139,8 +140,8 @@ def clip_loss(dit, clip: EncodedClip, late_cond, rng: np.random.Generator, sched
     x0 = clip.latents[None, :, 3 * target:3 * target + 3]
     sigma = sample_sigma(rng, schedule, sampler_prob)
     eps = torch.from_numpy(rng.standard_normal(x0.shape).astype(np.float32))
-    xt = (1 - sigma) * x0 + sigma * eps
-    t = torch.full((1, 3), sigma * 1000.0)
+    xt = add_noise(x0, eps, sigma)
+    t = torch.full((1, 3), sigma * NUM_TRAIN_TIMESTEPS)
     flow = dit(xt, t, cond, chunk).float()
     err = (flow - (eps - x0)).pow(2).mean(dim=(0, 1, 3, 4))  # per latent frame [3]
     weights = torch.ones(3)
@@ -173,12 +174,9 @@ def train_dit(folder: Path, data: Path, preset: Preset, s: LoopSettings, batch: 
         FileNotFoundError: no encoded clips in ``data``.
         Interrupted: stopped by ``stop()`` (state saved; rerun to continue).
     """
-    from safetensors.torch import save_file
-
     prepare_folder(folder, settings_dict(s, kind="dit", data=str(data), preset=preset.to_dict(), batch=batch,
                                          sampler_prob=sampler_prob, return_weight=return_weight))
     torch.manual_seed(s.seed)
-    random.seed(s.seed)
     dit = build_dit(preset, s.seed).train()
     pool = ClipPool(data)
     schedule = FlowMatchSchedule(tuple(preset.denoising_steps), preset.timestep_shift)
@@ -189,7 +187,7 @@ def train_dit(folder: Path, data: Path, preset: Preset, s: LoopSettings, batch: 
         return {"loss": torch.stack(losses).mean(), "clips": float(len(pool.clips))}
 
     def write_weights():  # with every saved state, so an interrupted run's weights are current
-        save_file({k: v.contiguous() for k, v in dit.state_dict().items()}, str(folder / DIT_FILE))
+        save_safetensors_atomic(dit.state_dict(), folder / DIT_FILE)
 
     result = run_loop(folder, dit, step_fn, s, progress=progress, stop=stop, on_save=write_weights)
     result["file"] = str(folder / DIT_FILE)
@@ -209,8 +207,6 @@ def export_bundle(dit_weights: Path, vae_weights: Path, output: Path, clip_seed:
     Raises:
         CheckpointError: unreadable or mismatching input files.
     """
-    from safetensors.torch import save_file
-
     from ..model.checkpoint import read_state_dict
     from ..model.image_encoder import build_clip_tower
 
@@ -222,10 +218,8 @@ def export_bundle(dit_weights: Path, vae_weights: Path, output: Path, clip_seed:
     tensors.update({f"clip.{k}": v.float().contiguous() for k, v in clip.items() if not k.endswith("position_ids")})
     output = Path(output)
     output.parent.mkdir(parents=True, exist_ok=True)
-    tmp = output.with_name(output.name + ".tmp")
-    save_file(tensors, str(tmp), metadata={"format": "worldtrace-bundle-1", "dit": str(dit_weights),
-                                           "vae": str(vae_weights), "clip_seed": str(clip_seed)})
-    tmp.replace(output)
+    save_safetensors_atomic(tensors, output, metadata={"format": "worldtrace-bundle-1", "dit": str(dit_weights),
+                                                       "vae": str(vae_weights), "clip_seed": str(clip_seed)})
     count = lambda sd: sum(v.numel() for v in sd.values())  # noqa: E731
     return {"file": str(output), "bytes": output.stat().st_size,
             "parameters": {"dit": count(dit), "vae": count(vae), "clip": count(clip)}}

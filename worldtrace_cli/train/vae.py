@@ -25,7 +25,7 @@ import numpy as np
 import torch
 
 from ..model.vae import WAN_LATENT_MEAN, WAN_LATENT_STD, build_wan_vae
-from .common import LoopSettings, prepare_folder, run_loop, settings_dict
+from .common import LoopSettings, prepare_folder, run_loop, save_safetensors_atomic, settings_dict
 from .data import random_start_pose, render_clip, walk_actions
 
 VAE_FILE = "vae.safetensors"
@@ -133,8 +133,6 @@ def train_vae(folder: Path, s: LoopSettings, batch: int = 4, height: int = 96, w
         Interrupted: stopped by ``stop()`` (state saved; rerun to continue).
     """
     from pytorch_msssim import ssim
-    from safetensors.torch import save_file
-
     if clip_frames < 5 or clip_frames % 4 != 1:
         raise ValueError(f"clip_frames must be 1 + 4k with k >= 1, got {clip_frames}")
     prepare_folder(folder, settings_dict(s, kind="vae", batch=batch, height=height, width=width,
@@ -176,7 +174,7 @@ def train_vae(folder: Path, s: LoopSettings, batch: int = 4, height: int = 96, w
         stats = fold_normalisation(vae, mu)
         y = vae.decode(vae.encode(x).latent_dist.mode()).sample.clamp(-1, 1)
         mse = ((y - x) / 2).pow(2).mean().item()
-    save_file({k: v.contiguous() for k, v in vae.state_dict().items()}, str(folder / VAE_FILE))
+    save_safetensors_atomic(vae.state_dict(), folder / VAE_FILE)
     result.update(psnr_db=round(10 * np.log10(1 / mse), 3), latent_stats=stats, file=str(folder / VAE_FILE))
     (folder / "result.json").write_text(json.dumps(result, indent=2) + "\n")
     return result
