@@ -44,6 +44,7 @@ def view_changes(run_dir: Path) -> dict[int, float] | None:
     """True view change (degrees, module docstring) of every latent frame f >= 1 of a procedural-world
     run, from its trajectory and the one motion model; None for other runs."""
     from .trajectory import load_trajectory, plan_actions
+    from .metrics import _wrap_deg
     from .world.motion import plan_frame_poses
 
     path = Path(run_dir) / "summary.json"
@@ -58,7 +59,7 @@ def view_changes(run_dir: Path) -> dict[int, float] | None:
     out = {}
     for f in range(1, 3 * plan.num_chunks):
         a, b = poses[last(f - 1)], poses[last(f)]
-        dyaw = (b[2] - a[2] + 180.0) % 360.0 - 180.0
+        dyaw = _wrap_deg(b[2] - a[2])
         out[f] = abs(dyaw) + abs(b[3] - a[3]) + DEG_PER_UNIT * float(np.hypot(b[0] - a[0], b[1] - a[1]))
     return out
 

@@ -247,9 +247,8 @@ def bench_mechanism(writers, schemes, routes, legs, seed, landmark_threshold, ou
 def bench_tau(run_dirs, min_change, rate, output):
     """Suggest the landmark threshold tau from the detector distances that landmark runs logged
     (RUN_DIRS: run folders of --cache landmark; for loopworld runs, against the true view changes)."""
-    import json
-
     from .calibrate import calibrate, calibration_markdown
+    from .outputs import write_json_atomic
 
     def job():
         try:
@@ -261,7 +260,7 @@ def bench_tau(run_dirs, min_change, rate, output):
         text = calibration_markdown(result)
         if output is not None:
             output.mkdir(parents=True, exist_ok=True)
-            (output / "tau.json").write_text(json.dumps(result, indent=1) + "\n")
+            write_json_atomic(output / "tau.json", result, indent=1)
             (output / "tau.md").write_text(text)
         click.echo(text)
 

@@ -184,7 +184,9 @@ def compare_markdown(result: dict) -> str:
 
 def write_keyframes(videos: list[Path], labels: list[str], path: Path, plan, columns: int = 8) -> dict:
     """A still of the comparison: one row per video (labelled), ``columns`` pixel frames spread over the
-    rollout (each chunk's last frame at evenly spaced chunks), written as PNG. Returns ``{"frames": [...]}``."""
+    rollout (each chunk's last frame at evenly spaced chunks), written as PNG at ``path``. Only those
+    frames are decoded. Returns ``{"path": file name, "frames": pixel-frame indices, "chunks": chunk
+    indices}``. Raises OutputError when a video cannot be read."""
     from PIL import Image, ImageDraw
 
     from .outputs import read_video_frames
@@ -192,35 +194,30 @@ def write_keyframes(videos: list[Path], labels: list[str], path: Path, plan, col
 
     chunks = sorted({round(c) for c in np.linspace(0, plan.num_chunks - 1, min(columns, plan.num_chunks))})
     picks = [chunk_rows(c)[1] - 1 for c in chunks]
-    rows = [read_video_frames(v) for v in videos]
+    rows = [read_video_frames(v, indices=picks) for v in videos]  # frames of picks, in order
     h, w = rows[0].shape[1:3]
     label_w, top = 8 * max(len(s) for s in labels) + 10, 14
     sheet = Image.new("RGB", (label_w + w * len(picks), top + h * len(rows)), (255, 255, 255))
     draw = ImageDraw.Draw(sheet)
     font = _font(11)
-    for j, (c, k) in enumerate(zip(chunks, picks)):
+    for j, c in enumerate(chunks):
         draw.text((label_w + j * w + 3, 1), f"chunk {c}", fill=(0, 0, 0), font=font)
     for i, (frames, label) in enumerate(zip(rows, labels)):
         draw.text((3, top + i * h + h // 2 - 6), label, fill=(0, 0, 0), font=font)
-        for j, k in enumerate(picks):
-            if k < len(frames):
-                sheet.paste(Image.fromarray(frames[k]), (label_w + j * w, top + i * h))
+        for j, frame in enumerate(frames):  # a shorter (interrupted) video lacks the last picks
+            sheet.paste(Image.fromarray(frame), (label_w + j * w, top + i * h))
     sheet.save(path)
     return {"path": path.name, "frames": picks, "chunks": chunks}
 
 
 def write_truth_video(folder: Path, world_seed: int, plan, preset) -> Path:
-    """The true frames of ``plan`` in world ``world_seed`` as ``folder/video.mp4`` (the compare panel)."""
-    from .outputs import VideoStreamWriter
-    from .trajectory import chunk_rows
+    """The true frames of ``plan`` in world ``world_seed`` as ``folder/video.mp4`` (the compare panel;
+    :meth:`~worldtrace_cli.world.truth.GroundTruth.write_video`). Returns the video's path."""
     from .world.truth import GroundTruth
 
     folder.mkdir(parents=True, exist_ok=True)
     truth = GroundTruth(world_seed, plan, preset.height, preset.width)
-    with VideoStreamWriter(folder / "video.mp4", preset.width, preset.height, preset.fps) as video:
-        for c in range(plan.num_chunks):
-            video.write(truth.frames(*chunk_rows(c)))
-    return folder / "video.mp4"
+    return truth.write_video(folder / "video.mp4", preset.fps, plan.num_chunks)
 
 
 def run_compare(trajectory: str | Path, caches: list[str], out_dir: str | Path, preset: str | None = None,

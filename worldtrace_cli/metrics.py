@@ -494,7 +494,8 @@ class OnlineMetrics:
 
     def add_chunk(self, latents: torch.Tensor, frames) -> dict:
         """Score one chunk: latents [1, 16, F, h, w], frames uint8 [T, H, W, 3]. Returns the
-        chunk's record entries (``temp_ssim``, ``latent_diff``, ``scene_drift``; None where undefined)."""
+        chunk's record entries (``temp_ssim``, ``latent_diff``, ``scene_drift``; with ground truth
+        ``gt_psnr`` in dB and ``gt_ssim``; None where undefined)."""
         if self.level == "none":
             return {}
         frames = _frames_tensor(frames)

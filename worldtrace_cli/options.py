@@ -88,15 +88,10 @@ def memory_options(command):
     return command
 
 
-def memory_config(cache: str, positions=None, budget=None, summary_slots=None, recent_slots=None,
-                  landmark_threshold=0.1, sink_frames=1, max_cache_gb=16.0, spill_dir=None):
-    """:func:`memory_options` values and a writer spec as a MemoryConfig."""
+def memory_config(cache: str, spill_dir=None, **options):
+    """:func:`memory_options` values (``positions``, ``budget``, ``summary_slots``, ``recent_slots``,
+    ``landmark_threshold``, ``sink_frames``, ``max_cache_gb``, ``spill_dir``) and a writer spec as a
+    MemoryConfig (defaults: MemoryConfig's own). Raises TypeError for an unknown option name."""
     from .memory import MemoryConfig
 
-    return MemoryConfig(cache=cache, positions=positions, budget=budget, summary_slots=summary_slots,
-                        recent_slots=recent_slots, landmark_threshold=landmark_threshold, sink_frames=sink_frames,
-                        max_cache_gb=max_cache_gb, spill_dir=None if spill_dir is None else str(spill_dir))
-
-
-MEMORY_PARAMS = ("positions", "budget", "summary_slots", "recent_slots", "landmark_threshold", "sink_frames",
-                 "max_cache_gb", "spill_dir")
+    return MemoryConfig(cache=cache, spill_dir=None if spill_dir is None else str(spill_dir), **options)

@@ -188,14 +188,18 @@ def probe_video(path: str | Path) -> dict:
             "height": int(height)}
 
 
-def read_video_frames(path: str | Path) -> np.ndarray:
-    """Decode every frame: uint8 RGB [T, H, W, 3]. Raises OutputError if it cannot be read."""
+def read_video_frames(path: str | Path, indices=None) -> np.ndarray:
+    """Decode every frame, or only the frames whose 0-based index is in ``indices`` (streamed: the
+    others are never held): uint8 RGB [T, H, W, 3] in video order (indices past the end are
+    skipped). Raises OutputError if it cannot be read."""
     path = _existing(path)
+    keep = None if indices is None else set(int(i) for i in indices)
     try:
         reader = imageio_ffmpeg.read_frames(str(path), pix_fmt="rgb24")
         meta = next(reader)
         width, height = meta["size"]
-        frames = [np.frombuffer(buf, np.uint8).reshape(height, width, 3) for buf in reader]
+        frames = [np.frombuffer(buf, np.uint8).reshape(height, width, 3) for i, buf in enumerate(reader)
+                  if keep is None or i in keep]
     except (OSError, RuntimeError, StopIteration) as err:
         raise OutputError(f"cannot read video {path}: {_tail(err)}") from None
     if not frames:

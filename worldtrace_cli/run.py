@@ -214,8 +214,7 @@ def run_generation(cfg: RunConfig, resume: bool = False) -> dict:
                       FlowMatchSchedule(preset.denoising_steps, preset.timestep_shift), seed, device,
                       (preset.height // 8, preset.width // 8), preset.frames_per_chunk)
     decoder = StreamingDecoder(world.vae)
-    scorer = OnlineMetrics(cfg.metrics, world.clip if cfg.metrics == "all" else None,
-                           truth if cfg.metrics != "none" else None)
+    scorer = OnlineMetrics(cfg.metrics, world.clip if cfg.metrics == "all" else None, truth)
     progress = {"totals": {}, "peak": {"rss_bytes": 0, "gpu_peak_bytes": 0}}
     records: list[dict] = []
     video_path = run_dir / "video.mp4"

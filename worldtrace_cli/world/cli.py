@@ -31,12 +31,10 @@ def render_cmd(trajectory, world_seed, chunks, preset, output, no_progress):
     from ..cli import _run
 
     def job():
-        from tqdm import tqdm
-
         from ..config import load_preset
         from ..errors import InputError, OutputError
-        from ..outputs import VideoStreamWriter, write_json_atomic
-        from ..trajectory import chunk_rows, load_trajectory, plan_actions
+        from ..outputs import write_json_atomic
+        from ..trajectory import load_trajectory, plan_actions
         from .truth import GroundTruth
 
         p = load_preset(preset)
@@ -48,9 +46,7 @@ def render_cmd(trajectory, world_seed, chunks, preset, output, no_progress):
         except OSError as exc:
             raise OutputError(f"{output}: cannot create the folder ({exc.strerror or exc})") from None
         truth = GroundTruth(world_seed, plan, p.height, p.width)
-        with VideoStreamWriter(output / "video.mp4", p.width, p.height, p.fps) as video:
-            for c in tqdm(range(plan.num_chunks), unit="chunk", disable=no_progress):
-                video.write(truth.frames(*chunk_rows(c)))
+        truth.write_video(output / "video.mp4", p.fps, plan.num_chunks, progress=not no_progress)
         write_json_atomic(output / "poses.json", {
             "world_seed": world_seed, "trajectory": str(trajectory), "chunks": plan.num_chunks,
             "height": p.height, "width": p.width, "fps": p.fps,

@@ -23,8 +23,8 @@ class GroundTruth:
         plan: the run's :class:`~worldtrace_cli.trajectory.ActionPlan` (universal mode).
         height, width: frame size in pixels.
     Raises:
-        ValueError: a negative seed, or a plan whose mode has no camera model in the world
-            (only ``universal`` walks and looks around freely).
+        ValueError: a plan whose mode has no camera model in the world (only ``universal`` walks and
+            looks around freely); a negative seed (from :func:`~worldtrace_cli.world.scene.make_world`).
     """
 
     def __init__(self, world_seed: int, plan, height: int, width: int):
@@ -42,6 +42,20 @@ class GroundTruth:
     def frames(self, start: int, end: int) -> np.ndarray:
         """uint8 [end - start, H, W, 3]: the true pixel frames ``start .. end - 1``."""
         return render_frames(self.world, self.poses[start:end], self.height, self.width)
+
+    def write_video(self, path, fps: float, num_chunks: int, progress: bool = False):
+        """Write the true frames of chunks ``0 .. num_chunks - 1`` as an MP4 at ``fps`` (frames per
+        second), rendered and written chunk by chunk, laid out as ``generate`` lays out its video.
+        Returns the path. Raises OutputError (from the video writer) when it cannot be written."""
+        from tqdm import tqdm
+
+        from ..outputs import VideoStreamWriter
+        from ..trajectory import chunk_rows
+
+        with VideoStreamWriter(path, self.width, self.height, fps) as video:
+            for c in tqdm(range(num_chunks), unit="chunk", disable=not progress):
+                video.write(self.frames(*chunk_rows(c)))
+        return path
 
 
 __all__ = ["GroundTruth"]
