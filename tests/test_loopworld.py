@@ -81,3 +81,45 @@ def test_landmark_remembers_the_start_of_an_aba_loop_better_than_sliding(tmp_pat
         assert ret["chunks"] and ret["chunks"][-1] == 15  # the back leg, to the last chunk
         scores[cache] = ret["psnr"]
     assert scores["landmark"] > scores["sliding"] + 1.0, scores
+
+
+def test_compare_shows_the_truth_first_and_a_keyframe_sheet(tmp_path, one_thread):
+    from PIL import Image
+
+    from worldtrace_cli.outputs import probe_video
+
+    out = tmp_path / "cmp"
+    result = CliRunner().invoke(main, ["compare", str(ROOT / "trajectories" / "look_back.yaml"), "--cache", "sliding",
+                                       "--chunks", 2, "--metrics", "fast", "-o", str(out)])
+    assert result.exit_code == 0, result.output
+    frames = 9 + 12
+    assert probe_video(out / "truth" / "video.mp4")["frames"] == frames
+    assert probe_video(out / "compare.mp4") == {"frames": frames, "fps": 25.0, "width": 2 * 176, "height": 96}
+    data = json.loads((out / "compare.json").read_text())
+    assert data["world_seed"] == 0 and data["modes"][0]["metrics"]["gt_psnr"] is not None
+    sheet = Image.open(out / "compare.png")
+    # two rows (truth, sliding) of 96 px under a 14 px header; one column per chunk (2 chunks)
+    assert sheet.size[1] == 14 + 2 * 96 and (sheet.size[0] - 2 * 176) > 0
+    assert "GT-PSNR" in (out / "compare.md").read_text()
+
+
+def test_bench_tau_calibrates_on_logged_distances(tmp_path, one_thread):
+    from worldtrace_cli.calibrate import detector_events, view_changes
+
+    run, _ = generate(tmp_path, "lm", ROOT / "trajectories" / "look_back.yaml", "--chunks", 5, "--cache", "landmark")
+    result = CliRunner().invoke(main, ["bench", "tau", str(run), "--rate", "0.2", "-o", str(tmp_path / "tau")])
+    assert result.exit_code == 0, result.output
+    data = json.loads((tmp_path / "tau" / "tau.json").read_text())
+    distances = [e["distance"] for e in detector_events(run)]
+    assert data["frames"] == len(distances) > 0
+    assert data["by_rate"]["tau"] == pytest.approx(float(np.quantile(distances, 0.8)))
+    # look_back turns 45 degrees per chunk (15 per latent frame), then stands still: both kinds exist
+    changes = view_changes(run)
+    assert max(changes.values()) == pytest.approx(15.0) and min(changes.values()) == pytest.approx(0.0)
+    assert 0 < data["scene_entries"] < data["frames"] and -1 <= data["spearman"] <= 1
+    assert 0 <= data["at_tau"]["recall"] <= 1 and "tau" in data
+    assert "Landmark tau calibration" in (tmp_path / "tau" / "tau.md").read_text()
+    # a run without landmark events is bad input (exit 2, one line)
+    sliding, _ = generate(tmp_path, "sl", ROOT / "trajectories" / "look_back.yaml", "--chunks", 2)
+    bad = CliRunner().invoke(main, ["bench", "tau", str(sliding)])
+    assert bad.exit_code == 2 and "no landmark_test events" in bad.output
