@@ -1,0 +1,80 @@
+"""Constructor configuration of the LingBot-World DiT (spec §2.1), read from a diffusers ``config.json``.
+
+Field names are the official ``WanModelFast`` config keys. ``qk_norm``, ``cross_attn_norm``,
+``patch_size`` and ``text_dim`` are on the official class's ignore-for-config list (always the
+constructor defaults, spec §2.1), so they are accepted and ignored here too; any other unknown key
+is an error.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, fields
+from typing import Any
+
+from ...errors import CheckpointError
+
+_IGNORED = {"_class_name", "_diffusers_version", "_name_or_path", "qk_norm", "cross_attn_norm",
+            "patch_size", "text_dim", "window_size"}
+
+TEXT_DIM = 4096          # umT5-XXL width (spec §2.1)
+CAMERA_CHANNELS = 6      # per pixel: ray origin (3) | ray direction (3) (spec §10.3)
+PIXELS_PER_LATENT = 64   # 8 x 8 pixels folded into channels per latent cell (spec §10.3 step 6)
+
+
+@dataclass(frozen=True)
+class LingbotConfig:
+    """LingBot-World DiT configuration (spec §2.1). Defaults are the released A14B model.
+
+    ``local_attn_size`` (latent frames in the cache, current chunk included; -1 = global) and
+    ``sink_size`` (latent frames never evicted) describe the official cache (spec §7); the official
+    CLI overrides them at load time (defaults -1 / 0; README 18 / 6, spec §2.2).
+    """
+
+    dim: int = 5120
+    ffn_dim: int = 13824
+    freq_dim: int = 256
+    num_heads: int = 40
+    num_layers: int = 40
+    in_dim: int = 36
+    out_dim: int = 16
+    text_len: int = 512
+    eps: float = 1e-6
+    model_type: str = "i2v"
+    local_attn_size: int = -1
+    sink_size: int = 0
+
+    @property
+    def head_dim(self) -> int:
+        """Channels per head (128 for every released and fixture configuration)."""
+        return self.dim // self.num_heads
+
+    @property
+    def camera_dim(self) -> int:
+        """Width of one token's camera vector: 6 * 64 * 2 * 2 = 1536 (spec §5 step 4)."""
+        return CAMERA_CHANNELS * PIXELS_PER_LATENT * 4
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any], source: str = "config.json") -> "LingbotConfig":
+        """Build from a diffusers ``config.json`` dict.
+
+        Raises:
+            CheckpointError: unknown keys, ``model_type`` other than ``i2v``, or a width not divisible
+                by the head count; the message names ``source`` and the keys.
+        """
+        known = {f.name for f in fields(cls)}
+        unknown = sorted(k for k in data if k not in known and k not in _IGNORED)
+        if unknown:
+            raise CheckpointError(f"{source}: unknown LingBot config keys: {', '.join(unknown)}")
+        cfg = cls(**{k: v for k, v in data.items() if k in known})
+        if cfg.model_type != "i2v":
+            raise CheckpointError(f"{source}: model_type must be 'i2v' (spec §2.1), got {cfg.model_type!r}")
+        if cfg.dim % cfg.num_heads:
+            raise CheckpointError(f"{source}: dim {cfg.dim} is not divisible by num_heads {cfg.num_heads}")
+        return cfg
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain dict of the fields (for summaries)."""
+        return asdict(self)
+
+
+A14B = LingbotConfig()
