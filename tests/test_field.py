@@ -84,7 +84,8 @@ def test_slots_are_means_of_uniform_contiguous_groups(cache):
         m = max(0, len(frames) - nr)
         groups = [g for g in uniform(m, ns) if g]
         slots = w.slots()
-        assert [s.kind for s in slots] == ["field"] * len(groups) + ["recent"] * min(nr, len(frames))
+        assert [s.kind for s in slots] == [cache] * len(groups) + ["recent"] * min(nr, len(frames))
+        assert [s.role for s in slots] == ["summary"] * len(groups) + ["recent"] * min(nr, len(frames))
         assert [list(s.frames) for s in slots[:len(groups)]] == groups
         assert sum(groups, []) == list(range(m)), "oldest to newest, every evicted frame once"
         for layer in range(GEOM.num_layers):
@@ -277,7 +278,8 @@ def test_budget_and_slot_flags(cache, flags, counts):
     for c in range(12):
         commit(w, [random_frame(gen) for _ in range(3)], range(3 * c, 3 * c + 3))
     kinds = [s.kind for s in w.slots()]
-    assert kinds == ["field"] * counts[0] + ["recent"] * counts[1] and w.budget == sum(counts)
+    summary_kind = "naive" if cache == "naive" else "field"
+    assert kinds == [summary_kind] * counts[0] + ["recent"] * counts[1] and w.budget == sum(counts)
 
 
 def test_inconsistent_slot_flags_are_input_errors():
@@ -323,7 +325,7 @@ def test_tiny_rollout_end_to_end(cache, dit):
         slots = rec["cache"]["slots"]
         m = max(0, 3 * c - 2)
         groups = [g for g in uniform(m, 4) if g] if cache != "field-streaming" or m <= 4 else None
-        field = [expand(s["frames"]) for s in slots if s["kind"] == "field"]
+        field = [expand(s["frames"]) for s in slots if s["kind"] in ("field", "naive")]
         assert sum(field, []) == list(range(m)) and len(field) == min(m, 4)
         assert groups is None or field == groups
         assert [expand(s["frames"]) for s in slots if s["kind"] == "recent"] == [[f] for f in range(m, 3 * c)]

@@ -106,7 +106,7 @@ def test_scene_entries_are_landmarks_and_distances_are_reported():
     assert [s.kind for s in w.slots()] == ["landmark"] * 4 + ["recent"] * 2
     assert w.describe()["landmark"]["threshold"] == 0.1
 
-    high = landmark_writer(landmark_threshold=2.5)  # cosine distance never exceeds 2
+    high = landmark_writer(landmark_threshold=2.0)  # cosine distance never exceeds 2
     commit_frames(high, frames)
     assert [e["frame"] for e in high.events() if e["landmark"]] == [0]
     assert [s.frames for s in high.slots()][:4] == [(0,)] * 4

@@ -11,24 +11,49 @@ after the context pass ``commit(layers_kv, frame_ids)`` once with every layer's 
 the chunk. Positions are offsets in latent frames from the first frame of the current chunk, so
 any horizon works.
 
-Adding a writer: one file with a :class:`CacheWriter` subclass decorated with :func:`register`,
-imported in ``memory/__init__.py``; the contract tests pick it up from :data:`WRITERS`.
+Adding a writer: one file in this package with a :class:`CacheWriter` subclass decorated with
+:func:`register` (``@register(example="name:arg")`` when its spec needs an argument). The package
+imports every module in it, so nothing else is edited; the contract tests pick the writer up from
+:data:`WRITERS` / :func:`example_specs` (docs/memory.md, "Adding a writer").
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import ClassVar, Sequence
 
 import torch
 
 WRITERS: dict[str, type["CacheWriter"]] = {}
+EXAMPLES: dict[str, str] = {}  # writer name -> a runnable ``--cache`` spec (``mixed`` -> ``mixed:2``)
+
+STATE_VERSION = 1  # bump when a writer's state_dict layout changes
 
 
-def register(cls: type["CacheWriter"]) -> type["CacheWriter"]:
-    """Class decorator adding a writer to :data:`WRITERS` under its ``name``."""
-    WRITERS[cls.name] = cls
-    return cls
+def register(cls: type["CacheWriter"] | None = None, *, example: str | None = None):
+    """Class decorator adding a writer to :data:`WRITERS` under its ``name``.
+
+    Use ``@register`` or ``@register(example="mixed:2")``; ``example`` is a runnable ``--cache`` spec
+    (default: the name), which the contract tests, ``bench mechanism`` and the CLI help use. The
+    writer's one-line description is the first line of its class docstring.
+    """
+    def add(c: type["CacheWriter"]) -> type["CacheWriter"]:
+        WRITERS[c.name] = c
+        EXAMPLES[c.name] = example or c.name
+        return c
+
+    return add if cls is None else add(cls)
+
+
+def example_specs() -> list[str]:
+    """One runnable ``--cache`` spec per registered writer, sorted by writer name (e.g. ``mixed:2``)."""
+    return [EXAMPLES[name] for name in sorted(WRITERS)]
+
+
+def descriptions() -> dict[str, str]:
+    """Writer name -> one-line description (first docstring line) for CLI help, sorted by name."""
+    return {name: (WRITERS[name].__doc__ or "").strip().splitlines()[0] for name in sorted(WRITERS)}
 
 
 @dataclass(frozen=True)
@@ -73,21 +98,35 @@ class CacheGeometry:
     dtype: torch.dtype = torch.float32
 
 
+ROLES = ("summary", "recent")
+
+
 @dataclass(frozen=True)
 class Slot:
     """One past slot as the model reads it this chunk.
 
     Attributes:
-        kind: ``recent`` (verbatim recent frame), ``field`` (canonical mean of a group),
-            ``landmark``, ``sink``, ``ema`` or ``past`` (verbatim frame of a baseline writer).
+        kind: what the slot holds: ``recent`` (verbatim recent frame of a WorldTrace writer),
+            ``past`` (verbatim frame of the sliding/full/yarn baselines), ``field`` (canonical mean
+            of a group), ``naive`` (mean of rotated keys), ``landmark``, ``sink`` or ``ema``.
         frames: source latent-frame ids (absolute indices), oldest first.
+        role: ``summary`` (stands for history outside the recent window: averages, landmarks,
+            sinks, EMA streams) or ``recent`` (a verbatim frame of the newest window). Position
+            schemes use the role, never the kind (Def. 1: summary slots rank before recent ones).
         time: the slot's own timestamp in latent frames when it is not the mean of ``frames``
             (e.g. an EMA's weighted time); None otherwise.
+    Raises:
+        ValueError: ``role`` is not one of :data:`ROLES`.
     """
 
     kind: str
     frames: tuple[int, ...]
+    role: str
     time: float | None = None
+
+    def __post_init__(self):
+        if self.role not in ROLES:
+            raise ValueError(f"Slot role must be one of {ROLES}, got {self.role!r}")
 
     @property
     def centroid(self) -> float:
@@ -98,18 +137,63 @@ class Slot:
 
     @property
     def is_recent(self) -> bool:
-        """Verbatim frames of the recent window (``recent``, and ``past`` of the sliding baseline)."""
-        return self.kind in ("recent", "past")
+        """``role == "recent"`` (kept for callers written before roles existed)."""
+        return self.role == "recent"
+
+
+def refuse(config: MemoryConfig, writer: str, why: str, **flags: str) -> None:
+    """Raise InputError for the first given config field that is set (not None).
+
+    Args:
+        config: memory settings.
+        writer: the ``--cache`` spec, for the message.
+        why: what the writer does instead, e.g. "its size is --budget".
+        flags: config field name -> CLI flag, e.g. ``summary_slots="--summary-slots"``.
+    Raises:
+        InputError: ``<flag>: --cache <writer> does not use it (<why>)``.
+    """
+    from ..errors import InputError
+
+    for field, flag in flags.items():
+        if getattr(config, field) is not None:
+            raise InputError(f"{flag}: --cache {writer} does not use it ({why})")
+
+
+def check_common(config: MemoryConfig) -> None:
+    """Refuse invalid values of the settings every MemoryConfig carries (their defaults are valid).
+
+    Raises:
+        InputError: ``--budget`` < 0, ``--landmark-threshold`` not in (0, 2] (a cosine distance),
+            ``--sink-frames`` < 1, ``--max-cache-gb`` not a finite positive number.
+    """
+    from ..errors import InputError
+
+    if config.budget is not None and config.budget < 0:
+        raise InputError(f"--budget: must be >= 0, got {config.budget}")
+    tau = config.landmark_threshold
+    if not (math.isfinite(tau) and 0 < tau <= 2):
+        raise InputError(f"--landmark-threshold: must be in (0, 2] (a cosine distance; 0 would make every "
+                         f"frame a landmark), got {tau}")
+    if config.sink_frames < 1:
+        raise InputError(f"--sink-frames: must be >= 1, got {config.sink_frames}")
+    if not (math.isfinite(config.max_cache_gb) and config.max_cache_gb > 0):
+        raise InputError(f"--max-cache-gb: must be a finite number > 0, got {config.max_cache_gb}")
 
 
 class CacheWriter:
     """Base class of KV-cache writers. Subclasses set ``name``/``default_positions`` and implement
-    :meth:`slots`, :meth:`_read_kv` and :meth:`commit`; state is created in :meth:`reset`."""
+    :meth:`slots`, :meth:`_read_kv` and :meth:`commit`; state is created in :meth:`reset`, and
+    :meth:`state_dict` / :meth:`load_state_dict` save and restore it explicitly.
+
+    The constructor validates the flags (a writer refuses a flag it would ignore, with an
+    InputError naming it); sizes that depend on the model's window may be resolved in ``reset``.
+    """
 
     name: ClassVar[str] = ""
     default_positions: ClassVar[str] = "actual"
 
     def __init__(self, config: MemoryConfig, default_budget: int):
+        check_common(config)
         self.config = config
         self.budget = config.budget if config.budget is not None else default_budget
         self.positions_scheme = config.positions or self.default_positions
@@ -143,6 +227,47 @@ class CacheWriter:
         (:func:`~worldtrace_cli.memory.window.split_frames`), and keeps no view of them.
         """
         raise NotImplementedError
+
+    # --- explicit state (resume) ---
+
+    def state_dict(self) -> dict:
+        """Everything :meth:`reset` creates and the rollout changes, as plain data.
+
+        A nested structure of dicts with str keys, lists, ints, floats, str, bool, None and
+        tensors (no objects), for :func:`worldtrace_cli.state.save_state`. Tensors are the writer's
+        live ones (no copies): save them before the next :meth:`commit`. The geometry and config
+        are not included (they are rebuilt); ``writer``/``version``/``budget`` identify the layout.
+
+        Contract: ``w2 = build_writer(same config, same default budget); w2.reset(same geometry);
+        w2.load_state_dict(w1.state_dict())`` makes w2 read and commit bit-identically to w1.
+        """
+        return {"writer": self.name, "version": STATE_VERSION, "budget": self.budget,
+                "frame_start": self.frame_start}
+
+    def load_state_dict(self, state: dict) -> None:
+        """Restore :meth:`state_dict` after :meth:`reset` (with the same config and geometry).
+
+        Tensors are copied onto this writer's device (host stores stay on the host), so the
+        source may keep being used.
+
+        Raises:
+            InputError: the state belongs to another writer, layout version or budget.
+        """
+        from ..errors import InputError
+
+        if self.geometry is None:
+            raise RuntimeError("load_state_dict needs reset(geometry) first")
+        got = (state.get("writer"), state.get("version"), state.get("budget"))
+        if got != (self.name, STATE_VERSION, self.budget):
+            raise InputError(f"resume state: saved by writer {got[0]!r} (state version {got[1]}, budget {got[2]}), "
+                             f"cannot restore into --cache {self.config.cache} (version {STATE_VERSION}, "
+                             f"budget {self.budget})")
+        self.frame_start = int(state["frame_start"])
+        self._positions = None
+
+    def _device_copy(self, t: torch.Tensor) -> torch.Tensor:
+        """A private copy of ``t`` on the compute device (dtype kept)."""
+        return t.to(self.geometry.device, copy=True)
 
     def positions(self) -> torch.Tensor:
         """Virtual temporal positions [S] (float64 latent-frame offsets from ``frame_start``)."""
@@ -183,3 +308,13 @@ class CacheWriter:
     def describe(self) -> dict:
         """Resolved settings for summary.json."""
         return {"cache": self.name, "positions": self.positions_scheme, "budget": self.budget}
+
+
+def frames_state(frames: Sequence[Sequence[tuple[torch.Tensor, torch.Tensor]]]) -> list:
+    """Per-frame per-layer (k, v) tensors as nested lists ``[[[k, v], ...layers], ...frames]`` (no copies)."""
+    return [[[k, v] for k, v in frame] for frame in frames]
+
+
+def load_frames(state: list, device) -> list[list[tuple[torch.Tensor, torch.Tensor]]]:
+    """Inverse of :func:`frames_state`: private copies on ``device``."""
+    return [[(k.to(device, copy=True), v.to(device, copy=True)) for k, v in frame] for frame in state]

@@ -15,6 +15,11 @@ subtract those leaving): O(N_s) frame transfers per evicted frame, not O(M). Add
 would drift without bound over a long rollout, so a slot is recomputed exactly from its sources
 once it has had ``REFRESH_EVERY`` (64) incremental updates: drift stays bounded at the cost of
 an amortised O(M / (64 N_s)) transfers per slot per chunk.
+
+Resume: :meth:`FieldSummary.state_dict` saves the host store (or, with ``--spill-dir``, the spill
+folder and its file names), the float32 sums and their group ranges; a restored writer hard-links
+(or copies, across file systems) the saved frame files into its own spill folder, so the saved
+state stays valid for a second restore and neither writer deletes the other's files.
 """
 
 from __future__ import annotations
@@ -30,7 +35,7 @@ import torch
 from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 
-from ..errors import OutputError
+from ..errors import InputError, OutputError
 from .base import CacheGeometry, Slot, register
 from .window import FrameKV, RecentWindowWriter, SummaryMemory
 
@@ -61,7 +66,7 @@ class FieldSummary(SummaryMemory):
         OutputError: ``spill_dir`` cannot be created or written (e.g. the disk is full).
     """
 
-    _transient = ("_cleanup",)  # the spill folder's finalizer is process-bound (resume state skips it)
+    _transient = ("_cleanup",)  # legacy __dict__ resume (worldtrace_cli.state objects): finalizer not saved
 
     kind = "field"
 
@@ -170,7 +175,7 @@ class FieldSummary(SummaryMemory):
         self._pending.clear()
 
     def slots(self) -> list[Slot]:
-        return [Slot(self.kind, tuple(self._ids[lo:hi]))
+        return [Slot(self.kind, tuple(self._ids[lo:hi]), "summary")
                 for lo, hi in uniform_groups(len(self._ids), self.num_slots) if hi > lo]
 
     def kv(self, layer: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
@@ -188,6 +193,47 @@ class FieldSummary(SummaryMemory):
         """Bytes of evicted frames held in host RAM or, with ``spill_dir``, on disk."""
         return self._host_bytes
 
+    def state_dict(self) -> dict:
+        """Evicted ids [M]; ``store``: per frame a host tensor [L, 2, T, H, D] or, with a spill folder,
+        its file name (``spill_folder`` names the folder); float32 ``sum`` [N_s, L, 2, T, H, D] with
+        the group ``ranges`` it holds and the incremental ``updates`` per slot (bit-exact restore)."""
+        spill = self._dir is not None
+        return {"ids": list(self._ids), "spill_folder": str(self._dir) if spill else None,
+                "store": [p.name if spill else p for p in self._store], "host_bytes": self._host_bytes,
+                "sum": self._sum, "ranges": [[lo, hi] for lo, hi in self._ranges], "updates": list(self._updates)}
+
+    def load_state_dict(self, state: dict) -> None:
+        """Raises InputError: the state was saved with ``--spill-dir`` and this writer has none, or
+        the reverse, or a saved frame file is missing; OutputError: the spill folder is not writable."""
+        if (state["spill_folder"] is None) != (self._dir is None):
+            raise InputError("resume state: saved " + ("without" if state["spill_folder"] is None else "with")
+                             + " --spill-dir; resume with the same --spill-dir setting")
+        self._ids = [int(f) for f in state["ids"]]
+        if self._dir is None:
+            pin = self._device.type == "cuda"
+            self._store = [torch.empty(t.shape, dtype=t.dtype, pin_memory=pin).copy_(t) for t in state["store"]]
+        else:
+            self._store = [self._adopt(Path(state["spill_folder"]) / name) for name in state["store"]]
+        self._host_bytes = int(state["host_bytes"])
+        self._sum = state["sum"].to(self._device, dtype=torch.float32, copy=True)
+        self._ranges = [(int(lo), int(hi)) for lo, hi in state["ranges"]]
+        self._updates = [int(u) for u in state["updates"]]
+        self._pending = {}
+
+    def _adopt(self, src: Path) -> Path:
+        """Hard-link a saved frame file into this writer's spill folder (copy across file systems)."""
+        dst = self._dir / src.name
+        if not src.is_file():
+            raise InputError(f"resume state: spilled frame {src} is missing (was the --spill-dir folder removed?)")
+        try:
+            try:
+                os.link(src, dst)
+            except OSError:  # another file system (a different --spill-dir): copy instead
+                shutil.copyfile(src, dst)
+        except OSError as err:
+            raise OutputError(f"--spill-dir {self.spill_dir}: cannot restore {src.name}: {err.strerror or err}") from err
+        return dst
+
     def describe(self) -> dict:
         return {"field": {"groups": "uniform contiguous", "keys": "canonical mean",
                           "store": "disk" if self.spill_dir else "host", "refresh_every": REFRESH_EVERY}}
@@ -195,7 +241,7 @@ class FieldSummary(SummaryMemory):
 
 @register
 class FieldWriter(RecentWindowWriter):
-    """WorldTrace Field (recompute writer): N_r recent frames + N_s field slots, slot-rank positions."""
+    """WorldTrace Field (recompute writer): N_r recent frames + N_s canonical group means, slot-rank positions."""
 
     name = "field"
     default_positions = "slot_rank"

@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import torch
 
-from .base import CacheGeometry, Slot, register
+from .base import CacheGeometry, MemoryConfig, Slot, refuse, register
 from .field import stack_frame
 from .window import FrameKV, RecentWindowWriter, SummaryMemory
 
@@ -81,7 +81,7 @@ class StreamingFieldSummary(SummaryMemory):
         self._first.append(frame_id)
 
     def slots(self) -> list[Slot]:
-        return [Slot("field", tuple(range(f, f + n))) for f, n in zip(self._first, self._count)]
+        return [Slot("field", tuple(range(f, f + n)), "summary") for f, n in zip(self._first, self._count)]
 
     def kv(self, layer: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
         dtype = self.geometry.dtype
@@ -90,6 +90,16 @@ class StreamingFieldSummary(SummaryMemory):
             mean = self._sum[row, layer] / n  # [2, T, H, D] float32
             out.append((mean[0][None].to(dtype), mean[1][None].to(dtype)))
         return out
+
+    def state_dict(self) -> dict:
+        """float32 bucket ``sum`` [N_s, L, 2, T, H, D] and per bucket its row, count and first frame."""
+        return {"sum": self._sum, "row": list(self._row), "count": list(self._count), "first": list(self._first),
+                "merges": self.merges}
+
+    def load_state_dict(self, state: dict) -> None:
+        self._sum = state["sum"].to(self.geometry.device, dtype=torch.float32, copy=True)
+        self._row, self._count = [int(r) for r in state["row"]], [int(c) for c in state["count"]]
+        self._first, self.merges = [int(f) for f in state["first"]], int(state["merges"])
 
     def state_bytes(self) -> int:
         """Bytes of the writer state (bucket sums on the compute device): constant in M."""
@@ -102,10 +112,15 @@ class StreamingFieldSummary(SummaryMemory):
 
 @register
 class FieldStreamingWriter(RecentWindowWriter):
-    """WorldTrace Field (streaming writer): N_r recent + N_s bucket means, slot-rank positions."""
+    """WorldTrace Field (streaming writer): N_r recent + N_s power-of-two bucket means, O(N_s) state."""
 
     name = "field-streaming"
     default_positions = "slot_rank"
+
+    def __init__(self, config: MemoryConfig, default_budget: int):
+        """Raises InputError for ``--spill-dir`` (nothing is kept off the device) or bad slot flags."""
+        refuse(config, config.cache, "it keeps O(N_s) running sums and no evicted frames", spill_dir="--spill-dir")
+        super().__init__(config, default_budget)
 
     def make_components(self) -> list[SummaryMemory]:
         return [StreamingFieldSummary(self.n_summary)]

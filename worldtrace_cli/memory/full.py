@@ -13,16 +13,22 @@ from typing import Sequence
 import torch
 
 from ..errors import RunError
-from .base import CacheGeometry, CacheWriter, Slot, register
+from .base import CacheGeometry, CacheWriter, MemoryConfig, Slot, refuse, register
 from .window import split_frames
 
 
 @register
 class FullWriter(CacheWriter):
-    """All past frames; ``budget`` is unlimited (``--budget`` is ignored)."""
+    """Every past latent frame verbatim at its actual position (O(N) memory, capped by --max-cache-gb)."""
 
     name = "full"
     default_positions = "actual"
+
+    def __init__(self, config: MemoryConfig, default_budget: int):
+        """Raises InputError for ``--budget``, slot-count or spill flags (it keeps every frame)."""
+        super().__init__(config, default_budget)
+        refuse(config, config.cache, "it keeps every past frame; its cap is --max-cache-gb", budget="--budget",
+               summary_slots="--summary-slots", recent_slots="--recent-slots", spill_dir="--spill-dir")
 
     def reset(self, geometry: CacheGeometry) -> None:
         super().reset(geometry)
@@ -31,7 +37,7 @@ class FullWriter(CacheWriter):
         self._v: list[list[torch.Tensor]] = [[] for _ in range(geometry.num_layers)]
 
     def slots(self) -> list[Slot]:
-        return [Slot("past", (f,)) for f in self._ids]
+        return [Slot("past", (f,), "recent") for f in self._ids]
 
     def _read_kv(self, layer: int):
         if not self._ids:
@@ -56,6 +62,17 @@ class FullWriter(CacheWriter):
                 self._k[layer].append(k)
                 self._v[layer].append(v)
         self._ids.extend(frame_ids)
+
+    def state_dict(self) -> dict:
+        """Frame ids [N] and per layer the stored K/V frames, each [1, T, H, D]."""
+        return {**super().state_dict(), "frames": list(self._ids), "k": [list(x) for x in self._k],
+                "v": [list(x) for x in self._v]}
+
+    def load_state_dict(self, state: dict) -> None:
+        super().load_state_dict(state)
+        self._ids = [int(f) for f in state["frames"]]
+        self._k = [[self._device_copy(t) for t in frames] for frames in state["k"]]
+        self._v = [[self._device_copy(t) for t in frames] for frames in state["v"]]
 
     def describe(self) -> dict:
         return {**super().describe(), "budget": None, "max_cache_gb": self.config.max_cache_gb}

@@ -33,7 +33,7 @@ import torch
 import torch.nn.functional as F
 
 from ..model.rope import axis_channels
-from .base import CacheGeometry, MemoryConfig, Slot, register
+from .base import CacheGeometry, MemoryConfig, Slot, frames_state, load_frames, refuse, register
 from .window import FrameKV, RecentWindowWriter, SummaryMemory
 
 DESCRIPTOR = "per-layer token mean of canonical-key temporal channels [0, t_ch), heads concatenated, " \
@@ -107,13 +107,26 @@ class LandmarkSummary(SummaryMemory):
         """``Slot("landmark", (frame,))`` oldest first; the oldest repeated into empty slots."""
         ids = list(self._ids)
         ids = ids[:1] * self._padding() + ids
-        return [Slot("landmark", (f,)) for f in ids]
+        return [Slot("landmark", (f,), "summary") for f in ids]
 
     def kv(self, layer: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
         """Stored canonical (k, v) [1, T, H, D] per slot, in :meth:`slots` order (verbatim)."""
         frames = list(self._kv)
         frames = frames[:1] * self._padding() + frames
         return [frame[layer] for frame in frames]
+
+    def state_dict(self) -> dict:
+        """Landmark ids [<= N_s] and frames (per layer (k, v) [1, T, H, D], frozen), the detector's
+        previous descriptor (float32 [L, H * t_ch], None before the first test) and unread events."""
+        return {"ids": list(self._ids), "kv": frames_state(self._kv), "prev": self._prev,
+                "events": list(self._events)}
+
+    def load_state_dict(self, state: dict) -> None:
+        dev = self.geometry.device
+        self._ids = deque(int(f) for f in state["ids"])
+        self._kv = deque(load_frames(state["kv"], dev))
+        self._prev = None if state["prev"] is None else state["prev"].to(dev, copy=True)
+        self._events = [dict(e) for e in state["events"]]
 
     def stored_bytes(self) -> int:
         """Bytes of the storages this component keeps alive: landmark K/V (all layers) and the
@@ -136,11 +149,19 @@ class LandmarkSummary(SummaryMemory):
 
 @register
 class LandmarkWriter(RecentWindowWriter):
-    """WorldTrace-Landmark: N_s landmark slots (oldest first) then N_r recent slots, read at
-    slot-rank positions (paper Def. 1). Defaults N_s = 4, N_r = 2 (the recall setting)."""
+    """WorldTrace Landmark: N_r recent + N_s frozen scene-entry frames (cosine distance > tau), slot-rank positions.
+
+    Slots: N_s landmark slots (oldest first) then N_r recent slots, read at slot-rank positions
+    (paper Def. 1). Defaults N_s = 4, N_r = 2 for MG2's window (the recall setting).
+    """
 
     name = "landmark"
     default_positions = "slot_rank"
+
+    def __init__(self, config: MemoryConfig, default_budget: int):
+        """Raises InputError for ``--spill-dir`` (landmarks stay on the device) or bad slot flags."""
+        refuse(config, config.cache, "landmarks are kept on the compute device", spill_dir="--spill-dir")
+        super().__init__(config, default_budget)
 
     def make_components(self) -> list[SummaryMemory]:
         return [LandmarkSummary(self.n_summary, self.config)]

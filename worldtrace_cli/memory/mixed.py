@@ -34,9 +34,13 @@ def parse_field_slots(config: MemoryConfig, n_summary: int) -> int:
     return k
 
 
-@register
+@register(example="mixed:2")
 class MixedWriter(RecentWindowWriter):
-    """k field slots + (N_s - k) landmark slots + N_r recent slots, read at slot-rank positions."""
+    """mixed:k: k field slots + (N_s - k) landmark slots + N_r recent slots, slot-rank positions.
+
+    ``k`` is checked against N_s when the writer is built (MG2's window) and again at ``reset``,
+    where N_s follows the model's window.
+    """
 
     name = "mixed"
     default_positions = "slot_rank"
@@ -47,6 +51,8 @@ class MixedWriter(RecentWindowWriter):
         self.n_landmark = self.n_summary - self.n_field
 
     def make_components(self) -> list[SummaryMemory]:
+        self.n_field = parse_field_slots(self.config, self.n_summary)  # N_s is final now
+        self.n_landmark = self.n_summary - self.n_field
         # a zero-slot component would only cost work (the field writer's host copies, say)
         comps: list[SummaryMemory] = []
         if self.n_field:

@@ -26,9 +26,11 @@ from .window import SummaryMemory
 class NaiveSummary(FieldSummary):
     """N_s slots averaging keys rotated at their absolute latent frames, re-expressed at the centroid.
 
-    Slots keep kind ``field`` (an average of a contiguous group) so every position scheme treats
-    them as summary slots; ``describe()`` tells the key domain apart.
+    Slots have kind ``naive`` (rotated-domain averages, not WorldTrace Field slots) and role
+    ``summary``; state and groups are :class:`~.field.FieldSummary`'s.
     """
+
+    kind = "naive"
 
     def reset(self, geometry: CacheGeometry) -> None:
         super().reset(geometry)
@@ -55,7 +57,7 @@ class NaiveSummary(FieldSummary):
 
 @register
 class NaiveWriter(FieldWriter):
-    """Naive rotated-key averaging (phase cancellation baseline): N_r recent + N_s naive slots."""
+    """Naive rotated-key averaging (paper §2.2 phase-cancellation baseline): N_r recent + N_s naive slots."""
 
     name = "naive"
     default_positions = "block_relative"

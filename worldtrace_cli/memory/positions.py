@@ -14,6 +14,13 @@ universal, -1 for gta_drive). Paper references: §2.1, §3.1 (Def. 1, Eq. 2), §
   at q = a - 1: ``t_min = max(0, q - Delta)``, ``t_max = q - N_r``. In range but horizon-dependent.
 * ``slot_rank``: WorldTrace slot indexing (Def. 1 as pinned in design.md §3, q = a - 1): summary
   slot s (0 = oldest) at ``-(N_s + N_r) + s``, recent slot j at ``-N_r + j``. Depends on rank only.
+* ``rank``: the baselines' own indexing (StreamingLLM's positions within the cache; MemRoPE's
+  release reads its cache at indices 0..n-1 before the query block): slot j of n at ``-(n - j)``,
+  whatever the slots' roles. For a writer that lists summary slots first (every writer here) the
+  offsets equal ``slot_rank``'s; the names say whose rule a run follows, and ``slot_rank`` also
+  checks the Def. 1 order.
+
+Schemes read a slot's ``role`` (summary / recent), never its ``kind``.
 """
 
 from __future__ import annotations
@@ -42,13 +49,13 @@ def block_relative(slots: Sequence[Slot], frame_start: int, geometry: CacheGeome
 
 def centroid_linear(slots: Sequence[Slot], frame_start: int, geometry: CacheGeometry) -> torch.Tensor:
     """Summary centroids mapped linearly from [0, a - N_r) into [t_min, t_max] (Eq. 2, q = a - 1)."""
-    n_recent = sum(s.is_recent for s in slots)
+    n_recent = sum(s.role == "recent" for s in slots)
     q = frame_start - 1
     t_min, t_max = max(0, q - geometry.trained_offset), q - n_recent
     history_end = max(1.0, frame_start - n_recent - 1.0)  # last frame outside the recent window
     out = []
     for s in slots:
-        if s.is_recent:
+        if s.role == "recent":
             out.append(s.centroid - frame_start)
         else:
             frac = min(1.0, max(0.0, s.centroid / history_end))
@@ -62,9 +69,18 @@ def slot_rank(slots: Sequence[Slot], frame_start: int, geometry: CacheGeometry) 
     Raises:
         ValueError: a writer listed a recent slot before a summary slot (rank order broken).
     """
-    kinds = [s.is_recent for s in slots]
-    if kinds != sorted(kinds):
+    recent = [s.role == "recent" for s in slots]
+    if recent != sorted(recent):
         raise ValueError("slot_rank needs summary slots before recent slots")
+    return torch.arange(-len(slots), 0, dtype=torch.float64)
+
+
+def rank(slots: Sequence[Slot], frame_start: int, geometry: CacheGeometry) -> torch.Tensor:
+    """Rank within the cache, contiguous with the current chunk: slot j of n at ``-(n - j)``.
+
+    StreamingLLM (Xiao et al. 2024, §3.2) and MemRoPE's release (cache indices 0..n-1, query block
+    right after them) position the cache this way; no ordering of roles is required.
+    """
     return torch.arange(-len(slots), 0, dtype=torch.float64)
 
 
@@ -72,5 +88,6 @@ SCHEMES: dict[str, Callable[[Sequence[Slot], int, CacheGeometry], torch.Tensor]]
     "actual": actual,
     "block_relative": block_relative,
     "centroid_linear": centroid_linear,
+    "rank": rank,
     "slot_rank": slot_rank,
 }

@@ -1,18 +1,25 @@
 """``sink``: the first k latent frames (attention sinks, StreamingLLM) + the newest ``budget - k``.
 
-Paper App. B, Fig. "projection matrices" (b). Positions ``actual``: sink frames are read at their
-true (ever more distant) offsets unless ``--positions`` says otherwise.
+Paper App. B, Fig. "projection matrices" (b). Positions ``rank`` by default, as StreamingLLM does:
+the cache is positioned by rank within the cache (Xiao et al. 2024, §3.2: "positions within the
+cache rather than those in the original text"), so with budget n slot j (sinks first, 0 = oldest)
+is read at offset -(n - j), contiguous with the current chunk. ``--positions actual`` reads each sink
+at its true, ever more distant offset instead.
 """
 
 from __future__ import annotations
 
 from ..errors import InputError
-from .base import CacheGeometry, MemoryConfig, Slot, register
+from .base import CacheGeometry, MemoryConfig, Slot, frames_state, load_frames, refuse, register
 from .window import FrameKV, RecentWindowWriter, SummaryMemory
 
 
 class SinkSummary(SummaryMemory):
-    """Keeps the first ``k`` frames that leave the recent window (frames 0..k-1), verbatim."""
+    """Keeps the first ``k`` frames that leave the recent window (frames 0..k-1), verbatim.
+
+    Args:
+        k: number of sink latent frames.
+    """
 
     def __init__(self, k: int):
         self.k = k
@@ -28,27 +35,40 @@ class SinkSummary(SummaryMemory):
             self._kv.append(frame_kv)  # the recent window's own per-frame copy (split_frames)
 
     def slots(self) -> list[Slot]:
-        return [Slot("sink", (f,)) for f in self._ids]
+        return [Slot("sink", (f,), "summary") for f in self._ids]
 
     def kv(self, layer: int):
         return [frame[layer] for frame in self._kv]
 
+    def state_dict(self) -> dict:
+        """Sink frame ids [<= k] and their per-layer (k, v) [1, T, H, D]."""
+        return {"ids": list(self._ids), "kv": frames_state(self._kv)}
+
+    def load_state_dict(self, state: dict) -> None:
+        self._ids = [int(f) for f in state["ids"]]
+        self._kv = load_frames(state["kv"], self.geometry.device)
+
 
 @register
 class SinkWriter(RecentWindowWriter):
-    """First ``--sink-frames`` latent frames + the newest ``budget - k`` verbatim (default budget: MG2's)."""
+    """First --sink-frames latent frames + the newest budget - k verbatim, rank positions (StreamingLLM)."""
 
     name = "sink"
-    default_positions = "actual"
+    default_positions = "rank"
 
     def __init__(self, config: MemoryConfig, default_budget: int):
-        budget = config.budget if config.budget is not None else default_budget
-        k = config.sink_frames
-        if k < 1 or k >= budget:
+        """Raises InputError: slot-count or spill flags, or ``--sink-frames`` not in [1, budget)."""
+        refuse(config, config.cache, "its sizes are --sink-frames and --budget", summary_slots="--summary-slots",
+               recent_slots="--recent-slots", spill_dir="--spill-dir")
+        super().__init__(config, default_budget)
+
+    def resolve_sizes(self, window: int) -> tuple[int, int]:
+        """(k, budget - k) with budget = ``--budget`` or MG2's own (the window is not used)."""
+        budget = self.config.budget if self.config.budget is not None else self.default_budget
+        k = self.config.sink_frames
+        if not 1 <= k < budget:
             raise InputError(f"--sink-frames: must be >= 1 and < the budget ({budget}), got {k}")
-        super().__init__(MemoryConfig(**{**config.__dict__, "budget": budget, "summary_slots": k,
-                                         "recent_slots": budget - k}), default_budget)
-        self.config = config
+        return k, budget - k
 
     def make_components(self):
         return [SinkSummary(self.n_summary)]

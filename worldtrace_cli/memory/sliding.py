@@ -11,16 +11,22 @@ from typing import Sequence
 
 import torch
 
-from .base import CacheGeometry, CacheWriter, Slot, register
+from .base import CacheGeometry, CacheWriter, MemoryConfig, Slot, refuse, register
 from .window import split_frames
 
 
 @register
 class SlidingWriter(CacheWriter):
-    """Newest ``budget`` latent frames verbatim; O(budget) memory."""
+    """MG2's own cache: the newest --budget latent frames verbatim at their actual positions."""
 
     name = "sliding"
     default_positions = "actual"
+
+    def __init__(self, config: MemoryConfig, default_budget: int):
+        """Raises InputError for slot-count or spill flags (its one size is ``--budget``)."""
+        super().__init__(config, default_budget)
+        refuse(config, self.name, "it keeps the newest --budget frames verbatim", summary_slots="--summary-slots",
+               recent_slots="--recent-slots", spill_dir="--spill-dir")
 
     def reset(self, geometry: CacheGeometry) -> None:
         super().reset(geometry)
@@ -29,7 +35,7 @@ class SlidingWriter(CacheWriter):
         self._v = [deque(maxlen=self.budget) for _ in range(geometry.num_layers)]
 
     def slots(self) -> list[Slot]:
-        return [Slot("past", (f,)) for f in self._frames]
+        return [Slot("past", (f,), "recent") for f in self._frames]
 
     def _read_kv(self, layer: int) -> tuple[torch.Tensor, torch.Tensor]:
         if not self._frames:
@@ -45,3 +51,17 @@ class SlidingWriter(CacheWriter):
                 self._k[layer].append(k)
                 self._v[layer].append(v)
         self._frames.extend(frame_ids[newest.start:])
+
+    def state_dict(self) -> dict:
+        """Frame ids [budget] and per layer the stored K/V frames, each [1, T, H, D]."""
+        return {**super().state_dict(), "frames": list(self._frames),
+                "k": [list(d) for d in self._k], "v": [list(d) for d in self._v]}
+
+    def load_state_dict(self, state: dict) -> None:
+        super().load_state_dict(state)
+        self._frames.clear()
+        self._frames.extend(int(f) for f in state["frames"])
+        for store, saved in ((self._k, state["k"]), (self._v, state["v"])):
+            for d, frames in zip(store, saved):
+                d.clear()
+                d.extend(self._device_copy(t) for t in frames)

@@ -6,6 +6,10 @@ EMA streams). Every latent frame that leaves the recent window is handed, oldest
 component's :meth:`SummaryMemory.evict` (paper Algorithm 1). Slots are ordered summary components
 first (in the order given), then recent slots oldest to newest, which is the rank order of the
 slot-rank positions (Def. 1).
+
+Default sizes follow the model's window L = ``trained_offset + 1`` (known at ``reset``):
+N_s + N_r = L, so the oldest slot-rank offset is -L = Eq. 2's t_min (q = a - 1, t_min = q - Delta):
+N_r = 2, N_s = 4 for MG2's window 6; N_r = 2, N_s = 2 for gta_drive's window 4.
 """
 
 from __future__ import annotations
@@ -16,7 +20,9 @@ from typing import Sequence
 import torch
 
 from ..errors import InputError
-from .base import CacheGeometry, CacheWriter, MemoryConfig, Slot
+from .base import CacheGeometry, CacheWriter, MemoryConfig, Slot, frames_state, load_frames
+
+DEFAULT_WINDOW = 6  # MG2 universal local_attn_size: provisional sizes until reset() knows the model
 
 FrameKV = list[tuple[torch.Tensor, torch.Tensor]]  # per layer (k, v) of one latent frame: [1, T, H, D] each
 
@@ -39,13 +45,25 @@ def split_frames(layers_kv: Sequence[tuple[torch.Tensor, torch.Tensor]], frames:
 
 
 class SummaryMemory:
-    """A component that owns some summary slots. State is created in :meth:`reset`."""
+    """A component that owns some summary slots. State is created in :meth:`reset` and saved by
+    :meth:`state_dict` (plain data and tensors, see :meth:`CacheWriter.state_dict`)."""
 
     def reset(self, geometry: CacheGeometry) -> None:
         self.geometry = geometry
 
     def evict(self, frame_id: int, frame_kv: FrameKV) -> None:
         """Receive a latent frame leaving the recent window: per layer canonical (k, v) [1, T, H, D]."""
+        raise NotImplementedError
+
+    def end_chunk(self) -> None:
+        """Called once per commit, after the chunk's evictions (per-chunk updates, e.g. MemRoPE's EMA)."""
+
+    def state_dict(self) -> dict:
+        """This component's rollout state (see :meth:`CacheWriter.state_dict`)."""
+        raise NotImplementedError
+
+    def load_state_dict(self, state: dict) -> None:
+        """Restore :meth:`state_dict` after :meth:`reset`; tensors are copied to this component's device."""
         raise NotImplementedError
 
     def slots(self) -> list[Slot]:
@@ -68,11 +86,24 @@ class SummaryMemory:
         return {}
 
 
+def window_defaults(window: int) -> tuple[int, int]:
+    """Default (N_s, N_r) for a model window of ``window`` latent frames (local_attn_size).
+
+    N_s + N_r = window, so with slot-rank positions the oldest slot sits at offset -window, which
+    is Eq. 2's t_min (q = a - 1, t_min = q - Delta, Delta = window - 1): no slot falls below it.
+    N_r = 2 (at most window - 1): (4, 2) for MG2's window 6 (the paper's recall setting), (2, 2)
+    for gta_drive's window 4.
+    """
+    nr = max(1, min(2, window - 1))
+    return max(0, window - nr), nr
+
+
 def resolve_slots(config: MemoryConfig, default_summary: int = 4, default_recent: int = 2) -> tuple[int, int]:
     """(N_s, N_r) from ``--summary-slots``, ``--recent-slots`` and ``--budget`` (budget = N_s + N_r).
 
-    Defaults follow the paper's recall setting N_s = 4, N_r = 2 (design.md §3). With only
-    ``--budget``, N_r keeps its default (at most budget - 1) and N_s takes the rest.
+    Defaults: ``default_summary``/``default_recent`` (:func:`window_defaults` of the model's
+    window; 4 and 2 for MG2, the paper's recall setting, design.md §3). With only ``--budget``,
+    N_r keeps its default (at most budget - 1) and N_s takes the rest.
 
     Raises:
         InputError: negative counts, N_r < 1, or a budget that disagrees with both counts.
@@ -100,21 +131,30 @@ class RecentWindowWriter(CacheWriter):
     """Recent window of ``n_recent`` verbatim frames plus summary components (``_components``).
 
     Subclasses implement :meth:`make_components` (called by ``reset``) and may override
-    ``default_positions`` (``slot_rank`` for WorldTrace writers).
+    ``default_positions`` (``slot_rank`` for WorldTrace writers) and :meth:`resolve_sizes`.
+    ``n_summary``, ``n_recent`` and ``budget`` are final after :meth:`reset` (they may follow the
+    model's window); the constructor resolves them for MG2's window to validate the flags early.
     """
 
     default_positions = "slot_rank"
 
     def __init__(self, config: MemoryConfig, default_budget: int):
         super().__init__(config, default_budget)
-        self.n_summary, self.n_recent = resolve_slots(config)
+        self.default_budget = default_budget
+        self.n_summary, self.n_recent = self.resolve_sizes(DEFAULT_WINDOW)
         self.budget = self.n_summary + self.n_recent
+
+    def resolve_sizes(self, window: int) -> tuple[int, int]:
+        """(N_s, N_r) for a model window of ``window`` latent frames. Raises InputError on bad flags."""
+        return resolve_slots(self.config, *window_defaults(window))
 
     def make_components(self) -> list[SummaryMemory]:
         raise NotImplementedError
 
     def reset(self, geometry: CacheGeometry) -> None:
         super().reset(geometry)
+        self.n_summary, self.n_recent = self.resolve_sizes(geometry.trained_offset + 1)
+        self.budget = self.n_summary + self.n_recent
         self._components = self.make_components()
         for comp in self._components:
             comp.reset(geometry)
@@ -123,7 +163,7 @@ class RecentWindowWriter(CacheWriter):
 
     def slots(self) -> list[Slot]:
         out = [s for comp in self._components for s in comp.slots()]
-        return out + [Slot("recent", (f,)) for f in self._recent_ids]
+        return out + [Slot("recent", (f,), "recent") for f in self._recent_ids]
 
     def _read_kv(self, layer: int) -> tuple[torch.Tensor, torch.Tensor]:
         pairs = [kv for comp in self._components for kv in comp.kv(layer)]
@@ -141,6 +181,22 @@ class RecentWindowWriter(CacheWriter):
                 old_id, old_kv = self._recent_ids.popleft(), self._recent.popleft()
                 for comp in self._components:
                     comp.evict(old_id, old_kv)
+        for comp in self._components:
+            comp.end_chunk()
+
+    def state_dict(self) -> dict:
+        return {**super().state_dict(), "recent_ids": list(self._recent_ids), "recent": frames_state(self._recent),
+                "components": [comp.state_dict() for comp in self._components]}
+
+    def load_state_dict(self, state: dict) -> None:
+        super().load_state_dict(state)
+        if len(state["components"]) != len(self._components):
+            raise InputError(f"resume state: {len(state['components'])} summary components saved, "
+                             f"--cache {self.config.cache} has {len(self._components)}")
+        self._recent_ids = deque(int(f) for f in state["recent_ids"])
+        self._recent = deque(load_frames(state["recent"], self.geometry.device))
+        for comp, comp_state in zip(self._components, state["components"]):
+            comp.load_state_dict(comp_state)
 
     def host_bytes(self) -> int:
         return sum(comp.host_bytes() for comp in self._components)

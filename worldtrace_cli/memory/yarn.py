@@ -19,7 +19,7 @@ from .full import FullWriter
 
 @register
 class YarnWriter(FullWriter):
-    """Full cache + NTK-by-parts temporal frequency scaling; positions ``actual`` (scaled)."""
+    """YaRN: the full cache with NTK-by-parts scaling of the temporal RoPE frequencies, actual positions."""
 
     name = "yarn"
 
