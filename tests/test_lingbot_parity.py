@@ -1,0 +1,114 @@
+"""Golden parity: the LingBot DiT, camera conditioning and causal-fast loop, driven through the
+project's cache writers, replay the three official rollouts (fixtures README: ``main`` window 18 sink 6,
+``nosink_la10``, ``global``) within 1e-4 in float32: every denoising call's x0 and the final latents.
+
+The official cache (spec §7) maps onto existing writers (:func:`official_memory`): ``full`` for the
+global cache, ``sliding`` (budget W - F) without a sink, ``sink`` (budget W - F, k = s) with one. Slots
+must be read at their true offsets (``positions="actual"``); rank-contiguous positions are shown to
+change the sink rollout (spec §14)."""
+
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from worldtrace_cli.memory import CacheGeometry, MemoryConfig, build_writer
+from worldtrace_cli.model.lingbot.camera import camera_embedding, check_intrinsics, check_poses, frame_counts
+from worldtrace_cli.model.lingbot.checkpoint import load_lingbot_dit
+from worldtrace_cli.model.lingbot.loop import (CausalFastLoop, OfficialNoise, conditioning_y, geometry_fields,
+                                               official_memory)
+from worldtrace_cli.model.rope import MainRope
+
+DATA = Path(__file__).parent / "data" / "lingbot"
+VARIANTS = {"main": (18, 6), "nosink_la10": (10, 0), "global": (-1, 0)}
+TOL = 1e-4
+
+
+@pytest.fixture(scope="module")
+def setup():
+    model = load_lingbot_dit(DATA / "tiny_config.json", weights=DATA / "tiny_weights.safetensors")
+    data = load_file(str(DATA / "tiny_data.safetensors"))
+    kept, lat_f, _ = frame_counts(len(data["poses"]), 137)
+    cam = camera_embedding(data["poses"].numpy()[:kept], data["intrinsics"].numpy(), lat_f, (32, 64))
+    return model, data, cam
+
+
+def _stored_noise(data):
+    return lambda c, s, shape: (data["noise"][None, :, 4 * c:4 * c + 4] if s == 0 else data["add_noise_draws"][c, s - 1][None])
+
+
+def replay(model, data, cam, local_attn_size, sink_size, positions="actual", noise=None):
+    """Run the 8-chunk rollout; returns (x0 per (chunk, step), latents [16, 32, 4, 8], writer)."""
+    kwargs = {**official_memory(local_attn_size, sink_size), "positions": positions}
+    writer = build_writer(MemoryConfig(**kwargs), 0)
+    writer.reset(CacheGeometry(**geometry_fields(model, (4, 8))))
+    x0s = {}
+    loop = CausalFastLoop(model, writer, data["text_context"], conditioning_y(data["vae_latent"]), cam,
+                          noise or _stored_noise(data), on_step=lambda c, s, x0: x0s.__setitem__((c, s), x0[0]))
+    return x0s, loop.run()[0], writer
+
+
+def test_camera_from_pose_files_matches_official_tensor(setup):
+    _, data, cam = setup
+    assert cam.shape == (1, 384, 32, 4, 8)
+    assert (cam[:, :, :8] - data["cam_emb_head"]).abs().max().item() < 2e-5
+    assert (cam[:, :, 28:] - data["cam_emb_tail"]).abs().max().item() < 2e-5
+
+
+@pytest.mark.parametrize("variant", list(VARIANTS))
+def test_rollout_replays_official_run(setup, variant, one_thread):
+    model, data, cam = setup
+    x0s, latents, _ = replay(model, data, cam, *VARIANTS[variant])
+    assert len(x0s) == 32
+    diffs = {key: (x0 - data[f"{variant}/c{key[0]}_s{key[1]}_x0"]).abs().max().item() for key, x0 in x0s.items()}
+    worst = max(diffs, key=diffs.get)
+    assert diffs[worst] <= TOL, f"chunk {worst[0]} step {worst[1]}: {diffs[worst]:.3g}"
+    assert (latents - data[f"{variant}/output_latents"]).abs().max().item() <= TOL
+
+
+def test_official_noise_order_reproduces_the_stored_draws(setup, one_thread):
+    """Seed 42 on a CPU generator, whole-rollout noise first, then three draws per chunk (spec §9.1)."""
+    model, data, cam = setup
+    noise = OfficialNoise(42, 32, (4, 8))
+    assert torch.equal(noise.initial, data["noise"])
+    _, latents, _ = replay(model, data, cam, 10, 0, noise=noise)
+    assert (latents - data["nosink_la10/output_latents"]).abs().max().item() <= TOL
+
+
+def test_sink_needs_true_offsets_not_slot_ranks(setup, one_thread):
+    """Rank-contiguous positions close the gap between sink and window frames: a visible change."""
+    model, data, cam = setup
+    _, latents, _ = replay(model, data, cam, 18, 6, positions="slot_rank")
+    assert (latents - data["main/output_latents"]).abs().max().item() > 1e-2
+
+
+def test_canonical_cache_rotated_to_absolute_frames_equals_official_buffer(setup, one_thread):
+    """After chunk 7 the writer holds sink frames 0-5 and frames 24-31 as canonical keys; rotated to
+    their absolute frame index they equal the official buffer (sink 0-5, then frames 20-31)."""
+    model, data, cam = setup
+    _, _, writer = replay(model, data, cam, 18, 6)
+    frames = [s.frames[0] for s in writer.slots()]
+    assert frames == [0, 1, 2, 3, 4, 5] + list(range(24, 32))
+    k, v = writer._read_kv(0)
+    k_abs = MainRope(128).rotate_slots(k, torch.tensor(frames, dtype=torch.float64))
+    rows = torch.cat([torch.arange(8 * b, 8 * b + 8) for b in [0, 1, 2, 3, 4, 5] + [6 + f - 20 for f in frames[6:]]])
+    assert int(data["main/kv_after_c7_L0_local_end"]) == 144
+    assert (k_abs - data["main/kv_after_c7_L0_k"][:, rows]).abs().max().item() <= TOL
+    assert (v - data["main/kv_after_c7_L0_v"][:, rows]).abs().max().item() <= TOL
+
+
+def test_official_memory_mapping():
+    assert official_memory(-1, 0) == {"cache": "full", "positions": "actual"}
+    assert official_memory(10, 0) == {"cache": "sliding", "budget": 6, "positions": "actual"}
+    assert official_memory(18, 6) == {"cache": "sink", "budget": 14, "sink_frames": 6, "positions": "actual"}
+    with pytest.raises(ValueError, match="must exceed"):
+        official_memory(9, 6)
+
+
+def test_loop_refuses_mismatched_inputs(setup):
+    model, data, cam = setup
+    with pytest.raises(ValueError, match="differ"):
+        CausalFastLoop(model, None, data["text_context"], conditioning_y(data["vae_latent"]), cam[:, :, :8], None)
+    with pytest.raises(ValueError, match="multiple of the chunk size"):
+        CausalFastLoop(model, None, data["text_context"], conditioning_y(data["vae_latent"][:, :6]), cam[:, :, :6], None)
