@@ -1,0 +1,111 @@
+"""The umT5-XXL text encoder of LingBot-World (spec §10.4, §12) through transformers' ``UMT5EncoderModel``.
+
+The official ``models_t5_umt5-xxl-enc-bf16.pth`` is the umT5-XXL encoder (24 layers, width 4096, 64
+heads, FFN 10240, vocabulary 256384, 32 relative-position buckets per layer, spec §12) in Wan's own
+module naming; the same weights in Hugging Face format are what diffusers' Wan pipelines load as
+``text_encoder/`` (with the ``google/umt5-xxl`` tokenizer), so this module reads that format.
+Prompt handling (spec §10.4): cleaned (ftfy when installed, HTML unescaped twice, whitespace
+collapsed), tokenised to 512 with padding and truncation, encoded with the attention mask, rows cut to
+the real token count; the DiT pads back to 512 with zeros (:meth:`LingbotDiT.embed_text`).
+"""
+
+from __future__ import annotations
+
+import html
+import re
+from pathlib import Path
+
+import torch
+
+from ...errors import CheckpointError
+
+TEXT_LEN = 512
+
+
+def clean_prompt(text: str) -> str:
+    """ftfy fix (when the package is installed), HTML unescape twice, strip, collapse whitespace."""
+    try:
+        import ftfy
+
+        text = ftfy.fix_text(text)
+    except ImportError:
+        pass
+    text = html.unescape(html.unescape(text)).strip()
+    return re.sub(r"\s+", " ", text).strip()
+
+
+class UMT5TextEncoder:
+    """umT5 encoder plus tokenizer; encodings are cached per prompt string (as the official pipeline does).
+
+    Args:
+        model: a ``transformers.UMT5EncoderModel`` (d_model 4096 for the released DiT).
+        tokenizer: a ``google/umt5-xxl`` tokenizer, or None to use :meth:`encode_ids` only.
+        max_length: tokens per prompt (512).
+    """
+
+    def __init__(self, model, tokenizer=None, max_length: int = TEXT_LEN):
+        self.model = model.eval()
+        self.tokenizer = tokenizer
+        self.max_length = max_length
+        self._cache: dict[str, torch.Tensor] = {}
+
+    @classmethod
+    def from_pretrained(cls, encoder_dir: str | Path, tokenizer_dir: str | Path | None = None,
+                        dtype: torch.dtype = torch.bfloat16, device: str | torch.device = "cpu") -> "UMT5TextEncoder":
+        """Load an HF-format encoder folder (``config.json`` + safetensors) and its tokenizer folder
+        (default: ``encoder_dir/../tokenizer``, the diffusers layout). Local files only.
+
+        Raises:
+            CheckpointError: a folder is missing or cannot be loaded (one line naming it).
+        """
+        from transformers import AutoTokenizer, UMT5EncoderModel
+
+        encoder_dir = Path(encoder_dir)
+        tokenizer_dir = Path(tokenizer_dir) if tokenizer_dir is not None else encoder_dir.parent / "tokenizer"
+        for folder in (encoder_dir, tokenizer_dir):
+            if not folder.is_dir():
+                raise CheckpointError(f"{folder}: umT5 folder not found")
+        try:
+            model = UMT5EncoderModel.from_pretrained(str(encoder_dir), dtype=dtype, local_files_only=True)
+            tokenizer = AutoTokenizer.from_pretrained(str(tokenizer_dir), local_files_only=True)
+        except (OSError, ValueError) as exc:
+            raise CheckpointError(f"{encoder_dir}: cannot load the umT5 encoder ({str(exc).splitlines()[0]})") from None
+        return cls(model.to(device), tokenizer)
+
+    @torch.no_grad()
+    def encode_ids(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+        """Token ids and mask [1, max_length] (int64) -> encoder rows of the real tokens [L, d_model] float32."""
+        device = next(self.model.parameters()).device
+        out = self.model(input_ids=input_ids.to(device), attention_mask=attention_mask.to(device)).last_hidden_state
+        length = int(attention_mask.sum())
+        return out[0, :length].float()
+
+    def encode(self, prompt: str) -> torch.Tensor:
+        """Prompt -> umT5 rows [L_tokens, d_model] float32 (L <= 512), cached per prompt string.
+
+        Raises:
+            ValueError: no tokenizer was given.
+        """
+        if self.tokenizer is None:
+            raise ValueError("UMT5TextEncoder.encode needs a tokenizer (use encode_ids with token ids)")
+        if prompt not in self._cache:
+            tok = self.tokenizer([clean_prompt(prompt)], padding="max_length", truncation=True,
+                                 max_length=self.max_length, add_special_tokens=True, return_tensors="pt")
+            self._cache[prompt] = self.encode_ids(tok.input_ids, tok.attention_mask)
+        return self._cache[prompt]
+
+
+def tiny_umt5(seed: int = 0, d_model: int = 4096, vocab_size: int = 384):
+    """A seeded random ``UMT5EncoderModel`` with the real encoder's output width but one tiny layer
+    (2 heads of 16 channels, FFN 64, 32 buckets), for tests and the ``lingbot-tiny`` preset."""
+    from transformers import UMT5Config, UMT5EncoderModel
+
+    cfg = UMT5Config(vocab_size=vocab_size, d_model=d_model, d_kv=16, d_ff=64, num_layers=1, num_heads=2,
+                     relative_attention_num_buckets=32, dropout_rate=0.0, feed_forward_proj="gated-gelu")
+    state = torch.random.get_rng_state()
+    torch.manual_seed(seed)
+    try:
+        model = UMT5EncoderModel(cfg)
+    finally:
+        torch.random.set_rng_state(state)
+    return model.eval()
