@@ -10,15 +10,19 @@ import pytest
 import torch
 
 from worldtrace_cli.errors import InputError, RunError
-from worldtrace_cli.memory import SCHEMES, WRITERS, CacheGeometry, MemoryConfig, build_writer
+from worldtrace_cli.memory import SCHEMES, WRITERS, CacheGeometry, MemoryConfig, build_writer, example_specs
+from worldtrace_cli.state import load_state, save_state, unpack
 
 GEOM = CacheGeometry(num_layers=2, heads=2, head_dim=128, tokens_per_frame=4, frames_per_chunk=3, trained_offset=5)
 UNBOUNDED = {"full", "yarn"}
 DEFAULT_BUDGET = 3  # MG2 universal: local_attn_size 6 - 3 frames per chunk
 
 
+SPECS = example_specs()  # one runnable spec per registered writer: a new writer is covered here
+
+
 def cache_name(name):
-    return "mixed:2" if name == "mixed" else name
+    return dict(zip(sorted(WRITERS), SPECS))[name]
 
 
 def chunk_kv(chunk, seed=0):
@@ -164,5 +168,92 @@ def test_bad_memory_flags_are_input_errors():
         build_writer(MemoryConfig(cache="sliding", budget=-1), 3)
     with pytest.raises(InputError, match="--sink-frames"):
         build_writer(MemoryConfig(cache="sink", sink_frames=3), 3)
-    with pytest.raises(InputError):
-        build_writer(MemoryConfig(cache="memrope", budget=2), 3)
+    with pytest.raises(InputError, match="--budget"):
+        build_writer(MemoryConfig(cache="memrope", budget=3), 3)
+
+
+def test_every_registered_writer_has_a_runnable_example_spec():
+    assert len(SPECS) == len(WRITERS) and "mixed:2" in SPECS
+    for spec in SPECS:
+        build_writer(MemoryConfig(cache=spec), DEFAULT_BUDGET)
+
+
+def assert_same(a, b, chunk):
+    assert a.slots() == b.slots(), f"chunk {chunk}: slots differ"
+    assert a.budget == b.budget and a.kv_bytes() == b.kv_bytes() and a.host_bytes() == b.host_bytes()
+    for layer in range(GEOM.num_layers):
+        for x, y in zip(a.read(layer), b.read(layer)):
+            assert x.dtype == y.dtype and torch.equal(x, y), f"chunk {chunk}, layer {layer}: read differs"
+    fa, fb = a.temporal_frequency_scale(), b.temporal_frequency_scale()
+    assert (fa is None and fb is None) or torch.equal(fa, fb)
+    assert a.events() == b.events()
+
+
+@pytest.mark.parametrize("spec", SPECS)
+def test_state_dict_round_trip_through_the_resume_files_is_bit_identical(spec, tmp_path):
+    """Save mid-run (state_dict -> save_state: safetensors + JSON, no pickle), restore into a fresh
+    writer built from the same config, continue both with the same commits: identical every chunk."""
+    kw = {"spill_dir": str(tmp_path / "spill")} if spec.split(":")[0] in ("field", "naive", "mixed") else {}
+    cfg = MemoryConfig(cache=spec, **kw)
+    w1 = build_writer(cfg, DEFAULT_BUDGET)
+    w1.reset(GEOM)
+    for c in range(9):  # field groups have moved, landmarks and EMA streams exist, sinks are full
+        w1.begin_chunk(3 * c)
+        w1.read(0)
+        w1.commit(chunk_kv(c, seed=5), [3 * c, 3 * c + 1, 3 * c + 2])
+    w1.begin_chunk(27)
+    state = w1.state_dict()
+    save_state(tmp_path / "state", {"chunk": 9}, {"writer": state})
+    _, parts, tensors = load_state(tmp_path / "state")
+    w2 = build_writer(cfg, DEFAULT_BUDGET)
+    w2.reset(GEOM)
+    w2.load_state_dict(unpack(parts["writer"], tensors))
+    w2.begin_chunk(27)
+    for c in range(9, 20):
+        assert_same(w1, w2, c)
+        for w in (w1, w2):
+            w.commit(chunk_kv(c, seed=5), [3 * c, 3 * c + 1, 3 * c + 2])
+            w.begin_chunk(3 * c + 3)
+    assert_same(w1, w2, 20)
+
+
+def test_state_is_plain_data_and_names_its_writer():
+    allowed = (dict, list, int, float, str, bool, type(None), torch.Tensor)
+
+    def walk(x):
+        assert isinstance(x, allowed), type(x)
+        if isinstance(x, dict):
+            assert all(isinstance(k, str) for k in x)
+            for v in x.values():
+                walk(v)
+        elif isinstance(x, list):
+            for v in x:
+                walk(v)
+
+    for spec in SPECS:
+        w = run(build_writer(MemoryConfig(cache=spec), DEFAULT_BUDGET), 6)
+        state = w.state_dict()
+        walk(state)
+        assert state["writer"] == spec.split(":")[0] and state["version"] == 1
+    sliding = run(build_writer(MemoryConfig(cache="sliding"), DEFAULT_BUDGET), 3).state_dict()
+    other = build_writer(MemoryConfig(cache="full"), DEFAULT_BUDGET)
+    other.reset(GEOM)
+    with pytest.raises(InputError, match="sliding"):
+        other.load_state_dict(sliding)
+    bigger = build_writer(MemoryConfig(cache="sliding", budget=5), DEFAULT_BUDGET)
+    bigger.reset(GEOM)
+    with pytest.raises(InputError, match="budget"):
+        bigger.load_state_dict(sliding)
+
+
+def test_slots_say_their_role():
+    for spec in SPECS:
+        w = run(build_writer(MemoryConfig(cache=spec), DEFAULT_BUDGET), 12)
+        roles = [s.role for s in w.slots()]
+        assert set(roles) <= {"summary", "recent"} and roles == sorted(roles, key=lambda r: r == "recent"), spec
+    kinds = {spec: {(s.kind, s.role) for s in run(build_writer(MemoryConfig(cache=spec), DEFAULT_BUDGET), 12).slots()}
+             for spec in ("naive", "sink", "memrope", "sliding")}
+    assert kinds["naive"] == {("naive", "summary"), ("recent", "recent")}
+    assert kinds["sink"] == {("sink", "summary"), ("recent", "recent")}
+    assert kinds["memrope"] == {("sink", "summary"), ("ema", "summary"), ("recent", "recent")}
+    assert kinds["sliding"] == {("past", "recent")}
