@@ -112,3 +112,13 @@ def test_loop_refuses_mismatched_inputs(setup):
         CausalFastLoop(model, None, data["text_context"], conditioning_y(data["vae_latent"]), cam[:, :, :8], None)
     with pytest.raises(ValueError, match="multiple of the chunk size"):
         CausalFastLoop(model, None, data["text_context"], conditioning_y(data["vae_latent"][:, :6]), cam[:, :, :6], None)
+
+
+def test_bfloat16_model_runs_the_same_rollout_approximately(setup, one_thread):
+    """The official GPU dtype (bf16 weights, spec §15.8): same loop and writers, bf16 rounding only."""
+    _, data, cam = setup
+    model = load_lingbot_dit(DATA / "tiny_config.json", weights=DATA / "tiny_weights.safetensors", dtype=torch.bfloat16)
+    _, latents, writer = replay(model, data, cam, 18, 6)
+    assert latents.dtype == torch.float32 and writer.geometry.dtype == torch.bfloat16
+    diff = (latents - data["main/output_latents"]).abs()
+    assert diff.max().item() < 0.1 and diff.mean().item() < 0.02
