@@ -121,3 +121,17 @@ def test_relative_motion_is_in_previous_camera_axes():
     assert np.allclose(rel[0], np.eye(4))
     assert np.allclose(rel[2][:3, 3], [0, 0, 1])  # normalised by the largest step (2)
     assert np.allclose(rel[1][:3, :3], c1[:3, :3])
+
+
+def test_image_preprocessing_matches_official_vae_input(data):
+    import torch
+
+    from worldtrace_cli.model.lingbot.conditioning import preprocess_image
+
+    x = preprocess_image(data["image_uint8"].numpy(), 32, 64)
+    assert x.shape == (1, 3, 32, 64) and x.dtype == torch.float32
+    assert (x[0] - data["vae_encode_input_frame0"]).abs().max().item() == 0
+    squashed = preprocess_image(data["image_uint8"].numpy(), 48, 48)  # no crop: the whole image, squashed
+    assert squashed.shape == (1, 3, 48, 48)
+    with pytest.raises(ValueError, match=r"uint8 \[H, W, 3\]"):
+        preprocess_image(np.zeros((4, 4), dtype=np.uint8), 8, 8)

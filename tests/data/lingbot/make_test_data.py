@@ -13,6 +13,7 @@ as they are, and writes ``tiny_data.safetensors`` with only what the tests read:
 * per variant V in (main, nosink_la10, global): ``V/c{c}_s{s}_x0`` [16, 4, 4, 8] of every denoising
   call, ``V/output_latents`` [16, 32, 4, 8]; for main also ``main/kv_after_c7_L0_k`` / ``_v`` and the
   buffer indices, and the chunk-0 context-pass flow;
+* ``image_uint8`` [32, 64, 3] and ``vae_encode_input_frame0`` [3, 32, 64] (the image as the VAE got it);
 * ``v1_x`` [16, 8, 4, 8], ``v1_flow_t999`` / ``v1_flow_t500``: one bidirectional expert call on frames 0-7.
 """
 
@@ -32,7 +33,7 @@ raw = load_file(str(src / "tiny_inputs.safetensors"))
 run = load_file(str(src / "tiny_run_inputs.safetensors"))
 v1 = load_file(str(src / "v1_expert_call.safetensors"))
 out = {
-    "text_context": raw["text_context"], "vae_latent": raw["vae_latent"],
+    "image_uint8": raw["image_uint8"], "text_context": raw["text_context"], "vae_latent": raw["vae_latent"],
     "poses": torch.from_numpy(np.load(src / "action_path" / "poses.npy")),
     "intrinsics": torch.from_numpy(np.load(src / "action_path" / "intrinsics.npy")),
     "noise": run["noise"], "add_noise_draws": run["add_noise_draws"],
@@ -54,4 +55,5 @@ for variant in ("main", "nosink_la10", "global"):
         for k in ("k", "v", "global_end", "local_end"):
             out[f"main/kv_after_c7_L0_{k}"] = o[f"kv_after_c7_L0_{k}"]
         out["main/c0_ctx_flow"] = o["call_c0_ctx_flow_pred"]
+        out["vae_encode_input_frame0"] = o["vae_encode_input_frame0"]
 save_file({k: v.contiguous() for k, v in out.items()}, str(dst / "tiny_data.safetensors"))
