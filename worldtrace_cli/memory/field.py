@@ -66,8 +66,6 @@ class FieldSummary(SummaryMemory):
         OutputError: ``spill_dir`` cannot be created or written (e.g. the disk is full).
     """
 
-    _transient = ("_cleanup",)  # legacy __dict__ resume (worldtrace_cli.state objects): finalizer not saved
-
     kind = "field"
 
     def __init__(self, num_slots: int, spill_dir: str | None = None):
@@ -98,12 +96,6 @@ class FieldSummary(SummaryMemory):
                 raise OutputError(f"--spill-dir {self.spill_dir}: {err.strerror or err}") from err
             self._cleanup = weakref.finalize(self, shutil.rmtree, self._dir, True)
             self._cleanup.atexit = False  # an interrupted run keeps its spilled frames for --resume
-
-    def _restored(self) -> None:
-        """After a resume: the spill folder again belongs to this process (deleted with the writer)."""
-        if self._dir is not None:
-            self._cleanup = weakref.finalize(self, shutil.rmtree, self._dir, True)
-            self._cleanup.atexit = False
 
     def evict(self, frame_id: int, frame_kv: FrameKV) -> None:
         if self.num_slots == 0:
