@@ -257,3 +257,28 @@ def test_slots_say_their_role():
     assert kinds["sink"] == {("sink", "summary"), ("recent", "recent")}
     assert kinds["memrope"] == {("sink", "summary"), ("ema", "summary"), ("recent", "recent")}
     assert kinds["sliding"] == {("past", "recent")}
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+@pytest.mark.parametrize("spec", SPECS)
+def test_state_round_trip_on_cuda_keeps_host_stores_on_the_host(spec, tmp_path):
+    cuda = CacheGeometry(**{**GEOM.__dict__, "device": torch.device("cuda")})
+    w1, w2 = build_writer(MemoryConfig(cache=spec), DEFAULT_BUDGET), build_writer(MemoryConfig(cache=spec), DEFAULT_BUDGET)
+    w1.reset(cuda)
+    for c in range(8):
+        w1.begin_chunk(3 * c)
+        w1.commit([(k.cuda(), v.cuda()) for k, v in chunk_kv(c)], [3 * c, 3 * c + 1, 3 * c + 2])
+    w1.begin_chunk(24)
+    save_state(tmp_path / "state", {}, {"writer": w1.state_dict()})
+    _, parts, tensors = load_state(tmp_path / "state")
+    w2.reset(cuda)
+    w2.load_state_dict(unpack(parts["writer"], tensors))
+    w2.begin_chunk(24)
+    for c in range(8, 14):
+        assert_same(w1, w2, c)
+        for w in (w1, w2):
+            w.commit([(k.cuda(), v.cuda()) for k, v in chunk_kv(c)], [3 * c, 3 * c + 1, 3 * c + 2])
+            w.begin_chunk(3 * c + 3)
+    if spec in ("field", "naive", "mixed:2"):
+        assert all(t.is_pinned() for t in w2._components[0]._store)
