@@ -5,7 +5,8 @@ import json
 
 from click.testing import CliRunner
 
-from worldtrace_cli.bench import SceneSetup, evaluate, speed_benchmark
+from worldtrace_cli.bench import SceneSetup, evaluate
+from worldtrace_cli.jobs.bench_speed import speed_benchmark
 from worldtrace_cli.cli import main
 
 SETUP = SceneSetup()

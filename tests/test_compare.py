@@ -8,7 +8,8 @@ import numpy as np
 import pytest
 from click.testing import CliRunner
 
-from worldtrace_cli.compare import compare, draw_panel, grid_shape, hud_rows, write_grid_video
+from worldtrace_cli.cli.compare import compare
+from worldtrace_cli.jobs.compare import draw_panel, grid_shape, hud_rows, write_grid_video
 from worldtrace_cli.outputs import VideoStreamWriter, probe_video, read_video_frames
 from worldtrace_cli.trajectory import load_trajectory, plan_actions
 
@@ -45,8 +46,20 @@ def test_compare_three_modes_writes_grid_video_and_table(tmp_path):
     md = (out / "compare.md").read_text()
     assert all(f"| {mode} |" in md for mode in ("sliding", "field", "landmark")) and "PAC" in md
 
-    # The same folder again is refused (exit 4), as generate refuses a finished run.
-    assert "--overwrite" in one_line_error(CliRunner().invoke(compare, args), 4)
+    # The same command again reuses the complete runs (an interrupted compare is finished this way):
+    # here landmark's run was killed (no summary, no state), so only it is generated again.
+    (out / "landmark" / "summary.json").unlink()
+    (out / "compare.json").unlink()
+    before = {m: (out / m / "video.mp4").stat().st_mtime_ns for m in ("sliding", "field", "landmark")}
+    result = CliRunner().invoke(compare, args)
+    assert result.exit_code == 0, result.output
+    after = {m: (out / m / "video.mp4").stat().st_mtime_ns for m in ("sliding", "field", "landmark")}
+    assert [after[m] == before[m] for m in before] == [True, True, False]
+    assert json.loads((out / "landmark" / "summary.json").read_text())["status"] == "complete"
+    assert (out / "compare.json").is_file()
+    # Other settings in the same folder are refused (exit 4) rather than mixed or deleted.
+    line = one_line_error(CliRunner().invoke(compare, [a if a != "3" else "4" for a in args]), 4)
+    assert "seed 3 (now 4)" in line and "--overwrite" in line
 
 
 def test_compare_rejects_bad_writers_before_running(tmp_path):

@@ -1,7 +1,7 @@
 """`worldtrace loopbench run|report` (click CliRunner, CPU): job planning, idempotent and resumable
 sweeps, failure records, shards (flag and torchrun env), and the report's statistics.
 
-Most sweeps replace ``rollout.generate`` by a stub that writes a complete summary.json, so the
+Most sweeps replace ``run_generation`` by a stub that writes a complete summary.json, so the
 runner's logic is tested on 36-job matrices in milliseconds; one sweep runs the real tiny model.
 """
 
@@ -13,12 +13,13 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from worldtrace_cli import rollout
+from worldtrace_cli.jobs import generate as generate_job
 from worldtrace_cli.errors import InputError
 from worldtrace_cli.loopbench import runner
-from worldtrace_cli.loopbench.cli import loopbench
+from worldtrace_cli.cli.loopbench import loopbench
 from worldtrace_cli.loopbench.report import collect, mean_ci, paired_test, report
-from worldtrace_cli.outputs import prepare_run_dir, write_json_atomic
+from worldtrace_cli.outputs import write_json_atomic
+from worldtrace_cli.runs import RunFolder
 
 ROOT = Path(__file__).parent.parent
 IMAGES = ROOT / "assets" / "images"
@@ -51,7 +52,7 @@ def fake_summary(cfg, pac=0.5, temp_ssim=0.7):
 
 @pytest.fixture
 def fake_generate(monkeypatch):
-    """Replace rollout.generate by a stub writing a complete run; returns the list of job keys run.
+    """Replace run_generation by a stub writing a complete run; returns the list of job keys run.
     ``calls.fail`` = a set of job-key substrings that raise instead."""
 
     class Calls(list):
@@ -59,17 +60,17 @@ def fake_generate(monkeypatch):
 
     calls = Calls()
 
-    def generate(cfg, resume=False):
+    def generate(cfg, resume=False, pipeline=None):
         key = "/".join(Path(cfg.output).parts[-4:])
         calls.append(key + (" (resumed)" if resume else ""))
         if any(s in key for s in calls.fail):
             raise RuntimeError(f"boom in {key}\nsecond line")
-        prepare_run_dir(cfg.output, cfg.overwrite)
+        RunFolder(cfg.output).prepare(cfg.overwrite or resume)
         summary = fake_summary(cfg)
         write_json_atomic(Path(cfg.output) / "summary.json", summary)
         return summary
 
-    monkeypatch.setattr(rollout, "generate", generate)
+    monkeypatch.setattr(generate_job, "run_generation", generate)
     return calls
 
 
@@ -144,8 +145,9 @@ def test_failing_job_is_recorded_and_the_sweep_goes_on(tmp_path, fake_generate):
 def test_interrupted_job_resumes_from_its_state_and_stops_the_sweep(tmp_path, fake_generate, monkeypatch):
     from dataclasses import replace
 
-    from worldtrace_cli import run
-    from worldtrace_cli.run import Interrupted
+    from worldtrace_cli.config import RunConfig
+    from worldtrace_cli.errors import Interrupted
+    from worldtrace_cli.runs import resume as run
 
     out = tmp_path / "lb"
     args = ["--configs", "aba", "--caches", "sliding", "--images", TWO_IMAGES, "--seeds", "0", "--chunks", 2]
@@ -154,23 +156,24 @@ def test_interrupted_job_resumes_from_its_state_and_stops_the_sweep(tmp_path, fa
     saved = json.loads((job / "summary.json").read_text())["config"]
     (job / "summary.json").unlink()
     (job / "resume").mkdir()  # a state saved on SIGTERM; its config is what resume_config returns
-    monkeypatch.setattr(run, "resume_config", lambda folder: run.RunConfig.from_dict(saved))
+    (job / "resume" / "state.json").write_text("{}")
+    monkeypatch.setattr(run, "resume_config", lambda folder: RunConfig.from_dict(saved))
     fake_generate.clear()
     assert lb("run", *args, "-o", out).exit_code == 0
     assert fake_generate == ["aba/sliding/mg2_universal_0004/seed0 (resumed)"]
 
     # A state saved with other settings is not resumed: the job is redone from chunk 0.
     (job / "summary.json").unlink()
-    monkeypatch.setattr(run, "resume_config", lambda folder: replace(run.RunConfig.from_dict(saved), seed=7))
+    monkeypatch.setattr(run, "resume_config", lambda folder: replace(RunConfig.from_dict(saved), seed=7))
     fake_generate.clear()
     assert lb("run", *args, "-o", out).exit_code == 0
     assert fake_generate == ["aba/sliding/mg2_universal_0004/seed0"]
 
     # Ctrl-C / SIGTERM inside a job (generate raises Interrupted, exit 130) stops the sweep unrecorded.
-    def interrupted(cfg, resume=False):
+    def interrupted(cfg, resume=False, pipeline=None):
         raise Interrupted("interrupted after chunk 0 of 2")
 
-    monkeypatch.setattr(rollout, "generate", interrupted)
+    monkeypatch.setattr(generate_job, "run_generation", interrupted)
     result = lb("run", *args, "--seeds", "1", "-o", out)
     assert result.exit_code == 130 and not (out / "failures.jsonl").exists()
 

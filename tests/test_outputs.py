@@ -17,10 +17,8 @@ import torch
 
 from worldtrace_cli.errors import OutputError
 from worldtrace_cli.outputs import (
-    SUMMARY_NAME,
     JsonlWriter,
     VideoStreamWriter,
-    prepare_run_dir,
     probe_video,
     read_jsonl,
     read_video_frames,
@@ -271,31 +269,3 @@ def test_write_json_atomic(tmp_path):
         write_json_atomic(regular / "summary.json", {})
 
 
-# --------------------------------------------------------------------------- run folder
-
-
-def test_prepare_run_dir(tmp_path):
-    run = prepare_run_dir(tmp_path / "a" / "b", overwrite=False)
-    assert run.is_dir()
-    (run / "chunks.jsonl").write_text('{"chunk": 0}\n')  # an interrupted run: never deleted silently
-    (run / "notes.txt").write_text("mine")
-    with pytest.raises(OutputError, match="holds an unfinished run .use --overwrite"):
-        prepare_run_dir(run, overwrite=False)
-    assert (run / "chunks.jsonl").exists()
-    assert prepare_run_dir(run, overwrite=True) == run
-    assert not (run / "chunks.jsonl").exists() and (run / "notes.txt").exists()
-
-    write_json_atomic(run / SUMMARY_NAME, {"done": True})  # a finished run: refused
-    with pytest.raises(OutputError, match="already holds a finished run .use --overwrite."):
-        prepare_run_dir(run, overwrite=False)
-    prepare_run_dir(run, overwrite=True)
-    assert not (run / SUMMARY_NAME).exists()  # an interrupted rerun must not look finished
-
-
-def test_prepare_run_dir_errors(tmp_path):
-    regular = tmp_path / "file"
-    regular.write_text("x")
-    with pytest.raises(OutputError, match=str(regular)):
-        prepare_run_dir(regular, overwrite=False)
-    with pytest.raises(OutputError, match=str(regular)):
-        prepare_run_dir(regular / "run", overwrite=True)

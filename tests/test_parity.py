@@ -58,13 +58,24 @@ def test_canonical_cache_equals_official_rotated_cache(replayed):
         assert torch.allclose(v, ref_v, atol=1e-4)
 
 
-def test_parity_cli_passes_on_fixture(capsys):
-    assert parity.main([str(FIXTURES / "universal_la4")]) == 0
-    last = capsys.readouterr().out.strip().splitlines()[-1]
+def _parity(*args):
+    """``worldtrace parity ARGS`` through click's runner: (exit code, stdout)."""
+    from click.testing import CliRunner
+
+    from worldtrace_cli.cli import main
+
+    result = CliRunner().invoke(main, ["parity", *args])
+    return result.exit_code, result.output
+
+
+def test_parity_cli_passes_on_fixture():
+    code, out = _parity(str(FIXTURES / "universal_la4"))
+    assert code == 0
+    last = out.strip().splitlines()[-1]
     assert last.startswith("max_abs_diff=") and float(last.split("=")[1]) <= 1e-4
 
 
-def test_parity_cli_fails_when_model_is_wrong(tmp_path, capsys):
+def test_parity_cli_fails_when_model_is_wrong(tmp_path):
     """A one-row shift of the action rows (a classic off-by-one) must be caught."""
     from safetensors.torch import load_file, save_file
     import shutil
@@ -74,26 +85,27 @@ def test_parity_cli_fails_when_model_is_wrong(tmp_path, capsys):
     inputs = load_file(str(FIXTURES / "tiny_inputs.safetensors"))
     inputs["keyboard_cond"] = torch.roll(inputs["keyboard_cond"], 1, dims=1)
     save_file(inputs, str(tmp_path / "tiny_inputs.safetensors"))
-    assert parity.main([str(tmp_path)]) == 1
-    last = capsys.readouterr().out.strip().splitlines()[-1]
+    code, out = _parity(str(tmp_path))
+    assert code == 1
+    last = out.strip().splitlines()[-1]
     assert float(last.split("=")[1]) > 1e-4
 
 
 def test_parity_cli_reports_missing_folder(tmp_path):
-    assert parity.main([str(tmp_path / "nope")]) == 2
+    assert _parity(str(tmp_path / "nope"))[0] == 2
 
 
 @pytest.mark.slow
 @pytest.mark.skipif(shutil.which("c++") is None and shutil.which("g++") is None,
                     reason="torch.compile on CPU needs a C++ compiler")
-def test_compiled_blocks_with_float32_rope_replay_the_official_rollout(capsys):
+def test_compiled_blocks_with_float32_rope_replay_the_official_rollout():
     """The fastest settings `generate` offers still replay the official code (CPU; on a GPU run the
     same command with --device cuda)."""
-    code = parity.main([str(FIXTURES / "universal_la4"), "--rope-precision", "float32", "--compile", "default"])
-    last = capsys.readouterr().out.strip().splitlines()[-1]
+    code, out = _parity(str(FIXTURES / "universal_la4"), "--rope-precision", "float32", "--compile", "default")
+    last = out.strip().splitlines()[-1]
     assert code == 0 and float(last.split("=")[1]) <= 1e-4
 
 
-def test_parity_cli_refuses_bad_arguments(capsys):
-    assert parity.main([str(FIXTURES), "--compile", "fastest"]) == 2
-    assert parity.main([]) == 2
+def test_parity_cli_refuses_bad_arguments():
+    assert _parity(str(FIXTURES), "--compile", "fastest")[0] == 2
+    assert _parity()[0] == 2

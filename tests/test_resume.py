@@ -14,7 +14,7 @@ from worldtrace_cli.config import RunConfig, load_preset
 from worldtrace_cli.errors import RunError
 from worldtrace_cli.memory import MemoryConfig
 from worldtrace_cli.outputs import probe_video, read_jsonl
-from worldtrace_cli.run import run_generation
+from worldtrace_cli.jobs.generate import run_generation
 
 ROOT = Path(__file__).parent.parent
 IMAGE = ROOT / "assets" / "images" / "mg2_universal_0004.png"
@@ -83,7 +83,11 @@ def test_killed_run_keeps_chunks_and_resumes_exactly(tmp_path, reference, sig, c
         assert "--resume" in err and "error" not in err.lower()
         assert f"interrupted after chunk {done - 1} " in err  # every generated chunk was written
         assert frames == 9 + 12 * (done - 1)  # every finished chunk, exactly
-    assert not (out / "summary.json").exists()
+    if sig == signal.SIGKILL:
+        assert not (out / "summary.json").exists()
+    else:  # a stopped run leaves a partial summary, never one that looks complete
+        partial = json.loads((out / "summary.json").read_text())
+        assert partial["status"] == "stopped" and partial["totals"]["chunks"] == done
     # --overlap-decode does not change the video, so a resume may switch it on
     switch = ("--overlap-decode",) if sig == signal.SIGINT else ()
     result = resume(out, *switch)
@@ -100,7 +104,7 @@ def test_killed_run_keeps_chunks_and_resumes_exactly(tmp_path, reference, sig, c
 
 def test_resume_without_state_is_a_clear_error(tmp_path):
     result = resume(tmp_path)
-    assert result.returncode == 2 and "no saved state" in result.stderr
+    assert result.returncode == 2 and "nothing to resume" in result.stderr and "--overwrite" in result.stderr
     assert len(result.stderr.strip().splitlines()) == 1
 
 
@@ -183,7 +187,7 @@ def test_resume_refuses_changed_inputs_and_lost_chunks(tmp_path):
     shutil.copy(ABA, traj)
     (out / "video.mp4").unlink()
     result = resume(out)
-    assert result.returncode == 4 and "cannot resume exactly" in result.stderr
+    assert result.returncode == 7 and "cannot resume exactly" in result.stderr  # FolderInconsistent
     assert len([ln for ln in result.stderr.splitlines() if "error:" in ln]) == 1
 
 

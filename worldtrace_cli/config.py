@@ -57,6 +57,12 @@ class Preset:
     bundle: str | None = None
     world: str | None = None
 
+    @property
+    def has_world(self) -> bool:
+        """True for a model of the procedural world: its start image is the world's view and its
+        frames are scored against the world's renders (ground truth)."""
+        return self.world == "procedural"
+
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)
         d["dit"] = self.dit.to_dict()
@@ -199,3 +205,10 @@ class RunConfig:
             if d.get(key) is not None:
                 d[key] = Path(d[key])
         return cls(**d)
+
+
+def memory_config(cache: str, spill_dir=None, **options):
+    """:func:`~worldtrace_cli.cli.options.memory_options` values (``positions``, ``budget``, ``summary_slots``, ``recent_slots``,
+    ``landmark_threshold``, ``sink_frames``, ``max_cache_gb``, ``spill_dir``) and a writer spec as a
+    MemoryConfig (defaults: MemoryConfig's own). Raises TypeError for an unknown option name."""
+    return MemoryConfig(cache=cache, spill_dir=None if spill_dir is None else str(spill_dir), **options)

@@ -12,7 +12,10 @@ Exit codes (documented in the README, section "When things go wrong"):
 3    checkpoint: missing file, wrong/missing/extra keys, shapes, dtypes
 4    output: folder not writable, already holds a finished run, disk full
 5    run failure: non-finite latents, memory cap reached
-130  interrupted (Ctrl-C); the run folder is valid up to the last chunk
+6    run folder busy: another worldtrace process holds its lock (the holder is named)
+7    run folder inconsistent: its records contradict each other or the video
+130  stopped (Ctrl-C / SIGTERM) with a resume state saved: ``--resume`` continues it
+131  stopped without a resume state (a second Ctrl-C, a stop before the first chunk)
 ==== ===================================================================
 """
 
@@ -57,3 +60,21 @@ class RunError(WorldtraceError):
     """A generation run failed midway: non-finite latents, memory cap (exit code 5)."""
 
     exit_code = 5
+
+
+class FolderBusy(OutputError):
+    """Another process holds the run folder's lock (exit code 6); the message names the holder."""
+
+    exit_code = 6
+
+
+class FolderInconsistent(OutputError):
+    """A run folder's records contradict each other or its video (exit code 7)."""
+
+    exit_code = 7
+
+
+class Aborted(WorldtraceError):
+    """The run stopped without saving a resume state (exit code 131): rerun with ``--overwrite``."""
+
+    exit_code = 131

@@ -527,6 +527,23 @@ class OnlineMetrics:
             self._last_embed = mean
         return rec
 
+    _STATE = ("gt_psnr", "gt_ssim", "last_frame", "last_latent", "last_embed", "embeds", "ssim", "ldiff", "drift")
+
+    def state_dict(self) -> dict:
+        """The accumulators (lists of floats, tensors or None; CPU tensors) for a resume state."""
+        return {"level": self.level, **{k: getattr(self, "_" + k) for k in self._STATE}}
+
+    def load_state_dict(self, state: dict) -> None:
+        """Restore :meth:`state_dict` into an accumulator of the same level.
+
+        Raises:
+            ValueError: a state of another level, or missing entries.
+        """
+        if state.get("level") != self.level or any(k not in state for k in self._STATE):
+            raise ValueError(f"metrics state of level {state.get('level')!r} cannot restore level {self.level!r}")
+        for k in self._STATE:
+            setattr(self, "_" + k, state[k])
+
     def summary(self, plan=None) -> dict:
         """Run-level means (and PAC over ``plan``'s revisit pairs with level ``all``)."""
         if self.level == "none":

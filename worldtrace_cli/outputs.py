@@ -11,7 +11,6 @@ import dataclasses
 import json
 import math
 import os
-import shutil
 import signal
 import subprocess
 import tempfile
@@ -23,18 +22,6 @@ import imageio_ffmpeg
 import numpy as np
 
 from .errors import OutputError
-
-VIDEO_NAME = "video.mp4"
-CHUNKS_NAME = "chunks.jsonl"
-SUMMARY_NAME = "summary.json"
-TIMELINE_NAME = "cache_timeline.png"
-# Files a run writes; a rerun removes them first so nothing stale survives an interruption.
-RUN_FILES = (SUMMARY_NAME, CHUNKS_NAME, VIDEO_NAME, TIMELINE_NAME)
-# a replaced run's resume state must go too, or --resume could mix two runs
-STATE_NAME = "resume"  # the resume state folder of an interrupted run (run.py, state.py)
-_RESUME_LEFTOVERS = (STATE_NAME, STATE_NAME + ".old", STATE_NAME + ".tmp", "video.part.mp4")
-
-
 
 def cache_folder(cache: str) -> str:
     """Folder name of a cache spec (run folders of generate, compare, loopbench): ``mixed:2`` ->
@@ -314,18 +301,23 @@ def _drop_partial_line(path: Path, block_bytes: int = 65536) -> None:
         f.truncate(cut)
 
 
-def read_jsonl(path: str | Path) -> list[dict]:
-    """Records of a JSONL file, in order. A truncated last line (a killed writer) is dropped.
+def read_jsonl_checked(path: str | Path) -> tuple[list[dict], bool]:
+    """(records of a JSONL file in order, ``torn``): a cut-off last line (a killed writer: no newline
+    after it and not valid JSON) is dropped and reported as ``torn``.
 
-    Raises OutputError for a missing file or a malformed line other than the last.
+    Raises:
+        OutputError: a missing or unreadable file.
+        FolderInconsistent: a malformed line other than the last (names the file and line).
     """
+    from .errors import FolderInconsistent
+
     path = Path(path)
     try:
         data = path.read_bytes()
     except OSError as err:
         raise OutputError(f"cannot read {path}: {_reason(err)}") from None
     lines = data.split(b"\n")
-    records = []
+    records, torn = [], False
     for number, raw in enumerate(lines, start=1):
         if not raw.strip():
             continue
@@ -333,12 +325,33 @@ def read_jsonl(path: str | Path) -> list[dict]:
             record = json.loads(raw.decode("utf-8"))
         except (UnicodeDecodeError, json.JSONDecodeError):
             if number == len(lines):  # no newline after it: cut off mid-write
+                torn = True
                 break
-            raise OutputError(f"{path}:{number}: not a JSON record") from None
+            raise FolderInconsistent(f"{path}:{number}: not a JSON record") from None
         if not isinstance(record, dict):
-            raise OutputError(f"{path}:{number}: expected a JSON object")
+            raise FolderInconsistent(f"{path}:{number}: expected a JSON object")
         records.append(record)
-    return records
+    return records, torn
+
+
+def read_jsonl(path: str | Path) -> list[dict]:
+    """Records of a JSONL file, in order; a torn last line is dropped (:func:`read_jsonl_checked`)."""
+    return read_jsonl_checked(path)[0]
+
+
+def write_jsonl_atomic(path: str | Path, records: list[dict]) -> None:
+    """Replace a JSONL file by ``records`` (temporary file, fsync, rename). Raises OutputError."""
+    path = Path(path)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    try:
+        with tmp.open("w", encoding="utf-8") as f:
+            f.write("".join(_dumps(r) + "\n" for r in records))
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except OSError as err:
+        tmp.unlink(missing_ok=True)
+        raise OutputError(f"cannot write {path}: {_reason(err)}") from None
 
 
 def write_json_atomic(path: str | Path, obj, indent: int = 2) -> None:
@@ -360,45 +373,6 @@ def write_json_atomic(path: str | Path, obj, indent: int = 2) -> None:
         except OSError:  # the folder itself is the problem; the message below says so
             pass
         raise OutputError(f"cannot write {path}: {_reason(err)}") from None
-
-
-# --------------------------------------------------------------------------- run folder
-
-
-def prepare_run_dir(path: str | Path, overwrite: bool) -> Path:
-    """Create (or reuse) a run folder and return it.
-
-    A folder holding a run, finished (``summary.json`` exists) or interrupted (video or chunk
-    records but no summary), is refused unless ``overwrite``, so generated chunks are never
-    deleted by accident. With ``overwrite`` the known run files (:data:`RUN_FILES`) are removed,
-    summary first, so an interrupted rerun never looks finished; other files are left.
-    Raises OutputError when the folder cannot be created or written, or holds a run.
-    """
-    path = Path(path)
-    try:
-        path.mkdir(parents=True, exist_ok=True)
-    except FileExistsError:
-        raise OutputError(f"output folder {path} exists and is not a folder") from None
-    except OSError as err:
-        raise OutputError(f"cannot create output folder {path}: {_reason(err)}") from None
-    if not overwrite:
-        if (path / SUMMARY_NAME).exists():
-            raise OutputError(f"output folder {path} already holds a finished run (use --overwrite)")
-        if any((path / name).exists() for name in RUN_FILES):
-            raise OutputError(f"output folder {path} holds an unfinished run (use --overwrite to replace it)")
-    probe = path / f".worldtrace-write-test-{os.getpid()}"
-    try:
-        for name in RUN_FILES + _RESUME_LEFTOVERS:
-            target = path / name
-            if target.is_dir():
-                shutil.rmtree(target)
-            else:
-                target.unlink(missing_ok=True)
-        probe.write_bytes(b"")
-        probe.unlink()
-    except OSError as err:
-        raise OutputError(f"output folder {path} is not writable: {_reason(err)}") from None
-    return path
 
 
 def _ignore_stop_signals() -> None:

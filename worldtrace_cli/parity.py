@@ -1,7 +1,7 @@
 """Replay an MG2 golden fixture folder and report the largest deviation from the official outputs.
 
-Usage: ``python -m worldtrace_cli.parity FIXTURE_DIR [--rope-precision float64|float32]
-[--compile MODE] [--device cpu|cuda]`` (format: ``tests/data/fixtures/FIXTURES.md``). Prints one
+Usage: ``worldtrace parity FIXTURE_DIR [--rope-precision float64|float32] [--compile MODE]
+[--device cpu|cuda]`` (format: ``tests/data/fixtures/FIXTURES.md``). Prints one
 line per compared group and, last, ``max_abs_diff=<value>``; exits 0 when the value is <= 1e-4
 and 1 otherwise (2 for an unreadable folder or bad arguments). The model runs in float32; the
 speed options are those of ``worldtrace generate``, so a GPU session can check that a compiled
@@ -15,17 +15,16 @@ the MG2-native sliding cache (budget = local_attn_size - 3 past latent frames, a
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 
 import torch
 
-from .errors import WorldtraceError
+from .errors import InputError
 from .memory import build_writer
 from .memory.base import MemoryConfig
 from .model.checkpoint import check_state_dict, read_json, read_state_dict
 from .model.config import DiTConfig
-from .model.dit import COMPILE_MODES, ROPE_PRECISIONS, CausalWanDiT, configure_speed
+from .model.dit import CausalWanDiT, configure_speed
 from .model.sampler import FlowMatchSchedule
 
 TOLERANCE = 1e-4
@@ -50,7 +49,7 @@ def load_fixture(folder: str | Path):
     model = CausalWanDiT(cfg).float().eval()
     weights_path = _find(folder, "tiny_weights.safetensors")
     if weights_path is None:
-        raise WorldtraceError(f"{folder}: no tiny_weights.safetensors here or in the parent folder")
+        raise InputError(f"{folder}: no tiny_weights.safetensors here or in the parent folder")
     sd = read_state_dict(weights_path)
     expected = model.state_dict()
     sd = {k: v for k, v in sd.items() if k in expected}
@@ -130,34 +129,7 @@ def compare(folder: str | Path, rope_precision: str = "float64", compile_mode: s
     return diffs
 
 
-def main(argv: list[str] | None = None) -> int:
-    """CLI entry (see the module docstring); returns the exit code (0 within 1e-4, 1 above, 2 on bad input)."""
-    import argparse
+if __name__ == "__main__":  # ``python -m worldtrace_cli.parity`` = ``worldtrace parity``
+    from .cli.parity import parity
 
-    parser = argparse.ArgumentParser(prog="python -m worldtrace_cli.parity",
-                                     description="Replay an MG2 golden fixture folder against the official outputs.")
-    parser.add_argument("folder", metavar="FIXTURE_DIR")
-    parser.add_argument("--rope-precision", choices=sorted(ROPE_PRECISIONS), default="float64")
-    parser.add_argument("--compile", choices=COMPILE_MODES, default="none")
-    parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
-    try:
-        args = parser.parse_args(sys.argv[1:] if argv is None else argv)
-    except SystemExit as exc:
-        return 2 if exc.code else 0
-    if args.device == "cuda" and not torch.cuda.is_available():
-        print("error: --device cuda: no CUDA device is available", file=sys.stderr)
-        return 2
-    try:
-        diffs = compare(args.folder, args.rope_precision, args.compile, args.device)
-    except WorldtraceError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
-    for name, value in diffs.items():
-        print(f"{name}: max_abs_diff={value:.3e}")
-    worst = max(diffs.values())
-    print(f"max_abs_diff={worst:.6e}")
-    return 0 if worst <= TOLERANCE else 1
-
-
-if __name__ == "__main__":
-    sys.exit(main())
+    parity(prog_name="python -m worldtrace_cli.parity")

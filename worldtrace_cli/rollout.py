@@ -1,48 +1,27 @@
-"""The chunk loop: conditions -> denoising steps -> context pass and cache commit -> decode -> sinks.
+"""The chunk loop: denoising steps -> context pass and cache commit -> decode.
 
-:class:`Rollout` generates one chunk (3 latent frames) per :meth:`Rollout.step` through a cache
-writer (MG2 spec §11, design.md §3). :func:`generate` is the ``worldtrace generate`` job: it loads
-the model, conditions on an image, runs the rollout over a trajectory and streams the run folder
-(``video.mp4``, ``chunks.jsonl``, ``summary.json``; design.md §4).
+:class:`Rollout` generates one chunk (3 latent frames for MG2) per :meth:`Rollout.step` through a
+cache writer (MG2 spec §11, design.md §3); :class:`DecodePipeline` decodes the chunks in order.
+The model's geometry (latent channels, tokens per latent frame) comes from the DiT; the jobs build
+rollouts through :class:`~worldtrace_cli.pipeline.Pipeline`.
 """
 
 from __future__ import annotations
 
 import logging
 import os
-import platform
 import time
 from contextlib import contextmanager
 from dataclasses import dataclass
 
 import torch
 
-from . import __version__
-from .config import RunConfig
-from .errors import InputError, RunError
+from .errors import RunError
 from .memory import CacheGeometry, CacheWriter
 from .model.dit import ChunkInputs, LayerPast
 from .model.sampler import FlowMatchSchedule, add_noise, chunk_generator, flow_to_x0
 
 log = logging.getLogger("worldtrace")
-
-
-def resolve_device(name: str) -> torch.device:
-    """``auto`` -> cuda when available else cpu. Raises InputError for cuda without a GPU."""
-    if name == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    if name == "cuda" and not torch.cuda.is_available():
-        raise InputError("--device cuda: no CUDA device is available (use --device cpu)")
-    if name not in ("cpu", "cuda"):
-        raise InputError(f"--device: must be auto, cuda or cpu, got {name!r}")
-    return torch.device(name)
-
-
-def resolve_dtype(name: str, device: torch.device) -> torch.dtype:
-    """``auto`` -> bf16 on cuda, fp32 on cpu."""
-    if name == "auto":
-        return torch.bfloat16 if device.type == "cuda" else torch.float32
-    return {"bf16": torch.bfloat16, "fp32": torch.float32}[name]
 
 
 def process_rss_bytes() -> int:
@@ -118,7 +97,8 @@ class Rollout:
         self.timesteps, self.sigmas = schedule.timesteps(), schedule.sigmas()
         self.latent_hw = latent_hw
         cfg = dit.cfg
-        tokens = (latent_hw[0] // 2) * (latent_hw[1] // 2)
+        tokens = dit.tokens_per_frame(latent_hw)
+        self.latent_channels = cfg.out_dim
         self.geometry = CacheGeometry(cfg.num_layers, cfg.num_heads, cfg.head_dim, tokens, frames_per_chunk,
                                       cfg.local_attn_size - 1, device, self.dtype)
         writer.reset(self.geometry)
@@ -162,7 +142,7 @@ class Rollout:
         chunk = ChunkInputs(self.state, past, sf, self.keyboard, self.mouse, self.visual_context,
                             temporal_freq_scale=freq_scale)
         cond = self.conditioning.cond_concat(sf, f).to(self.device, self.dtype)
-        shape = (1, 16, f, *self.latent_hw)
+        shape = (1, self.latent_channels, f, *self.latent_hw)
         if self.noise is None:
             gen = chunk_generator(self.seed, c)
             draw = lambda i: torch.randn(shape, generator=gen)  # noqa: E731  (draws in order)
@@ -180,9 +160,9 @@ class Rollout:
         if not torch.isfinite(x0).all():
             raise RunError(f"chunk {c}: the denoised latents contain NaN or inf")
         with timer.phase("context"):
-            self._dit(x0, torch.zeros(1, f, device=self.device), cond, chunk, commit=True)
+            _, committed = self._dit(x0, torch.zeros(1, f, device=self.device), cond, chunk, commit=True)
         with timer.phase("cache"):
-            self.writer.commit(chunk.committed, list(range(sf, sf + f)))
+            self.writer.commit(committed, list(range(sf, sf + f)))
         del chunk
         self.chunk += 1
         record = {
@@ -327,27 +307,3 @@ def memory_record(device: torch.device) -> dict:
     if device.type == "cuda":
         rec["gpu_peak_bytes"] = torch.cuda.max_memory_allocated(device)
     return rec
-
-
-def versions() -> dict:
-    """Versions of Python, torch and the libraries around the core (for summary.json)."""
-    import importlib.metadata as md
-
-    out = {"worldtrace": __version__, "python": platform.python_version(), "torch": torch.__version__}
-    for name in ("diffusers", "transformers", "imageio-ffmpeg", "safetensors"):
-        try:
-            out[name] = md.version(name)
-        except md.PackageNotFoundError:
-            out[name] = None
-    out["cuda"] = torch.version.cuda
-    if torch.cuda.is_available():
-        out["gpu"] = torch.cuda.get_device_name()
-    return out
-
-
-
-def generate(cfg: RunConfig, resume: bool = False) -> dict:
-    """Run ``worldtrace generate`` (see :func:`worldtrace_cli.run.run_generation`)."""
-    from .run import run_generation
-
-    return run_generation(cfg, resume)

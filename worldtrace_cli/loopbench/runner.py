@@ -13,7 +13,6 @@ from __future__ import annotations
 import json
 import logging
 import os
-import shutil
 import time
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
@@ -21,7 +20,8 @@ from pathlib import Path
 from typing import NamedTuple
 
 from ..errors import InputError, Interrupted, OutputError
-from ..outputs import STATE_NAME, cache_folder
+from ..outputs import cache_folder
+from ..runs import RunFolder
 from .configs import CONFIGS, DEFAULT_FOLDER, render
 
 log = logging.getLogger("worldtrace")
@@ -261,36 +261,6 @@ def combine_shards(flag: tuple[int, int], env: tuple[int, int]) -> tuple[int, in
 # --------------------------------------------------------------------------- running
 
 
-def is_complete(folder: Path) -> bool:
-    """True when ``folder/summary.json`` exists and says ``"status": "complete"``."""
-    try:
-        return json.loads((folder / "summary.json").read_text()).get("status") == "complete"
-    except (OSError, ValueError, AttributeError):
-        return False
-
-
-def _settings_conflict(folder: Path, preset: str, chunks: int | None, metrics: str,
-                       speed: dict | None = None, memory=None) -> str | None:
-    """Why a complete run in ``folder`` was made with other sweep settings, else None. Reusing
-    it would silently mix settings in one report; overwriting it would silently delete results.
-    Compared: preset, chunks, metrics, and the speed settings that change numbers (RoPE precision,
-    compile mode; runs from before these settings existed used float64 RoPE, eager)."""
-    cfg = json.loads((folder / "summary.json").read_text()).get("config", {})
-    speed = speed or {}
-    found = {"preset": cfg.get("preset", {}).get("name"), "chunks": cfg.get("chunks"), "metrics": cfg.get("metrics"),
-             "rope_precision": cfg.get("rope_precision", "float64"), "compile": cfg.get("compile", "none")}
-    wanted = {"preset": preset, "chunks": chunks, "metrics": metrics,
-              "rope_precision": speed.get("rope_precision", "float32"), "compile": speed.get("compile", "none")}
-    diff = [f"{k} {found[k]!r} (now {wanted[k]!r})" for k in wanted if found[k] != wanted[k]]
-    if memory is not None and "memory" in cfg:  # --budget, --summary-slots, tau ... change the run too
-        from dataclasses import asdict
-
-        now = asdict(memory)
-        diff += [f"{k} {cfg['memory'].get(k)!r} (now {now[k]!r})" for k in now
-                 if k in cfg["memory"] and cfg["memory"][k] != now[k]]
-    return "; ".join(diff) or None
-
-
 def _one_line(exc: BaseException) -> str:
     text = " ".join(str(exc).split()) or type(exc).__name__
     return text[:500]
@@ -323,10 +293,10 @@ def run_jobs(jobs: Sequence[Job], out_dir: str | Path, preset: str = "tiny", dev
              progress: bool = False, speed: dict | None = None, memory: dict | None = None) -> SweepCounts:
     """Run ``jobs`` one after another in this process (the model is loaded once and reused).
 
-    A job whose folder holds a complete run with the same preset/chunks/metrics is skipped. A job
-    killed midway resumes from its saved state when it has one for the same settings (see
-    :func:`resumable`; generate saves one on SIGTERM and every 16 chunks); any other folder is
-    regenerated from chunk 0 with ``overwrite``. A job that raises is recorded by
+    Each job's folder decides (:func:`~worldtrace_cli.runs.resume.next_step`): a complete run of the
+    same settings is skipped, a stopped one with a saved state resumes (generate saves one on SIGTERM
+    and every 16 chunks), anything else is regenerated from chunk 0; a complete run of other settings
+    is recorded as a failure. One :class:`~worldtrace_cli.pipeline.Pipeline` serves every job. A job that raises is recorded by
     :func:`record_failure` and the loop goes on; Ctrl-C / SIGTERM (exit code 130, the state
     saved) and KeyboardInterrupt stop it. One log line per job goes to the ``worldtrace`` logger.
 
@@ -344,39 +314,36 @@ def run_jobs(jobs: Sequence[Job], out_dir: str | Path, preset: str = "tiny", dev
     Raises:
         InputError: a bad preset (before any job runs); OutputError: failures cannot be recorded.
     """
-    from .. import rollout  # looked up per call so tests can replace rollout.generate
-    from ..config import RunConfig, load_preset
-    from ..options import memory_config
+    from ..config import RunConfig, load_preset, memory_config
+    from ..jobs import generate as generate_job  # looked up per call so tests can replace run_generation
+    from ..pipeline import Pipeline
+    from ..runs.resume import next_step
 
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     preset_obj = load_preset(preset)
     device = _select_device(device)
     done = skipped = failed = 0
+    pipeline = None
     for k, job in enumerate(jobs, 1):
         folder, tag = job.folder(out_dir), f"[{k}/{len(jobs)}] {job.key}"
         started = time.perf_counter()
         try:
-            if is_complete(folder):
-                conflict = _settings_conflict(folder, preset_obj.name, chunks, metrics, speed,
-                                              memory_config(job.cache, **(memory or {})))
-                if conflict is None:
-                    skipped += 1
-                    log.info(f"{tag}: complete, skipped")
-                    continue
-                raise OutputError(f"{folder} holds a complete run made with {conflict}: use another -o "
-                                  "folder or delete it")
             cfg = RunConfig(preset=preset_obj, trajectory=job.trajectory, output=folder, image=job.image,
-                            world_seed=job.world or 0, chunks=chunks, seed=job.seed, device=device, dtype=dtype, checkpoint=checkpoint,
-                            random_weights=random_weights, memory=memory_config(job.cache, **(memory or {})),
-                            overwrite=True,
-                            progress=progress, metrics=metrics, **(speed or {}))
-            saved = resumable(folder, cfg)
-            if saved is not None:
+                            world_seed=job.world or 0, chunks=chunks, seed=job.seed, device=device, dtype=dtype,
+                            checkpoint=checkpoint, random_weights=random_weights,
+                            memory=memory_config(job.cache, **(memory or {})), progress=progress, metrics=metrics,
+                            **(speed or {}))
+            step, what = next_step(folder, cfg)
+            if step == "reuse":
+                skipped += 1
+                log.info(f"{tag}: complete, skipped")
+                continue
+            if step == "resume":
                 log.info(f"{tag}: resuming from its saved state")
-                summary = rollout.generate(saved, resume=True)
-            else:
-                summary = rollout.generate(cfg)
+            if pipeline is None or not pipeline.serves(what):
+                pipeline = Pipeline.from_config(what)
+            summary = generate_job.run_generation(what, resume=step == "resume", pipeline=pipeline)
         except Exception as exc:  # noqa: BLE001  (a sweep records every failure and goes on)
             if isinstance(exc, Interrupted):
                 log.info(f"{tag}: interrupted; rerun the same command to resume the sweep")
@@ -385,31 +352,12 @@ def run_jobs(jobs: Sequence[Job], out_dir: str | Path, preset: str = "tiny", dev
             rec = record_failure(out_dir, job, exc)
             log.info(f"{tag}: FAILED ({rec['error']}: {rec['message']})")
             # A resume state that failed may be the cause: the next attempt starts from chunk 0.
-            shutil.rmtree(folder / STATE_NAME, ignore_errors=True)
+            RunFolder(folder).clear_state()
             continue
         (folder / FAILED_NAME).unlink(missing_ok=True)  # an earlier failure of this job is history now
         done += 1
         log.info(f"{tag}: done in {time.perf_counter() - started:.1f} s ({_brief(summary)})")
     return SweepCounts(done, skipped, failed)
-
-
-def resumable(folder: Path, cfg) -> object | None:
-    """The RunConfig saved in ``folder``'s resume state (a job killed by SIGTERM, or by anything
-    after its last periodic save) when it is the same job as ``cfg``, else None (redo it)."""
-    if not (folder / STATE_NAME).is_dir():
-        return None
-    from dataclasses import replace
-
-    from ..run import resume_config
-
-    try:
-        saved = resume_config(folder)
-    except Exception:  # noqa: BLE001  (an unreadable state only means: start again)
-        return None
-    volatile = ("output", "progress", "overwrite", "save_every", "overlap_decode")  # do not change the video
-    same = ({k: v for k, v in saved.to_dict().items() if k not in volatile}
-            == {k: v for k, v in cfg.to_dict().items() if k not in volatile})
-    return replace(saved, output=folder, progress=cfg.progress, overlap_decode=cfg.overlap_decode) if same else None
 
 
 def _select_device(device: str) -> str:
@@ -443,6 +391,6 @@ def _brief(summary: dict) -> str:
     return ", ".join(parts)
 
 
-__all__ = ["DEFAULT_CONFIGS", "DEFAULT_SEEDS", "Job", "SweepCounts", "combine_shards", "is_complete",
+__all__ = ["DEFAULT_CONFIGS", "DEFAULT_SEEDS", "Job", "SweepCounts", "combine_shards",
            "parse_seeds", "parse_shard", "parse_worlds", "plan_jobs", "record_failure", "resolve_config", "resolve_images",
-           "resumable", "run_jobs", "shard", "shard_from_env"]
+           "run_jobs", "shard", "shard_from_env"]

@@ -146,24 +146,7 @@ class WorldModel:
         self.dit, self.vae, self.clip, self.files = dit, vae, clip, files
 
 
-_LOADED: dict[tuple, WorldModel] = {}  # the last model loaded in this process (LoopBench, compare reuse it)
-
-
 def load_world_model(preset, checkpoint: str | Path | None, random_weights: bool, weights_seed: int,
-                     device: torch.device, dtype: torch.dtype, full_hash: bool = False) -> WorldModel:
-    """Like :func:`_load_world_model`, reusing the model of the previous call when every argument
-    matches, so a process running many rollouts (``loopbench run``, ``compare``) loads it once.
-    The networks hold no per-rollout state (rollout state lives in RolloutState / StreamingDecoder,
-    which reset per run), so reuse is safe for sequential runs."""
-    key = (json.dumps(preset.to_dict(), sort_keys=True, default=str), str(checkpoint), bool(random_weights),
-           weights_seed, str(device), str(dtype), full_hash)
-    if key not in _LOADED:
-        _LOADED.clear()  # keep at most one model resident
-        _LOADED[key] = _load_world_model(preset, checkpoint, random_weights, weights_seed, device, dtype, full_hash)
-    return _LOADED[key]
-
-
-def _load_world_model(preset, checkpoint: str | Path | None, random_weights: bool, weights_seed: int,
                       device: torch.device, dtype: torch.dtype, full_hash: bool = False) -> WorldModel:
     """Build a preset's DiT, VAE and CLIP tower, from an official folder or seeded random weights.
 

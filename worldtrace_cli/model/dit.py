@@ -53,6 +53,18 @@ class RolloutState:
         self.mouse_kv = [ActionKV() for _ in range(self.num_layers)]
         self.keyboard_kv = [ActionKV() for _ in range(self.num_layers)]
 
+    def state_dict(self) -> dict:
+        """The action caches, per branch a list over layers of ``[k, v]`` (tensors or None), for
+        resume states. The cross-attention K/V are not saved: the next call recomputes them."""
+        return {branch: [[kv.k, kv.v] for kv in getattr(self, f"{branch}_kv")] for branch in ("mouse", "keyboard")}
+
+    def load_state_dict(self, state: dict) -> None:
+        """Restore :meth:`state_dict`. Raises ValueError for another layer count."""
+        for branch in ("mouse", "keyboard"):
+            if len(state[branch]) != self.num_layers:
+                raise ValueError(f"{branch} action cache of {len(state[branch])} layers, expected {self.num_layers}")
+            setattr(self, f"{branch}_kv", [ActionKV(k, v) for k, v in state[branch]])
+
 
 @dataclass
 class ChunkInputs:
@@ -65,7 +77,6 @@ class ChunkInputs:
         keyboard: [1, R, keyboard_dim] action rows (pixel frames), R >= 4*(frame_start+F)-3.
         mouse: [1, R, 2] or None.
         visual_context: [1, 257, clip_dim] CLIP tokens.
-        committed: filled on the context pass: per layer (canonical k, v) [1, F*T, H, D].
         temporal_freq_scale: optional [t_ch/2] multipliers of the temporal RoPE frequencies for
             this chunk's queries and keys (YaRN); None = MG2's frequencies.
     """
@@ -76,7 +87,6 @@ class ChunkInputs:
     keyboard: torch.Tensor
     mouse: torch.Tensor | None
     visual_context: torch.Tensor
-    committed: list[tuple[torch.Tensor, torch.Tensor]] = field(default_factory=list)
     temporal_freq_scale: torch.Tensor | None = None
     _buffers: dict[int, tuple[torch.Tensor, torch.Tensor]] = field(default_factory=dict, init=False)
     _slot_angles: dict[tuple, tuple[torch.Tensor, torch.Tensor]] = field(default_factory=dict, init=False)
@@ -222,22 +232,22 @@ class Block(nn.Module):
                              if index in cfg.action_config.blocks else None)
 
     def forward(self, x, e0, layer, chunk, rope, grid, commit):
-        """x [1, F*S, D], e0 [1, F, 6, D] (time projection) -> [1, F*S, D] (spec §5.4).
+        """x [1, F*S, D], e0 [1, F, 6, D] (time projection) -> (x' [1, F*S, D], kv) (spec §5.4).
 
-        With ``commit`` the chunk's canonical (k, v) [1, F*S, H, d] are appended to ``chunk.committed``.
+        ``kv``: with ``commit`` the chunk's canonical (k, v) [1, F*S, H, d] for the cache writer, else None.
         """
         f, gh, gw = grid
         cos, sin = chunk.rope_tables(rope, f, gh, gw, x.device)
         m = self.modulation_terms(e0)
         q, k, v, k_canon = self.attention_inputs(x, m, cos, sin, rope.t_ch, commit)
-        if commit:  # the writer copies what it keeps (CacheWriter.commit), so CUDA-graph outputs are safe
-            chunk.committed.append((k_canon, v))
+        # the writer copies what it keeps (CacheWriter.commit), so CUDA-graph outputs are safe to hand out
+        kv = (k_canon, v) if commit else None
         attn = self.self_attn.attend(q, k, v, layer, chunk, rope)
         x = self.attention_outputs(x, attn, m, chunk.rollout.cross_kv[layer])
         if self.action_model is not None:
             x = self.action_model(x, chunk.action_rows(self.action_model, f, x.dtype),
                                   chunk.rollout.mouse_kv[layer], chunk.rollout.keyboard_kv[layer], commit)
-        return self.feed_forward(x, m)
+        return self.feed_forward(x, m), kv
 
     def modulation_terms(self, e0):
         """e0 [1, F, 6, D] (time projection) -> six float32 [1, F, 1, D]: shift/scale/gate of the
@@ -336,6 +346,16 @@ class CausalWanDiT(nn.Module):
         self.compile_mode = "none"  # see compile_blocks
         self.cudagraphs = False
 
+    @property
+    def patch_size(self) -> tuple[int, int, int]:
+        """(time, height, width) latent cells per token: (1, 2, 2) for Wan 2.1."""
+        return tuple(self.patch_embedding.kernel_size)
+
+    def tokens_per_frame(self, latent_hw: tuple[int, int]) -> int:
+        """Tokens of one latent frame of grid ``latent_hw`` (cells / the spatial patch size)."""
+        _, ph, pw = self.patch_size
+        return (latent_hw[0] // ph) * (latent_hw[1] // pw)
+
     def new_rollout_state(self) -> RolloutState:
         """Fresh action caches and cross-attention cache for a new rollout."""
         return RolloutState(self.cfg.num_layers)
@@ -349,14 +369,14 @@ class CausalWanDiT(nn.Module):
             timestep: [1, F] float timesteps (e.g. 908.8427; 0 on the context pass).
             cond_concat: [1, 20, F, Hl, Wl] mask + image-latent channels (spec §12).
             chunk: the chunk's :class:`ChunkInputs` (past slots, action rows, caches).
-            commit: context pass: record canonical K/V in ``chunk.committed`` and push the action caches.
+            commit: context pass: also return every layer's canonical K/V and push the action caches.
         Returns:
-            flow prediction v [1, 16, F, Hl, Wl] in the weights' dtype (spec §5.6).
+            flow prediction v [1, 16, F, Hl, Wl] in the weights' dtype (spec §5.6); with ``commit``
+            ``(v, committed)`` where ``committed`` lists per layer (canonical k, v) [1, F*T, H, D]
+            for :meth:`~worldtrace_cli.memory.CacheWriter.commit`.
         """
         dtype = self.patch_embedding.weight.dtype
         b, _, f, hl, wl = x.shape
-        if commit:
-            chunk.committed.clear()
         h = self.patch_embedding(torch.cat([x, cond_concat], dim=1).to(dtype))
         gh, gw = h.shape[-2:]
         h = h.flatten(2).transpose(1, 2)  # [B, F*S, D], tokens (f, i, j)
@@ -369,10 +389,13 @@ class CausalWanDiT(nn.Module):
         grid = (f, gh, gw)
         if self.cudagraphs and h.is_cuda:
             torch.compiler.cudagraph_mark_step_begin()  # the previous call's graph outputs are dead now
+        committed = []
         for i, block in enumerate(self.blocks):
-            h = block(h, e0, i, chunk, self.rope, grid, commit)
+            h, kv = block(h, e0, i, chunk, self.rope, grid, commit)
+            committed.append(kv)
         out = self.head(h, e, f)  # [B, F, S, 64], channels ordered (ph, pw, c)
-        return out.view(b, f, gh, gw, 2, 2, -1).permute(0, 6, 1, 2, 4, 3, 5).reshape(b, -1, f, 2 * gh, 2 * gw)
+        flow = out.view(b, f, gh, gw, 2, 2, -1).permute(0, 6, 1, 2, 4, 3, 5).reshape(b, -1, f, 2 * gh, 2 * gw)
+        return (flow, committed) if commit else flow
 
 
 COMPILE_MODES = ("none", "default", "reduce-overhead", "max-autotune")

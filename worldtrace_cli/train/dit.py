@@ -100,8 +100,9 @@ def context_state(dit: CausalWanDiT, clip: EncodedClip, late_cond, chunks: int, 
             writer.begin_chunk(sf)
             past = [LayerPast(*writer.read(layer)) for layer in range(dit.cfg.num_layers)]
             chunk = ChunkInputs(state, past, sf, kb, ms, visual)
-            dit(z[:, :, 3 * c:3 * c + 3], torch.zeros(1, 3), cond_concat(clip, late_cond, sf, 3), chunk, commit=True)
-            writer.commit(chunk.committed, list(range(sf, sf + 3)))
+            _, committed = dit(z[:, :, 3 * c:3 * c + 3], torch.zeros(1, 3), cond_concat(clip, late_cond, sf, 3), chunk,
+                               commit=True)
+            writer.commit(committed, list(range(sf, sf + 3)))
     return state, writer, (kb, ms, visual)
 
 

@@ -7,11 +7,12 @@ from pathlib import Path
 
 import click
 
-from ..options import SEED
+from .common import run_job
+from .options import SEED
 
 
 def _settings(steps, minutes, lr, warmup, seed, threads, save_every):
-    from .common import LoopSettings
+    from ..train.common import LoopSettings
 
     return LoopSettings(steps=steps, minutes=minutes, lr=lr, warmup=warmup, seed=seed, threads=threads,
                         save_every=save_every)
@@ -80,8 +81,7 @@ def train():
 def train_vae_cmd(output, steps, minutes, lr, warmup, seed, threads, save_every, no_progress, batch, clip_frames,
                   init):
     """Train the loopworld VAE on rendered clips; writes DIR/vae.safetensors (normalisation folded in)."""
-    from ..cli import _run
-    from .vae import train_vae
+    from ..train.vae import train_vae
 
     stop = _StopFlag()
 
@@ -95,7 +95,7 @@ def train_vae_cmd(output, steps, minutes, lr, warmup, seed, threads, save_every,
         click.echo(f"worldtrace: VAE step {r['step']} ({r['minutes']:.1f} min this run), held-out "
                    f"reconstruction {r['psnr_db']:.2f} dB PSNR -> {r['file']}", err=True)
 
-    _run(job)
+    run_job(job)
 
 
 @train.command("encode")
@@ -115,8 +115,7 @@ def train_vae_cmd(output, steps, minutes, lr, warmup, seed, threads, save_every,
 @click.option("--no-progress", is_flag=True)
 def train_encode_cmd(vae_weights, output, shards, seed, late, loop, max_angle, threads, no_progress):
     """Render and encode training clips for `train dit` (can run while it trains)."""
-    from ..cli import _run
-    from .dataset import ClipMix, encode_clips
+    from ..train.dataset import ClipMix, encode_clips
 
     stop = _StopFlag()
 
@@ -125,7 +124,7 @@ def train_encode_cmd(vae_weights, output, shards, seed, late, loop, max_angle, t
                          progress=not no_progress, stop=stop)
         click.echo(f"worldtrace: {r['clips']} clips in {output}", err=True)
 
-    _run(job)
+    run_job(job)
 
 
 @train.command("dit")
@@ -140,9 +139,8 @@ def train_encode_cmd(vae_weights, output, shards, seed, late, loop, max_angle, t
 def train_dit_cmd(data, preset, output, steps, minutes, lr, warmup, seed, threads, save_every, no_progress, batch,
                   return_weight):
     """Train the DiT on encoded clips through MG2's sliding cache; writes DIR/dit.safetensors."""
-    from ..cli import _run
     from ..config import load_preset
-    from .dit import train_dit
+    from ..train.dit import train_dit
 
     stop = _StopFlag()
 
@@ -152,7 +150,7 @@ def train_dit_cmd(data, preset, output, steps, minutes, lr, warmup, seed, thread
         click.echo(f"worldtrace: DiT step {r['step']} ({r['minutes']:.1f} min this run), loss {r['loss']} -> {r['file']}",
                    err=True)
 
-    _run(job)
+    run_job(job)
 
 
 @train.command("eval")
@@ -165,7 +163,6 @@ def train_eval_cmd(dit_dir, vae_weights, clips, threads):
     or replaced by another world's frame (prints JSON; held-out clips are cached in the data folder)."""
     import json
 
-    from ..cli import _run
 
     def job():
         import torch
@@ -174,8 +171,8 @@ def train_eval_cmd(dit_dir, vae_weights, clips, threads):
         from ..config import Preset
         from ..model.checkpoint import load_dit_weights
         from ..model.sampler import FlowMatchSchedule
-        from .dit import build_dit
-        from .evaluate import heldout_clips, memory_effect
+        from ..train.dit import build_dit
+        from ..train.evaluate import heldout_clips, memory_effect
 
         torch.set_num_threads(threads)
         settings = json.loads((dit_dir / "settings.json").read_text())
@@ -188,7 +185,7 @@ def train_eval_cmd(dit_dir, vae_weights, clips, threads):
         out = memory_effect(dit, held, late_cond, FlowMatchSchedule(tuple(preset.denoising_steps), preset.timestep_shift))
         click.echo(json.dumps(out, indent=2))
 
-    _run(job)
+    run_job(job)
 
 
 @train.command("export")
@@ -200,12 +197,11 @@ def train_eval_cmd(dit_dir, vae_weights, clips, threads):
               help="Bundle file (the loopworld preset reads worldtrace_cli/presets/loopworld.safetensors).")
 def train_export_cmd(dit_weights, vae_weights, output):
     """Bundle a trained DiT and VAE (and the tiny CLIP tower) into one preset weights file."""
-    from ..cli import _run
-    from .dit import export_bundle
+    from ..train.dit import export_bundle
 
     def job():
         r = export_bundle(dit_weights, vae_weights, output)
         click.echo(f"worldtrace: wrote {r['file']} ({r['bytes'] / 2**20:.1f} MiB; parameters {r['parameters']})",
                    err=True)
 
-    _run(job)
+    run_job(job)

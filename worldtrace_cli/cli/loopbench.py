@@ -10,8 +10,10 @@ from pathlib import Path
 
 import click
 
-from ..options import device_options, memory_config, memory_options, speed_config, speed_options
-from .configs import CONFIGS
+from ..config import memory_config
+from ..loopbench.configs import CONFIGS
+from .common import run_job
+from .options import device_options, memory_options, speed_config, speed_options
 
 _DEFAULT_CONFIGS = ",".join(n for n, c in CONFIGS.items() if c.tier in (1, 2, 3, 4))
 
@@ -79,12 +81,11 @@ def run_cmd(preset, configs, caches, images, worlds, seeds, chunks, metrics, sha
           --checkpoint MG2/ --images scenes/ -o lb/                        # one GPU per rank
       worldtrace loopbench report lb/
     """
-    from ..cli import _run
 
     def job():
         from ..errors import RunError
         from ..memory import build_writer
-        from . import runner
+        from ..loopbench import runner
 
         from ..config import load_preset
         from ..errors import InputError
@@ -92,7 +93,7 @@ def run_cmd(preset, configs, caches, images, worlds, seeds, chunks, metrics, sha
         cache_list = _split(caches)
         for cache in cache_list:  # a typo should stop the sweep now, not fail every job of it
             build_writer(memory_config(cache, **memory), 3)
-        world_preset = load_preset(preset).world is not None
+        world_preset = load_preset(preset).has_world
         if images is None and worlds is None and not world_preset:
             raise InputError(f"--images: required with preset {preset} (only procedural-world presets take --worlds)")
         if worlds is not None and not world_preset:
@@ -114,7 +115,7 @@ def run_cmd(preset, configs, caches, images, worlds, seeds, chunks, metrics, sha
         if counts.failed:
             raise RunError(f"{counts.failed} of {len(mine)} jobs failed (see {output / runner.FAILURES_NAME})")
 
-    _run(job)
+    run_job(job)
 
 
 @loopbench.command("report")
@@ -129,13 +130,12 @@ def report_cmd(sweep_dir, output):
     paired t-test against sliding over matched (configuration, scene, seed) runs. Plots:
     pac_vs_chunks.png (ABA loops, PAC vs N per writer) and tiers.png (per-tier bars).
     """
-    from ..cli import _run
 
     def job():
-        from .report import report
+        from ..loopbench.report import report
 
         paths = report(sweep_dir, output)
         click.echo(paths["report.md"].read_text(encoding="utf-8"))
         click.echo(f"worldtrace: wrote {', '.join(str(p) for p in paths.values())}", err=True)
 
-    _run(job)
+    run_job(job)

@@ -1,5 +1,4 @@
-"""Click options shared by several commands (kept apart from ``cli.py`` so that command modules
-such as ``compare`` and ``loopbench.cli`` can import them without an import cycle)."""
+"""Click options shared by several commands (one definition, one set of defaults)."""
 
 from __future__ import annotations
 
@@ -11,8 +10,8 @@ SEED = click.IntRange(0, 2**63 - 1)  # noise seeds (torch generators take 64-bit
 
 def device_options(command):
     """``--device auto|cuda|cpu`` and ``--dtype auto|bf16|fp32`` (parameters ``device``, ``dtype``),
-    the same for every command that runs the model (:func:`~worldtrace_cli.rollout.resolve_device`,
-    :func:`~worldtrace_cli.rollout.resolve_dtype`)."""
+    the same for every command that runs the model (:func:`~worldtrace_cli.pipeline.resolve_device`,
+    :func:`~worldtrace_cli.pipeline.resolve_dtype`)."""
     command = click.option("--dtype", type=click.Choice(["auto", "bf16", "fp32"]), default="auto", show_default=True,
                            help="auto = bf16 on cuda, fp32 on cpu.")(command)
     return click.option("--device", type=click.Choice(["auto", "cuda", "cpu"]), default="auto", show_default=True,
@@ -58,7 +57,7 @@ def _finite(ctx, param, value):
 def memory_options(command):
     """The memory settings shared by generate, compare and loopbench run (parameters ``positions``,
     ``budget``, ``summary_slots``, ``recent_slots``, ``landmark_threshold``, ``sink_frames``,
-    ``max_cache_gb``, ``spill_dir``), with one set of defaults and ranges; :func:`memory_config`
+    ``max_cache_gb``, ``spill_dir``), with one set of defaults and ranges; :func:`~worldtrace_cli.config.memory_config`
     turns them (and a ``--cache`` spec) into a :class:`~worldtrace_cli.memory.MemoryConfig`."""
     from pathlib import Path
 
@@ -86,12 +85,3 @@ def memory_options(command):
     for option in reversed(options):
         command = option(command)
     return command
-
-
-def memory_config(cache: str, spill_dir=None, **options):
-    """:func:`memory_options` values (``positions``, ``budget``, ``summary_slots``, ``recent_slots``,
-    ``landmark_threshold``, ``sink_frames``, ``max_cache_gb``, ``spill_dir``) and a writer spec as a
-    MemoryConfig (defaults: MemoryConfig's own). Raises TypeError for an unknown option name."""
-    from .memory import MemoryConfig
-
-    return MemoryConfig(cache=cache, spill_dir=None if spill_dir is None else str(spill_dir), **options)

@@ -6,7 +6,8 @@ from pathlib import Path
 
 import click
 
-from ..options import SEED
+from .common import run_job
+from .options import SEED
 
 
 @click.group("world")
@@ -28,14 +29,13 @@ def render_cmd(trajectory, world_seed, chunks, preset, output, no_progress):
     """Render the true frames of TRAJECTORY: DIR/video.mp4 (one frame per action row, as `generate`
     lays them out) and DIR/poses.json (x, y, yaw_deg, pitch_deg of every pixel frame, from the
     project's one motion model)."""
-    from ..cli import _run
 
     def job():
         from ..config import load_preset
         from ..errors import InputError, OutputError
         from ..outputs import write_json_atomic
         from ..trajectory import load_trajectory, plan_actions
-        from .truth import GroundTruth
+        from ..world.truth import GroundTruth
 
         p = load_preset(preset)
         plan = plan_actions(load_trajectory(trajectory), chunks)
@@ -55,4 +55,4 @@ def render_cmd(trajectory, world_seed, chunks, preset, output, no_progress):
         click.echo(f"worldtrace: wrote {output}/video.mp4 ({len(truth.poses)} frames of world {world_seed}) "
                    f"and poses.json", err=True)
 
-    _run(job)
+    run_job(job)

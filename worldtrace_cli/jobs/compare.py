@@ -14,10 +14,8 @@ from __future__ import annotations
 import logging
 from pathlib import Path
 
-import click
 import numpy as np
 
-from .options import SEED, device_options, memory_config, memory_options, speed_config, speed_options
 
 log = logging.getLogger("worldtrace")
 
@@ -40,7 +38,7 @@ def _font(size: int):
 
 def hud_rows(plan) -> list[tuple[list[str], tuple[float, float] | None]]:
     """Per pixel frame (action row) of an ActionPlan: (key letters pressed, (pitch, yaw) or None)."""
-    from .trajectory import MODES
+    from ..trajectory import MODES
 
     letters = MODES[plan.mode].key_letters
     keys = [[letters[i] for i, v in enumerate(row) if v > 0.5] for row in plan.keyboard.tolist()]
@@ -105,8 +103,8 @@ def write_grid_video(videos: list[Path], labels: list[str], path: Path, fps: flo
     import numpy as np
     from PIL import Image
 
-    from .errors import OutputError
-    from .outputs import VideoStreamWriter
+    from ..errors import OutputError
+    from ..outputs import VideoStreamWriter
 
     readers = [imageio_ffmpeg.read_frames(str(v), pix_fmt="rgb24") for v in videos]
     try:
@@ -189,8 +187,8 @@ def write_keyframes(videos: list[Path], labels: list[str], path: Path, plan, col
     indices}``. Raises OutputError when a video cannot be read."""
     from PIL import Image, ImageDraw
 
-    from .outputs import read_video_frames
-    from .trajectory import chunk_rows
+    from ..outputs import read_video_frames
+    from ..trajectory import chunk_rows
 
     chunks = sorted({round(c) for c in np.linspace(0, plan.num_chunks - 1, min(columns, plan.num_chunks))})
     picks = [chunk_rows(c)[1] - 1 for c in chunks]
@@ -213,7 +211,7 @@ def write_keyframes(videos: list[Path], labels: list[str], path: Path, plan, col
 def write_truth_video(folder: Path, world_seed: int, plan, preset) -> Path:
     """The true frames of ``plan`` in world ``world_seed`` as ``folder/video.mp4`` (the compare panel;
     :meth:`~worldtrace_cli.world.truth.GroundTruth.write_video`). Returns the video's path."""
-    from .world.truth import GroundTruth
+    from ..world.truth import GroundTruth
 
     folder.mkdir(parents=True, exist_ok=True)
     truth = GroundTruth(world_seed, plan, preset.height, preset.width)
@@ -236,16 +234,25 @@ def run_compare(trajectory: str | Path, caches: list[str], out_dir: str | Path, 
     video's first panel is the truth (``out_dir/truth/video.mp4``, the world rendered at the same poses). ``speed``:
     RunConfig speed fields (:func:`~worldtrace_cli.options.speed_config`), the same for every writer.
 
+    A rerun of the same command finishes an interrupted comparison: complete runs are reused,
+    stopped ones resumed from their saved state, the others regenerated; the panels are made at the
+    end. ``overwrite`` regenerates every run.
+
     Raises:
-        InputError: bad writers/flags/trajectory (before anything runs); OutputError: ``out_dir``
-        holds a comparison or runs (without ``overwrite``); the errors of ``rollout.generate``.
+        InputError: bad writers/flags/trajectory (before anything runs); OutputError: a run folder
+        holds a complete run of other settings (without ``overwrite``), FolderBusy: another process
+        works in ``out_dir``; the errors of :func:`~worldtrace_cli.jobs.generate.run_generation`.
+        Interrupted: Ctrl-C / SIGTERM during a run (its state saved; the same command finishes).
     """
-    from . import rollout
-    from .config import RunConfig, default_preset_name, load_preset
-    from .errors import InputError, OutputError
-    from .memory import build_writer
-    from .outputs import RUN_FILES, cache_folder, write_json_atomic
-    from .trajectory import MODES, load_trajectory, plan_actions
+    from ..config import RunConfig, default_preset_name, load_preset, memory_config
+    from ..errors import InputError, Interrupted, OutputError
+    from ..memory import build_writer
+    from ..outputs import cache_folder, write_json_atomic
+    from ..pipeline import Pipeline
+    from ..runs import RunFolder
+    from ..runs.resume import next_step
+    from ..trajectory import MODES, load_trajectory, plan_actions
+    from .generate import run_generation
 
     trajectory, out_dir = Path(trajectory), Path(out_dir)
     folders = [cache_folder(c) for c in caches]
@@ -256,22 +263,30 @@ def run_compare(trajectory: str | Path, caches: list[str], out_dir: str | Path, 
     traj = load_trajectory(trajectory)
     plan = plan_actions(traj, chunks)
     preset_obj = load_preset(preset or default_preset_name(traj.mode, checkpoint))
-    if not overwrite:  # refuse before running anything, not after the first writer's run
-        taken = [str(out_dir / f) for f in folders if any((out_dir / f / n).exists() for n in RUN_FILES)]
-        if (out_dir / "compare.json").exists() or taken:
-            raise OutputError(f"output folder {out_dir} already holds a comparison or runs "
-                              f"({', '.join(taken) or 'compare.json'}; use --overwrite)")
-    summaries = []
-    for cache, folder in zip(caches, folders):
-        log.info(f"compare: {cache} -> {out_dir / folder}")
-        cfg = RunConfig(preset=preset_obj, trajectory=trajectory, output=out_dir / folder, image=image,
-                        chunks=chunks, seed=seed, device=device, dtype=dtype, checkpoint=checkpoint,
-                        random_weights=random_weights, memory=memory_config(cache, **(memory or {})),
-                        overwrite=overwrite,
-                        progress=progress, metrics=metrics, world_seed=world_seed, **(speed or {}))
-        summaries.append(rollout.generate(cfg))
+    configs = [RunConfig(preset=preset_obj, trajectory=trajectory, output=out_dir / folder, image=image,
+                         chunks=chunks, seed=seed, device=device, dtype=dtype, checkpoint=checkpoint,
+                         random_weights=random_weights, memory=memory_config(cache, **(memory or {})),
+                         overwrite=overwrite, progress=progress, metrics=metrics, world_seed=world_seed,
+                         **(speed or {}))
+               for cache, folder in zip(caches, folders)]
+    with RunFolder(out_dir).lock("compare"):
+        steps = [("run", cfg) if overwrite else next_step(cfg.output, cfg) for cfg in configs]  # refuse before running
+        (out_dir / "compare.json").unlink(missing_ok=True)  # a comparison is complete only once its panels exist
+        pipeline, summaries = None, []
+        try:
+            for cache, (step, what) in zip(caches, steps):
+                log.info(f"compare: {cache} -> {out_dir / cache_folder(cache)}"
+                         + {"reuse": " (complete, reused)", "resume": " (resumed)", "run": ""}[step])
+                if step == "reuse":
+                    summaries.append(what)
+                    continue
+                if pipeline is None or not pipeline.serves(what):
+                    pipeline = Pipeline.from_config(what)
+                summaries.append(run_generation(what, resume=step == "resume", pipeline=pipeline))
+        except Interrupted as exc:
+            raise Interrupted(f"{exc}; finish the comparison by running the same compare command again") from None
     videos, labels = [out_dir / f / "video.mp4" for f in folders], list(caches)
-    if preset_obj.world is not None and image is None:
+    if preset_obj.has_world and image is None:
         videos, labels = [write_truth_video(out_dir / "truth", world_seed, plan, preset_obj)] + videos, ["truth"] + labels
     video = write_grid_video(videos, labels, out_dir / "compare.mp4", preset_obj.fps, hud_rows(plan) if hud else None,
                              MODES[traj.mode].key_letters)
@@ -289,60 +304,3 @@ def run_compare(trajectory: str | Path, caches: list[str], out_dir: str | Path, 
     except OSError as err:
         raise OutputError(f"cannot write {out_dir / 'compare.md'}: {err.strerror or err}") from None
     return result
-
-
-@click.command("compare")
-@click.argument("trajectory", type=click.Path(path_type=Path))
-@click.option("--cache", "caches", default="sliding,field,landmark", show_default=True, metavar="W1,W2,...",
-              help="Comma-separated cache writers to compare (as --cache of generate, e.g. mixed:2).")
-@click.option("--preset", default=None, metavar="NAME|FILE",
-              help="Model preset (default: mg2-<trajectory mode> with --checkpoint, else loopworld for universal "
-                   "trajectories, tiny otherwise).")
-@click.option("--checkpoint", type=click.Path(path_type=Path), default=None, metavar="DIR",
-              help="Official Matrix-Game-2.0 folder.")
-@click.option("--random-weights", is_flag=True, help="Run a checkpoint preset with seeded random weights.")
-@click.option("--image", type=click.Path(path_type=Path), default=None,
-              help="Conditioning image shared by every mode (default: the trajectory's).")
-@click.option("--seed", type=SEED, default=None,
-              help="Noise seed shared by every mode (default: the trajectory's, else 0).")
-@click.option("--world-seed", type=SEED, default=0, show_default=True,
-              help="loopworld: the procedural world every mode walks (the truth is the video's first panel).")
-@click.option("--chunks", type=int, default=None, help="Chunks to generate (default: the trajectory's length).")
-@click.option("--hud/--no-hud", default=True, show_default=True,
-              help="Overlay the pressed keys and the mouse direction of every pixel frame.")
-@click.option("--metrics", type=click.Choice(["fast", "all"]), default="all", show_default=True,
-              help="fast = TempSSIM + LatentDiff; all = + Scene Drift and PAC.")
-@device_options
-@click.option("-o", "--output", type=click.Path(path_type=Path), default=None, metavar="DIR",
-              help="Output folder (default: runs/compare-<trajectory>).")
-@click.option("--overwrite", is_flag=True, help="Replace a comparison or runs already in DIR.")
-@click.option("--progress", is_flag=True, help="Per-chunk progress bars.")
-@memory_options
-@speed_options
-def compare(trajectory, caches, preset, checkpoint, random_weights, image, seed, world_seed, chunks, hud, metrics,
-            device, dtype, output, overwrite, progress, rope_precision, compile_mode, overlap_decode, **memory):
-    """Run TRAJECTORY through several cache writers and show them side by side.
-
-    Each writer runs with the same image, seed and actions into DIR/<cache>/ (a normal run folder);
-    then DIR/compare.mp4 puts the videos next to each other (a 2-row grid beyond 3 writers), each
-    panel labelled, with an optional HUD of the keys and mouse of the current pixel frame, and
-    DIR/compare.png shows a few frames of each (loopworld: the true frames first).
-    DIR/compare.md and compare.json list per writer s/chunk, peak RSS / GPU memory, KV-cache bytes
-    and the metrics.
-
-    \b
-    Example (CPU, tiny model):
-      worldtrace compare trajectories/aba.yaml --cache sliding,field,landmark --chunks 16 -o cmp/
-    """
-    from .cli import _run
-
-    def job():
-        out = output or Path("runs") / f"compare-{trajectory.stem}"
-        result = run_compare(trajectory, [c.strip() for c in caches.split(",") if c.strip()], out, preset, image,
-                             seed, chunks, hud, metrics, device, dtype, checkpoint, random_weights, overwrite,
-                             progress, speed_config(rope_precision, compile_mode, overlap_decode), world_seed,
-                             memory)
-        click.echo(compare_markdown(result))
-        click.echo(f"worldtrace: wrote {out / 'compare.mp4'}, compare.md, compare.json", err=True)
-
-    _run(job)

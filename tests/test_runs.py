@@ -1,0 +1,153 @@
+"""The run folder (worldtrace_cli.runs.RunFolder): prepare, status, the exclusive lock between real
+processes, and the consistency check that `worldtrace metrics` runs before trusting a folder."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+from click.testing import CliRunner
+
+from worldtrace_cli.errors import FolderBusy, FolderInconsistent, OutputError
+from worldtrace_cli.outputs import VideoStreamWriter, write_json_atomic
+from worldtrace_cli.runs import RunFolder
+from worldtrace_cli.trajectory import frames_for_chunks
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def test_prepare_refuses_runs_and_overwrite_clears_them(tmp_path):
+    folder = RunFolder(tmp_path / "a" / "b").prepare(overwrite=False)
+    assert folder.path.is_dir() and folder.status() == "empty"
+    folder.chunks.write_text('{"chunk": 0}\n')  # an interrupted run: never deleted silently
+    (folder.path / "notes.txt").write_text("mine")
+    assert folder.status() == "partial"
+    with pytest.raises(OutputError, match="holds an unfinished run .use --overwrite"):
+        folder.prepare(overwrite=False)
+    assert folder.chunks.exists()
+    folder.prepare(overwrite=True)
+    assert not folder.chunks.exists() and (folder.path / "notes.txt").exists()
+
+    write_json_atomic(folder.summary_path, {"status": "complete"})  # a finished run: refused
+    assert folder.status() == "complete"
+    with pytest.raises(OutputError, match="already holds a finished run .use --overwrite."):
+        folder.prepare(overwrite=False)
+    (folder.state).mkdir()
+    (folder.state / "state.json").write_text("{}")
+    folder.summary_path.unlink()
+    assert folder.status() == "resumable"
+    with pytest.raises(OutputError, match="generate --resume"):
+        folder.prepare(overwrite=False)
+    folder.prepare(overwrite=True)
+    assert folder.status() == "empty" and not folder.state.exists()
+
+
+def test_prepare_errors_name_the_path(tmp_path):
+    regular = tmp_path / "file"
+    regular.write_text("x")
+    with pytest.raises(OutputError, match=str(regular)):
+        RunFolder(regular).prepare(overwrite=False)
+    with pytest.raises(OutputError, match=str(regular)):
+        RunFolder(regular / "run").prepare(overwrite=True)
+
+
+_HOLDER = """
+import sys, time
+from worldtrace_cli.runs import RunFolder
+with RunFolder(sys.argv[1]).lock("holder-test"):
+    print("locked", flush=True)
+    time.sleep(60)
+"""
+
+
+def test_lock_excludes_a_second_process_and_is_freed_when_its_holder_is_killed(tmp_path):
+    proc = subprocess.Popen([sys.executable, "-c", _HOLDER, str(tmp_path / "run")], stdout=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout.readline().strip() == "locked"
+        with pytest.raises(FolderBusy, match=rf"pid {proc.pid}, holder-test") as err:
+            with RunFolder(tmp_path / "run").lock():
+                pass
+        assert err.value.exit_code == 6
+    finally:
+        proc.send_signal(signal.SIGKILL)
+        proc.wait()
+    with RunFolder(tmp_path / "run").lock():  # the kernel released the killed holder's lock
+        pass
+
+
+def _write_run(folder: RunFolder, chunks: int, records: list[int] | None = None, video_chunks: int | None = None):
+    folder.make()
+    video = VideoStreamWriter(folder.video, 32, 16, 25.0)
+    video.write(np.zeros((frames_for_chunks(chunks if video_chunks is None else video_chunks), 16, 32, 3), np.uint8))
+    video.close()
+    ids = list(range(chunks)) if records is None else records
+    folder.chunks.write_text("".join(json.dumps({"chunk": c}) + "\n" for c in ids))
+
+
+def test_check_accepts_a_run_and_reports_a_torn_tail(tmp_path):
+    folder = RunFolder(tmp_path / "run")
+    _write_run(folder, 2)
+    info = folder.check(frames_for_chunks)
+    assert info == {"status": "partial", "chunks": 2, "video_frames": 21, "torn_tail": False, "notes": []}
+    with folder.chunks.open("a") as fh:
+        fh.write('{"chunk": 2, "cut')  # a writer killed mid-record
+    info = folder.check(frames_for_chunks)
+    assert info["chunks"] == 2 and info["torn_tail"] and "torn" in info["notes"][0]
+
+
+@pytest.mark.parametrize("records, video_chunks, message", [
+    ([0, 1, 0, 1], 2, "record 3 is chunk 0 .repeated."),      # two runs appended to one folder
+    ([0, 2], 3, "record 2 is chunk 2 .out of order."),
+    ([0, 1, 2], 2, "the video has 21 pixel frames but 3 chunk records cover 33"),
+])
+def test_check_refuses_contradictions(tmp_path, records, video_chunks, message):
+    folder = RunFolder(tmp_path / "run")
+    _write_run(folder, len(records), records, video_chunks)
+    with pytest.raises(FolderInconsistent, match=message) as err:
+        folder.check(frames_for_chunks)
+    assert err.value.exit_code == 7
+
+
+def test_check_refuses_a_complete_summary_that_disagrees_with_the_records(tmp_path):
+    folder = RunFolder(tmp_path / "run")
+    _write_run(folder, 2)
+    write_json_atomic(folder.summary_path, {"status": "complete", "totals": {"chunks": 3}})
+    with pytest.raises(FolderInconsistent, match="a complete run of 3 chunks"):
+        folder.check(frames_for_chunks)
+
+
+def test_metrics_command_exits_7_on_a_doubled_chunks_file(tmp_path):
+    from worldtrace_cli.cli import main
+
+    folder = RunFolder(tmp_path / "run")
+    _write_run(folder, 4, [0, 1, 0, 1], 2)
+    result = CliRunner().invoke(main, ["metrics", str(folder.path), "--level", "fast"])
+    assert result.exit_code == 7 and "repeated" in result.output
+
+
+@pytest.mark.slow
+def test_two_generate_processes_on_one_folder_one_is_refused(tmp_path):
+    """Started together, both pass their argument checks; the folder lock lets exactly one write."""
+    out = tmp_path / "run"
+    cmd = [sys.executable, "-m", "worldtrace_cli", "generate", str(ROOT / "trajectories" / "aba.yaml"), "--preset",
+           "tiny", "--image", str(ROOT / "assets" / "images" / "mg2_universal_0000.png"), "--chunks", "2",
+           "--metrics", "none", "--no-progress", "-o", str(out)]
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    procs = [subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+             for _ in range(2)]
+    results = [(p.wait(timeout=300), p.stdout.read(), p.stderr.read()) for p in procs]
+    codes = sorted(code for code, _, _ in results)
+    # the loser either found the lock held (6) or, arriving after the winner finished, a finished run (4)
+    assert codes[0] == 0 and codes[1] in (4, 6), results
+    loser = [err for code, _, err in results if code != 0][0]
+    assert ("in use by another worldtrace process (pid" in loser) or ("already holds a finished run" in loser)
+    winner_out = [out_ for code, out_, _ in results if code == 0][0]
+    assert winner_out.strip() == str(out.resolve())  # stdout: the run folder
+    ids = [json.loads(line)["chunk"] for line in (out / "chunks.jsonl").read_text().splitlines()]
+    assert ids == [0, 1]

@@ -1,0 +1,123 @@
+"""``worldtrace bench``: mechanism (synthetic scenes), speed, landmark tau calibration."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import click
+
+from .common import csv, run_job
+from .options import device_options, speed_options
+
+
+@click.group()
+def bench():
+    """Benchmarks: memory mechanism on synthetic scenes, speed, landmark tau calibration."""
+
+
+@bench.command("mechanism")
+@click.option("--writers", default=None, help="Comma-separated writers (default: all registered; mixed as mixed:2).")
+@click.option("--schemes", default=None, help="Comma-separated position schemes (default: all).")
+@click.option("--routes", default="ABA,ABCA", show_default=True, help="Loops; the return query is in the last scene.")
+@click.option("--legs", default="2,8,32", show_default=True, help="Chunks per leg of the loop.")
+@click.option("--seed", type=int, default=0, show_default=True)
+@click.option("--landmark-threshold", type=float, default=0.1, show_default=True, help="tau of the landmark detector.")
+@click.option("-o", "--output", type=click.Path(path_type=Path), default=Path("bench-results"), show_default=True,
+              help="Folder for the results.")
+@click.option("--name", default="mechanism", show_default=True, help="File stem of the results.")
+def bench_mechanism(writers, schemes, routes, legs, seed, landmark_threshold, output, name):
+    """Attention mismatch ||alpha_hat P - alpha||_1 and scene-A recall mass of every writer x scheme
+    on synthetic scene keys (paper App. B), computed with the real RoPE code."""
+    from ..bench import SceneSetup, mechanism_benchmark, write_mechanism_report
+
+    def job():
+        setup = SceneSetup(seed=seed)
+        rows = mechanism_benchmark(csv(writers), csv(schemes), tuple(csv(routes)), tuple(csv(legs, int)),
+                                   setup, landmark_threshold)
+        for path in write_mechanism_report(rows, output, name, setup):
+            click.echo(f"worldtrace: wrote {path}", err=True)
+
+    run_job(job)
+
+
+@bench.command("tau")
+@click.argument("run_dirs", nargs=-1, required=True, type=click.Path(exists=True, file_okay=False, path_type=Path))
+@click.option("--min-change", type=click.FloatRange(0, min_open=True), default=10.0, show_default=True,
+              help="View change (degrees per latent frame) that counts as a scene entry (ground-truth runs).")
+@click.option("--rate", type=click.FloatRange(0, 1, min_open=True, max_open=True), default=0.1, show_default=True,
+              help="Landmark share of frames for the suggestion without ground truth.")
+@click.option("-o", "--output", type=click.Path(path_type=Path), default=None,
+              help="Folder for tau.json and tau.md (default: print only).")
+def bench_tau(run_dirs, min_change, rate, output):
+    """Suggest the landmark threshold tau from the detector distances that landmark runs logged
+    (RUN_DIRS: run folders of --cache landmark; for loopworld runs, against the true view changes)."""
+    from ..calibrate import calibrate, calibration_markdown
+    from ..outputs import write_json_atomic
+
+    def job():
+        try:
+            result = calibrate(list(run_dirs), min_change, rate)
+        except ValueError as exc:
+            from ..errors import InputError
+
+            raise InputError(str(exc)) from None
+        text = calibration_markdown(result)
+        if output is not None:
+            output.mkdir(parents=True, exist_ok=True)
+            write_json_atomic(output / "tau.json", result, indent=1)
+            (output / "tau.md").write_text(text)
+        click.echo(text)
+
+    run_job(job)
+
+
+@bench.command("speed")
+@click.option("--preset", default="tiny", show_default=True, help="Model preset (random weights at its full size).")
+@click.option("--random-weights", is_flag=True, help="Accepted for clarity: the speed bench always uses random weights.")
+@click.option("--caches", default="sliding,field,landmark", show_default=True, help="Comma-separated writers.")
+@click.option("--chunks", default="8,16", show_default=True,
+              help="Comma-separated chunk counts: one rollout per writer to the largest, snapshots at each.")
+@device_options
+@click.option("--image", type=click.Path(path_type=Path), default=None, help="Conditioning image (default: a gradient).")
+@click.option("--warmup", type=int, default=1, show_default=True,
+              help="Chunks excluded from the timings (3 or more with --compile: compilation and CUDA-graph recording).")
+@click.option("--no-decode", is_flag=True, help="Skip the VAE decode (DiT and cache only).")
+@speed_options
+@click.option("--budget", type=int, default=None,
+              help="Past latent-frame slots of every writer (default: each writer's own: sliding 3, WorldTrace 6). "
+                   "Use 6 to compare writers at one cache size.")
+@click.option("--repeats", type=click.IntRange(1), default=1, show_default=True,
+              help="Run the writers in turn this many times; the summary takes medians.")
+@click.option("-o", "--output", type=click.Path(path_type=Path), default=Path("bench-results"), show_default=True)
+@click.option("--name", default=None, help="File stem of the results (default: speed-<preset>-<device>).")
+def bench_speed(preset, random_weights, caches, chunks, device, dtype, image, warmup, no_decode, rope_precision,
+                compile_mode, overlap_decode, budget, repeats, output, name):
+    """Seconds per chunk by phase, wall-clock seconds per chunk, DiT forward time, fps and peak memory
+    of each writer (JSON + Markdown with the device, versions and command).
+
+    Phase timers synchronise the generating CUDA stream; fps is pixel frames over wall-clock time.
+    Runs on CPU with the tiny preset for smoke tests.
+
+    \b
+    Full-size MG2 on a GPU (the targets in benchmarks/README.md):
+      worldtrace bench speed --preset mg2-universal --random-weights \\
+          --caches sliding,field,landmark --chunks 64,256,512
+    """
+    import json
+
+    from ..jobs.bench_speed import speed_benchmark, speed_markdown
+
+    def job():
+        result = speed_benchmark(preset, tuple(csv(caches)), tuple(csv(chunks, int)), device, dtype, image,
+                                 warmup, not no_decode, rope_precision=rope_precision, compile_mode=compile_mode,
+                                 overlap_decode=overlap_decode, budget=budget, repeats=repeats)
+        result["meta"]["command"] = sys.argv
+        output.mkdir(parents=True, exist_ok=True)
+        stem = name or f"speed-{preset}-{result['meta']['device'].split(':')[0]}"
+        (output / f"{stem}.json").write_text(json.dumps(result, indent=1))
+        (output / f"{stem}.md").write_text(f"# Speed: {stem}\n\n`{' '.join(sys.argv)}`\n\n" + speed_markdown(result) + "\n")
+        click.echo(speed_markdown(result))
+        click.echo(f"worldtrace: wrote {output / stem}.json and .md", err=True)
+
+    run_job(job)

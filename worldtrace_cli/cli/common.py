@@ -1,0 +1,36 @@
+"""What every command shares: the log handler and the error-to-exit-code wrapper."""
+
+from __future__ import annotations
+
+import logging
+import sys
+
+import click
+
+from ..errors import Interrupted, WorldtraceError
+
+
+class EchoHandler(logging.Handler):
+    """Log records as ``worldtrace: message`` lines on the current stderr."""
+
+    def emit(self, record: logging.LogRecord) -> None:
+        click.echo(f"worldtrace: {record.getMessage()}", err=True)
+
+
+def run_job(fn, *args, **kwargs):
+    """Call ``fn``; print WorldtraceErrors as one line on stderr and exit with their code
+    (:mod:`worldtrace_cli.errors`); a bare KeyboardInterrupt exits 131."""
+    try:
+        return fn(*args, **kwargs)
+    except WorldtraceError as exc:
+        kind = "stopped" if isinstance(exc, Interrupted) or exc.exit_code == 131 else "error"
+        click.echo(f"worldtrace: {kind}: {exc}", err=True)
+        sys.exit(exc.exit_code)
+    except KeyboardInterrupt:
+        click.echo("worldtrace: interrupted", err=True)
+        sys.exit(131)
+
+
+def csv(value: str | None, cast=str) -> list | None:
+    """``"a, b,"`` -> ``["a", "b"]`` (each through ``cast``); None stays None."""
+    return None if value is None else [cast(v.strip()) for v in value.split(",") if v.strip()]

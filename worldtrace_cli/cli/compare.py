@@ -1,0 +1,67 @@
+"""``worldtrace compare``: one trajectory through several cache writers, side by side."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import click
+
+from .common import run_job
+from .options import SEED, device_options, memory_options, speed_config, speed_options
+
+
+@click.command("compare")
+@click.argument("trajectory", type=click.Path(path_type=Path))
+@click.option("--cache", "caches", default="sliding,field,landmark", show_default=True, metavar="W1,W2,...",
+              help="Comma-separated cache writers to compare (as --cache of generate, e.g. mixed:2).")
+@click.option("--preset", default=None, metavar="NAME|FILE",
+              help="Model preset (default: mg2-<trajectory mode> with --checkpoint, else loopworld for universal "
+                   "trajectories, tiny otherwise).")
+@click.option("--checkpoint", type=click.Path(path_type=Path), default=None, metavar="DIR",
+              help="Official Matrix-Game-2.0 folder.")
+@click.option("--random-weights", is_flag=True, help="Run a checkpoint preset with seeded random weights.")
+@click.option("--image", type=click.Path(path_type=Path), default=None,
+              help="Conditioning image shared by every mode (default: the trajectory's).")
+@click.option("--seed", type=SEED, default=None,
+              help="Noise seed shared by every mode (default: the trajectory's, else 0).")
+@click.option("--world-seed", type=SEED, default=0, show_default=True,
+              help="loopworld: the procedural world every mode walks (the truth is the video's first panel).")
+@click.option("--chunks", type=int, default=None, help="Chunks to generate (default: the trajectory's length).")
+@click.option("--hud/--no-hud", default=True, show_default=True,
+              help="Overlay the pressed keys and the mouse direction of every pixel frame.")
+@click.option("--metrics", type=click.Choice(["fast", "all"]), default="all", show_default=True,
+              help="fast = TempSSIM + LatentDiff; all = + Scene Drift and PAC.")
+@device_options
+@click.option("-o", "--output", type=click.Path(path_type=Path), default=None, metavar="DIR",
+              help="Output folder (default: runs/compare-<trajectory>).")
+@click.option("--overwrite", is_flag=True, help="Replace a comparison or runs already in DIR.")
+@click.option("--progress", is_flag=True, help="Per-chunk progress bars.")
+@memory_options
+@speed_options
+def compare(trajectory, caches, preset, checkpoint, random_weights, image, seed, world_seed, chunks, hud, metrics,
+            device, dtype, output, overwrite, progress, rope_precision, compile_mode, overlap_decode, **memory):
+    """Run TRAJECTORY through several cache writers and show them side by side.
+
+    Each writer runs with the same image, seed and actions into DIR/<cache>/ (a normal run folder);
+    then DIR/compare.mp4 puts the videos next to each other (a 2-row grid beyond 3 writers), each
+    panel labelled, with an optional HUD of the keys and mouse of the current pixel frame, and
+    DIR/compare.png shows a few frames of each (loopworld: the true frames first).
+    DIR/compare.md and compare.json list per writer s/chunk, peak RSS / GPU memory, KV-cache bytes
+    and the metrics.
+
+    \b
+    Example (CPU, tiny model):
+      worldtrace compare trajectories/aba.yaml --cache sliding,field,landmark --chunks 16 -o cmp/
+    """
+    from ..jobs.compare import compare_markdown, run_compare
+
+    def job():
+        out = output or Path("runs") / f"compare-{trajectory.stem}"
+        result = run_compare(trajectory, [c.strip() for c in caches.split(",") if c.strip()], out, preset, image,
+                             seed, chunks, hud, metrics, device, dtype, checkpoint, random_weights, overwrite,
+                             progress, speed_config(rope_precision, compile_mode, overlap_decode), world_seed,
+                             memory)
+        click.echo(compare_markdown(result))
+        click.echo(f"worldtrace: wrote {out / 'compare.mp4'}, compare.md, compare.json", err=True)
+
+    run_job(job)

@@ -1,0 +1,117 @@
+"""``worldtrace generate``: one run folder from a trajectory, or ``--resume`` of a stopped one."""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+import click
+
+from ..config import memory_config
+from .common import run_job
+from .options import SEED, device_options, memory_options, speed_config, speed_options
+
+
+@click.command("generate")
+@click.argument("trajectory", type=click.Path(path_type=Path), required=False)
+@click.option("--preset", default=None, metavar="NAME|FILE",
+              help="Model preset: loopworld (trained embedded world, CPU), tiny (random weights, CPU), "
+                   "mg2-universal, mg2-gta-drive, mg2-templerun, or a preset YAML. Default: mg2-<trajectory mode> "
+                   "with --checkpoint, else loopworld (universal) or tiny.")
+@click.option("--checkpoint", type=click.Path(path_type=Path), default=None, metavar="DIR",
+              help="Official Matrix-Game-2.0 folder (Wan2.1_VAE.pth, the CLIP .pth, the DiT safetensors).")
+@click.option("--random-weights", is_flag=True, help="Run a checkpoint preset at full size with seeded random weights.")
+@click.option("--image", type=click.Path(path_type=Path), default=None,
+              help="Conditioning image (any format PIL reads; overrides the trajectory's `image`). With "
+                   "loopworld the start image is the world's own view unless this is given.")
+@click.option("--world-seed", type=SEED, default=0, show_default=True,
+              help="loopworld: the procedural world to walk (its start view conditions the model, its renders "
+                   "are the ground truth).")
+@click.option("--chunks", type=int, default=None,
+              help="Chunks to generate (3 latent frames = 12 pixel frames each); repeats the last segment "
+                   "or truncates the trajectory. Default: the trajectory's length.")
+@click.option("--seed", type=SEED, default=None,
+              help="Noise seed >= 0 (default: the trajectory's seed, else 0).")
+@click.option("-o", "--output", type=click.Path(path_type=Path), default=None, metavar="DIR",
+              help="Run folder (default: runs/<trajectory>-<cache>).")
+@click.option("--overwrite", is_flag=True, help="Replace a finished run already in the output folder.")
+@click.option("--cache", default="sliding", show_default=True, metavar="WRITER",
+              help="KV-cache writer: sliding, sink, full, field, field-streaming, landmark, mixed:K, naive, "
+                   "memrope, yarn (README: 'Memory writers').")
+@memory_options
+@device_options
+@click.option("--metrics", type=click.Choice(["none", "fast", "all"]), default="fast", show_default=True,
+              help="Per-chunk metrics: fast = TempSSIM + LatentDiff; all = + CLIP Scene Drift and PAC "
+                   "(one CLIP forward per pixel frame).")
+@click.option("--hash-checkpoint", is_flag=True, help="sha256 whole checkpoint files (default: first MiB).")
+@click.option("--save-every", type=int, default=16, show_default=True,
+              help="Save a resume state every N chunks (0: only on Ctrl-C/SIGTERM).")
+@speed_options
+@click.option("--resume", "resume_dir", type=click.Path(path_type=Path), default=None, metavar="RUN_DIR",
+              help="Continue an interrupted run from its last saved state (other options come from the run, "
+                   "except --overlap-decode and --no-progress).")
+@click.option("--no-progress", is_flag=True, help="No progress bar.")
+def generate(trajectory, preset, checkpoint, random_weights, image, world_seed, chunks, seed, output, overwrite, cache,
+             device, dtype, metrics, hash_checkpoint, save_every, rope_precision, compile_mode,
+             overlap_decode, resume_dir, no_progress, **memory):
+    """Generate a video from TRAJECTORY (a YAML file of actions; see trajectories/README.md).
+
+    Writes to the run folder: video.mp4 (H.264, appended chunk by chunk), chunks.jsonl (one record
+    per chunk: actions, cache slots and their virtual positions, timings, memory) and summary.json.
+
+    \b
+    Example (CPU, built-in tiny model):
+      worldtrace generate --preset tiny --image assets/images/mg2_universal_0000.png \\
+          trajectories/aba.yaml --chunks 16 -o out/
+    """
+    from ..config import RunConfig, default_preset_name, load_preset
+    from ..errors import InputError
+    from ..outputs import cache_folder
+    from ..jobs.generate import run_generation as run_generate
+    from ..trajectory import load_trajectory
+
+    ctx = click.get_current_context()
+
+    def build_and_run():
+        if resume_dir is not None:
+            from dataclasses import replace
+
+            flags = {p.name: max(p.opts, key=len) for p in ctx.command.params}
+            honoured = ("resume_dir", "no_progress", "overlap_decode")  # they do not change the video
+            given = [flags[name] for name, value in ctx.params.items()
+                     if name not in honoured and value is not None
+                     and ctx.get_parameter_source(name) == click.core.ParameterSource.COMMANDLINE]
+            if given:
+                logging.getLogger("worldtrace").warning(
+                    f"--resume continues the run with its own settings; ignored: {', '.join(given)}")
+
+            from ..runs.resume import resume_config
+
+            cfg = replace(resume_config(resume_dir), output=resume_dir, progress=not no_progress)
+            if ctx.get_parameter_source("overlap_decode") == click.core.ParameterSource.COMMANDLINE:
+                cfg = replace(cfg, overlap_decode=overlap_decode)
+            report(run_generate(cfg, resume=True))
+            return
+        if trajectory is None:
+            raise InputError("missing TRAJECTORY (or --resume RUN_DIR); see worldtrace generate --help")
+        name = preset
+        if name is None:
+            name = default_preset_name(load_trajectory(trajectory).mode, checkpoint)
+            logging.getLogger("worldtrace").info(f"preset: {name}")
+        out = output or Path("runs") / f"{trajectory.stem}-{cache_folder(cache)}"
+        cfg = RunConfig(preset=load_preset(name), trajectory=trajectory, output=out, image=image, chunks=chunks,
+                        world_seed=world_seed,
+                        seed=seed, device=device, dtype=dtype, checkpoint=checkpoint, random_weights=random_weights,
+                        memory=memory_config(cache, **memory),
+                        overwrite=overwrite, progress=not no_progress, hash_checkpoint=hash_checkpoint,
+                        metrics=metrics, save_every=save_every,
+                        **speed_config(rope_precision, compile_mode, overlap_decode))
+        report(run_generate(cfg))
+
+    def report(summary):
+        t = summary["totals"]
+        click.echo(f"worldtrace: wrote {summary['run_dir']}: {t['chunks']} chunks, {t['pixel_frames']} frames, "
+                   f"{t['seconds_per_chunk']:.3f} s/chunk", err=True)
+        click.echo(summary["run_dir"])  # stdout: the run folder, for scripts
+
+    run_job(build_and_run)

@@ -1,0 +1,59 @@
+"""``worldtrace metrics``: score a finished or stopped run folder afterwards."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import click
+
+from .common import run_job
+
+
+@click.command("metrics")
+@click.argument("run_dir", type=click.Path(path_type=Path))
+@click.option("--level", type=click.Choice(["fast", "all"]), default="all", show_default=True,
+              help="fast = TempSSIM; all = + CLIP Scene Drift and PAC (builds the run's CLIP tower).")
+@click.option("--trajectory", type=click.Path(path_type=Path), default=None,
+              help="Trajectory for revisit pairing (default: the one in summary.json).")
+@click.option("--device", type=click.Choice(["auto", "cuda", "cpu"]), default="auto", show_default=True)
+@click.option("-o", "--output", type=click.Path(path_type=Path), default=None,
+              help="Write the JSON here (default: RUN_DIR/metrics.json). Also printed on stdout.")
+def metrics_cmd(run_dir, level, trajectory, device, output):
+    """Compute metrics afterwards from a finished or interrupted RUN_DIR (video.mp4 + chunks.jsonl)."""
+    import json
+
+    from ..errors import InputError
+
+    def job():
+        import torch
+
+        from ..config import RunConfig
+        from ..metrics import summarise_run
+        from ..model.checkpoint import load_clip_tower
+        from ..outputs import write_json_atomic
+        from ..pipeline import resolve_device
+        from ..runs import RunFolder
+        from ..runs.resume import resume_config
+        from ..trajectory import frames_for_chunks
+
+        folder = RunFolder(run_dir)
+        if not folder.video.is_file():
+            raise InputError(f"{run_dir}: no video.mp4 (not a worldtrace run folder)")
+        checked = folder.check(frames_for_chunks)  # FolderInconsistent (exit 7) for a contradiction
+        tower = None
+        if level == "all":  # the CLIP tower of the model that made the run (its own preset, even a YAML one)
+            summary = folder.read_summary()
+            if summary is not None and summary.get("config"):
+                cfg = RunConfig.from_dict(summary["config"])
+            else:
+                cfg = resume_config(run_dir)  # an interrupted run: its saved settings (InputError if none)
+            tower = load_clip_tower(cfg.preset, cfg.checkpoint, cfg.random_weights, cfg.weights_seed,
+                                    resolve_device(device), torch.float32)
+        with torch.no_grad():
+            result = summarise_run(run_dir, tower, level, trajectory)
+        result["status"] = checked["status"]
+        result["notes"] = checked["notes"] + result["notes"]
+        write_json_atomic(output or run_dir / "metrics.json", result, indent=1)
+        click.echo(json.dumps(result, indent=1))
+
+    run_job(job)

@@ -1,0 +1,220 @@
+"""``worldtrace bench speed``: seconds per chunk by phase, wall-clock seconds per chunk, DiT forward
+time, fps and peak memory of each writer on one loaded :class:`~worldtrace_cli.pipeline.Pipeline`
+(random weights at the preset's full size). Results are JSON + Markdown with the device and versions.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from ..memory import MemoryConfig
+
+
+def speed_benchmark(preset_name: str = "tiny", caches: tuple[str, ...] = ("sliding", "field", "landmark"),
+                    chunk_counts: tuple[int, ...] = (8, 16), device: str = "auto", dtype: str = "auto",
+                    image=None, warmup_chunks: int = 1, decode: bool = True, seed: int = 0,
+                    rope_precision: str = "float32", compile_mode: str = "none",
+                    overlap_decode: bool = False, budget: int | None = None, repeats: int = 1) -> dict:
+    """Time and measure memory of each writer in one rollout per writer of ``max(chunk_counts)`` chunks,
+    with snapshots at every count in ``chunk_counts``. Weights are seeded random (speed does not
+    depend on their values).
+
+    Per snapshot N, over chunks ``warmup_chunks``..N-1: phase seconds per chunk (timers synchronised
+    with the generating CUDA stream: denoise, context, cache, decode, and with ``overlap_decode``
+    decode_wait, the part of the decode generation waited for), ``seconds_per_chunk`` (the critical
+    path: denoise + context + cache + decode, or + decode_wait with overlap), ``wall_seconds_per_chunk``
+    (wall clock from the first measured chunk until chunk N's frames are on the host), DiT forward
+    seconds (denoise time / steps), end-to-end ``fps`` (pixel frames / wall seconds), peak GPU bytes
+    since the rollout started (``torch.cuda.max_memory_allocated``), process RSS bytes, KV bytes
+    read, writer host bytes.
+
+    ``budget``: past latent-frame slots of every writer (None = each writer's default: sliding
+    reads MG2's own 3 past frames, the WorldTrace writers 6, so at defaults they attend over 6 vs 9
+    latent frames; pass 6 to compare at one cache size). ``repeats``: the writers run in turn this
+    many times (interleaved, so drifting machine speed hits all alike); :func:`speed_summary` takes
+    medians. ``rope_precision``/``compile_mode`` are :func:`~worldtrace_cli.model.dit.configure_speed`'s;
+    compilation happens in the first chunk, so keep ``warmup_chunks`` >= 1 (>= 3 for
+    ``reduce-overhead``, whose CUDA graphs are recorded over the first calls).
+
+    Returns a dict with ``meta`` (device, torch/CUDA versions, preset, settings), ``rows`` (one per
+    writer x repeat x snapshot) and ``summary`` (:func:`speed_summary`).
+    Raises ValueError for an unknown precision or compile mode, or repeats < 1.
+    """
+    import platform
+    import time
+
+    from ..config import load_preset
+    from ..model.conditioning import load_image
+    from ..pipeline import Pipeline
+    from ..rollout import DecodePipeline, process_rss_bytes
+    from ..trajectory import chunk_rows, frames_for_chunks
+
+    if repeats < 1:
+        raise ValueError(f"repeats must be >= 1, got {repeats}")
+    preset = load_preset(preset_name)
+    pipe = Pipeline.from_preset(preset, None, True, seed, device, dtype, rope_precision, compile_mode)
+    dev, dt = pipe.device, pipe.dtype
+    n_max = max(chunk_counts)
+    if image is not None:
+        start_image = load_image(image)
+    else:
+        from PIL import Image
+
+        ramp = torch.linspace(0, 255, preset.width).to(torch.uint8).expand(preset.height, -1)
+        start_image = Image.fromarray(torch.stack([ramp] * 3, dim=-1).numpy())
+    conditioned = pipe.condition(start_image, n_max)
+    kd = preset.dit.action_config.keyboard_dim_in
+    rows_n = frames_for_chunks(n_max)
+    keyboard = torch.zeros(1, rows_n, kd)
+    keyboard[..., 0] = 1.0  # hold the first key (forward / jump) the whole time
+    mouse = torch.zeros(1, rows_n, 2) if preset.dit.action_config.enable_mouse else None
+    phase_names = ("denoise", "context", "cache", "decode") + (("decode_wait",) if overlap_decode and decode else ())
+
+    def sync():
+        if dev.type == "cuda":
+            torch.cuda.synchronize(dev)
+
+    def measure(cache: str, repeat: int) -> list[dict]:
+        writer = pipe.build_writer(MemoryConfig(cache=cache, budget=budget))
+        sync()
+        if dev.type == "cuda":
+            torch.cuda.reset_peak_memory_stats(dev)
+        rollout = pipe.rollout(writer, conditioned, keyboard, mouse, seed)
+        pipeline = DecodePipeline(pipe.decoder(), dev, overlap_decode) if decode else None
+        timings: list[dict] = []
+        out_rows = []
+        frames = 0
+        wall_start = None
+        try:
+            for c in range(n_max):
+                if c == warmup_chunks:
+                    sync()
+                    wall_start = time.perf_counter()
+                out = rollout.step()
+                done = pipeline.submit(out) if pipeline else [out]
+                n = c + 1
+                if n in chunk_counts and pipeline:
+                    done += pipeline.flush()
+                for d in done:
+                    timings.append(d.record["timings_s"])
+                    if d.record["chunk"] >= warmup_chunks:
+                        start, end = chunk_rows(d.record["chunk"])
+                        frames += end - start
+                if n not in chunk_counts:
+                    continue
+                sync()
+                wall = None if wall_start is None else time.perf_counter() - wall_start
+                measured = timings[warmup_chunks:] or timings
+                phases = {k: sum(t.get(k, 0.0) for t in measured) / len(measured) for k in phase_names}
+                critical = sum(v for k, v in phases.items() if not (k == "decode" and "decode_wait" in phases))
+                out_rows.append({
+                    "cache": cache, "repeat": repeat, "chunks": n, "budget": writer.budget,
+                    "seconds_per_chunk": critical,
+                    "wall_seconds_per_chunk": None if wall is None else wall / (n - warmup_chunks),
+                    "phase_seconds_per_chunk": phases,
+                    "dit_forward_seconds": phases["denoise"] / len(preset.denoising_steps),
+                    "fps": (frames / wall) if decode and wall else None,
+                    "gpu_peak_bytes": torch.cuda.max_memory_allocated(dev) if dev.type == "cuda" else None,
+                    "rss_bytes": process_rss_bytes(),
+                    "kv_bytes": out.record["cache"]["kv_bytes"],
+                    "host_bytes": writer.host_bytes(),
+                })
+        finally:
+            if pipeline:
+                pipeline.close()
+        return out_rows
+
+    rows = [row for repeat in range(repeats) for cache in caches for row in measure(cache, repeat)]
+    meta = {"benchmark": "speed", "preset": preset_name, "device": str(dev), "dtype": str(dt).replace("torch.", ""),
+            "device_name": torch.cuda.get_device_name(dev) if dev.type == "cuda" else platform.processor() or "cpu",
+            "cpu_threads": torch.get_num_threads(), "torch": torch.__version__, "cuda": torch.version.cuda,
+            "caches": list(caches), "chunk_counts": list(chunk_counts), "warmup_chunks": warmup_chunks,
+            "decode": decode, "resolution": [preset.height, preset.width], "rope_precision": rope_precision,
+            "compile": compile_mode, "overlap_decode": overlap_decode and decode, "budget": budget,
+            "repeats": repeats}
+    result = {"meta": meta, "rows": rows}
+    result["summary"] = speed_summary(result)
+    return result
+
+
+def speed_summary(result: dict) -> list[dict]:
+    """The speed targets per writer x snapshot, over the repeats of :func:`speed_benchmark`.
+
+    Each entry: ``cache``, ``chunks``, ``budget``, median ``seconds_per_chunk`` and
+    ``wall_seconds_per_chunk``, ``vs_reference`` (median s/chunk / the reference writer's at the
+    same N; the reference is ``sliding`` when measured, else the first writer), median ``fps``,
+    largest ``gpu_peak_bytes`` and ``gpu_peak_vs_first`` (that peak / the writer's own peak at the
+    smallest N; the flat-memory target), and ``host_bytes``.
+    """
+    from statistics import median as _median
+
+    rows = result["rows"]
+    caches = list(dict.fromkeys(r["cache"] for r in rows))
+    reference = "sliding" if "sliding" in caches else (caches[0] if caches else None)
+
+    def pick(cache, n):
+        return [r for r in rows if r["cache"] == cache and r["chunks"] == n]
+
+    counts = sorted({r["chunks"] for r in rows})
+    summary = []
+    for cache in caches:
+        first_peak = None
+        for n in counts:
+            group = pick(cache, n)
+            if not group:
+                continue
+            s = _median([r["seconds_per_chunk"] for r in group])
+            ref = _median([r["seconds_per_chunk"] for r in pick(reference, n)]) if pick(reference, n) else None
+            walls = [r["wall_seconds_per_chunk"] for r in group if r["wall_seconds_per_chunk"] is not None]
+            fps = [r["fps"] for r in group if r["fps"] is not None]
+            peaks = [r["gpu_peak_bytes"] for r in group if r["gpu_peak_bytes"] is not None]
+            peak = max(peaks) if peaks else None
+            if first_peak is None:
+                first_peak = peak
+            summary.append({
+                "cache": cache, "chunks": n, "budget": group[0]["budget"], "seconds_per_chunk": s,
+                "wall_seconds_per_chunk": _median(walls) if walls else None,
+                "vs_reference": s / ref if ref else None, "reference": reference,
+                "fps": _median(fps) if fps else None, "gpu_peak_bytes": peak,
+                "gpu_peak_vs_first": peak / first_peak if peak and first_peak else None,
+                "host_bytes": max(r["host_bytes"] for r in group),
+            })
+    return summary
+
+
+def speed_markdown(result: dict) -> str:
+    """Markdown of a :func:`speed_benchmark` result: the summary against the targets, then every row."""
+    m = result["meta"]
+    summary = result.get("summary") or speed_summary(result)
+    ref = summary[0]["reference"] if summary else "-"
+    lines = [f"Preset `{m['preset']}` on {m['device_name']} ({m['device']}, {m['dtype']}, torch {m['torch']}), "
+             f"{m['resolution'][0]}x{m['resolution'][1]}, decode {'on' if m['decode'] else 'off'}"
+             f"{' (overlapped)' if m.get('overlap_decode') else ''}, compile {m.get('compile', 'none')}, "
+             f"RoPE {m.get('rope_precision', 'float64')}; {m['warmup_chunks']} warm-up chunk(s) excluded; "
+             f"{m.get('repeats', 1)} interleaved repeat(s), medians.\n",
+             f"| cache | budget | chunks | s/chunk | x {ref} | wall s/chunk | fps | GPU peak MB | peak x first N | host MB |",
+             "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
+
+    def num(value, fmt):
+        return "-" if value is None else format(value, fmt)
+
+    for e in summary:
+        peak = None if e["gpu_peak_bytes"] is None else e["gpu_peak_bytes"] / 2**20
+        lines.append(f"| {e['cache']} | {e['budget']} | {e['chunks']} | {e['seconds_per_chunk']:.3f} | "
+                     f"{num(e['vs_reference'], '.3f')} | {num(e['wall_seconds_per_chunk'], '.3f')} | "
+                     f"{num(e['fps'], '.1f')} | {num(peak, '.0f')} | {num(e['gpu_peak_vs_first'], '.3f')} | "
+                     f"{e['host_bytes'] / 2**20:.1f} |")
+    lines += ["", "Every run:", "",
+              "| cache | repeat | chunks | s/chunk | wall s/chunk | denoise | context | cache | decode | DiT fwd ms | "
+              "fps | GPU peak MB | RSS MB | KV MB | host MB |",
+              "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
+    for r in result["rows"]:
+        p = r["phase_seconds_per_chunk"]
+        gpu = None if r["gpu_peak_bytes"] is None else r["gpu_peak_bytes"] / 2**20
+        decode = f"{p['decode']:.3f}" + (f" (wait {p['decode_wait']:.3f})" if "decode_wait" in p else "")
+        lines.append(f"| {r['cache']} | {r.get('repeat', 0)} | {r['chunks']} | {r['seconds_per_chunk']:.3f} | "
+                     f"{num(r.get('wall_seconds_per_chunk'), '.3f')} | {p['denoise']:.3f} | "
+                     f"{p['context']:.3f} | {p['cache']:.4f} | {decode} | {1000 * r['dit_forward_seconds']:.1f} | "
+                     f"{num(r['fps'], '.1f')} | {num(gpu, '.0f')} | {r['rss_bytes'] / 2**20:.0f} | "
+                     f"{r['kv_bytes'] / 2**20:.2f} | {r['host_bytes'] / 2**20:.1f} |")
+    return "\n".join(lines)

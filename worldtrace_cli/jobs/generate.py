@@ -1,0 +1,157 @@
+"""The ``worldtrace generate`` job: inputs -> pipeline -> rollout -> run folder, safe to interrupt.
+
+Nothing generated is lost:
+
+* ``video.mp4`` and ``chunks.jsonl`` are appended chunk by chunk (fragmented MP4 written by a
+  separate ffmpeg; JSONL records fsync'ed), so even SIGKILL leaves every finished chunk.
+* Ctrl-C (SIGINT) or SIGTERM stops after the current chunk, saves a resume state and exits 130
+  with the command that resumes; a second Ctrl-C aborts at once (exit 131, no new state).
+* Every ``save_every`` chunks a resume state is saved (:mod:`worldtrace_cli.runs.resume`).
+  ``--resume RUN_DIR`` rebuilds the run from its saved config, cuts the video and records back to
+  the saved chunk and continues with bit-identical decoded frames.
+* The folder is locked for the whole run (:meth:`~worldtrace_cli.runs.RunFolder.lock`).
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+import time
+from dataclasses import replace
+from pathlib import Path
+
+import torch
+
+from ..errors import Aborted, Interrupted
+from ..runs import RunFolder
+from ..runs.resume import restore_run_state, save_run_state
+from .inputs import RunInputs, prepare_inputs
+from .sinks import RunSinks, StopFlag
+
+log = logging.getLogger("worldtrace")
+
+
+def run_generation(cfg, resume: bool = False, pipeline=None) -> dict:
+    """Run ``worldtrace generate``; returns the summary also written to ``summary.json``.
+
+    Inputs are validated (trajectory, image, flags, output folder) before any model is loaded.
+    With ``resume``, ``cfg`` must be :func:`~worldtrace_cli.runs.resume.resume_config` of
+    ``cfg.output``. ``pipeline``: a loaded :class:`~worldtrace_cli.pipeline.Pipeline` to reuse when
+    it serves ``cfg`` (compare and loopbench pass theirs), else one is loaded.
+
+    Raises:
+        InputError, CheckpointError, OutputError (FolderBusy, FolderInconsistent), RunError: see
+            :mod:`worldtrace_cli.errors`.
+        Interrupted: Ctrl-C / SIGTERM; the resume state is saved first. Aborted: a second Ctrl-C.
+    """
+    started = time.time()
+    if not resume:  # absolute paths: a resume may start from another working directory
+        cfg = replace(cfg, trajectory=Path(cfg.trajectory).resolve(), output=Path(cfg.output).resolve(),
+                      image=None if cfg.image is None else Path(cfg.image).resolve(),
+                      checkpoint=None if cfg.checkpoint is None else Path(cfg.checkpoint).resolve())
+    inputs = prepare_inputs(cfg)
+    folder = RunFolder(cfg.output)
+    with folder.lock("generate --resume" if resume else "generate"):
+        if not resume:
+            folder.prepare(cfg.overwrite)
+        return _generate(cfg, inputs, folder, resume, pipeline, started)
+
+
+def _generate(cfg, inputs: RunInputs, folder: RunFolder, resume: bool, pipeline, started: float) -> dict:
+    from ..metrics import OnlineMetrics
+    from ..outputs import write_json_atomic
+    from ..pipeline import Pipeline, versions
+    from ..rollout import DecodePipeline
+    from ..trajectory import frames_for_chunks
+
+    plan, preset = inputs.plan, cfg.preset
+    if pipeline is None or not pipeline.serves(cfg):
+        pipeline = Pipeline.from_config(cfg)
+    writer = pipeline.build_writer(cfg.memory)
+    t0 = time.perf_counter()
+    conditioned = pipeline.condition(inputs.image, plan.num_chunks)
+    cond_s = time.perf_counter() - t0
+    device = pipeline.device
+    if device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(device)
+    rollout = pipeline.rollout(writer, conditioned, plan.keyboard[None],
+                               None if plan.mouse is None else plan.mouse[None], inputs.seed)
+    decoder = pipeline.decoder()
+    scorer = OnlineMetrics(cfg.metrics, pipeline.world.clip if cfg.metrics == "all" else None, inputs.truth)
+    progress = {"totals": {}, "peak": {"rss_bytes": 0, "gpu_peak_bytes": 0}}
+    records: list[dict] = []
+    start, command = 0, sys.argv
+    if resume:
+        start, progress, command = restore_run_state(folder, rollout, decoder, scorer, inputs.hashes)
+        command = command or sys.argv
+        folder.summary_path.unlink(missing_ok=True)
+        records = folder.truncate(start, frames_for_chunks)  # the chunks after the saved one are regenerated
+        log.info(f"resuming {folder.path} at chunk {start} of {plan.num_chunks}")
+    sinks = RunSinks(folder, preset, plan, scorer, records, progress, start, cfg.progress, writer.name)
+    stop = StopFlag().__enter__()  # held until the summary is written: a late Ctrl-C finishes cleanly
+    decode = None
+
+    def summary(status: str) -> dict:
+        return {
+            "status": status, "run_dir": str(folder.path),
+            "command": command,
+            "resumed_by": sys.argv if resume else None,
+            "config": cfg.to_dict(),
+            "resolved": {"seed": inputs.seed, "device": str(device), "dtype": str(pipeline.dtype).replace("torch.", ""),
+                         "trajectory": str(Path(cfg.trajectory).resolve()), "waypoints": plan.waypoints,
+                         "chunks": plan.num_chunks, "image": inputs.image_label, "notes": plan.notes,
+                         "world_seed": None if inputs.truth is None else inputs.truth.world_seed,
+                         "resumed_at_chunk": start or None},
+            "checkpoint": pipeline.world.files, "versions": versions(),
+            "cache": {**writer.describe(), "kv_bytes": writer.kv_bytes(), "host_bytes": writer.host_bytes()},
+            "metrics": scorer.summary(plan) if status == "complete" else None,
+            "totals": sinks.totals(plan.num_chunks if status == "complete" else len(sinks.records),
+                                   pipeline.load_seconds, cond_s, cfg.overlap_decode, started, device),
+        }
+
+    try:
+        stopped = None
+        try:
+            decode = DecodePipeline(decoder, device, cfg.overlap_decode)  # after any decoder restore
+            for c in range(start, plan.num_chunks):
+                try:
+                    ready = decode.submit(rollout.step())
+                except KeyboardInterrupt:  # a second Ctrl-C: abort now, without waiting for a decode
+                    raise
+                except BaseException:
+                    sinks.drain(decode)  # the chunks generated before the failure are still written
+                    raise
+                sinks.write(ready)
+                last = c == plan.num_chunks - 1
+                signalled = stop.signal is not None  # read once: a signal arriving now counts next chunk
+                save = not last and (signalled or (cfg.save_every and (c + 1) % cfg.save_every == 0))
+                if save or last or signalled:
+                    sinks.write(decode.flush())  # the decoder state must cover every chunk saved
+                if save:
+                    save_run_state(folder, cfg, rollout, decoder, scorer, progress, inputs.hashes, command)
+                if signalled and not last:
+                    stopped = c
+                    break
+        except KeyboardInterrupt:
+            sinks.close(decode, failing=True)
+            write_json_atomic(folder.summary_path, summary("aborted"))
+            raise Aborted(f"aborted after {len(sinks.records)} chunks; {folder.path} keeps every written chunk "
+                          f"but no resume state for them: start again with --overwrite") from None
+        except BaseException:
+            sinks.close(decode, failing=True)
+            try:
+                write_json_atomic(folder.summary_path, summary("failed"))
+            except Exception as exc:  # the original error is the one to report
+                log.warning(f"while writing the partial summary: {exc}")
+            raise
+        sinks.close(decode, failing=False)
+        if stopped is not None:
+            write_json_atomic(folder.summary_path, summary("stopped"))
+            raise Interrupted(f"interrupted after chunk {stopped} of {plan.num_chunks}; every finished chunk is in "
+                              f"{folder.path}; resume with: worldtrace generate --resume {folder.path}")
+        result = summary("complete")
+        write_json_atomic(folder.summary_path, result)
+        folder.clear_state()
+        return result
+    finally:
+        stop.__exit__(None, None, None)

@@ -1,0 +1,95 @@
+"""Everything a generate run reads, checked before any model is loaded.
+
+:func:`prepare_inputs` parses the trajectory, plans the actions, picks the conditioning image (the
+procedural world's start view with ground truth, ``--image`` or the trajectory's ``image:``),
+resolves the seed and hashes the inputs a resume must find unchanged.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+from dataclasses import dataclass
+from pathlib import Path
+
+from ..errors import InputError
+
+log = logging.getLogger("worldtrace")
+
+
+@dataclass
+class RunInputs:
+    """A run's checked inputs.
+
+    Attributes:
+        plan: the :class:`~worldtrace_cli.trajectory.ActionPlan` (per-pixel-frame action rows).
+        image: the PIL start image; image_label: its path, or ``world:N``.
+        truth: :class:`~worldtrace_cli.world.truth.GroundTruth` for procedural-world presets, else None.
+        seed: the noise seed (``--seed``, else the trajectory's, else 0).
+        hashes: ``trajectory_sha256`` and ``image_sha256`` (a resume refuses changed inputs).
+    """
+
+    plan: object
+    image: object
+    image_label: str
+    truth: object
+    seed: int
+    hashes: dict
+
+
+def sha256_file(path: str | Path) -> str:
+    """Hex sha256 of a file's bytes."""
+    h = hashlib.sha256()
+    with open(path, "rb") as fh:
+        for block in iter(lambda: fh.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+def prepare_inputs(cfg) -> RunInputs:
+    """Check and load a :class:`~worldtrace_cli.config.RunConfig`'s inputs (no model involved).
+
+    Raises:
+        InputError / TrajectoryError: a malformed trajectory (file:line: field), a mode other than
+            the preset's, no or an unreadable image, a negative seed or world seed, bad flag values.
+    """
+    from ..model.conditioning import load_image
+    from ..trajectory import load_trajectory, plan_actions
+
+    preset = cfg.preset
+    for name, value, low in (("--save-every", cfg.save_every, 0), ("--world-seed", cfg.world_seed, 0),
+                             ("--seed", cfg.seed, 0), ("--chunks", cfg.chunks, 1)):
+        if value is not None and value < low:
+            raise InputError(f"{name}: must be >= {low}, got {value}")
+    traj = load_trajectory(cfg.trajectory)
+    if traj.mode != preset.mode:
+        raise InputError(f"{cfg.trajectory}: mode {traj.mode!r} does not match preset {preset.name} "
+                         f"(mode {preset.mode!r})")
+    plan = plan_actions(traj, cfg.chunks)
+    for note in plan.notes:
+        log.info(note)
+    truth = None
+    if preset.has_world and cfg.image is None:
+        from PIL import Image
+
+        from ..world.truth import GroundTruth
+
+        truth = GroundTruth(cfg.world_seed, plan, preset.height, preset.width)
+        if traj.image is not None:
+            log.info(f"preset {preset.name}: the start image is world {cfg.world_seed}'s view, not the "
+                     f"trajectory's image (--image overrides, without ground truth)")
+        start_view = truth.start_image()
+        image, label = Image.fromarray(start_view), f"world:{cfg.world_seed}"
+        image_sha = hashlib.sha256(start_view.tobytes()).hexdigest()
+    else:
+        path = cfg.image or traj.image
+        if path is None:
+            raise InputError(f"{cfg.trajectory}: no conditioning image: pass --image or set `image:` in the trajectory")
+        if preset.has_world:
+            log.warning(f"--image replaces world {cfg.world_seed}'s start view: no ground-truth metrics")
+        image, label, image_sha = load_image(path), str(path), sha256_file(path)
+    seed = cfg.seed if cfg.seed is not None else (traj.seed if traj.seed is not None else 0)
+    if seed < 0:
+        raise InputError(f"seed: must be >= 0, got {seed} (from {cfg.trajectory})")
+    hashes = {"trajectory_sha256": sha256_file(cfg.trajectory), "image_sha256": image_sha}
+    return RunInputs(plan, image, label, truth, seed, hashes)

@@ -1,0 +1,144 @@
+"""Where a generate run's decoded chunks go: video, chunk records, metrics, progress bar, totals;
+and the stop flag that turns Ctrl-C / SIGTERM into a clean stop after the current chunk."""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import signal
+import sys
+import time
+
+import torch
+
+log = logging.getLogger("worldtrace")
+
+
+class StopFlag:
+    """SIGINT/SIGTERM set :attr:`signal`, checked between chunks; a second SIGINT aborts at once
+    (KeyboardInterrupt). Use as a context manager (handlers restored on exit)."""
+
+    def __init__(self):
+        self.signal: int | None = None
+        self._previous = {}
+
+    def __enter__(self):
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            try:
+                self._previous[sig] = signal.signal(sig, self._handle)
+            except ValueError:  # not the main thread: no graceful stop, nothing else changes
+                pass
+        return self
+
+    def _handle(self, signum, frame):
+        if self.signal is not None and signum == signal.SIGINT:
+            raise KeyboardInterrupt
+        self.signal = signum
+        log.info("stopping after the current chunk (Ctrl-C again to abort now)")
+
+    def __exit__(self, *exc):
+        for sig, handler in self._previous.items():
+            signal.signal(sig, handler)
+
+
+class RunSinks:
+    """Writes each decoded chunk of a run: video frames (``video.mp4``, or ``video.part.mp4`` after a
+    resume), online metrics, its ``chunks.jsonl`` record (fsync'ed), the progress bar, totals.
+
+    Args:
+        folder: the :class:`~worldtrace_cli.runs.RunFolder`; preset: its pixel size and fps.
+        plan: the ActionPlan (actions and waypoints per chunk); scorer: OnlineMetrics.
+        records: records kept from before a resume (appended to); progress: ``{"totals", "peak"}``
+            (saved in resume states); start: first chunk generated now; show: progress bar on stderr.
+    """
+
+    def __init__(self, folder, preset, plan, scorer, records: list[dict], progress: dict, start: int,
+                 show: bool, desc: str):
+        self.frames_per_chunk = preset.frames_per_chunk
+        from tqdm import tqdm
+
+        from ..outputs import JsonlWriter, VideoStreamWriter
+
+        self.folder, self.plan, self.scorer, self.records, self.start = folder, plan, scorer, records, start
+        self.progress = progress
+        self.waypoints: dict[int, list[str]] = {}
+        for chunk_index, label in plan.waypoints:
+            self.waypoints.setdefault(chunk_index, []).append(label)
+        self.video = VideoStreamWriter(folder.video_part if start else folder.video, preset.width, preset.height,
+                                       preset.fps)
+        self.jsonl = JsonlWriter(folder.chunks, append=True)
+        self.bar = tqdm(total=plan.num_chunks, initial=start, unit="chunk", file=sys.stderr, disable=not show,
+                        desc=desc)
+
+    def write(self, outs) -> None:
+        """Write decoded :class:`~worldtrace_cli.rollout.ChunkOutput` s in order."""
+        from ..trajectory import chunk_rows
+
+        totals, peak = self.progress["totals"], self.progress["peak"]
+        for out in outs:
+            c, rec = out.record["chunk"], out.record
+            self.video.write(out.frames)
+            rec["pixel_frames"] = list(chunk_rows(c))
+            rec["actions"] = self.plan.chunk_actions[c]
+            rec["waypoints"] = self.waypoints.get(c, [])
+            rec["frames_sha256"] = hashlib.sha256(out.frames.numpy().tobytes()).hexdigest()
+            with torch.no_grad():
+                rec["metrics"] = self.scorer.add_chunk(out.latents, out.frames)
+            self.jsonl.write(rec)
+            self.records.append(rec)
+            for k, v in rec["timings_s"].items():
+                totals[k] = totals.get(k, 0.0) + v
+            for k in peak:
+                peak[k] = max(peak[k], rec["memory"].get(k, 0))
+            self.bar.update(1)
+
+    def drain(self, decode) -> None:
+        """After a failure: write the chunks still in the decode pipeline (the original error is the
+        one reported, a failure here only logged)."""
+        try:
+            self.write(decode.flush())
+        except Exception as exc:
+            log.warning(f"while writing the chunks before the failure: {exc}")
+
+    def close(self, decode, failing: bool) -> None:
+        """Close the decode pipeline, bar, records and video; join a resumed run's video part; draw
+        the cache timeline. With ``failing`` a closing error is logged, not raised (it must not hide
+        the real one)."""
+        from ..outputs import concat_videos
+        from ..timeline import plot_cache_timeline
+
+        steps = ([] if decode is None else [decode.close]) + [self.bar.close, self.jsonl.close, self.video.close]
+        if self.start:
+            steps.append(lambda: concat_videos([self.folder.video, self.folder.video_part], self.folder.video))
+        if self.records:
+            steps.append(lambda: plot_cache_timeline(self.records, self.folder.timeline))
+        for step in steps:
+            try:
+                step()
+            except Exception as exc:
+                if not failing:
+                    raise
+                log.warning(f"while stopping: {exc}")
+
+    def totals(self, chunks: int, load_s: float, cond_s: float, overlap_decode: bool, started: float,
+               device: torch.device) -> dict:
+        """The summary's ``totals``: chunks, latent/pixel frames, seconds per phase (load, conditioning,
+        denoise, context, cache, decode, generate = the critical path, wall), s/chunk, fps, peaks."""
+        from ..trajectory import frames_for_chunks
+
+        totals, peak = self.progress["totals"], self.progress["peak"]
+        # with overlap the decode runs beside the DiT: only the wait for it is on the critical path
+        gen_s = sum(v for k, v in totals.items() if k != ("decode" if overlap_decode else "decode_wait"))
+        frames_total = frames_for_chunks(chunks) if chunks else 0
+        return {
+            "chunks": chunks,
+            "latent_frames": chunks * self.frames_per_chunk,
+            "pixel_frames": frames_total,
+            "seconds": {"load": round(load_s, 3), "conditioning": round(cond_s, 3),
+                        **{k: round(v, 3) for k, v in totals.items()}, "generate": round(gen_s, 3),
+                        "wall": round(time.time() - started, 3)},
+            "seconds_per_chunk": round(gen_s / chunks, 4) if chunks else None,
+            "fps": round(frames_total / gen_s, 3) if gen_s else None,
+            "peak_rss_bytes": peak["rss_bytes"],
+            "gpu_peak_bytes": peak["gpu_peak_bytes"] if device.type == "cuda" else None,
+        }

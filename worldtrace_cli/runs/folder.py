@@ -1,0 +1,291 @@
+"""The run folder: its file names (defined once), lock, preparation, status, consistency and truncation.
+
+Every command that writes or reads a run (``generate``, ``--resume``, ``compare``, each ``loopbench``
+job, ``metrics``, the LoopBench report) goes through :class:`RunFolder` (design.md §4):
+
+* ``video.mp4`` (fragmented MP4, appended chunk by chunk), ``chunks.jsonl`` (one record per chunk),
+  ``summary.json`` (written last, atomically), ``cache_timeline.png``; ``resume/`` holds the saved
+  state of a stopped run and ``video.part.mp4`` the chunks a resumed run added since.
+* **One writer at a time**: :meth:`RunFolder.lock` takes an exclusive ``filelock`` (an OS-level
+  ``flock`` on Unix, released by the kernel when its process dies, so a lock left by a killed
+  process is simply taken over) before the folder is checked; a second process gets
+  :class:`~worldtrace_cli.errors.FolderBusy` (exit 6) naming the holder.
+* **Consistency** (:meth:`RunFolder.check`): chunk ids 0..n-1 exactly once, and the video's pixel
+  frames equal what the records cover; a torn last record (a killed writer) is reported as partial,
+  a contradiction is :class:`~worldtrace_cli.errors.FolderInconsistent` (exit 7).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import sys
+import time
+from contextlib import contextmanager
+from pathlib import Path
+
+from ..errors import FolderBusy, FolderInconsistent, OutputError
+
+VIDEO = "video.mp4"
+VIDEO_PART = "video.part.mp4"
+CHUNKS = "chunks.jsonl"
+SUMMARY = "summary.json"
+TIMELINE = "cache_timeline.png"
+STATE = "resume"
+LOCK = ".worldtrace.lock"
+HOLDER = ".worldtrace.lock.json"
+RUN_FILES = (SUMMARY, CHUNKS, VIDEO, TIMELINE)  # a replaced run loses these (summary first)
+LEFTOVERS = (STATE, STATE + ".old", STATE + ".tmp", VIDEO_PART)  # a replaced run's resume state goes too
+
+
+def _reason(err: OSError) -> str:
+    return err.strerror or type(err).__name__
+
+
+class RunFolder:
+    """One run's folder (it need not exist yet).
+
+    Args:
+        path: the folder.
+    """
+
+    def __init__(self, path: str | Path):
+        self.path = Path(path)
+        self._lock = None
+
+    def __repr__(self) -> str:
+        return f"RunFolder({str(self.path)!r})"
+
+    # -- names -------------------------------------------------------------------------------
+    @property
+    def video(self) -> Path:
+        return self.path / VIDEO
+
+    @property
+    def video_part(self) -> Path:
+        return self.path / VIDEO_PART
+
+    @property
+    def chunks(self) -> Path:
+        return self.path / CHUNKS
+
+    @property
+    def summary_path(self) -> Path:
+        return self.path / SUMMARY
+
+    @property
+    def timeline(self) -> Path:
+        return self.path / TIMELINE
+
+    @property
+    def state(self) -> Path:
+        return self.path / STATE
+
+    # -- lock --------------------------------------------------------------------------------
+    @contextmanager
+    def lock(self, what: str = "generate"):
+        """Hold the folder's exclusive lock for the block (creating the folder if needed).
+
+        Raises:
+            FolderBusy: another process holds it (its pid, command and start time are named).
+            OutputError: the folder cannot be created.
+        """
+        from filelock import FileLock, Timeout
+
+        self.make()
+        lock = FileLock(str(self.path / LOCK), timeout=0)
+        try:
+            lock.acquire()
+        except Timeout:
+            raise FolderBusy(f"{self.path} is in use by {self._holder()}; wait for it to finish or use "
+                             f"another -o folder") from None
+        info = {"pid": os.getpid(), "command": what, "argv": sys.argv,
+                "since": time.strftime("%Y-%m-%dT%H:%M:%S")}
+        try:
+            (self.path / HOLDER).write_text(json.dumps(info))
+        except OSError:  # the lock itself is what matters; the holder note only improves messages
+            pass
+        try:
+            yield self
+        finally:
+            try:
+                (self.path / HOLDER).unlink(missing_ok=True)
+            except OSError:
+                pass
+            lock.release()
+
+    def _holder(self) -> str:
+        try:
+            info = json.loads((self.path / HOLDER).read_text())
+            return (f"another worldtrace process (pid {info['pid']}, {info['command']}, since {info['since']}: "
+                    f"{' '.join(info.get('argv', []))[:200]})")
+        except (OSError, ValueError, KeyError, TypeError):
+            return "another worldtrace process"
+
+    # -- state of the folder -----------------------------------------------------------------
+    def make(self) -> None:
+        """Create the folder (and parents). Raises OutputError."""
+        try:
+            self.path.mkdir(parents=True, exist_ok=True)
+        except FileExistsError:
+            raise OutputError(f"output folder {self.path} exists and is not a folder") from None
+        except OSError as err:
+            raise OutputError(f"cannot create output folder {self.path}: {_reason(err)}") from None
+
+    def read_summary(self) -> dict | None:
+        """``summary.json`` as a dict, or None when missing or unreadable."""
+        try:
+            doc = json.loads(self.summary_path.read_text())
+        except (OSError, ValueError):
+            return None
+        return doc if isinstance(doc, dict) else None
+
+    def is_complete(self) -> bool:
+        """True when ``summary.json`` says ``"status": "complete"``."""
+        return (self.read_summary() or {}).get("status") == "complete"
+
+    def has_state(self) -> bool:
+        """True when a resume state was saved (also one interrupted between its two renames)."""
+        return any((self.path / name / "state.json").is_file() for name in (STATE, STATE + ".old"))
+
+    def holds_run(self) -> bool:
+        """True when any run file is present (a finished, stopped or killed run)."""
+        return any((self.path / name).exists() for name in RUN_FILES + (VIDEO_PART,))
+
+    def status(self) -> str:
+        """``empty`` (no run), ``complete``, ``resumable`` (a saved state) or ``partial`` (a run
+        killed or stopped without a state: its chunks are kept, it can only be redone)."""
+        if self.is_complete():
+            return "complete"
+        if self.has_state():
+            return "resumable"
+        return "partial" if self.holds_run() else "empty"
+
+    def prepare(self, overwrite: bool) -> "RunFolder":
+        """Create (or reuse) the folder for a new run. Call it while holding :meth:`lock`.
+
+        A folder holding a run (finished, or stopped: video, records or state) is refused unless
+        ``overwrite``, so generated chunks are never deleted by accident. With ``overwrite`` the run
+        files go, summary first (an interrupted rerun never looks finished), and any resume state.
+
+        Raises:
+            OutputError: the folder cannot be created or written, or holds a run.
+        """
+        self.make()
+        if not overwrite:
+            if self.is_complete():
+                raise OutputError(f"output folder {self.path} already holds a finished run (use --overwrite)")
+            if self.holds_run() or self.has_state():
+                hint = (f"resume it with: worldtrace generate --resume {self.path}" if self.has_state()
+                        else "use --overwrite to replace it")
+                raise OutputError(f"output folder {self.path} holds an unfinished run ({hint})")
+        probe = self.path / f".worldtrace-write-test-{os.getpid()}"
+        try:
+            for name in RUN_FILES + LEFTOVERS:
+                target = self.path / name
+                if target.is_dir():
+                    shutil.rmtree(target)
+                else:
+                    target.unlink(missing_ok=True)
+            probe.write_bytes(b"")
+            probe.unlink()
+        except OSError as err:
+            raise OutputError(f"output folder {self.path} is not writable: {_reason(err)}") from None
+        return self
+
+    def clear_state(self) -> None:
+        """Remove the resume state (after the run completed)."""
+        for name in (STATE, STATE + ".old", STATE + ".tmp"):
+            shutil.rmtree(self.path / name, ignore_errors=True)
+
+    # -- records and video ---------------------------------------------------------------------
+    def records(self) -> tuple[list[dict], bool]:
+        """(records of ``chunks.jsonl`` in order, ``torn``: a cut-off last line was dropped).
+
+        Raises:
+            OutputError: the file is missing or unreadable; FolderInconsistent: a malformed line
+                other than the last.
+        """
+        from ..outputs import read_jsonl_checked
+
+        return read_jsonl_checked(self.chunks)
+
+    def video_frames(self, include_part: bool = True) -> int:
+        """Pixel frames in ``video.mp4`` (+ ``video.part.mp4``); 0 when there is no video."""
+        from ..outputs import probe_video
+
+        total = 0
+        for path in (self.video, self.video_part) if include_part else (self.video,):
+            if path.is_file() and path.stat().st_size:
+                total += probe_video(path)["frames"]
+        return total
+
+    def check(self, frames_for_chunks) -> dict:
+        """Check that the folder's records and video agree; return what it holds.
+
+        Args:
+            frames_for_chunks: ``n -> pixel frames`` of the first n chunks (the model's layout).
+        Returns:
+            ``{"status": complete|resumable|partial, "chunks": n, "video_frames": int, "torn_tail": bool,
+            "notes": [...]}``.
+        Raises:
+            FolderInconsistent (exit 7): chunk ids not 0..n-1 each exactly once, a video with fewer
+                frames than the records cover, a summary whose chunk count differs from the records.
+            OutputError: no ``chunks.jsonl``.
+        """
+        if not self.chunks.is_file():
+            raise OutputError(f"{self.path}: no {CHUNKS} (not a run folder, or a run that wrote no chunk)")
+        records, torn = self.records()
+        ids = [r.get("chunk") for r in records]
+        if ids != list(range(len(ids))):
+            seen, bad = set(), None
+            for i, c in enumerate(ids):
+                if c != i:
+                    bad = (i, c, "repeated" if c in seen else "out of order")
+                    break
+                seen.add(c)
+            raise FolderInconsistent(f"{self.chunks}: record {bad[0] + 1} is chunk {bad[1]!r} ({bad[2]}): the "
+                                     f"records must be chunks 0..n-1 exactly once (two runs wrote this folder?)")
+        frames = self.video_frames()
+        need = frames_for_chunks(len(ids)) if ids else 0
+        notes = []
+        if frames < need:
+            raise FolderInconsistent(f"{self.path}: the video has {frames} pixel frames but {len(ids)} chunk "
+                                     f"records cover {need}")
+        if frames > need:
+            notes.append(f"the video holds {frames - need} pixel frames past the last record (a chunk written to the "
+                         f"video when the run was killed)")
+        if torn:
+            notes.append(f"{CHUNKS} ended in a torn record (a killed writer); it was ignored")
+        summary = self.read_summary()
+        status = self.status()
+        if summary is not None and summary.get("status") == "complete":
+            want = (summary.get("totals") or {}).get("chunks")
+            if want != len(ids):
+                raise FolderInconsistent(f"{self.summary_path}: a complete run of {want} chunks, but {CHUNKS} holds "
+                                         f"{len(ids)} records")
+            if torn:
+                raise FolderInconsistent(f"{self.chunks}: a complete run whose last record is torn")
+        return {"status": status, "chunks": len(ids), "video_frames": frames, "torn_tail": torn, "notes": notes}
+
+    def truncate(self, chunks: int, frames_for_chunks) -> list[dict]:
+        """Cut the run back to its first ``chunks`` chunks (a resume restarts after them): joins a
+        ``video.part.mp4`` left by an earlier resume, cuts the video to ``frames_for_chunks(chunks)``
+        pixel frames and rewrites ``chunks.jsonl`` atomically. Returns the kept records.
+
+        Raises:
+            FolderInconsistent: the video or the records lack chunks before ``chunks``.
+        """
+        from ..outputs import concat_videos, probe_video, truncate_video, write_jsonl_atomic
+
+        concat_videos([self.video, self.video_part], self.video)
+        truncate_video(self.video, frames_for_chunks(chunks))
+        records = [r for r in self.records()[0] if r.get("chunk", chunks) < chunks]
+        have = probe_video(self.video)["frames"] if self.video.is_file() else 0
+        if [r["chunk"] for r in records] != list(range(chunks)) or have != frames_for_chunks(chunks):
+            raise FolderInconsistent(f"{self.path}: the video ({have} frames) or {CHUNKS} ({len(records)} records) "
+                                     f"lost chunks before the saved chunk {chunks}; cannot resume exactly "
+                                     f"(use --overwrite to start again)")
+        write_jsonl_atomic(self.chunks, records)
+        return records

@@ -1,0 +1,161 @@
+"""Resume states of ``worldtrace generate``: explicit ``state_dict()`` of every stateful part, saved
+as safetensors + JSON (no pickle; :mod:`worldtrace_cli.state`) in ``RUN_DIR/resume/``.
+
+What is saved: the cache writer's :meth:`~worldtrace_cli.memory.CacheWriter.state_dict` (its
+contents and host stores), the DiT's action caches (:meth:`RolloutState.state_dict`), the
+streaming VAE decoder's causal feature cache, the metric accumulators
+(:meth:`~worldtrace_cli.metrics.OnlineMetrics.state_dict`), totals so far, the next chunk, the
+run's config and the sha256 of its trajectory and image. Noise depends only on (seed, chunk), so a
+resumed run decodes bit-identical frames (each record's ``frames_sha256``); the MP4 bytes at the
+seam may differ (the encoder restarts).
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from pathlib import Path
+
+from ..errors import InputError
+from .folder import RunFolder
+
+STATE_VERSION = 2
+
+
+def save_run_state(folder: RunFolder, cfg, rollout, decoder, scorer, progress: dict, inputs: dict,
+                   command: list[str]) -> None:
+    """Atomically save everything a resume needs after ``rollout.chunk`` chunks (call after the
+    decode pipeline was flushed); ``inputs``: the trajectory's and image's sha256, ``command``: the
+    run's original command line. Raises OutputError (disk full, permissions)."""
+    from ..state import save_state
+
+    parts = {"writer": rollout.writer.state_dict(), "action_caches": rollout.state.state_dict(),
+             "decoder": decoder.state(), "metrics": scorer.state_dict(), "progress": progress}
+    meta = {"config": cfg.to_dict(), "next_chunk": rollout.chunk, "version": STATE_VERSION, "inputs": inputs,
+            "command": list(command)}
+    save_state(folder.state, meta, parts)
+
+
+def restore_run_state(folder: RunFolder, rollout, decoder, scorer, inputs: dict) -> tuple[int, dict, list[str]]:
+    """Load the saved state into fresh ``rollout`` (writer reset), ``decoder`` and ``scorer``.
+
+    Returns:
+        (next chunk, progress dict, the run's original command line).
+    Raises:
+        InputError: no or an unreadable state, one from another version, or a trajectory / image
+            changed since the run started.
+    """
+    from ..state import load_state, unpack
+
+    meta, parts, tensors = load_state(folder.state)
+    if meta.get("version") != STATE_VERSION:
+        raise InputError(f"{folder.path}: resume state from another worldtrace version "
+                         f"(state version {meta.get('version')!r}, this one reads {STATE_VERSION}); "
+                         f"start again with --overwrite")
+    if meta.get("inputs") != inputs:
+        raise InputError(f"{folder.path}: the trajectory or image changed since the run started; resume would "
+                         f"not continue the same video (use --overwrite to start again)")
+    try:
+        # every tensor returns to the device it was saved from: host stores stay on the host
+        rollout.writer.load_state_dict(unpack(parts["writer"], tensors))
+        rollout.state.load_state_dict(unpack(parts["action_caches"], tensors))
+        decoder.load_state(unpack(parts["decoder"], tensors))
+        scorer.load_state_dict(unpack(parts["metrics"], tensors, "cpu"))
+    except (KeyError, ValueError, TypeError) as exc:
+        raise InputError(f"{folder.path}: resume state does not fit this run ({type(exc).__name__}: {exc}); "
+                         f"start again with --overwrite") from None
+    rollout.chunk = int(meta["next_chunk"])
+    return rollout.chunk, unpack(parts["progress"], tensors), list(meta.get("command") or [])
+
+
+def resume_config(run_dir: str | Path):
+    """The :class:`~worldtrace_cli.config.RunConfig` saved with a run's resume state.
+
+    Raises:
+        InputError: no state (the message says how to restart), an unreadable one, or a folder whose
+            run already completed.
+    """
+    from ..config import RunConfig
+    from ..state import load_meta
+
+    folder = RunFolder(run_dir)
+    if folder.is_complete():
+        raise InputError(f"{folder.path}: the run already completed; nothing to resume")
+    if not folder.has_state():
+        what = "holds chunks but no saved state" if folder.holds_run() else "holds no run"
+        raise InputError(f"{folder.path}: {what}, so there is nothing to resume; start it again with "
+                         f"`worldtrace generate TRAJECTORY -o {folder.path} --overwrite` (same flags)")
+    meta = load_meta(folder.state)
+    try:
+        return RunConfig.from_dict(meta["config"])
+    except (KeyError, TypeError, ValueError) as exc:
+        raise InputError(f"{folder.path}: resume state from another worldtrace version "
+                         f"({type(exc).__name__}: {exc})") from None
+
+
+VOLATILE = ("output", "progress", "overwrite", "save_every", "overlap_decode")  # settings that do not change the video
+
+
+def resumable(folder: str | Path, cfg):
+    """The RunConfig saved in ``folder``'s resume state when it is the same run as ``cfg`` (the
+    settings that change the video are equal), with ``cfg``'s volatile settings; else None."""
+    folder = RunFolder(folder)
+    if not folder.has_state():
+        return None
+    try:
+        saved = resume_config(folder.path)
+    except InputError:  # an unreadable state only means: start again
+        return None
+    if differences(saved.to_dict(), cfg):
+        return None
+    return replace(saved, output=folder.path, progress=cfg.progress, overlap_decode=cfg.overlap_decode)
+
+
+def absolute(cfg):
+    """``cfg`` with absolute trajectory, output, image and checkpoint paths (what a run records)."""
+    return replace(cfg, trajectory=Path(cfg.trajectory).resolve(), output=Path(cfg.output).resolve(),
+                   image=None if cfg.image is None else Path(cfg.image).resolve(),
+                   checkpoint=None if cfg.checkpoint is None else Path(cfg.checkpoint).resolve())
+
+
+def differences(saved: dict, cfg) -> list[str]:
+    """The settings that change the video and differ between a saved config dict and ``cfg``
+    (``name saved (now new)``); empty when it is the same run."""
+    now = absolute(cfg).to_dict()
+    out = []
+    for key in sorted(set(saved) | set(now)):
+        if key in VOLATILE or saved.get(key) == now.get(key):
+            continue
+        a, b = saved.get(key), now.get(key)
+        if isinstance(a, dict) and isinstance(b, dict):
+            out += [f"{key}.{k} {a.get(k)!r} (now {b.get(k)!r})" for k in sorted(set(a) | set(b)) if a.get(k) != b.get(k)]
+        else:
+            out.append(f"{key} {a!r} (now {b!r})")
+    return out
+
+
+def next_step(folder: str | Path, cfg) -> tuple[str, object]:
+    """What a batch job (compare, loopbench) does with a run folder for ``cfg``:
+
+    * ``("reuse", summary)``: a complete run of the same settings;
+    * ``("resume", saved_cfg)``: a stopped run of the same settings with a resume state;
+    * ``("run", cfg)``: nothing usable (empty, killed without a state, another run's state):
+      generate from chunk 0 (with ``overwrite``).
+
+    Raises:
+        OutputError: a complete run made with other settings (reusing it would mix settings in one
+            comparison, overwriting it would delete results): the differences are named.
+    """
+    from ..errors import OutputError
+
+    folder = RunFolder(folder)
+    if folder.is_complete():
+        summary = folder.read_summary()
+        diff = differences(summary.get("config") or {}, cfg)
+        if diff:
+            raise OutputError(f"{folder.path} holds a complete run made with {'; '.join(diff)[:400]}: use another "
+                              f"-o folder, --overwrite, or delete it")
+        return "reuse", summary
+    saved = resumable(folder.path, absolute(cfg))
+    if saved is not None:
+        return "resume", saved
+    return "run", replace(cfg, overwrite=True)
