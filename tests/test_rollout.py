@@ -98,3 +98,16 @@ def test_bf16_model_follows_the_fp32_model(dit):
         a, b = ref.step().latents, low.step().latents
         assert b.dtype == torch.float32 and torch.isfinite(b).all()
         assert torch.corrcoef(torch.stack([a.flatten(), b.flatten()]))[0, 1] > 0.95
+
+
+def test_records_state_each_slots_role_and_largest_offset_against_the_trained_one(dit):
+    """WorldTrace's default 6 past slots + 3 current frames read at offsets up to 8 (MG2 trained to 5);
+    MG2's own sliding cache stays within 5. Roles separate summary slots from recent ones."""
+    for cache, roles, largest in (("landmark", ["summary"] * 4 + ["recent"] * 2, 8), ("sliding", ["recent"] * 3, 5)):
+        rollout = make_rollout(dit, 3, cache=cache)
+        for _ in range(3):
+            rec = rollout.step().record["cache"]
+        assert [s["role"] for s in rec["slots"]] == roles
+        assert rec["trained_offset"] == dit.cfg.local_attn_size - 1 == 5
+        assert rec["max_offset"] == largest == max(s["max_offset"] for s in rec["slots"])
+        assert all(s["max_offset"] == 2 - s["offset"] for s in rec["slots"])

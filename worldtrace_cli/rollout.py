@@ -171,7 +171,9 @@ class Rollout:
             "cache": {
                 "writer": self.writer.name,
                 "positions": self.writer.positions_scheme,
-                "slots": slot_records(slots, positions, sf, kv_bytes // len(slots) if slots else 0),
+                "slots": slot_records(slots, positions, sf, kv_bytes // len(slots) if slots else 0, f),
+                "trained_offset": self.geometry.trained_offset,
+                "max_offset": max((f - 1 - p for p in positions.tolist()), default=None),
                 "kv_bytes": kv_bytes,
                 "host_bytes": self.writer.host_bytes(),
                 "events": self.writer.events(),
@@ -285,18 +287,23 @@ class DecodePipeline:
             self._pool.shutdown(wait=True)
 
 
-def slot_records(slots, positions: torch.Tensor, frame_start: int, bytes_per_slot: int) -> list[dict]:
-    """JSON records of the slots read by a chunk: kind, source latent frames, virtual position
-    (absolute latent-frame index), offset from the chunk's first frame, bytes (all layers, K+V)."""
+def slot_records(slots, positions: torch.Tensor, frame_start: int, bytes_per_slot: int,
+                 frames_per_chunk: int = 3) -> list[dict]:
+    """JSON records of the slots read by a chunk: ``role`` (summary | recent), ``kind``, source
+    latent frames, virtual position (absolute latent-frame index), ``offset`` from the chunk's first
+    frame, ``max_offset`` (the largest query-key temporal offset this slot is read at: from the
+    chunk's last frame, ``frames_per_chunk - 1 - offset``; compare with the record's
+    ``trained_offset``), bytes (all layers, K+V)."""
     out = []
     for slot, pos in zip(slots, positions.tolist()):
         frames = list(slot.frames)
-        rec = {"kind": slot.kind}
+        rec = {"role": slot.role, "kind": slot.kind}
         if len(frames) > 8 and frames == list(range(frames[0], frames[-1] + 1)):
             rec["frames"] = {"first": frames[0], "last": frames[-1], "count": len(frames)}
         else:
             rec["frames"] = frames
-        rec.update({"offset": pos, "virtual_position": frame_start + pos, "bytes": bytes_per_slot})
+        rec.update({"offset": pos, "virtual_position": frame_start + pos, "max_offset": frames_per_chunk - 1 - pos,
+                    "bytes": bytes_per_slot})
         out.append(rec)
     return out
 

@@ -103,7 +103,8 @@ def _generate(cfg, inputs: RunInputs, folder: RunFolder, resume: bool, pipeline,
                          "world_seed": None if inputs.truth is None else inputs.truth.world_seed,
                          "resumed_at_chunk": start or None},
             "checkpoint": pipeline.world.files, "versions": versions(),
-            "cache": {**writer.describe(), "kv_bytes": writer.kv_bytes(), "host_bytes": writer.host_bytes()},
+            "cache": {**writer.describe(), "kv_bytes": writer.kv_bytes(), "host_bytes": writer.host_bytes(),
+                      "trained_offset": rollout.geometry.trained_offset, "max_offset": sinks.max_offset()},
             "metrics": scorer.summary(plan) if status == "complete" else None,
             "totals": sinks.totals(plan.num_chunks if status == "complete" else len(sinks.records),
                                    pipeline.load_seconds, cond_s, cfg.overlap_decode, started, device),
@@ -150,6 +151,9 @@ def _generate(cfg, inputs: RunInputs, folder: RunFolder, resume: bool, pipeline,
             raise Interrupted(f"interrupted after chunk {stopped} of {plan.num_chunks}; every finished chunk is in "
                               f"{folder.path}; resume with: worldtrace generate --resume {folder.path}")
         result = summary("complete")
+        if (result["cache"]["max_offset"] or 0) > rollout.geometry.trained_offset:
+            log.info(f"{writer.name} read the cache at query-key offsets up to {result['cache']['max_offset']} latent "
+                     f"frames; the model was trained to {rollout.geometry.trained_offset}")
         write_json_atomic(folder.summary_path, result)
         folder.clear_state()
         return result

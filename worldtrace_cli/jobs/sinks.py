@@ -120,6 +120,11 @@ class RunSinks:
                     raise
                 log.warning(f"while stopping: {exc}")
 
+    def max_offset(self) -> int | None:
+        """The largest query-key temporal offset (latent frames) any chunk read the cache at."""
+        return max((r["cache"]["max_offset"] for r in self.records if r["cache"].get("max_offset") is not None),
+                   default=None)
+
     def totals(self, chunks: int, load_s: float, cond_s: float, overlap_decode: bool, started: float,
                device: torch.device) -> dict:
         """The summary's ``totals``: chunks, latent/pixel frames, seconds per phase (load, conditioning,
