@@ -151,3 +151,10 @@ def test_two_generate_processes_on_one_folder_one_is_refused(tmp_path):
     assert winner_out.strip() == str(out.resolve())  # stdout: the run folder
     ids = [json.loads(line)["chunk"] for line in (out / "chunks.jsonl").read_text().splitlines()]
     assert ids == [0, 1]
+
+
+def test_cli_position_choices_are_the_registered_schemes():
+    from worldtrace_cli.cli.options import POSITION_SCHEMES
+    from worldtrace_cli.memory import SCHEMES
+
+    assert sorted(POSITION_SCHEMES) == sorted(SCHEMES)

@@ -6,6 +6,8 @@ import click
 
 
 SEED = click.IntRange(0, 2**63 - 1)  # noise seeds (torch generators take 64-bit seeds)
+# worldtrace_cli.memory.SCHEMES, listed here so --help does not import torch (a test keeps them equal)
+POSITION_SCHEMES = ["actual", "block_relative", "centroid_linear", "rank", "slot_rank"]
 
 
 def device_options(command):
@@ -62,7 +64,7 @@ def memory_options(command):
     from pathlib import Path
 
     options = [
-        click.option("--positions", type=click.Choice(["actual", "block_relative", "centroid_linear", "slot_rank"]),
+        click.option("--positions", type=click.Choice(POSITION_SCHEMES),
                      default=None, help="Position scheme override (default: the writer's)."),
         click.option("--budget", type=click.IntRange(0), default=None,
                      help="Past latent-frame slots the cache holds = summary + recent (default: the writer's; "
