@@ -158,3 +158,14 @@ def test_cli_position_choices_are_the_registered_schemes():
     from worldtrace_cli.memory import SCHEMES
 
     assert sorted(POSITION_SCHEMES) == sorted(SCHEMES)
+
+
+@pytest.mark.parametrize("command", ["generate", "compare"])
+def test_chunks_out_of_range_is_a_usage_error_before_anything_loads(tmp_path, command):
+    from worldtrace_cli.cli import main
+    from worldtrace_cli.trajectory import MAX_CHUNKS
+
+    for value in ("99999999999999", str(MAX_CHUNKS + 1), "0"):
+        result = CliRunner().invoke(main, [command, str(ROOT / "trajectories" / "aba.yaml"), "--chunks", value,
+                                           "-o", str(tmp_path / "o")])
+        assert result.exit_code == 2 and "--chunks" in result.output and not (tmp_path / "o").exists()

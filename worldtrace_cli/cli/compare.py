@@ -7,7 +7,7 @@ from pathlib import Path
 import click
 
 from .common import run_job
-from .options import SEED, device_options, memory_options, speed_config, speed_options
+from .options import CHUNKS, SEED, device_options, memory_options, speed_config, speed_options
 
 
 @click.command("compare")
@@ -26,7 +26,7 @@ from .options import SEED, device_options, memory_options, speed_config, speed_o
               help="Noise seed shared by every mode (default: the trajectory's, else 0).")
 @click.option("--world-seed", type=SEED, default=0, show_default=True,
               help="loopworld: the procedural world every mode walks (the truth is the video's first panel).")
-@click.option("--chunks", type=int, default=None, help="Chunks to generate (default: the trajectory's length).")
+@click.option("--chunks", type=CHUNKS, default=None, help="Chunks to generate (default: the trajectory's length).")
 @click.option("--hud/--no-hud", default=True, show_default=True,
               help="Overlay the pressed keys and the mouse direction of every pixel frame.")
 @click.option("--metrics", type=click.Choice(["fast", "all"]), default="all", show_default=True,

@@ -9,7 +9,7 @@ import click
 
 from ..config import memory_config
 from .common import run_job
-from .options import SEED, device_options, memory_options, speed_config, speed_options
+from .options import CHUNKS, SEED, device_options, memory_options, speed_config, speed_options
 
 
 @click.command("generate")
@@ -27,7 +27,7 @@ from .options import SEED, device_options, memory_options, speed_config, speed_o
 @click.option("--world-seed", type=SEED, default=0, show_default=True,
               help="loopworld: the procedural world to walk (its start view conditions the model, its renders "
                    "are the ground truth).")
-@click.option("--chunks", type=int, default=None,
+@click.option("--chunks", type=CHUNKS, default=None,
               help="Chunks to generate (3 latent frames = 12 pixel frames each); repeats the last segment "
                    "or truncates the trajectory. Default: the trajectory's length.")
 @click.option("--seed", type=SEED, default=None,

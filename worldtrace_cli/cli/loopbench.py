@@ -13,7 +13,7 @@ import click
 from ..config import memory_config
 from ..loopbench.configs import CONFIGS
 from .common import run_job
-from .options import device_options, memory_options, speed_config, speed_options
+from .options import CHUNKS, device_options, memory_options, speed_config, speed_options
 
 _DEFAULT_CONFIGS = ",".join(n for n, c in CONFIGS.items() if c.tier in (1, 2, 3, 4))
 
@@ -46,7 +46,7 @@ def loopbench():
 @click.option("--worlds", default=None, metavar="0-7|0,3,5",
               help="Procedural worlds as scenes (loopworld; default 0-7 when no --images is given).")
 @click.option("--seeds", default="0,42,123,456,789", show_default=True, help="Comma-separated noise seeds.")
-@click.option("--chunks", type=int, default=None,
+@click.option("--chunks", type=CHUNKS, default=None,
               help="Override every rollout's length in chunks (smoke tests; truncation can remove the revisit, "
                    "and then PAC). Default: each configuration's own N.")
 @click.option("--metrics", type=click.Choice(["fast", "all"]), default="all", show_default=True,
