@@ -10,7 +10,7 @@ from click.testing import CliRunner
 from safetensors.torch import save_file
 
 from worldtrace_cli.cli import main
-from worldtrace_cli.memory import WRITERS
+from worldtrace_cli.memory.base import example_specs
 from worldtrace_cli.outputs import probe_video, read_jsonl
 
 ROOT = Path(__file__).parent.parent
@@ -49,7 +49,7 @@ def test_acceptance_run_writes_video_records_summary(tmp_path):
     assert (out / "cache_timeline.png").stat().st_size > 0
 
 
-@pytest.mark.parametrize("cache", sorted("mixed:2" if w == "mixed" else w for w in WRITERS))
+@pytest.mark.parametrize("cache", example_specs())
 def test_every_writer_runs_end_to_end(tmp_path, cache):
     out = tmp_path / "run"
     result = generate("--image", IMAGE, ABA, "--chunks", 5, "--cache", cache, "-o", out)
