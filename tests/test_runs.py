@@ -169,3 +169,38 @@ def test_chunks_out_of_range_is_a_usage_error_before_anything_loads(tmp_path, co
         result = CliRunner().invoke(main, [command, str(ROOT / "trajectories" / "aba.yaml"), "--chunks", value,
                                            "-o", str(tmp_path / "o")])
         assert result.exit_code == 2 and "--chunks" in result.output and not (tmp_path / "o").exists()
+
+
+_NO_TORCH = """
+import sys
+from worldtrace_cli.cli import main
+try:
+    main(sys.argv[1:], prog_name="worldtrace")
+except SystemExit as exc:
+    print("exit", exc.code, "torch" in sys.modules, file=sys.stderr)
+"""
+
+
+@pytest.mark.parametrize("case", ["typo", "tiny_image", "huge_trajectory"])
+def test_bad_inputs_are_reported_before_torch_loads(tmp_path, case):
+    """Validate first, load later: a YAML typo, a 1x1 image or an oversized trajectory is a one-line
+    error (exit 2) from a process that never imported torch, and no run folder is made."""
+    from PIL import Image
+
+    traj, image = ROOT / "trajectories" / "aba.yaml", ROOT / "assets" / "images" / "mg2_universal_0000.png"
+    if case == "typo":
+        traj = tmp_path / "t.yaml"
+        traj.write_text("mode: universal\nsegments:\n  - action: forwardd\n    chunks: 2\n")
+    elif case == "tiny_image":
+        image = tmp_path / "one.png"
+        Image.new("RGB", (1, 1)).save(image)
+    else:
+        traj = tmp_path / "big.yaml"
+        traj.write_text("mode: universal\nsegments:\n" + "  - action: forward\n    chunks: 1\n" * 40_000)
+    proc = subprocess.run([sys.executable, "-c", _NO_TORCH, "generate", str(traj), "--preset", "tiny", "--image",
+                           str(image), "-o", str(tmp_path / "run")], capture_output=True, text=True, timeout=120)
+    lines = proc.stderr.strip().splitlines()
+    assert lines[-1] == "exit 2 False", proc.stderr
+    assert len(lines) == 2 and lines[0].startswith("worldtrace: error: ")
+    assert {"typo": "forwardd", "tiny_image": "too small", "huge_trajectory": "MiB limit"}[case] in lines[0]
+    assert not (tmp_path / "run").exists()

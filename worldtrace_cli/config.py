@@ -14,13 +14,40 @@ from typing import Any
 import yaml
 
 from .errors import InputError
-from .memory.base import MemoryConfig
 from .model.config import DiTConfig
 
 MODES = ("universal", "gta_drive", "templerun")
 _PRESET_KEYS = {"description", "mode", "height", "width", "fps", "denoising_steps", "timestep_shift",
                 "weights", "vae", "clip", "files", "dit", "frames_per_chunk", "bundle", "world"}
 _FILE_ROLES = ("dit", "vae", "clip")
+
+
+@dataclass(frozen=True)
+class MemoryConfig:
+    """User-facing memory settings (``--cache``, ``--positions``, ``--budget``, slot counts).
+
+    ``None`` means "the writer's default" (see :meth:`CacheWriter.resolve`).
+    """
+
+    cache: str = "sliding"
+    positions: str | None = None
+    budget: int | None = None
+    summary_slots: int | None = None
+    recent_slots: int | None = None
+    landmark_threshold: float = 0.1   # tau: cosine distance of consecutive frame descriptors
+    sink_frames: int = 1              # sink: first k latent frames kept
+    max_cache_gb: float = 16.0        # full / yarn: refuse before the cache exceeds this
+    spill_dir: str | None = None      # field: keep evicted frames on disk here instead of host RAM
+
+    @property
+    def writer_name(self) -> str:
+        """``mixed:2`` -> ``mixed``."""
+        return self.cache.split(":", 1)[0]
+
+    @property
+    def writer_arg(self) -> str | None:
+        """``mixed:2`` -> ``"2"``; None without a ``:``."""
+        return self.cache.split(":", 1)[1] if ":" in self.cache else None
 
 
 @dataclass(frozen=True)

@@ -31,6 +31,7 @@ CHUNK_FRAMES = 12  # pixel frames decoded from every later chunk (4 * 3)
 CAMERA_STEP = 0.1  # MG2's demo mouse magnitude for the camera_* macros
 MAX_CHUNKS = 100_000  # bounds a trajectory's length (and the tensors plan_actions builds)
 MAX_LABEL_CHARS = 64
+MAX_TRAJECTORY_BYTES = 1 << 20  # 1 MiB: tens of thousands of segments; parsing it takes seconds
 
 
 # --------------------------------------------------------------------------- chunk layout
@@ -295,11 +296,15 @@ _SEGMENT_KEYS = ("label", "action", "keys", "mouse", "chunks", "frames")
 def load_trajectory(path: str | Path) -> Trajectory:
     """Read and parse a trajectory YAML file; a relative ``image`` resolves against its folder.
 
-    Raises TrajectoryError naming the file when it is missing, unreadable or not UTF-8, and
-    ``file:line: field: problem`` for any content error.
+    Raises TrajectoryError naming the file when it is missing, unreadable, larger than
+    :data:`MAX_TRAJECTORY_BYTES` or not UTF-8, and ``file:line: field: problem`` for any content error.
     """
     path = Path(path)
     try:
+        size = path.stat().st_size
+        if size > MAX_TRAJECTORY_BYTES:
+            raise TrajectoryError(f"{path}: trajectory file of {size / 2**20:.1f} MiB exceeds the "
+                                  f"{MAX_TRAJECTORY_BYTES // 2**20} MiB limit (repeat a segment with `chunks:` instead)")
         text = path.read_text(encoding="utf-8")
     except UnicodeDecodeError as err:
         raise TrajectoryError(f"{path}: not UTF-8 text ({err.reason} at byte "

@@ -67,7 +67,6 @@ def generate(trajectory, preset, checkpoint, random_weights, image, world_seed, 
     from ..config import RunConfig, default_preset_name, load_preset
     from ..errors import InputError
     from ..outputs import cache_folder
-    from ..jobs.generate import run_generation as run_generate
     from ..trajectory import load_trajectory
 
     ctx = click.get_current_context()
@@ -85,6 +84,7 @@ def generate(trajectory, preset, checkpoint, random_weights, image, world_seed, 
                 logging.getLogger("worldtrace").warning(
                     f"--resume continues the run with its own settings; ignored: {', '.join(given)}")
 
+            from ..jobs.generate import run_generation as run_generate
             from ..runs.resume import resume_config
 
             cfg = replace(resume_config(resume_dir), output=resume_dir, progress=not no_progress)
@@ -106,6 +106,11 @@ def generate(trajectory, preset, checkpoint, random_weights, image, world_seed, 
                         overwrite=overwrite, progress=not no_progress, hash_checkpoint=hash_checkpoint,
                         metrics=metrics, save_every=save_every,
                         **speed_config(rope_precision, compile_mode, overlap_decode))
+        from ..jobs.inputs import check_inputs
+
+        check_inputs(cfg)  # before torch and the model load: a bad input is reported at once
+        from ..jobs.generate import run_generation as run_generate
+
         report(run_generate(cfg))
 
     def report(summary):

@@ -46,6 +46,57 @@ def sha256_file(path: str | Path) -> str:
     return h.hexdigest()
 
 
+def check_image(path: str | Path, height: int, width: int) -> None:
+    """Check an image file from its header (PIL, no decode, no torch): it exists, is an image, and
+    MG2's centre crop to the aspect ``height:width`` is not empty
+    (:func:`~worldtrace_cli.model.conditioning.preprocess_image`).
+
+    Raises:
+        InputError: ``image <path>: <problem>`` (one line).
+    """
+    from PIL import Image, UnidentifiedImageError
+
+    path = Path(path)
+    if not path.is_file():
+        raise InputError(f"image {path}: {'is a directory, not an image file' if path.is_dir() else 'file not found'}")
+    try:
+        with Image.open(path) as img:
+            w, h = img.size
+    except UnidentifiedImageError:
+        raise InputError(f"image {path}: not a recognised image format") from None
+    except Image.DecompressionBombError as exc:
+        raise InputError(f"image {path}: too large ({exc})") from None
+    except OSError as exc:
+        raise InputError(f"image {path}: unreadable ({exc.strerror or type(exc).__name__})") from None
+    crop = (w, int(w * height / width)) if h / w > height / width else (int(h * width / height), h)
+    if min(crop) < 1:
+        raise InputError(f"image {path}: a {w}x{h} image is too small for the preset's {width}x{height} "
+                         f"aspect crop")
+
+
+def check_inputs(cfg) -> None:
+    """The checks of :func:`prepare_inputs` that need neither torch nor the model: option ranges,
+    the trajectory (size, syntax, mode) and the image's header. ``generate`` runs them first, so a
+    bad input is reported in a fraction of a second.
+
+    Raises:
+        InputError / TrajectoryError: as :func:`prepare_inputs`.
+    """
+    from ..trajectory import load_trajectory
+
+    for name, value, low in (("--save-every", cfg.save_every, 0), ("--world-seed", cfg.world_seed, 0),
+                             ("--seed", cfg.seed, 0), ("--chunks", cfg.chunks, 1)):
+        if value is not None and value < low:
+            raise InputError(f"{name}: must be >= {low}, got {value}")
+    traj = load_trajectory(cfg.trajectory)
+    if traj.mode != cfg.preset.mode:
+        raise InputError(f"{cfg.trajectory}: mode {traj.mode!r} does not match preset {cfg.preset.name} "
+                         f"(mode {cfg.preset.mode!r})")
+    path = cfg.image or (None if cfg.preset.has_world else traj.image)
+    if path is not None:
+        check_image(path, cfg.preset.height, cfg.preset.width)
+
+
 def prepare_inputs(cfg) -> RunInputs:
     """Check and load a :class:`~worldtrace_cli.config.RunConfig`'s inputs (no model involved).
 
@@ -57,14 +108,8 @@ def prepare_inputs(cfg) -> RunInputs:
     from ..trajectory import load_trajectory, plan_actions
 
     preset = cfg.preset
-    for name, value, low in (("--save-every", cfg.save_every, 0), ("--world-seed", cfg.world_seed, 0),
-                             ("--seed", cfg.seed, 0), ("--chunks", cfg.chunks, 1)):
-        if value is not None and value < low:
-            raise InputError(f"{name}: must be >= {low}, got {value}")
+    check_inputs(cfg)
     traj = load_trajectory(cfg.trajectory)
-    if traj.mode != preset.mode:
-        raise InputError(f"{cfg.trajectory}: mode {traj.mode!r} does not match preset {preset.name} "
-                         f"(mode {preset.mode!r})")
     plan = plan_actions(traj, cfg.chunks)
     for note in plan.notes:
         log.info(note)

@@ -25,6 +25,8 @@ from typing import ClassVar, Sequence
 
 import torch
 
+from ..config import MemoryConfig  # noqa: F401  (defined torch-free beside RunConfig; re-exported)
+
 WRITERS: dict[str, type["CacheWriter"]] = {}
 EXAMPLES: dict[str, str] = {}  # writer name -> a runnable ``--cache`` spec (``mixed`` -> ``mixed:2``)
 
@@ -54,34 +56,6 @@ def example_specs() -> list[str]:
 def descriptions() -> dict[str, str]:
     """Writer name -> one-line description (first docstring line) for CLI help, sorted by name."""
     return {name: (WRITERS[name].__doc__ or "").strip().splitlines()[0] for name in sorted(WRITERS)}
-
-
-@dataclass(frozen=True)
-class MemoryConfig:
-    """User-facing memory settings (``--cache``, ``--positions``, ``--budget``, slot counts).
-
-    ``None`` means "the writer's default" (see :meth:`CacheWriter.resolve`).
-    """
-
-    cache: str = "sliding"
-    positions: str | None = None
-    budget: int | None = None
-    summary_slots: int | None = None
-    recent_slots: int | None = None
-    landmark_threshold: float = 0.1   # tau: cosine distance of consecutive frame descriptors
-    sink_frames: int = 1              # sink: first k latent frames kept
-    max_cache_gb: float = 16.0        # full / yarn: refuse before the cache exceeds this
-    spill_dir: str | None = None      # field: keep evicted frames on disk here instead of host RAM
-
-    @property
-    def writer_name(self) -> str:
-        """``mixed:2`` -> ``mixed``."""
-        return self.cache.split(":", 1)[0]
-
-    @property
-    def writer_arg(self) -> str | None:
-        """``mixed:2`` -> ``"2"``; None without a ``:``."""
-        return self.cache.split(":", 1)[1] if ":" in self.cache else None
 
 
 @dataclass(frozen=True)

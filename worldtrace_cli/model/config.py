@@ -10,7 +10,9 @@ from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
 from ..errors import CheckpointError
-from .rope import ACTION_ROPE_CHANNELS, ACTION_ROPE_THETA
+
+ACTION_ROPE_THETA = 256.0  # the action module's 1-D RoPE (MG2 spec §8): theta
+ACTION_ROPE_CHANNELS = 8   # rotated channels of each action-attention head
 
 # Stored in official configs but without effect on inference (MG2 spec §2.1, §16.4, §16.16).
 _IGNORED_TOP = {"_class_name", "_diffusers_version", "text_len", "model_type", "inject_sample_info",

@@ -22,9 +22,9 @@ from __future__ import annotations
 
 import torch
 
+from .config import ACTION_ROPE_CHANNELS, ACTION_ROPE_THETA  # noqa: F401  (re-exported)
+
 ROPE_THETA = 10000.0
-ACTION_ROPE_THETA = 256.0
-ACTION_ROPE_CHANNELS = 8
 
 
 def axis_channels(head_dim: int) -> tuple[int, int, int]:
