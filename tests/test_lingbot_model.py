@@ -102,7 +102,8 @@ def test_empty_cache_call_equals_official_v1_expert(tiny, data, t, one_thread):
     y[:4, 0] = 1
     empty = torch.zeros(1, 0, 2, 128)
     past = [LayerPast(empty, empty, torch.zeros(0, dtype=torch.float64)) for _ in range(2)]
-    chunk = LingbotChunk(tiny.new_rollout_state(), past, data["text_context"], data["cam_emb_head"])
+    chunk = LingbotChunk(rollout=tiny.new_rollout_state(), past=past, text_context=data["text_context"],
+                         camera=data["cam_emb_head"])
     with torch.no_grad():
         flow = tiny(data["v1_x"][None], torch.tensor(t), y[None], chunk)
     assert flow.shape == (1, 16, 8, 4, 8) and flow.dtype == torch.float32
@@ -111,6 +112,7 @@ def test_empty_cache_call_equals_official_v1_expert(tiny, data, t, one_thread):
 
 def test_mismatched_camera_is_refused(tiny, data):
     past = [LayerPast(torch.zeros(1, 0, 2, 128), torch.zeros(1, 0, 2, 128), torch.zeros(0)) for _ in range(2)]
-    chunk = LingbotChunk(tiny.new_rollout_state(), past, data["text_context"], data["cam_emb_head"][:, :, :4])
+    chunk = LingbotChunk(rollout=tiny.new_rollout_state(), past=past, text_context=data["text_context"],
+                         camera=data["cam_emb_head"][:, :, :4])
     with pytest.raises(ValueError, match="must match x"):
         tiny(data["v1_x"][None], 999, torch.zeros(1, 20, 8, 4, 8), chunk)

@@ -139,7 +139,8 @@ class Rollout:
             kv_bytes = self.writer.kv_bytes()  # what this chunk reads, before its own commit
             past = [LayerPast(*self.writer.read(layer)) for layer in range(self.geometry.num_layers)]
             freq_scale = self.writer.temporal_frequency_scale()
-        chunk = ChunkInputs(self.state, past, sf, self.keyboard, self.mouse, self.visual_context,
+        chunk = ChunkInputs(rollout=self.state, past=past, frame_start=sf, keyboard=self.keyboard, mouse=self.mouse,
+                            visual_context=self.visual_context,
                             temporal_freq_scale=freq_scale)
         cond = self.conditioning.cond_concat(sf, f).to(self.device, self.dtype)
         shape = (1, self.latent_channels, f, *self.latent_hw)

@@ -19,24 +19,9 @@ import torch.nn.functional as F
 from torch import nn
 
 from .action import ActionKV, ActionModule
+from .chunk import CacheView, LayerPast  # noqa: F401  (LayerPast re-exported)
 from .config import DiTConfig
 from .rope import MainRope, rotate_channels
-
-
-@dataclass
-class LayerPast:
-    """The past slots one self-attention layer reads this chunk.
-
-    Attributes:
-        k: canonical keys [1, S*T, H, D] (spatial RoPE applied, temporal not), S slots of T tokens.
-        v: values [1, S*T, H, D].
-        positions: [S] virtual temporal position of each slot in latent frames, relative to the first
-            frame of the current chunk (so the newest past frame of MG2's sliding window is at -1).
-    """
-
-    k: torch.Tensor
-    v: torch.Tensor
-    positions: torch.Tensor
 
 
 @dataclass
@@ -66,8 +51,8 @@ class RolloutState:
             setattr(self, f"{branch}_kv", [ActionKV(k, v) for k, v in state[branch]])
 
 
-@dataclass
-class ChunkInputs:
+@dataclass(kw_only=True)
+class ChunkInputs(CacheView):
     """Everything fixed across one chunk's DiT calls (denoising steps and context pass).
 
     Attributes:
@@ -82,24 +67,11 @@ class ChunkInputs:
     """
 
     rollout: RolloutState
-    past: list[LayerPast]
     frame_start: int
     keyboard: torch.Tensor
     mouse: torch.Tensor | None
     visual_context: torch.Tensor
-    temporal_freq_scale: torch.Tensor | None = None
-    _buffers: dict[int, tuple[torch.Tensor, torch.Tensor]] = field(default_factory=dict, init=False)
-    _slot_angles: dict[tuple, tuple[torch.Tensor, torch.Tensor]] = field(default_factory=dict, init=False)
-    _tables: tuple | None = field(default=None, init=False)
     _action_rows: tuple | None = field(default=None, init=False)
-
-    def rope_tables(self, rope: MainRope, frames: int, height: int, width: int, device):
-        """cos/sin [F*h*w, head_dim/2] of every channel pair of the current chunk's tokens
-        (:meth:`MainRope.chunk_tables`), computed once per chunk and reused by every layer, step
-        and the context pass."""
-        if self._tables is None:
-            self._tables = rope.chunk_tables(frames, height, width, self.temporal_freq_scale, device)
-        return self._tables
 
     def action_rows(self, module: ActionModule, frames: int, dtype):
         """The action rows this chunk reads (:meth:`ActionModule.select_rows`), selected once per
@@ -107,24 +79,6 @@ class ChunkInputs:
         if self._action_rows is None:
             self._action_rows = module.select_rows(self.frame_start, frames, self.keyboard, self.mouse, dtype)
         return self._action_rows
-
-    def kv_buffer(self, layer: int, rope: MainRope, current_tokens: int, dtype) -> tuple[torch.Tensor, torch.Tensor]:
-        """[past rotated | room for the current chunk] K and V buffers [1, L+n, H, D], made once per chunk."""
-        if layer not in self._buffers:
-            p = self.past[layer]
-            b, length, h, d = p.k.shape
-            kbuf = p.k.new_empty((b, length + current_tokens, h, d), dtype=dtype)
-            vbuf = torch.empty_like(kbuf)
-            if length:
-                # every layer reads the same slots at the same positions: one angle table per chunk
-                key = (tuple(p.positions.tolist()), length)
-                if key not in self._slot_angles:
-                    self._slot_angles[key] = rope.slot_angles(p.positions, length // len(p.positions),
-                                                              self.temporal_freq_scale, p.k.device)
-                rope.rotate_slots(p.k, p.positions, out=kbuf[:, :length], angles=self._slot_angles[key])
-                vbuf[:, :length] = p.v
-            self._buffers[layer] = (kbuf, vbuf)
-        return self._buffers[layer]
 
 
 class RMSNorm(nn.Module):

@@ -99,7 +99,7 @@ def context_state(dit: CausalWanDiT, clip: EncodedClip, late_cond, chunks: int, 
             sf = clip.frame_start + 3 * c
             writer.begin_chunk(sf)
             past = [LayerPast(*writer.read(layer)) for layer in range(dit.cfg.num_layers)]
-            chunk = ChunkInputs(state, past, sf, kb, ms, visual)
+            chunk = ChunkInputs(rollout=state, past=past, frame_start=sf, keyboard=kb, mouse=ms, visual_context=visual)
             _, committed = dit(z[:, :, 3 * c:3 * c + 3], torch.zeros(1, 3), cond_concat(clip, late_cond, sf, 3), chunk,
                                commit=True)
             writer.commit(committed, list(range(sf, sf + 3)))
@@ -116,7 +116,7 @@ def target_chunk_inputs(dit, clip, late_cond, target: int, state, writer, rows, 
         past = past_edit(past)
     state.cross_kv = None  # recomputed inside the graph so img_emb and the cross-attention K/V learn
     kb, ms, visual = rows
-    return ChunkInputs(state, past, sf, kb, ms, visual), cond_concat(clip, late_cond, sf, 3)
+    return ChunkInputs(rollout=state, past=past, frame_start=sf, keyboard=kb, mouse=ms, visual_context=visual), cond_concat(clip, late_cond, sf, 3)
 
 
 def sample_sigma(rng: np.random.Generator, schedule: FlowMatchSchedule, sampler_prob: float) -> float:

@@ -19,7 +19,8 @@ from dataclasses import dataclass, field
 import torch
 from torch import nn
 
-from ..dit import CrossAttention, FloatLayerNorm, LayerPast, SelfAttention, sinusoidal_embedding
+from ..chunk import CacheView, LayerPast
+from ..dit import CrossAttention, FloatLayerNorm, SelfAttention, sinusoidal_embedding
 from ..rope import MainRope
 from .config import TEXT_DIM, LingbotConfig
 
@@ -34,8 +35,8 @@ class LingbotRolloutState:
     cross_kv: list[tuple[torch.Tensor, torch.Tensor]] | None = None
 
 
-@dataclass
-class LingbotChunk:
+@dataclass(kw_only=True)
+class LingbotChunk(CacheView):
     """Everything fixed across one chunk's DiT calls (four denoising steps and the context pass).
 
     Attributes:
@@ -45,42 +46,14 @@ class LingbotChunk:
         text_context: umT5 output rows [L_txt, 4096] or [1, L_txt, 4096], L_txt <= 512 (real tokens
             only; padded with zero rows to 512 here, spec §5 step 3).
         camera: [1, 384, F, lh, lw] camera embedding of the chunk's latent frames (spec §10.3).
-        committed: filled on the context pass: per layer canonical (k, v) [1, F*S, H, d].
+    The past slots and per-chunk RoPE tables / rotated buffers come from
+    :class:`~worldtrace_cli.model.chunk.CacheView`.
     """
 
     rollout: LingbotRolloutState
-    past: list[LayerPast]
     text_context: torch.Tensor
     camera: torch.Tensor
-    committed: list[tuple[torch.Tensor, torch.Tensor]] = field(default_factory=list)
-    _buffers: dict[int, tuple[torch.Tensor, torch.Tensor]] = field(default_factory=dict, init=False)
-    _slot_angles: dict[tuple, tuple[torch.Tensor, torch.Tensor]] = field(default_factory=dict, init=False)
-    _tables: tuple | None = field(default=None, init=False)
     _cam_tokens: torch.Tensor | None = field(default=None, init=False)
-
-    def rope_tables(self, rope: MainRope, frames: int, height: int, width: int, device):
-        """cos/sin [F*h*w, d/2] of the chunk's tokens (temporal offsets 0..F-1, height, width),
-        computed once per chunk (:meth:`MainRope.chunk_tables`)."""
-        if self._tables is None:
-            self._tables = rope.chunk_tables(frames, height, width, None, device)
-        return self._tables
-
-    def kv_buffer(self, layer: int, rope: MainRope, current_tokens: int, dtype) -> tuple[torch.Tensor, torch.Tensor]:
-        """[past slots rotated to their positions | room for the current chunk] K and V buffers
-        [1, L+n, H, d], made once per chunk and layer (the interface MG2's ``SelfAttention.attend`` reads)."""
-        if layer not in self._buffers:
-            p = self.past[layer]
-            b, length, h, d = p.k.shape
-            kbuf = p.k.new_empty((b, length + current_tokens, h, d), dtype=dtype)
-            vbuf = torch.empty_like(kbuf)
-            if length:
-                key = (tuple(p.positions.tolist()), length)
-                if key not in self._slot_angles:
-                    self._slot_angles[key] = rope.slot_angles(p.positions, length // len(p.positions), None, p.k.device)
-                rope.rotate_slots(p.k.to(dtype), p.positions, out=kbuf[:, :length], angles=self._slot_angles[key])
-                vbuf[:, :length] = p.v
-            self._buffers[layer] = (kbuf, vbuf)
-        return self._buffers[layer]
 
 
 def camera_tokens(camera: torch.Tensor) -> torch.Tensor:
@@ -130,23 +103,22 @@ class LingbotBlock(nn.Module):
         return (1 + self.cam_scale_layer(g)) * x + self.cam_shift_layer(g)
 
     def forward(self, x, e0, cam, layer: int, chunk: LingbotChunk, rope: MainRope, grid, commit: bool):
-        """x [1, F*S, D], e0 [1, 6, D] (time projection), cam [1, F*S, D] (camera tokens) -> [1, F*S, D].
+        """x [1, F*S, D], e0 [1, 6, D] (time projection), cam [1, F*S, D] (camera tokens) -> (x' [1, F*S, D], kv).
 
-        With ``commit`` the chunk's canonical (k, v) [1, F*S, H, d] are appended to ``chunk.committed``.
+        ``kv``: with ``commit`` the chunk's canonical (k, v) [1, F*S, H, d] for the cache writer, else None.
         """
         f, gh, gw = grid
         cos, sin = chunk.rope_tables(rope, f, gh, gw, x.device)
         m = (self.modulation.float() + e0.float()).chunk(6, dim=1)  # six [1, 1, D] float32
         q, k, v, k_canon = self.self_attn.project(self._modulate(self.norm1(x), m[0], m[1], x),
                                                   cos, sin, rope.t_ch, commit)
-        if commit:
-            chunk.committed.append((k_canon, v))
+        kv = (k_canon, v) if commit else None
         attn = self.self_attn.attend(q, k, v, layer, chunk, rope)
         x = (x.float() + self.self_attn.o(attn).float() * m[2]).type_as(x)
         x = self.camera_film(x, cam)
         x = x + self.cross_attn(self.norm3(x), chunk.rollout.cross_kv[layer])
         y = self.ffn(self._modulate(self.norm2(x), m[3], m[4], x))
-        return (x.float() + y.float() * m[5]).type_as(x)
+        return (x.float() + y.float() * m[5]).type_as(x), kv
 
 
 class LingbotHead(nn.Module):
@@ -219,9 +191,10 @@ class LingbotDiT(nn.Module):
             timestep: one timestep for the whole call (999, 967, 908, 768; 0.0 on the context pass).
             y: conditioning [1, 20, F, lh, lw]: 4 mask channels then the 16-channel image latent.
             chunk: the chunk's :class:`LingbotChunk` (past slots, text, camera).
-            commit: context pass: record canonical K/V in ``chunk.committed``.
+            commit: context pass: also return every layer's canonical K/V.
         Returns:
-            flow prediction v [1, 16, F, lh, lw] in float32 (spec §5 step 7).
+            flow prediction v [1, 16, F, lh, lw] in float32 (spec §5 step 7); with ``commit``
+            ``(v, committed)``, ``committed`` per layer canonical (k, v) [1, F*S, H, d] for the writer.
         Raises:
             ValueError: ``y`` or the camera do not match ``x``'s frames and grid.
         """
@@ -230,8 +203,6 @@ class LingbotDiT(nn.Module):
         if y.shape[2:] != x.shape[2:] or chunk.camera.shape[2:] != x.shape[2:]:
             raise ValueError(f"y {list(y.shape)} and camera {list(chunk.camera.shape)} must match x {list(x.shape)} "
                              f"in frames and latent grid")
-        if commit:
-            chunk.committed.clear()
         h = self.patch_embedding(torch.cat([x, y], dim=1).to(dtype))
         gh, gw = h.shape[-2:]
         h = h.flatten(2).transpose(1, 2)  # [1, F*S, D], tokens (f, i, j)
@@ -243,8 +214,11 @@ class LingbotDiT(nn.Module):
             chunk.rollout.cross_kv = [blk.cross_attn.context_kv(ctx) for blk in self.blocks]
         if chunk._cam_tokens is None:
             chunk._cam_tokens = self.embed_camera(chunk.camera.to(x.device))
+        committed = []
         for i, block in enumerate(self.blocks):
-            h = block(h, e0, chunk._cam_tokens, i, chunk, self.rope, (f, gh, gw), commit)
+            h, kv = block(h, e0, chunk._cam_tokens, i, chunk, self.rope, (f, gh, gw), commit)
+            committed.append(kv)
         out = self.head(h, e)  # [1, N, 64], channels ordered (q, r, c)
         out = out.view(b, f, gh, gw, 2, 2, -1).permute(0, 6, 1, 2, 4, 3, 5)
-        return out.reshape(b, -1, f, 2 * gh, 2 * gw).float()
+        flow = out.reshape(b, -1, f, 2 * gh, 2 * gw).float()
+        return (flow, committed) if commit else flow

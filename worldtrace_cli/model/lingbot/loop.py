@@ -132,7 +132,8 @@ class CausalFastLoop:
         device = self.dit.patch_embedding.weight.device
         self.writer.begin_chunk(a)
         past = [LayerPast(*self.writer.read(layer)) for layer in range(self.dit.cfg.num_layers)]
-        chunk = LingbotChunk(self.state, past, self.text_context, self.camera[:, :, a:a + f].to(device))
+        chunk = LingbotChunk(rollout=self.state, past=past, text_context=self.text_context,
+                             camera=self.camera[:, :, a:a + f].to(device))
         y = self.y[:, :, a:a + f].to(device)
         shape = (1, 16, f, *self.y.shape[3:])
         x = self.noise(c, 0, shape).to(device)
@@ -145,8 +146,8 @@ class CausalFastLoop:
                 x = add_noise(x0, self.noise(c, s + 1, shape).to(device), self.noise_sigmas[s])
         if not torch.isfinite(x0).all():
             raise RuntimeError(f"chunk {c}: the denoised latents contain NaN or inf")
-        self.dit(x0, 0.0, y, chunk, commit=True)  # context pass: clean K/V for the cache
-        self.writer.commit(chunk.committed, list(range(a, a + f)))
+        _, committed = self.dit(x0, 0.0, y, chunk, commit=True)  # context pass: clean K/V for the cache
+        self.writer.commit(committed, list(range(a, a + f)))
         self.chunk += 1
         return x0
 
