@@ -1,18 +1,14 @@
 """Saving and restoring rollout state without pickle (resume, issue "Nothing generated is lost").
 
 :func:`pack` turns a nested structure (dicts with string keys, lists, tuples, deques, scalars,
-strings, None, paths, tensors, and instances of worldtrace's own classes) into a JSON tree plus a
-flat dict of tensors; :func:`save_state` writes them as ``state.json`` + ``state.safetensors``.
-:func:`unpack` rebuilds the structure; objects are re-created only for classes defined inside the
-``worldtrace_cli`` package (an allowlist by module), without calling their constructors, so a
-state file can never run arbitrary code. A class lists process-bound attributes (finalizers,
-handles) in ``_transient``; they are saved as None.
+strings, None, paths, dtypes, devices and tensors — what every ``state_dict()`` returns) into a
+JSON tree plus a flat dict of tensors; :func:`save_state` writes them as ``state.json`` +
+``state.safetensors``. :func:`unpack` rebuilds the structure. No object is ever saved or created,
+so a state file can never run code.
 """
 
 from __future__ import annotations
 
-import dataclasses
-import importlib
 import json
 import os
 import shutil
@@ -23,8 +19,6 @@ from typing import Any
 import torch
 
 from .errors import InputError, OutputError
-
-_PACKAGE = "worldtrace_cli."
 
 
 def pack(obj: Any, tensors: dict[str, torch.Tensor], prefix: str = "t") -> Any:
@@ -59,21 +53,13 @@ def pack(obj: Any, tensors: dict[str, torch.Tensor], prefix: str = "t") -> Any:
             return {"__items__": [[pack(k, tensors, prefix), pack(v, tensors, prefix)] for k, v in obj.items()]}
         return {"__dict__": {k: pack(v, tensors, prefix) for k, v in obj.items()}}
     cls = type(obj)
-    if cls.__module__.startswith(_PACKAGE):
-        fields = ({f.name: getattr(obj, f.name) for f in dataclasses.fields(obj)} if dataclasses.is_dataclass(obj)
-                  else vars(obj))
-        transient = getattr(cls, "_transient", ())  # process-bound attributes (finalizers): saved as None
-        fields = {k: (None if k in transient else v) for k, v in fields.items()}
-        return {"__object__": f"{cls.__module__}:{cls.__qualname__}",
-                "state": {k: pack(v, tensors, prefix) for k, v in fields.items()}}
     raise TypeError(f"cannot save objects of type {cls.__module__}.{cls.__qualname__} in a resume state")
 
 
 def unpack(tree: Any, tensors: dict[str, torch.Tensor], device: torch.device | str | None = None) -> Any:
     """Inverse of :func:`pack`. Tensors go back to the device they came from (host stores stay on
     the host; ``cuda:N`` maps to the current CUDA device, or to CPU without one); ``device`` forces
-    one device for everything. Objects with a ``_restored()`` method get it called after restore
-    (to re-create process-bound attributes)."""
+    one device for everything."""
     if isinstance(tree, list):
         return [unpack(x, tensors, device) for x in tree]
     if not isinstance(tree, dict):
@@ -98,23 +84,6 @@ def unpack(tree: Any, tensors: dict[str, torch.Tensor], device: torch.device | s
         return {unpack(k, tensors, device): unpack(v, tensors, device) for k, v in tree["__items__"]}
     if "__dict__" in tree:
         return {k: unpack(v, tensors, device) for k, v in tree["__dict__"].items()}
-    if "__object__" in tree:
-        module, _, qualname = tree["__object__"].partition(":")
-        if not module.startswith(_PACKAGE):
-            raise InputError(f"resume state names a class outside worldtrace: {tree['__object__']}")
-        cls = importlib.import_module(module)
-        for part in qualname.split("."):
-            cls = getattr(cls, part)
-        obj = cls.__new__(cls)
-        state = {k: unpack(v, tensors, device) for k, v in tree["state"].items()}
-        if dataclasses.is_dataclass(cls) and getattr(cls, "__dataclass_params__").frozen:
-            for k, v in state.items():
-                object.__setattr__(obj, k, v)
-        else:
-            obj.__dict__.update(state)
-        if hasattr(obj, "_restored"):
-            obj._restored()
-        return obj
     raise InputError(f"resume state: unknown entry {sorted(tree)[:3]}")
 
 
