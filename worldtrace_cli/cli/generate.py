@@ -106,10 +106,7 @@ def generate(trajectory, preset, checkpoint, random_weights, image, world_seed, 
                         overwrite=overwrite, progress=not no_progress, hash_checkpoint=hash_checkpoint,
                         metrics=metrics, save_every=save_every,
                         **speed_config(rope_precision, compile_mode, overlap_decode))
-        from ..jobs.inputs import check_inputs
-
-        check_inputs(cfg)  # before torch and the model load: a bad input is reported at once
-        from ..jobs.generate import run_generation as run_generate
+        from ..jobs.generate import run_generation as run_generate  # checks the inputs before torch loads
 
         report(run_generate(cfg))
 

@@ -20,8 +20,6 @@ import time
 from dataclasses import replace
 from pathlib import Path
 
-import torch
-
 from ..errors import Aborted, Interrupted
 from ..runs import RunFolder
 from ..runs.resume import restore_run_state, save_run_state
@@ -34,7 +32,8 @@ log = logging.getLogger("worldtrace")
 def run_generation(cfg, resume: bool = False, pipeline=None) -> dict:
     """Run ``worldtrace generate``; returns the summary also written to ``summary.json``.
 
-    Inputs are validated (trajectory, image, flags, output folder) before any model is loaded.
+    Inputs are validated (options, trajectory, image header: :func:`~worldtrace_cli.jobs.inputs.check_inputs`)
+    before torch is imported, then the output folder, all before any model is loaded.
     With ``resume``, ``cfg`` must be :func:`~worldtrace_cli.runs.resume.resume_config` of
     ``cfg.output``. ``pipeline``: a loaded :class:`~worldtrace_cli.pipeline.Pipeline` to reuse when
     it serves ``cfg`` (compare and loopbench pass theirs), else one is loaded.
@@ -73,6 +72,8 @@ def _generate(cfg, inputs: RunInputs, folder: RunFolder, resume: bool, pipeline,
     cond_s = time.perf_counter() - t0
     device = pipeline.device
     if device.type == "cuda":
+        import torch
+
         torch.cuda.reset_peak_memory_stats(device)
     rollout = pipeline.rollout(writer, conditioned, plan.keyboard[None],
                                None if plan.mouse is None else plan.mouse[None], inputs.seed)

@@ -74,10 +74,11 @@ def check_image(path: str | Path, height: int, width: int) -> None:
                          f"aspect crop")
 
 
-def check_inputs(cfg) -> None:
+def check_inputs(cfg):
     """The checks of :func:`prepare_inputs` that need neither torch nor the model: option ranges,
     the trajectory (size, syntax, mode) and the image's header. ``generate`` runs them first, so a
-    bad input is reported in a fraction of a second.
+    bad input is reported in a fraction of a second. Returns the parsed
+    :class:`~worldtrace_cli.trajectory.Trajectory`.
 
     Raises:
         InputError / TrajectoryError: as :func:`prepare_inputs`.
@@ -95,6 +96,7 @@ def check_inputs(cfg) -> None:
     path = cfg.image or (None if cfg.preset.has_world else traj.image)
     if path is not None:
         check_image(path, cfg.preset.height, cfg.preset.width)
+    return traj
 
 
 def prepare_inputs(cfg) -> RunInputs:
@@ -104,12 +106,11 @@ def prepare_inputs(cfg) -> RunInputs:
         InputError / TrajectoryError: a malformed trajectory (file:line: field), a mode other than
             the preset's, no or an unreadable image, a negative seed or world seed, bad flag values.
     """
+    traj = check_inputs(cfg)  # before torch is imported: a bad input is reported at once
     from ..model.conditioning import load_image
-    from ..trajectory import load_trajectory, plan_actions
+    from ..trajectory import plan_actions
 
     preset = cfg.preset
-    check_inputs(cfg)
-    traj = load_trajectory(cfg.trajectory)
     plan = plan_actions(traj, cfg.chunks)
     for note in plan.notes:
         log.info(note)

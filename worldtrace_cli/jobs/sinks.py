@@ -9,8 +9,6 @@ import signal
 import sys
 import time
 
-import torch
-
 log = logging.getLogger("worldtrace")
 
 
@@ -72,6 +70,8 @@ class RunSinks:
 
     def write(self, outs) -> None:
         """Write decoded :class:`~worldtrace_cli.rollout.ChunkOutput` s in order."""
+        from torch import no_grad
+
         from ..trajectory import chunk_rows
 
         totals, peak = self.progress["totals"], self.progress["peak"]
@@ -82,7 +82,7 @@ class RunSinks:
             rec["actions"] = self.plan.chunk_actions[c]
             rec["waypoints"] = self.waypoints.get(c, [])
             rec["frames_sha256"] = hashlib.sha256(out.frames.numpy().tobytes()).hexdigest()
-            with torch.no_grad():
+            with no_grad():
                 rec["metrics"] = self.scorer.add_chunk(out.latents, out.frames)
             self.jsonl.write(rec)
             self.records.append(rec)
@@ -126,7 +126,7 @@ class RunSinks:
                    default=None)
 
     def totals(self, chunks: int, load_s: float, cond_s: float, overlap_decode: bool, started: float,
-               device: torch.device) -> dict:
+               device) -> dict:
         """The summary's ``totals``: chunks, latent/pixel frames, seconds per phase (load, conditioning,
         denoise, context, cache, decode, generate = the critical path, wall), s/chunk, fps, peaks."""
         from ..trajectory import frames_for_chunks
