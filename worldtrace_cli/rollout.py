@@ -166,15 +166,16 @@ class Rollout:
             self.writer.commit(committed, list(range(sf, sf + f)))
         del chunk
         self.chunk += 1
+        slot_recs = slot_records(slots, positions, sf, kv_bytes // len(slots) if slots else 0, f)
         record = {
             "chunk": c,
             "latent_frames": [sf, sf + f],
             "cache": {
                 "writer": self.writer.name,
                 "positions": self.writer.positions_scheme,
-                "slots": slot_records(slots, positions, sf, kv_bytes // len(slots) if slots else 0, f),
+                "slots": slot_recs,
                 "trained_offset": self.geometry.trained_offset,
-                "max_offset": max((f - 1 - p for p in positions.tolist()), default=None),
+                "max_offset": max((s["max_offset"] for s in slot_recs), default=None),
                 "kv_bytes": kv_bytes,
                 "host_bytes": self.writer.host_bytes(),
                 "events": self.writer.events(),

@@ -7,7 +7,7 @@ import sys
 
 import click
 
-from ..errors import Interrupted, WorldtraceError
+from ..errors import Aborted, Interrupted, WorldtraceError
 
 
 class EchoHandler(logging.Handler):
@@ -23,12 +23,12 @@ def run_job(fn, *args, **kwargs):
     try:
         return fn(*args, **kwargs)
     except WorldtraceError as exc:
-        kind = "stopped" if isinstance(exc, Interrupted) or exc.exit_code == 131 else "error"
+        kind = "stopped" if isinstance(exc, (Interrupted, Aborted)) else "error"
         click.echo(f"worldtrace: {kind}: {exc}", err=True)
         sys.exit(exc.exit_code)
     except KeyboardInterrupt:
         click.echo("worldtrace: interrupted", err=True)
-        sys.exit(131)
+        sys.exit(Aborted.exit_code)
 
 
 def csv(value: str | None, cast=str) -> list | None:

@@ -48,39 +48,20 @@ class RunFolder:
 
     Args:
         path: the folder.
+    Attributes:
+        path, and the paths of its files: ``video`` (video.mp4), ``video_part`` (video.part.mp4),
+        ``chunks`` (chunks.jsonl), ``summary_path`` (summary.json), ``timeline``
+        (cache_timeline.png), ``state`` (the resume state folder).
     """
 
     def __init__(self, path: str | Path):
         self.path = Path(path)
-        self._lock = None
+        self.video, self.video_part = self.path / VIDEO, self.path / VIDEO_PART
+        self.chunks, self.summary_path = self.path / CHUNKS, self.path / SUMMARY
+        self.timeline, self.state = self.path / TIMELINE, self.path / STATE
 
     def __repr__(self) -> str:
         return f"RunFolder({str(self.path)!r})"
-
-    # -- names -------------------------------------------------------------------------------
-    @property
-    def video(self) -> Path:
-        return self.path / VIDEO
-
-    @property
-    def video_part(self) -> Path:
-        return self.path / VIDEO_PART
-
-    @property
-    def chunks(self) -> Path:
-        return self.path / CHUNKS
-
-    @property
-    def summary_path(self) -> Path:
-        return self.path / SUMMARY
-
-    @property
-    def timeline(self) -> Path:
-        return self.path / TIMELINE
-
-    @property
-    def state(self) -> Path:
-        return self.path / STATE
 
     # -- lock --------------------------------------------------------------------------------
     @contextmanager

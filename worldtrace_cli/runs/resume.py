@@ -155,7 +155,7 @@ def next_step(folder: str | Path, cfg) -> tuple[str, object]:
             raise OutputError(f"{folder.path} holds a complete run made with {'; '.join(diff)[:400]}: use another "
                               f"-o folder, --overwrite, or delete it")
         return "reuse", summary
-    saved = resumable(folder.path, absolute(cfg))
+    saved = resumable(folder.path, cfg)
     if saved is not None:
         return "resume", saved
     return "run", replace(cfg, overwrite=True)
