@@ -133,3 +133,30 @@ def test_world_render_command(tmp_path):
     assert np.abs(video[20].astype(int) - truth).mean() < 6  # H.264 is lossy, not wrong
     bad = CliRunner().invoke(main, ["world", "render", str(tmp_path / "missing.yaml"), "-o", str(out)])
     assert bad.exit_code == 2 and "missing.yaml" in bad.output
+
+
+def test_camera_to_world_follows_the_motion_model():
+    """The cache contract's poses: OpenCV c2w matrices whose forward axis is the direction the motion
+    model walks (W at yaw 0 goes +y, at yaw 90 goes +x), rigid, centred at the camera."""
+    from worldtrace_cli.world.motion import camera_to_world, latent_frame_poses
+
+    poses = torch.tensor([[0, 0, 0, 0], [1, 2, 90, 0], [0, 0, 0, 30], [3, -1, -45, -20]], dtype=torch.float64)
+    c2w = camera_to_world(poses)
+    rot = c2w[:, :3, :3]
+    assert torch.allclose(rot.transpose(1, 2) @ rot, torch.eye(3, dtype=torch.float64).expand(4, 3, 3), atol=1e-12)
+    assert torch.allclose(torch.linalg.det(rot), torch.ones(4, dtype=torch.float64))
+    assert torch.allclose(c2w[0, :3, 2], torch.tensor([0.0, 1, 0], dtype=torch.float64), atol=1e-12)
+    assert torch.allclose(c2w[1, :3, 2], torch.tensor([1.0, 0, 0], dtype=torch.float64), atol=1e-12)
+    assert torch.allclose(c2w[0, :3, 1], torch.tensor([0.0, 0, -1], dtype=torch.float64), atol=1e-12)  # y down
+    assert c2w[2, 2, 2] > 0.49  # pitch up looks up
+    assert c2w[1, :2, 3].tolist() == [1.0, 2.0] and c2w[:, 3].tolist() == [[0, 0, 0, 1]] * 4
+    # walking forward one row moves the camera along its own forward axis
+    keyboard = torch.zeros(13, 4)
+    keyboard[:, 0] = 1
+    mouse = torch.zeros(13, 2)
+    mouse[:, 1] = 0.1
+    pixel = frame_poses("universal", keyboard, mouse)
+    latent = latent_frame_poses(pixel, 4)
+    assert torch.equal(latent[0], pixel[0]) and torch.equal(latent[3], pixel[12])
+    step = camera_to_world(pixel[1:2])[0, :3, 3] - camera_to_world(pixel[:1])[0, :3, 3]
+    assert torch.allclose(step / step.norm(), camera_to_world(pixel[1:2])[0, :3, 2], atol=1e-9)  # yaw applies first

@@ -210,7 +210,20 @@ class Pipeline:
         schedule = FlowMatchSchedule(self.preset.denoising_steps, self.preset.timestep_shift)
         return Rollout(self.world.dit, writer, conditioned.latents, conditioned.visual_context, keyboard, mouse,
                        schedule, seed, self.device, self.latent_hw, self.frames_per_chunk, noise=noise,
-                       on_step=on_step)
+                       on_step=on_step, poses=self.latent_poses(keyboard, mouse))
+
+    def latent_poses(self, keyboard: torch.Tensor, mouse: torch.Tensor | None) -> torch.Tensor:
+        """Camera-to-world pose of every latent frame the actions reach, by the one motion model.
+
+        Args:
+            keyboard: [1, R, keyboard_dim] action rows; mouse: [1, R, 2] or None.
+        Returns:
+            float64 [N, 4, 4] (OpenCV axes), N = 1 + (R - 1) // 4 latent frames for R pixel frames.
+        """
+        from .world.motion import camera_to_world, frame_poses, latent_frame_poses
+
+        pixel = frame_poses(self.preset.mode, keyboard[0].cpu(), None if mouse is None else mouse[0].cpu())
+        return camera_to_world(latent_frame_poses(pixel, 1 + (pixel.shape[0] - 1) // 4))
 
     def decoder(self):
         """A fresh :class:`~worldtrace_cli.model.vae.StreamingDecoder` over this model's VAE."""

@@ -82,11 +82,13 @@ class Rollout:
         noise: optional ``noise(chunk, draw, shape) -> Tensor`` replacing the seeded draws (draw 0 =
             the chunk's initial noise, draw s = the re-noising before step s); used to replay fixtures.
         on_step: optional ``on_step(chunk, step, x0)`` observer of every denoising step's x0.
+        poses: optional float64 [N, 4, 4] camera-to-world pose of every latent frame, handed to the
+            writer (:meth:`~worldtrace_cli.memory.base.CacheWriter.set_poses`).
     """
 
     def __init__(self, dit, writer: CacheWriter, conditioning, visual_context, keyboard, mouse,
                  schedule: FlowMatchSchedule, seed: int, device: torch.device, latent_hw: tuple[int, int],
-                 frames_per_chunk: int = 3, noise=None, on_step=None):
+                 frames_per_chunk: int = 3, noise=None, on_step=None, poses: torch.Tensor | None = None):
         self.dit, self.writer, self.conditioning = dit, writer, conditioning
         self.noise, self.on_step = noise, on_step
         self.device, self.seed, self.frames_per_chunk = device, seed, frames_per_chunk
@@ -102,6 +104,7 @@ class Rollout:
         self.geometry = CacheGeometry(cfg.num_layers, cfg.num_heads, cfg.head_dim, tokens, frames_per_chunk,
                                       cfg.local_attn_size - 1, device, self.dtype)
         writer.reset(self.geometry)
+        writer.set_poses(poses)
         self.state = dit.new_rollout_state()
         self.chunk = 0
 

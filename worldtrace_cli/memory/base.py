@@ -165,6 +165,7 @@ class CacheWriter:
 
     name: ClassVar[str] = ""
     default_positions: ClassVar[str] = "actual"
+    needs_poses: ClassVar[bool] = False  # True: the rollout must call set_poses (retrieval by camera pose)
 
     def __init__(self, config: MemoryConfig, default_budget: int):
         check_common(config)
@@ -179,6 +180,34 @@ class CacheWriter:
         self.geometry = geometry
         self.frame_start = 0
         self._positions: torch.Tensor | None = None
+        self.frame_poses: torch.Tensor | None = None
+
+    def set_poses(self, poses: torch.Tensor | None) -> None:
+        """Give the writer every latent frame's camera pose for this rollout (after :meth:`reset`).
+
+        The rollout calls it once, before the first chunk, with the poses of all latent frames it
+        will generate (the trajectory is known in advance: for MG2 dead-reckoned from the actions by
+        the one motion model, :func:`~worldtrace_cli.world.motion.camera_to_world`; for LingBot its
+        camera-to-world poses). Writers read ``self.frame_poses[f]`` for latent frame f and never
+        derive poses themselves. Not part of :meth:`state_dict` (rebuilt from the trajectory).
+
+        Args:
+            poses: float64 [N, 4, 4] camera-to-world matrices, OpenCV axes (x right, y down,
+                z forward), one per latent frame, on the CPU; or None (no camera known).
+        Raises:
+            InputError: ``needs_poses`` and poses is None; ValueError: wrong shape.
+        """
+        if poses is None:
+            if self.needs_poses:
+                from ..errors import InputError
+
+                raise InputError(f"--cache {self.config.cache}: this writer retrieves by camera pose and the "
+                                 f"model gives none")
+            self.frame_poses = None
+            return
+        if poses.dim() != 3 or poses.shape[1:] != (4, 4):
+            raise ValueError(f"set_poses: expected [N, 4, 4] camera-to-world matrices, got {tuple(poses.shape)}")
+        self.frame_poses = poses.detach().to("cpu", torch.float64)
 
     def begin_chunk(self, frame_start: int) -> None:
         """Start a chunk whose first latent frame has absolute index ``frame_start``."""

@@ -125,5 +125,56 @@ def plan_frame_poses(plan: ActionPlan) -> torch.Tensor:
     return frame_poses(plan.mode, plan.keyboard, plan.mouse)
 
 
-__all__ = ["DEG_PER_FRAME_PER_MOUSE", "MAX_PITCH_DEG", "TEMPLERUN_TURN_DEG", "UNITS_PER_FRAME", "dead_reckon",
-           "frame_poses", "integrate", "plan_frame_poses", "pose_steps"]
+def latent_frame_poses(pixel_poses: torch.Tensor, num_latent: int, temporal_factor: int = 4) -> torch.Tensor:
+    """The pose of each latent frame from the poses of its pixel frames.
+
+    Latent frame 0 is pixel frame 0 (the start image); latent frame f >= 1 covers pixel frames
+    ``4f-3 .. 4f`` (MG2 spec §8, the Wan VAE's causal temporal factor 4) and takes the pose of its
+    last pixel frame, ``4f`` (the newest view it shows), clamped to the last pixel frame given.
+
+    Args:
+        pixel_poses: float64 [R, 4] from :func:`frame_poses`.
+        num_latent: latent frames wanted (N).
+        temporal_factor: pixel frames per latent frame after the first (4).
+    Returns:
+        float64 [N, 4] (x, y, yaw_deg, pitch_deg).
+    Raises:
+        ValueError: no pixel poses.
+    """
+    if pixel_poses.shape[0] == 0:
+        raise ValueError("latent_frame_poses: no pixel poses")
+    index = (torch.arange(num_latent) * temporal_factor).clamp_max(pixel_poses.shape[0] - 1)
+    return pixel_poses[index].to(torch.float64)
+
+
+def camera_to_world(poses: torch.Tensor) -> torch.Tensor:
+    """Motion-model poses as camera-to-world matrices in OpenCV axes (x right, y down, z forward).
+
+    The world frame is the motion model's ground plane (x east, y north, units of "1 chunk of
+    walking") with z up; the camera sits at height 0. Yaw turns right (clockwise seen from above)
+    from +y; pitch tilts up. This is the convention of LingBot-World's ``poses.npy``
+    (lingbot-architecture.md §10) and of the cache contract's poses
+    (:meth:`~worldtrace_cli.memory.base.CacheWriter.set_poses`).
+
+    Args:
+        poses: float [N, 4] (x, y, yaw_deg, pitch_deg).
+    Returns:
+        float64 [N, 4, 4]: columns of the rotation = the camera's right, down and forward axes in
+        world coordinates; last column the camera centre; bottom row (0, 0, 0, 1).
+    """
+    p = poses.to(torch.float64)
+    yaw, pitch = torch.deg2rad(p[:, 2]), torch.deg2rad(p[:, 3])
+    sy, cy, sp, cp = torch.sin(yaw), torch.cos(yaw), torch.sin(pitch), torch.cos(pitch)
+    zero = torch.zeros_like(sy)
+    right = torch.stack([cy, -sy, zero], 1)
+    forward = torch.stack([sy * cp, cy * cp, sp], 1)
+    down = torch.linalg.cross(forward, right)
+    c2w = torch.zeros(p.shape[0], 4, 4, dtype=torch.float64)
+    c2w[:, :3, 0], c2w[:, :3, 1], c2w[:, :3, 2] = right, down, forward
+    c2w[:, 0, 3], c2w[:, 1, 3] = p[:, 0], p[:, 1]
+    c2w[:, 3, 3] = 1.0
+    return c2w
+
+
+__all__ = ["DEG_PER_FRAME_PER_MOUSE", "MAX_PITCH_DEG", "TEMPLERUN_TURN_DEG", "UNITS_PER_FRAME", "camera_to_world",
+           "dead_reckon", "frame_poses", "integrate", "latent_frame_poses", "plan_frame_poses", "pose_steps"]
