@@ -41,3 +41,29 @@ def check_seeded_random_init(build):
     assert all(torch.equal(sa[k], sb[k]) for k in sa)
     assert not all(torch.equal(sa[k], sc[k]) for k in sa)
     assert not a.training and not any(p.requires_grad for p in a.parameters())
+
+
+def assert_valid(obj, name: str):
+    """Validate a written JSON object against worldtrace's schema ``name`` (jsonschema, draft 2020-12)."""
+    import jsonschema
+
+    from worldtrace_cli.schemas import SCHEMA_VERSION, load_schema
+
+    jsonschema.Draft202012Validator(load_schema(name)).validate(obj)
+    assert obj["schema_version"] == SCHEMA_VERSION
+
+
+@pytest.fixture
+def valid():
+    """``valid(obj_or_path, name)``: assert a written output (dict, JSON or JSONL file) matches its schema."""
+    def check(what, name):
+        if isinstance(what, (str, Path)):
+            path = Path(what)
+            text = path.read_text()
+            objs = [json.loads(line) for line in text.splitlines() if line] if path.suffix == ".jsonl" else [json.loads(text)]
+        else:
+            objs = [what]
+        assert objs
+        for obj in objs:
+            assert_valid(obj, name)
+    return check

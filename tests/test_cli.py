@@ -50,7 +50,7 @@ def test_acceptance_run_writes_video_records_summary(tmp_path):
 
 
 @pytest.mark.parametrize("cache", example_specs())
-def test_every_writer_runs_end_to_end(tmp_path, cache):
+def test_every_writer_runs_end_to_end(tmp_path, cache, valid):
     out = tmp_path / "run"
     result = generate("--image", IMAGE, ABA, "--chunks", 5, "--cache", cache, "-o", out)
     assert result.exit_code == 0, result.output
@@ -58,9 +58,11 @@ def test_every_writer_runs_end_to_end(tmp_path, cache):
     assert len(records) == 5 and probe_video(out / "video.mp4")["frames"] == 9 + 4 * 12
     last = records[-1]["cache"]
     assert last["writer"] == cache.split(":")[0] and last["slots"]
-    assert all(s["offset"] < 0 for s in last["slots"])
+    assert all(s["offset"][1] < 0 for s in last["slots"])
     summary = json.loads((out / "summary.json").read_text())
     assert summary["cache"]["cache"] == cache.split(":")[0]
+    valid(out / "chunks.jsonl", "chunk-record")
+    valid(summary, "summary")
 
 
 def test_chunks_override_is_logged_and_applied(tmp_path):
@@ -145,7 +147,7 @@ def test_full_cache_refuses_at_its_memory_cap_keeping_finished_chunks(tmp_path):
     assert len(read_jsonl(out / "chunks.jsonl")) >= 1 and probe_video(out / "video.mp4")["frames"] >= 9
 
 
-def test_metrics_all_uses_the_runs_own_preset_even_a_yaml_one(tmp_path):
+def test_metrics_all_uses_the_runs_own_preset_even_a_yaml_one(tmp_path, valid):
     """`worldtrace metrics --level all` rebuilds the CLIP tower of the preset saved with the run (a
     user YAML preset included); without summary.json or a resume state it refuses instead of guessing."""
     import shutil
@@ -158,6 +160,7 @@ def test_metrics_all_uses_the_runs_own_preset_even_a_yaml_one(tmp_path):
     result = CliRunner().invoke(main, ["metrics", str(run), "--level", "all", "--device", "cpu"])
     assert result.exit_code == 0, result.output
     assert "scene_drift" in json.loads((run / "metrics.json").read_text())
+    valid(run / "metrics.json", "metrics")
     (run / "summary.json").unlink()
     line = one_line_error(CliRunner().invoke(main, ["metrics", str(run), "--level", "all"]), 2)
     assert "no saved state" in line

@@ -24,7 +24,7 @@ def one_line_error(result, code):
     return lines[0]
 
 
-def test_compare_three_modes_writes_grid_video_and_table(tmp_path):
+def test_compare_three_modes_writes_grid_video_and_table(tmp_path, valid):
     out, chunks = tmp_path / "cmp", 2
     args = [str(ABA), "--cache", "sliding,field,landmark", "--preset", "tiny", "--chunks", str(chunks),
             "--seed", "3", "-o", str(out), "--overlap-decode", "--rope-precision", "float64"]
@@ -38,6 +38,7 @@ def test_compare_three_modes_writes_grid_video_and_table(tmp_path):
         assert summary["resolved"]["seed"] == 3
         assert summary["config"]["overlap_decode"] is True and summary["config"]["rope_precision"] == "float64"
     data = json.loads((out / "compare.json").read_text())
+    valid(data, "compare")
     assert [m["cache"] for m in data["modes"]] == ["sliding", "field", "landmark"]
     assert data["video"]["rows"] == 1 and data["seed"] == 3 and data["chunks"] == chunks
     for m in data["modes"]:

@@ -18,6 +18,7 @@ from worldtrace_cli.memory.field_streaming import FieldStreamingWriter
 from worldtrace_cli.memory.naive import NaiveWriter
 from worldtrace_cli.memory.window import resolve_slots
 from worldtrace_cli.model.rope import MainRope
+from worldtrace_cli.runs.records import expand_slot_records
 
 FIXTURES = Path(__file__).parent / "data" / "fixtures"
 # head_dim 24: temporal pairs with omega = 1, 0.1, 0.01, 0.001 (axis_channels -> 8 temporal channels)
@@ -296,10 +297,6 @@ def test_writers_register_with_their_default_positions():
 
 # --- end to end on the tiny DiT (the pattern of tests/test_rollout.py) ---
 
-def expand(frames):
-    return list(range(frames["first"], frames["last"] + 1)) if isinstance(frames, dict) else frames
-
-
 @pytest.mark.parametrize("cache", ["field", "field-streaming", "naive"])
 def test_tiny_rollout_end_to_end(cache, dit):
     from worldtrace_cli.model.sampler import FlowMatchSchedule
@@ -322,12 +319,12 @@ def test_tiny_rollout_end_to_end(cache, dit):
                    FlowMatchSchedule(), 0, torch.device("cpu"), hw)
     for c in range(chunks):
         rec = json.loads(json.dumps(roll.step().record))
-        slots = rec["cache"]["slots"]
+        slots = expand_slot_records(rec["cache"]["slots"])
         m = max(0, 3 * c - 2)
         groups = [g for g in uniform(m, 4) if g] if cache != "field-streaming" or m <= 4 else None
-        field = [expand(s["frames"]) for s in slots if s["kind"] in ("field", "naive")]
+        field = [s["frames"] for s in slots if s["kind"] in ("field", "naive")]
         assert sum(field, []) == list(range(m)) and len(field) == min(m, 4)
         assert groups is None or field == groups
-        assert [expand(s["frames"]) for s in slots if s["kind"] == "recent"] == [[f] for f in range(m, 3 * c)]
+        assert [s["frames"] for s in slots if s["kind"] == "recent"] == [[f] for f in range(m, 3 * c)]
         assert torch.isfinite(torch.tensor(rec["latents"]["mean"]))
     assert roll.writer.describe()["field"]["groups"]

@@ -12,6 +12,7 @@ from worldtrace_cli.memory import CacheGeometry, MemoryConfig, build_writer
 from worldtrace_cli.memory.landmark import LandmarkSummary, LandmarkWriter, frame_descriptor
 from worldtrace_cli.memory.window import split_frames
 from worldtrace_cli.model.rope import MainRope
+from worldtrace_cli.runs.records import expand_slot_records
 
 FIXTURES = Path(__file__).parent / "data" / "fixtures"
 GEOM = CacheGeometry(num_layers=2, heads=2, head_dim=128, tokens_per_frame=8, frames_per_chunk=3)
@@ -234,7 +235,7 @@ def test_tiny_rollout_runs_with_landmark_slots(dit, cache):
         out = rollout.step()
         assert torch.isfinite(out.latents).all()
         events += out.record["cache"]["events"]
-    slots = out.record["cache"]["slots"]
+    slots = expand_slot_records(out.record["cache"]["slots"])
     kinds = [s["kind"] for s in slots]
     assert kinds.count("landmark") == 4 - (2 if cache == "mixed:2" else 0) and kinds[-2:] == ["recent"] * 2
     assert [s["offset"] for s in slots] == list(range(-6, 0))

@@ -321,7 +321,7 @@ def synthetic_sweep(tmp_path):
     return out
 
 
-def test_report_tables_csv_json_and_plots(synthetic_sweep):
+def test_report_tables_csv_json_and_plots(synthetic_sweep, valid):
     result = CliRunner().invoke(loopbench, ["report", str(synthetic_sweep), "-o", str(synthetic_sweep / "rep")])
     assert result.exit_code == 0, result.output
     rep = synthetic_sweep / "rep"
@@ -337,6 +337,7 @@ def test_report_tables_csv_json_and_plots(synthetic_sweep):
     assert "| field | — / " in md  # pan_90 field has no PAC: a dash, not a crash
     data = json.loads((rep / "report.json").read_text())
     assert len(data["rows"]) == 108 and data["baseline"] == "sliding"
+    valid(data, "loopbench-report")
     for name in ("pac_vs_chunks.png", "tiers.png"):
         assert (rep / name).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 

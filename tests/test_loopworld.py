@@ -15,6 +15,8 @@ from worldtrace_cli.cli import main
 from worldtrace_cli.config import default_preset_name, load_preset
 from worldtrace_cli.outputs import read_jsonl
 
+from conftest import assert_valid
+
 ROOT = Path(__file__).resolve().parents[1]
 
 
@@ -22,7 +24,9 @@ def generate(tmp_path, name, *args):
     out = tmp_path / name
     result = CliRunner().invoke(main, ["generate", *map(str, args), "-o", str(out), "--no-progress"])
     assert result.exit_code == 0, result.output
-    return out, json.loads((out / "summary.json").read_text())
+    summary = json.loads((out / "summary.json").read_text())
+    assert_valid(summary, "summary")
+    return out, summary
 
 
 def test_the_bundle_loads_as_the_default_preset(one_thread):
@@ -64,6 +68,7 @@ def test_it_draws_the_world_it_walks(tmp_path, one_thread):
     # `worldtrace metrics` scores the (lossy) video against the same truth
     result = CliRunner().invoke(main, ["metrics", str(out), "--level", "fast"])
     assert result.exit_code == 0, result.output
+    assert_valid(json.loads((out / "metrics.json").read_text()), "metrics")
     again = json.loads((out / "metrics.json").read_text())["gt"]
     assert again["world_seed"] == 3 and abs(again["psnr"] - gt["psnr"]) < 1.5
 
@@ -96,6 +101,7 @@ def test_compare_shows_the_truth_first_and_a_keyframe_sheet(tmp_path, one_thread
     assert probe_video(out / "truth" / "video.mp4")["frames"] == frames
     assert probe_video(out / "compare.mp4") == {"frames": frames, "fps": 25.0, "width": 2 * 176, "height": 96}
     data = json.loads((out / "compare.json").read_text())
+    assert_valid(data, "compare")
     assert data["world_seed"] == 0 and data["modes"][0]["metrics"]["gt_psnr"] is not None
     sheet = Image.open(out / "compare.png")
     # two rows (truth, sliding) of 96 px under a 14 px header; one column per chunk (2 chunks)

@@ -63,7 +63,7 @@ def resume(out, *extra):
 @pytest.mark.slow
 @pytest.mark.parametrize("sig,cache,extra", [(signal.SIGKILL, "field", ()), (signal.SIGINT, "landmark", ()),
                                              (signal.SIGTERM, "field", ("--overlap-decode",))])
-def test_killed_run_keeps_chunks_and_resumes_exactly(tmp_path, reference, sig, cache, extra):
+def test_killed_run_keeps_chunks_and_resumes_exactly(tmp_path, reference, sig, cache, extra, valid):
     """With --overlap-decode the chunk being decoded when the signal arrives is still written."""
     out = tmp_path / "run"
     proc = start_run(out, cache, 2, *extra)
@@ -88,6 +88,7 @@ def test_killed_run_keeps_chunks_and_resumes_exactly(tmp_path, reference, sig, c
     else:  # a stopped run leaves a partial summary, never one that looks complete
         partial = json.loads((out / "summary.json").read_text())
         assert partial["status"] == "stopped" and partial["totals"]["chunks"] == done
+        valid(partial, "summary")
     # --overlap-decode does not change the video, so a resume may switch it on
     switch = ("--overlap-decode",) if sig == signal.SIGINT else ()
     result = resume(out, *switch)

@@ -17,6 +17,8 @@ from dataclasses import dataclass
 import torch
 
 from .errors import RunError
+from .runs.records import slot_records
+from .schemas import SCHEMA_VERSION
 from .memory import CacheGeometry, CacheWriter
 from .model.dit import ChunkInputs, LayerPast
 from .model.sampler import FlowMatchSchedule, add_noise, chunk_generator, flow_to_x0
@@ -169,8 +171,9 @@ class Rollout:
             self.writer.commit(committed, list(range(sf, sf + f)))
         del chunk
         self.chunk += 1
-        slot_recs = slot_records(slots, positions, sf, kv_bytes // len(slots) if slots else 0, f)
+        slot_recs = slot_records(slots, positions.tolist(), sf, kv_bytes // len(slots) if slots else 0, f)
         record = {
+            "schema_version": SCHEMA_VERSION,
             "chunk": c,
             "latent_frames": [sf, sf + f],
             "cache": {
@@ -178,6 +181,7 @@ class Rollout:
                 "positions": self.writer.positions_scheme,
                 "slots": slot_recs,
                 "trained_offset": self.geometry.trained_offset,
+                "slot_count": len(slots),
                 "max_offset": max((s["max_offset"] for s in slot_recs), default=None),
                 "kv_bytes": kv_bytes,
                 "host_bytes": self.writer.host_bytes(),
@@ -290,27 +294,6 @@ class DecodePipeline:
         self._pending.clear()
         if self._pool is not None:
             self._pool.shutdown(wait=True)
-
-
-def slot_records(slots, positions: torch.Tensor, frame_start: int, bytes_per_slot: int,
-                 frames_per_chunk: int = 3) -> list[dict]:
-    """JSON records of the slots read by a chunk: ``role`` (summary | recent), ``kind``, source
-    latent frames, virtual position (absolute latent-frame index), ``offset`` from the chunk's first
-    frame, ``max_offset`` (the largest query-key temporal offset this slot is read at: from the
-    chunk's last frame, ``frames_per_chunk - 1 - offset``; compare with the record's
-    ``trained_offset``), bytes (all layers, K+V)."""
-    out = []
-    for slot, pos in zip(slots, positions.tolist()):
-        frames = list(slot.frames)
-        rec = {"role": slot.role, "kind": slot.kind}
-        if len(frames) > 8 and frames == list(range(frames[0], frames[-1] + 1)):
-            rec["frames"] = {"first": frames[0], "last": frames[-1], "count": len(frames)}
-        else:
-            rec["frames"] = frames
-        rec.update({"offset": pos, "virtual_position": frame_start + pos, "max_offset": frames_per_chunk - 1 - pos,
-                    "bytes": bytes_per_slot})
-        out.append(rec)
-    return out
 
 
 def memory_record(device: torch.device) -> dict:

@@ -13,12 +13,6 @@ from pathlib import Path
 import numpy as np
 
 
-def _centroid(frames) -> float:
-    if isinstance(frames, dict):
-        return (frames["first"] + frames["last"]) / 2
-    return float(np.mean(frames)) if frames else float("nan")
-
-
 def plot_cache_timeline(records: list[dict], path: str | Path, title: str = "") -> Path:
     """Draw the slots x chunks picture of ``records`` (chunks.jsonl dicts) into a PNG at ``path``.
 
@@ -31,16 +25,18 @@ def plot_cache_timeline(records: list[dict], path: str | Path, title: str = "") 
     import matplotlib.pyplot as plt
     import matplotlib.ticker
 
+    from .runs.records import expand_slot_records
+
     if not records:
         raise ValueError("no chunk records to plot")
-    n_slots = max(len(r["cache"]["slots"]) for r in records)
+    per_chunk = [expand_slot_records(r["cache"]["slots"]) for r in records]
+    n_slots = max(len(s) for s in per_chunk)
     grid = np.full((max(1, n_slots), len(records)), np.nan)
     kinds = [""] * n_slots
-    for col, rec in enumerate(records):
-        slots = rec["cache"]["slots"]
+    for col, slots in enumerate(per_chunk):
         offset = n_slots - len(slots)  # align the newest slot with the bottom row
         for i, slot in enumerate(slots):
-            grid[offset + i, col] = _centroid(slot["frames"])
+            grid[offset + i, col] = float(np.mean(slot["frames"])) if slot["frames"] else np.nan
             kinds[offset + i] = slot["kind"]
     width = min(16.0, 3.0 + 0.12 * len(records))
     fig, ax = plt.subplots(figsize=(width, 1.2 + 0.35 * max(1, n_slots)))

@@ -6,6 +6,7 @@ from pathlib import Path
 
 import click
 
+from ..schemas import versioned
 from .common import run_job
 
 
@@ -53,6 +54,7 @@ def metrics_cmd(run_dir, level, trajectory, device, output):
             result = summarise_run(run_dir, tower, level, trajectory)
         result["status"] = checked["status"]
         result["notes"] = checked["notes"] + result["notes"]
+        result = versioned(result)
         write_json_atomic(output or run_dir / "metrics.json", result, indent=1)
         click.echo(json.dumps(result, indent=1))
 

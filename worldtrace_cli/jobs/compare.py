@@ -16,6 +16,7 @@ from pathlib import Path
 
 import numpy as np
 
+from ..schemas import SCHEMA_VERSION
 
 log = logging.getLogger("worldtrace")
 
@@ -292,7 +293,7 @@ def run_compare(trajectory: str | Path, caches: list[str], out_dir: str | Path, 
                              MODES[traj.mode].key_letters)
     still = write_keyframes(videos, labels, out_dir / "compare.png", plan)
     resolved = summaries[0]["resolved"]
-    result = {"trajectory": str(trajectory), "image": resolved["image"], "seed": resolved["seed"],
+    result = {"schema_version": SCHEMA_VERSION, "trajectory": str(trajectory), "image": resolved["image"], "seed": resolved["seed"],
               "world_seed": resolved.get("world_seed"),
               "chunks": resolved["chunks"], "preset": preset_obj.name, "device": resolved["device"],
               "dtype": resolved["dtype"], "metrics_level": metrics, "hud": hud,

@@ -22,6 +22,7 @@ from pathlib import Path
 
 from ..errors import Aborted, Interrupted
 from ..runs import RunFolder
+from ..schemas import SCHEMA_VERSION
 from ..runs.resume import restore_run_state, save_run_state
 from .inputs import RunInputs, prepare_inputs
 from .sinks import RunSinks, StopFlag
@@ -94,7 +95,7 @@ def _generate(cfg, inputs: RunInputs, folder: RunFolder, resume: bool, pipeline,
 
     def summary(status: str) -> dict:
         return {
-            "status": status, "run_dir": str(folder.path),
+            "schema_version": SCHEMA_VERSION, "status": status, "run_dir": str(folder.path),
             "command": command,
             "resumed_by": sys.argv if resume else None,
             "config": cfg.to_dict(),

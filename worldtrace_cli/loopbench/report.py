@@ -17,6 +17,7 @@ from pathlib import Path
 
 from ..errors import InputError, OutputError
 from ..outputs import write_json_atomic
+from ..schemas import SCHEMA_VERSION
 from .configs import CONFIGS
 from .runner import FAILED_NAME
 
@@ -400,8 +401,12 @@ def report(out_dir: str | Path, dest: str | Path | None = None) -> dict[str, Pat
         plot_tiers(agg, paths["tiers.png"])
     except OSError as err:
         raise OutputError(f"cannot write the report into {dest}: {err.strerror or err}") from None
-    write_json_atomic(paths["report.json"], {"out_dir": str(out_dir), "baseline": BASELINE, "confidence": 0.95,
-                                             "rows": rows, **agg, "failures": failed})
+    def tier_str(entries):  # one JSON type per field: tiers 1..4, "sweep" and "custom" are all strings
+        return [{**e, "tier": str(e["tier"])} if "tier" in e else e for e in entries]
+
+    write_json_atomic(paths["report.json"], {"schema_version": SCHEMA_VERSION, "out_dir": str(out_dir),
+                                             "baseline": BASELINE, "confidence": 0.95, "rows": tier_str(rows),
+                                             **{k: tier_str(v) for k, v in agg.items()}, "failures": failed})
     return paths
 
 
