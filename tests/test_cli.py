@@ -92,9 +92,19 @@ def test_unknown_action_names_file_and_line(tmp_path):
 
 
 def test_wrong_mode_for_preset(tmp_path):
-    line = one_line_error(generate("--image", IMAGE, ROOT / "trajectories" / "gta_drive_loop.yaml",
+    line = one_line_error(generate("--image", IMAGE, ROOT / "trajectories" / "gta_drive_loop.yaml", "--preset", "tiny",
                                    "-o", tmp_path / "o"), 2)
     assert "gta_drive" in line and "tiny" in line
+
+
+@pytest.mark.parametrize("traj,preset", [("gta_drive_loop", "tiny-gta-drive"), ("templerun_run", "tiny-templerun")])
+def test_every_mode_runs_on_its_tiny_preset_by_default(tmp_path, traj, preset):
+    out = tmp_path / "o"
+    result = generate("--image", IMAGE, ROOT / "trajectories" / f"{traj}.yaml", "--chunks", 2, "--cache", "landmark",
+                      "--metrics", "none", "-o", out)
+    assert result.exit_code == 0, result.output
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["config"]["preset"]["name"] == preset and summary["totals"]["chunks"] == 2
 
 
 def test_checkpoint_preset_without_checkpoint(tmp_path):

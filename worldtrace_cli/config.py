@@ -112,10 +112,10 @@ def preset_names() -> list[str]:
 
 def default_preset_name(mode: str, checkpoint) -> str:
     """The preset a run uses when none is named: ``mg2-<mode>`` with a checkpoint, else the trained
-    embedded world ``loopworld`` for universal trajectories and ``tiny`` otherwise."""
+    embedded world ``loopworld`` for universal trajectories and the random ``tiny-<mode>`` otherwise."""
     if checkpoint:
         return f"mg2-{mode.replace('_', '-')}"
-    return "loopworld" if mode == "universal" else "tiny"
+    return "loopworld" if mode == "universal" else f"tiny-{mode.replace('_', '-')}"
 
 
 def load_preset(name_or_path: str) -> Preset:
