@@ -262,7 +262,7 @@ def _wrap_deg(d):
 
 
 def pairs_from_poses(poses: torch.Tensor, num_chunks: int, pos_tol: float = 0.5,
-                     angle_tol: float = 15.0) -> list[tuple[int, int]]:
+                     angle_tol: float = 15.0, frames_per_chunk: int = 3) -> list[tuple[int, int]]:
     """Revisits found from dead-reckoned poses: ``[(forward_chunk, return_chunk), ...]``.
 
     A chunk's pose is the mean of its rows' poses. Later chunk j is paired with the EARLIEST
@@ -284,7 +284,7 @@ def pairs_from_poses(poses: torch.Tensor, num_chunks: int, pos_tol: float = 0.5,
         ``[(i, j), ...]`` sorted, i < j.
     """
     poses = poses.to(torch.float64)
-    spans = [chunk_rows(c) for c in range(num_chunks)]
+    spans = [chunk_rows(c, frames_per_chunk) for c in range(num_chunks)]
     means = torch.stack([poses[s:e].mean(0) for s, e in spans])
     centre = [(s + e - 1) // 2 for s, e in spans]
     step = poses[1:] - poses[:-1]
@@ -349,12 +349,12 @@ def pairs_from_waypoints(plan: ActionPlan) -> list[tuple[int, int]]:
     return sorted(p for p in pairs if p[0] < p[1] < plan.num_chunks)
 
 
-def _frame_pairs(chunk_pairs) -> list[tuple[int, int]]:
+def _frame_pairs(chunk_pairs, frames_per_chunk: int = 3) -> list[tuple[int, int]]:
     """Pixel-frame pairs of chunk pairs: frame k of one with frame k of the other, aligned at the
-    chunks' ends (chunk 0 has 9 frames, later chunks 12)."""
+    chunks' ends (chunk 0 has 9 frames, later chunks 12; LingBot 13 and 16)."""
     out = []
     for a, b in chunk_pairs:
-        (sa, ea), (sb, eb) = chunk_rows(a), chunk_rows(b)
+        (sa, ea), (sb, eb) = chunk_rows(a, frames_per_chunk), chunk_rows(b, frames_per_chunk)
         n = min(ea - sa, eb - sb)
         out += [(ea - n + k, eb - n + k) for k in range(n)]
     return out
@@ -372,10 +372,12 @@ def revisit_pairs(plan: ActionPlan) -> dict:
     if len(set(labels)) < len(labels):
         chunk_pairs, source = pairs_from_waypoints(plan), "waypoints"
     else:
-        chunk_pairs, source = pairs_from_poses(dead_reckon(plan), plan.num_chunks), "poses"
+        chunk_pairs, source = pairs_from_poses(dead_reckon(plan), plan.num_chunks,
+                                               frames_per_chunk=plan.frames_per_chunk), "poses"
     if not chunk_pairs:
         source = "none"
-    return {"source": source, "chunk_pairs": chunk_pairs, "frame_pairs": _frame_pairs(chunk_pairs)}
+    return {"source": source, "chunk_pairs": chunk_pairs,
+            "frame_pairs": _frame_pairs(chunk_pairs, plan.frames_per_chunk)}
 
 
 # --------------------------------------------------------------------------- run folders
