@@ -167,3 +167,22 @@ def test_parity_command_replays_the_fixtures_through_the_product_rollout(one_thr
     lines = dict(ln.split(": ") for ln in result.output.splitlines() if ": max_abs_diff=" in ln)
     assert set(lines) == {f"{v}/{k}" for v in ("main", "nosink_la10", "global") for k in ("x0", "latents")}
     assert float(result.output.strip().splitlines()[-1].split("=")[1]) <= 1e-4
+
+
+def test_missing_or_wrong_checkpoint_files_are_one_line_errors(tmp_path):
+    import shutil
+
+    line = one_line_error(invoke("generate", "--preset", "lingbot-fast", ABA, "-o", tmp_path / "a"))
+    assert "needs --checkpoint DIR" in line
+    line = one_line_error(invoke("generate", "--preset", "lingbot-fast", ABA, "--checkpoint", tmp_path,
+                                 "-o", tmp_path / "b"), 3)
+    assert "missing transformers, Wan2.1_VAE.pth, text_encoder, google/umt5-xxl" in line
+    (tmp_path / "transformers").mkdir()
+    shutil.copy(DATA / "tiny_config.json", tmp_path / "transformers" / "config.json")
+    shutil.copy(DATA / "tiny_weights.safetensors", tmp_path / "transformers")
+    (tmp_path / "Wan2.1_VAE.pth").write_bytes(b"")
+    (tmp_path / "text_encoder").mkdir()
+    (tmp_path / "google" / "umt5-xxl").mkdir(parents=True)
+    line = one_line_error(invoke("generate", "--preset", "lingbot-fast", ABA, "--checkpoint", tmp_path,
+                                 "-o", tmp_path / "c"), 3)
+    assert "transformers/config.json: does not describe preset lingbot-fast's model" in line
