@@ -15,11 +15,13 @@ import yaml
 
 from .errors import InputError
 from .model.config import DiTConfig
+from .model.lingbot.config import LingbotConfig
 
 MODES = ("universal", "gta_drive", "templerun")
+ARCHITECTURES = ("mg2", "lingbot")  # Matrix-Game-2.0 (action module) | LingBot-World causal fast (camera poses)
 _PRESET_KEYS = {"description", "mode", "height", "width", "fps", "denoising_steps", "timestep_shift",
-                "weights", "vae", "clip", "files", "dit", "frames_per_chunk", "bundle", "world"}
-_FILE_ROLES = ("dit", "vae", "clip")
+                "weights", "vae", "clip", "files", "dit", "frames_per_chunk", "bundle", "world", "architecture"}
+_FILE_ROLES = ("dit", "vae", "clip", "text_encoder", "tokenizer")
 
 
 @dataclass(frozen=True)
@@ -55,12 +57,18 @@ class Preset:
     """A model preset: architecture, resolution, sampler and expected checkpoint files.
 
     Attributes:
+        architecture: ``mg2`` (Matrix-Game-2.0: ``dit`` is a :class:`DiTConfig`) or ``lingbot``
+            (LingBot-World causal fast, lingbot-architecture.md: ``dit`` is a
+            :class:`~worldtrace_cli.model.lingbot.config.LingbotConfig` whose ``local_attn_size`` /
+            ``sink_size`` are the official run's cache, 18 / 6; ``frames_per_chunk`` 4).
         height, width: pixel resolution of generated frames (multiples of 16).
         denoising_steps: nominal steps (warped by the sampler); ``timestep_shift`` 5.0.
         weights: ``random`` (seeded random weights, e.g. ``tiny``), ``checkpoint`` (an official
             folder) or ``bundled`` (one safetensors file shipped with the presets: ``bundle``).
         vae, clip: variant names of the shipped VAE / CLIP configs.
-        files: checkpoint-relative paths of the ``dit``, ``vae`` and ``clip`` weight files.
+        files: checkpoint-relative paths of the ``dit``, ``vae`` and ``clip`` weight files (LingBot:
+            ``dit`` is the diffusers folder ``transformers``, plus ``text_encoder`` / ``tokenizer``
+            folders; its ``clip`` file is optional, needed only by ``--metrics all``).
         bundle: file name of a ``bundled`` preset's weights (``dit.*``, ``vae.*``, ``clip.*``), in
             the presets folder (or beside a preset YAML).
         world: ``procedural`` for a model of the procedural world (start image rendered from the
@@ -71,7 +79,7 @@ class Preset:
     mode: str
     height: int
     width: int
-    dit: DiTConfig
+    dit: DiTConfig | LingbotConfig
     description: str = ""
     fps: float = 25.0
     denoising_steps: tuple[int, ...] = (1000, 666, 333)
@@ -83,6 +91,12 @@ class Preset:
     files: dict[str, str] = field(default_factory=dict)
     bundle: str | None = None
     world: str | None = None
+    architecture: str = "mg2"
+
+    @property
+    def is_lingbot(self) -> bool:
+        """True for a LingBot-World preset (camera-pose conditioned, 4 latent frames per chunk)."""
+        return self.architecture == "lingbot"
 
     @property
     def has_world(self) -> bool:
@@ -100,7 +114,7 @@ class Preset:
     def from_dict(cls, d: dict[str, Any]) -> "Preset":
         """Inverse of :meth:`to_dict` (a resumed run rebuilds its exact preset from summary data)."""
         d = dict(d)
-        d["dit"] = DiTConfig.from_dict(d["dit"])
+        d["dit"] = (LingbotConfig if d.get("architecture") == "lingbot" else DiTConfig).from_dict(d["dit"])
         d["denoising_steps"] = tuple(d["denoising_steps"])
         return cls(**d)
 
@@ -148,8 +162,11 @@ def load_preset(name_or_path: str) -> Preset:
         raise InputError(f"{source}: missing keys: {', '.join(missing)}")
     from .errors import CheckpointError
 
+    if raw.get("architecture", "mg2") not in ARCHITECTURES:
+        raise InputError(f"{source}: architecture: must be one of {', '.join(ARCHITECTURES)}, got {raw['architecture']!r}")
     try:
-        dit = DiTConfig.from_dict(raw.pop("dit"), f"{source}: dit")
+        dit_class = LingbotConfig if raw.get("architecture") == "lingbot" else DiTConfig
+        dit = dit_class.from_dict(raw.pop("dit"), f"{source}: dit")
     except (CheckpointError, TypeError) as exc:
         raise InputError(str(exc)) from None
     if raw["mode"] not in MODES:
@@ -168,6 +185,13 @@ def load_preset(name_or_path: str) -> Preset:
         raise InputError(f"{source}: files: unknown roles {sorted(set(files) - set(_FILE_ROLES))}")
     if "denoising_steps" in raw:
         raw["denoising_steps"] = tuple(raw["denoising_steps"])
+    if raw.get("architecture") == "lingbot":
+        from .model.lingbot.config import official_memory
+
+        try:
+            official_memory(dit.local_attn_size, dit.sink_size, raw.get("frames_per_chunk", 3))
+        except ValueError as exc:
+            raise InputError(f"{source}: dit: {exc}") from None
     if raw.get("bundle") and path.suffix in (".yaml", ".yml") and path.is_file():
         raw["bundle"] = str((path.parent / raw["bundle"]).resolve())  # a preset file's bundle lies beside it
     return Preset(name=name, dit=dit, files=dict(files), **raw)
@@ -193,6 +217,9 @@ class RunConfig:
             DiT blocks' pure parts (:func:`~worldtrace_cli.model.dit.compile_blocks`).
         overlap_decode: decode each chunk while the next one is generated
             (:class:`~worldtrace_cli.rollout.DecodePipeline`).
+        prompt, poses, intrinsics: LingBot presets only: the text prompt and LingBot's own
+            ``poses.npy`` / ``intrinsics.npy`` (override the trajectory's ``prompt`` / ``poses`` /
+            ``intrinsics``; without poses the trajectory's actions drive the camera).
     """
 
     preset: Preset
@@ -216,6 +243,9 @@ class RunConfig:
     rope_precision: str = "float32"
     compile: str = "none"
     overlap_decode: bool = False
+    prompt: str | None = None
+    poses: Path | None = None
+    intrinsics: Path | None = None
 
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)
@@ -228,10 +258,22 @@ class RunConfig:
         d = dict(d)
         d["preset"] = Preset.from_dict(d["preset"])
         d["memory"] = MemoryConfig(**d["memory"])
-        for key in ("trajectory", "output", "image", "checkpoint"):
+        for key in ("trajectory", "output", "image", "checkpoint", "poses", "intrinsics"):
             if d.get(key) is not None:
                 d[key] = Path(d[key])
         return cls(**d)
+
+
+def default_cache(preset: Preset) -> dict:
+    """MemoryConfig fields of the cache a preset's model was run with officially, used when no
+    ``--cache`` is given: MG2 ``sliding`` (its own window); LingBot the README's sink of
+    ``sink_size`` frames in a window of ``local_attn_size`` latent frames at true offsets
+    (:func:`~worldtrace_cli.model.lingbot.config.official_memory`: 6 and 18 -> ``sink``, budget 14)."""
+    if not preset.is_lingbot:
+        return {"cache": "sliding"}
+    from .model.lingbot.config import official_memory
+
+    return official_memory(preset.dit.local_attn_size, preset.dit.sink_size, preset.frames_per_chunk)
 
 
 def memory_config(cache: str, spill_dir=None, **options):

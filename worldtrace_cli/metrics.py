@@ -204,7 +204,7 @@ def clip_embeddings(tower, frames, batch_size: int = 16) -> torch.Tensor:
     return torch.nn.functional.normalize(torch.cat(out), dim=-1)
 
 
-def scene_drift(frame_embeds: torch.Tensor, num_chunks: int) -> dict:
+def scene_drift(frame_embeds: torch.Tensor, num_chunks: int, frames_per_chunk: int = 3) -> dict:
     """Local Scene Drift (paper §5.1, down): per chunk, the cosine distance of its mean CLIP
     embedding to the preceding chunk's.
 
@@ -214,6 +214,7 @@ def scene_drift(frame_embeds: torch.Tensor, num_chunks: int) -> dict:
     Args:
         frame_embeds: ``[T, P]`` per pixel frame (normalised here again), T <= 12 C - 3.
         num_chunks: C; chunks with no frame in ``frame_embeds`` (a partial run) are left out.
+        frames_per_chunk: latent frames per chunk of the layout (3 MG2, 4 LingBot).
 
     Returns:
         ``{"per_chunk": [None, d_1, ...], "mean": float}`` (mean None with fewer than 2 chunks).
@@ -221,7 +222,7 @@ def scene_drift(frame_embeds: torch.Tensor, num_chunks: int) -> dict:
     e = torch.nn.functional.normalize(frame_embeds.double(), dim=-1)
     means = []
     for c in range(num_chunks):
-        start, end = chunk_rows(c)
+        start, end = chunk_rows(c, frames_per_chunk)
         if start >= e.shape[0]:
             break
         means.append(e[start:end].mean(0))
@@ -262,7 +263,7 @@ def _wrap_deg(d):
 
 
 def pairs_from_poses(poses: torch.Tensor, num_chunks: int, pos_tol: float = 0.5,
-                     angle_tol: float = 15.0) -> list[tuple[int, int]]:
+                     angle_tol: float = 15.0, frames_per_chunk: int = 3) -> list[tuple[int, int]]:
     """Revisits found from dead-reckoned poses: ``[(forward_chunk, return_chunk), ...]``.
 
     A chunk's pose is the mean of its rows' poses. Later chunk j is paired with the EARLIEST
@@ -279,12 +280,13 @@ def pairs_from_poses(poses: torch.Tensor, num_chunks: int, pos_tol: float = 0.5,
 
     Args:
         poses: float64 ``[R, 4]`` from :func:`dead_reckon`, R >= rows of ``num_chunks`` chunks.
+        frames_per_chunk: latent frames per chunk of the layout (3 MG2, 4 LingBot).
 
     Returns:
         ``[(i, j), ...]`` sorted, i < j.
     """
     poses = poses.to(torch.float64)
-    spans = [chunk_rows(c) for c in range(num_chunks)]
+    spans = [chunk_rows(c, frames_per_chunk) for c in range(num_chunks)]
     means = torch.stack([poses[s:e].mean(0) for s, e in spans])
     centre = [(s + e - 1) // 2 for s, e in spans]
     step = poses[1:] - poses[:-1]
@@ -349,12 +351,12 @@ def pairs_from_waypoints(plan: ActionPlan) -> list[tuple[int, int]]:
     return sorted(p for p in pairs if p[0] < p[1] < plan.num_chunks)
 
 
-def _frame_pairs(chunk_pairs) -> list[tuple[int, int]]:
+def _frame_pairs(chunk_pairs, frames_per_chunk: int = 3) -> list[tuple[int, int]]:
     """Pixel-frame pairs of chunk pairs: frame k of one with frame k of the other, aligned at the
-    chunks' ends (chunk 0 has 9 frames, later chunks 12)."""
+    chunks' ends (chunk 0 has 9 frames, later chunks 12; LingBot 13 and 16)."""
     out = []
     for a, b in chunk_pairs:
-        (sa, ea), (sb, eb) = chunk_rows(a), chunk_rows(b)
+        (sa, ea), (sb, eb) = chunk_rows(a, frames_per_chunk), chunk_rows(b, frames_per_chunk)
         n = min(ea - sa, eb - sb)
         out += [(ea - n + k, eb - n + k) for k in range(n)]
     return out
@@ -372,10 +374,12 @@ def revisit_pairs(plan: ActionPlan) -> dict:
     if len(set(labels)) < len(labels):
         chunk_pairs, source = pairs_from_waypoints(plan), "waypoints"
     else:
-        chunk_pairs, source = pairs_from_poses(dead_reckon(plan), plan.num_chunks), "poses"
+        chunk_pairs, source = pairs_from_poses(dead_reckon(plan), plan.num_chunks,
+                                               frames_per_chunk=plan.frames_per_chunk), "poses"
     if not chunk_pairs:
         source = "none"
-    return {"source": source, "chunk_pairs": chunk_pairs, "frame_pairs": _frame_pairs(chunk_pairs)}
+    return {"source": source, "chunk_pairs": chunk_pairs,
+            "frame_pairs": _frame_pairs(chunk_pairs, plan.frames_per_chunk)}
 
 
 # --------------------------------------------------------------------------- run folders
@@ -414,7 +418,8 @@ def summarise_run(run_dir: str | Path, tower=None, level: str = "fast",
     summary = json.loads(summary_path.read_text()) if summary_path.exists() else None
     frames = read_video_frames(run_dir / "video.mp4")
     t_frames = int(frames.shape[0])
-    num_chunks = chunks_for_frames(t_frames) if t_frames else 0
+    fpc = ((summary or {}).get("config") or {}).get("preset", {}).get("frames_per_chunk", 3)  # LingBot: 4
+    num_chunks = chunks_for_frames(t_frames, fpc) if t_frames else 0
     notes = []
     ldiff = [r.get("metrics", {}).get("latent_diff") for r in records]
     if any(v is not None for v in ldiff):  # LatentDiff needs latents: generate records it per chunk
@@ -433,11 +438,11 @@ def summarise_run(run_dir: str | Path, tower=None, level: str = "fast",
         from .world.truth import GroundTruth
 
         cfg = summary["config"]
-        plan = plan_actions(load_trajectory(trajectory or cfg["trajectory"]), summary["resolved"]["chunks"])
+        plan = plan_actions(load_trajectory(trajectory or cfg["trajectory"]), summary["resolved"]["chunks"], fpc)
         truth = GroundTruth(world_seed, plan, frames.shape[1], frames.shape[2])
         psnr, ssim_ = [], []
         for c in range(num_chunks):
-            start, end = chunk_rows(c)
+            start, end = chunk_rows(c, fpc)
             end = min(end, t_frames)
             scores = gt_scores(frames[start:end], truth.frames(start, end))
             psnr.append(_mean(scores["psnr"]))
@@ -448,18 +453,18 @@ def summarise_run(run_dir: str | Path, tower=None, level: str = "fast",
         return out
 
     embeds = clip_embeddings(tower, frames)
-    out["scene_drift"] = scene_drift(embeds, num_chunks)
+    out["scene_drift"] = scene_drift(embeds, num_chunks, fpc)
     if trajectory is None and summary is not None:
         trajectory = summary.get("config", {}).get("trajectory")
     if trajectory is None:
         notes.append("PAC skipped: no trajectory (partial run without summary.json; pass one)")
         return out
     planned = summary.get("resolved", {}).get("chunks") if summary else None
-    plan = plan_actions(load_trajectory(trajectory), planned or max(num_chunks, len(records)))
+    plan = plan_actions(load_trajectory(trajectory), planned or max(num_chunks, len(records)), fpc)
     revisit = revisit_pairs(plan)
     frame_pairs = [(a, b) for a, b in revisit["frame_pairs"] if b < t_frames]
     out["revisit"] = {"source": revisit["source"], "trajectory": str(trajectory),
-                      "chunk_pairs": [p for p in revisit["chunk_pairs"] if chunk_rows(p[1])[0] < t_frames]}
+                      "chunk_pairs": [p for p in revisit["chunk_pairs"] if chunk_rows(p[1], fpc)[0] < t_frames]}
     if frame_pairs:
         out["pac"] = pac(embeds, frame_pairs)
     else:

@@ -124,7 +124,8 @@ class Pipeline:
                     compile_mode: str = "none", hash_checkpoint: bool = False, key: ModelKey | None = None
                     ) -> "Pipeline":
         """Load ``preset``'s networks (official folder ``checkpoint``, its bundle, or seeded random
-        weights) on ``device`` in ``dtype`` and apply the speed settings.
+        weights) on ``device`` in ``dtype`` and apply the speed settings. A LingBot preset
+        (``architecture: lingbot``) gives a :class:`~worldtrace_cli.lingbot_pipeline.LingbotPipeline`.
 
         Raises:
             InputError: bad device/dtype/precision/compile mode, a checkpoint preset without a folder.
@@ -134,6 +135,12 @@ class Pipeline:
 
         from .model.checkpoint import load_world_model
         from .model.dit import COMPILE_MODES, ROPE_PRECISIONS, configure_speed
+
+        if preset.is_lingbot and cls is Pipeline:  # the architecture picks the pipeline
+            from .lingbot_pipeline import LingbotPipeline
+
+            return LingbotPipeline.from_preset(preset, checkpoint, random_weights, weights_seed, device, dtype,
+                                               rope_precision, compile_mode, hash_checkpoint, key)
 
         if rope_precision not in ROPE_PRECISIONS:
             raise InputError(f"--rope-precision: must be one of {', '.join(ROPE_PRECISIONS)}, got {rope_precision!r}")

@@ -171,26 +171,7 @@ class Rollout:
             self.writer.commit(committed, list(range(sf, sf + f)))
         del chunk
         self.chunk += 1
-        slot_recs = slot_records(slots, positions.tolist(), sf, kv_bytes // len(slots) if slots else 0, f)
-        record = {
-            "schema_version": SCHEMA_VERSION,
-            "chunk": c,
-            "latent_frames": [sf, sf + f],
-            "cache": {
-                "writer": self.writer.name,
-                "positions": self.writer.positions_scheme,
-                "slots": slot_recs,
-                "trained_offset": self.geometry.trained_offset,
-                "slot_count": len(slots),
-                "max_offset": max((s["max_offset"] for s in slot_recs), default=None),
-                "kv_bytes": kv_bytes,
-                "host_bytes": self.writer.host_bytes(),
-                "events": self.writer.events(),
-            },
-            "timings_s": {k: round(v, 6) for k, v in timer.seconds.items()},
-            "memory": memory_record(self.device),
-            "latents": {"mean": round(x0.mean().item(), 6), "std": round(x0.std().item(), 6)},
-        }
+        record = chunk_record(self.writer, self.geometry, c, sf, slots, positions, kv_bytes, timer, x0)
         return ChunkOutput(x0, None, record)
 
 
@@ -294,6 +275,35 @@ class DecodePipeline:
         self._pending.clear()
         if self._pool is not None:
             self._pool.shutdown(wait=True)
+
+
+def chunk_record(writer: CacheWriter, geometry: CacheGeometry, chunk: int, frame_start: int, slots,
+                 positions: torch.Tensor, kv_bytes: int, timer: _Timer, x0: torch.Tensor) -> dict:
+    """The ``chunks.jsonl`` record of a generated chunk (before decoding): index, latent frames
+    ``[start, end)``, the cache as read (writer, scheme, :func:`slot_records`, trained and largest
+    offset, KV bytes read, host bytes, events), phase seconds, memory and the latents' mean / std.
+    ``slots`` / ``positions`` / ``kv_bytes`` are what the chunk read, taken before its commit."""
+    f = geometry.frames_per_chunk
+    slot_recs = slot_records(slots, positions.tolist(), frame_start, kv_bytes // len(slots) if slots else 0, f)
+    return {
+        "schema_version": SCHEMA_VERSION,
+        "chunk": chunk,
+        "latent_frames": [frame_start, frame_start + f],
+        "cache": {
+            "writer": writer.name,
+            "positions": writer.positions_scheme,
+            "slots": slot_recs,
+            "trained_offset": geometry.trained_offset,
+            "slot_count": len(slots),
+            "max_offset": max((s["max_offset"] for s in slot_recs), default=None),
+            "kv_bytes": kv_bytes,
+            "host_bytes": writer.host_bytes(),
+            "events": writer.events(),
+        },
+        "timings_s": {k: round(v, 6) for k, v in timer.seconds.items()},
+        "memory": memory_record(timer.device),
+        "latents": {"mean": round(x0.mean().item(), 6), "std": round(x0.std().item(), 6)},
+    }
 
 
 def memory_record(device: torch.device) -> dict:

@@ -37,34 +37,34 @@ MAX_TRAJECTORY_BYTES = 1 << 20  # 1 MiB: tens of thousands of segments; parsing 
 # --------------------------------------------------------------------------- chunk layout
 
 
-def frames_for_chunks(num_chunks: int) -> int:
-    """Pixel frames (= action rows) of a rollout of ``num_chunks`` chunks: ``12 C - 3``."""
-    return CHUNK_FRAMES * num_chunks - (CHUNK_FRAMES - FIRST_CHUNK_FRAMES)
+def frames_for_chunks(num_chunks: int, frames_per_chunk: int = 3) -> int:
+    """Pixel frames (= action rows) of a rollout of ``num_chunks`` chunks: ``12 C - 3`` (MG2); with
+    ``frames_per_chunk`` F latent frames per chunk, ``4 F C - 3`` (LingBot, F = 4: ``16 C - 3``)."""
+    return 4 * frames_per_chunk * num_chunks - 3
 
 
-def chunks_for_frames(num_frames: int) -> int:
-    """Smallest chunk count C >= 1 whose ``12 C - 3`` pixel frames cover ``num_frames`` rows."""
-    return max(1, math.ceil((num_frames + CHUNK_FRAMES - FIRST_CHUNK_FRAMES) / CHUNK_FRAMES))
+def chunks_for_frames(num_frames: int, frames_per_chunk: int = 3) -> int:
+    """Smallest chunk count C >= 1 whose ``4 F C - 3`` pixel frames cover ``num_frames`` rows."""
+    return max(1, math.ceil((num_frames + 3) / (4 * frames_per_chunk)))
 
 
-def chunk_rows(chunk: int) -> tuple[int, int]:
-    """Pixel-frame rows ``[start, end)`` owned by ``chunk`` (0 -> (0, 9); c -> (12c-3, 12c+9)).
+def chunk_rows(chunk: int, frames_per_chunk: int = 3) -> tuple[int, int]:
+    """Pixel-frame rows ``[start, end)`` owned by ``chunk`` (0 -> (0, 9); c -> (12c-3, 12c+9) for MG2;
+    with F latent frames per chunk 0 -> (0, 4F-3), c -> (4Fc-3, 4F(c+1)-3)).
 
     Raises ValueError for a negative chunk index.
     """
     if chunk < 0:
         raise ValueError(f"chunk index must be >= 0, got {chunk}")
     if chunk == 0:
-        return 0, FIRST_CHUNK_FRAMES
-    start = frames_for_chunks(chunk)
-    return start, start + CHUNK_FRAMES
+        return 0, frames_for_chunks(1, frames_per_chunk)
+    start = frames_for_chunks(chunk, frames_per_chunk)
+    return start, start + 4 * frames_per_chunk
 
 
-def chunk_of_row(row: int) -> int:
-    """Chunk that owns pixel-frame row ``row`` (>= 0); row ``12C - 3`` gives C (the next chunk)."""
-    if row < FIRST_CHUNK_FRAMES:
-        return 0
-    return (row + CHUNK_FRAMES - FIRST_CHUNK_FRAMES) // CHUNK_FRAMES
+def chunk_of_row(row: int, frames_per_chunk: int = 3) -> int:
+    """Chunk that owns pixel-frame row ``row`` (>= 0); row ``4 F C - 3`` gives C (the next chunk)."""
+    return (row + 3) // (4 * frames_per_chunk)
 
 
 # --------------------------------------------------------------------------- vocabularies
@@ -157,13 +157,18 @@ class Segment:
 @dataclass(frozen=True)
 class Trajectory:
     """A parsed trajectory: ``source`` names the file (for messages), ``image`` is resolved
-    against the file's folder, ``segments`` are in order (markers included)."""
+    against the file's folder, ``segments`` are in order (markers included). LingBot presets also
+    read ``prompt`` (text) and ``poses`` / ``intrinsics`` (LingBot's own ``poses.npy`` /
+    ``intrinsics.npy``, resolved against the file's folder like ``image``)."""
 
     source: str
     mode: str
     image: Path | None
     seed: int | None
     segments: tuple[Segment, ...]
+    prompt: str | None = None
+    poses: Path | None = None
+    intrinsics: Path | None = None
 
     @property
     def num_frames(self) -> int:
@@ -289,7 +294,7 @@ def _one_line(text: str) -> str:
 
 # --------------------------------------------------------------------------- parsing
 
-_TOP_KEYS = ("mode", "image", "seed", "segments")
+_TOP_KEYS = ("mode", "image", "seed", "segments", "prompt", "poses", "intrinsics")
 _SEGMENT_KEYS = ("label", "action", "keys", "mouse", "chunks", "frames")
 
 
@@ -342,14 +347,18 @@ def _parse_document(p: _Parser, root: yaml.Node, base_dir: Path | None) -> Traje
         raise p.error(top["mode"], "mode", f"unknown mode {mode!r}; valid: {', '.join(MODES)}")
     spec = MODES[mode]
 
-    image = None
-    if "image" in top:
-        text = p.string(top["image"], "image")
-        if not text.strip():
-            raise p.error(top["image"], "image", "empty path")
-        image = Path(text).expanduser()
-        if base_dir is not None and not image.is_absolute():
-            image = Path(base_dir) / image
+    paths: dict[str, Path | None] = {}
+    for key in ("image", "poses", "intrinsics"):
+        paths[key] = None
+        if key in top:
+            text = p.string(top[key], key)
+            if not text.strip():
+                raise p.error(top[key], key, "empty path")
+            paths[key] = Path(text).expanduser()
+            if base_dir is not None and not paths[key].is_absolute():
+                paths[key] = Path(base_dir) / paths[key]
+    image = paths["image"]
+    prompt = p.string(top["prompt"], "prompt") if "prompt" in top else None
 
     seed = p.integer(top["seed"], "seed", 0, 2**63 - 1) if "seed" in top else None
 
@@ -367,7 +376,8 @@ def _parse_document(p: _Parser, root: yaml.Node, base_dir: Path | None) -> Traje
     if start_row == 0:
         raise p.error(top["segments"], "segments", "no segment has a length (only labels)")
     return Trajectory(source=p.source, mode=mode, image=image, seed=seed,
-                      segments=tuple(segments))
+                      segments=tuple(segments), prompt=prompt, poses=paths["poses"],
+                      intrinsics=paths["intrinsics"])
 
 
 def _parse_segment(p: _Parser, spec: ModeSpec, node: yaml.Node, field: str,
@@ -546,6 +556,7 @@ class ActionPlan:
     waypoints: (chunk index, label); a label at row r belongs to the chunk owning row r, and a
     label at r == R (the end) to chunk ``num_chunks``.
     notes: human-readable remarks (repetition past the trajectory's end, truncation).
+    frames_per_chunk: latent frames per chunk of the layout (3 MG2, 4 LingBot: 16 C - 3 rows).
     """
 
     mode: str
@@ -555,15 +566,18 @@ class ActionPlan:
     chunk_actions: list[str]
     waypoints: list[tuple[int, str]]
     notes: list[str]
+    frames_per_chunk: int = 3
 
     @property
     def num_frames(self) -> int:
         """R, the number of pixel frames (action rows)."""
-        return frames_for_chunks(self.num_chunks)
+        return frames_for_chunks(self.num_chunks, self.frames_per_chunk)
 
 
-def plan_actions(traj: Trajectory, num_chunks: int | None = None) -> ActionPlan:
+def plan_actions(traj: Trajectory, num_chunks: int | None = None, frames_per_chunk: int = 3) -> ActionPlan:
     """Lay a trajectory out as MG2 action rows for ``num_chunks`` chunks (default: its own).
+    ``frames_per_chunk`` latent frames per chunk sets the chunk layout (4 for LingBot: chunk c owns
+    16 rows, chunk 0 13; the trajectory's rows and their actions are the same either way).
 
     Rows past the trajectory's end (a longer run, or the tail of its last chunk) repeat its last
     segment that has a length; a shorter run truncates it and drops waypoints past the end.
@@ -571,13 +585,14 @@ def plan_actions(traj: Trajectory, num_chunks: int | None = None) -> ActionPlan:
     """
     import torch
 
-    traj_chunks = traj.num_chunks
+    fpc = frames_per_chunk
+    traj_chunks = chunks_for_frames(traj.num_frames, fpc)
     if num_chunks is None:
         num_chunks = traj_chunks
     if isinstance(num_chunks, bool) or not isinstance(num_chunks, int) or num_chunks < 1:
         raise InputError(f"number of chunks must be an integer >= 1, got {num_chunks!r}")
     spec = MODES[traj.mode]
-    total = frames_for_chunks(num_chunks)
+    total = frames_for_chunks(num_chunks, fpc)
     keyboard = torch.zeros(total, spec.keyboard_dim, dtype=torch.float32)
     mouse = torch.zeros(total, 2, dtype=torch.float32) if spec.mouse else None
 
@@ -588,9 +603,9 @@ def plan_actions(traj: Trajectory, num_chunks: int | None = None) -> ActionPlan:
     for seg in traj.segments:
         if seg.label is not None:
             if row <= total:
-                waypoints.append((chunk_of_row(row), seg.label))
+                waypoints.append((chunk_of_row(row, fpc), seg.label))
             else:
-                dropped.append(f"{seg.label} (chunk {chunk_of_row(row)})")
+                dropped.append(f"{seg.label} (chunk {chunk_of_row(row, fpc)})")
         if seg.num_frames and row < total:
             spans.append((row, min(row + seg.num_frames, total), seg))
         row += seg.num_frames
@@ -603,7 +618,7 @@ def plan_actions(traj: Trajectory, num_chunks: int | None = None) -> ActionPlan:
         keyboard[start:end] = torch.tensor(seg.keyboard, dtype=torch.float32)
         if mouse is not None:
             mouse[start:end] = torch.tensor(seg.mouse, dtype=torch.float32)
-        for c in range(chunk_of_row(start), chunk_of_row(end - 1) + 1):
+        for c in range(chunk_of_row(start, fpc), chunk_of_row(end - 1, fpc) + 1):
             if not chunk_names[c] or chunk_names[c][-1] != seg.action:
                 chunk_names[c].append(seg.action)
 
@@ -611,14 +626,14 @@ def plan_actions(traj: Trajectory, num_chunks: int | None = None) -> ActionPlan:
     if num_chunks > traj_chunks:
         notes.append(f"trajectory covers {traj_chunks} chunks; {num_chunks} requested: its last "
                      f"segment ({last.action}) repeats for {num_chunks - traj_chunks} more chunks")
-    if num_chunks >= traj_chunks and row < frames_for_chunks(traj_chunks):
+    if num_chunks >= traj_chunks and row < frames_for_chunks(traj_chunks, fpc):
         notes.append(f"trajectory ends at pixel frame {row}, inside chunk {traj_chunks - 1}: its "
                      f"last segment ({last.action}) fills the remaining "
-                     f"{frames_for_chunks(traj_chunks) - row} rows")
+                     f"{frames_for_chunks(traj_chunks, fpc) - row} rows")
     if num_chunks < traj_chunks:
         notes.append(f"trajectory covers {traj_chunks} chunks; truncated to {num_chunks} chunks")
     if dropped:
         notes.append(f"waypoints past chunk {num_chunks} dropped: {', '.join(dropped)}")
     return ActionPlan(mode=traj.mode, num_chunks=num_chunks, keyboard=keyboard, mouse=mouse,
                       chunk_actions=[">".join(n) for n in chunk_names], waypoints=waypoints,
-                      notes=notes)
+                      notes=notes, frames_per_chunk=fpc)

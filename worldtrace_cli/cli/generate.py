@@ -16,10 +16,18 @@ from .options import CHUNKS, SEED, device_options, memory_options, speed_config,
 @click.argument("trajectory", type=click.Path(path_type=Path), required=False)
 @click.option("--preset", default=None, metavar="NAME|FILE",
               help="Model preset: loopworld (trained embedded world, CPU), tiny (random weights, CPU), "
-                   "mg2-universal, mg2-gta-drive, mg2-templerun, or a preset YAML. Default: mg2-<trajectory mode> "
+                   "mg2-universal, mg2-gta-drive, mg2-templerun, lingbot-tiny (random LingBot-World, CPU), "
+                   "lingbot-fast, or a preset YAML. Default: mg2-<trajectory mode> "
                    "with --checkpoint, else loopworld (universal) or tiny.")
 @click.option("--checkpoint", type=click.Path(path_type=Path), default=None, metavar="DIR",
-              help="Official Matrix-Game-2.0 folder (Wan2.1_VAE.pth, the CLIP .pth, the DiT safetensors).")
+              help="Official Matrix-Game-2.0 folder (Wan2.1_VAE.pth, the CLIP .pth, the DiT safetensors), or a "
+                   "LingBot-World causal-fast folder (README: 'LingBot-World').")
+@click.option("--prompt", default=None, help="LingBot presets: the text prompt (overrides the trajectory's `prompt`).")
+@click.option("--poses", type=click.Path(path_type=Path), default=None, metavar="NPY",
+              help="LingBot presets: camera-to-world poses [N, 4, 4] (LingBot's poses.npy, one per pixel frame, "
+                   "OpenCV axes) instead of the camera the actions drive.")
+@click.option("--intrinsics", type=click.Path(path_type=Path), default=None, metavar="NPY",
+              help="LingBot presets: intrinsics.npy [N, 4] (fx, fy, cx, cy at 480x832; row 0 used).")
 @click.option("--random-weights", is_flag=True, help="Run a checkpoint preset at full size with seeded random weights.")
 @click.option("--image", type=click.Path(path_type=Path), default=None,
               help="Conditioning image (any format PIL reads; overrides the trajectory's `image`). With "
@@ -35,9 +43,10 @@ from .options import CHUNKS, SEED, device_options, memory_options, speed_config,
 @click.option("-o", "--output", type=click.Path(path_type=Path), default=None, metavar="DIR",
               help="Run folder (default: runs/<trajectory>-<cache>).")
 @click.option("--overwrite", is_flag=True, help="Replace a finished run already in the output folder.")
-@click.option("--cache", default="sliding", show_default=True, metavar="WRITER",
+@click.option("--cache", default=None, metavar="WRITER",
               help="KV-cache writer: sliding, sink, full, field, field-streaming, landmark, mixed:K, naive, "
-                   "memrope, yarn (README: 'Memory writers').")
+                   "memrope, yarn (README: 'Memory writers'). Default: the model's own cache (MG2: sliding; "
+                   "LingBot: sink of 6 in a window of 18 latent frames).")
 @memory_options
 @device_options
 @click.option("--metrics", type=click.Choice(["none", "fast", "all"]), default="fast", show_default=True,
@@ -51,9 +60,9 @@ from .options import CHUNKS, SEED, device_options, memory_options, speed_config,
               help="Continue an interrupted run from its last saved state (other options come from the run, "
                    "except --overlap-decode and --no-progress).")
 @click.option("--no-progress", is_flag=True, help="No progress bar.")
-def generate(trajectory, preset, checkpoint, random_weights, image, world_seed, chunks, seed, output, overwrite, cache,
-             device, dtype, metrics, hash_checkpoint, save_every, rope_precision, compile_mode,
-             overlap_decode, resume_dir, no_progress, **memory):
+def generate(trajectory, preset, checkpoint, prompt, poses, intrinsics, random_weights, image, world_seed, chunks, seed,
+             output, overwrite, cache, device, dtype, metrics, hash_checkpoint, save_every, rope_precision,
+             compile_mode, overlap_decode, resume_dir, no_progress, **memory):
     """Generate a video from TRAJECTORY (a YAML file of actions; see trajectories/README.md).
 
     Writes to the run folder: video.mp4 (H.264, appended chunk by chunk), chunks.jsonl (one record
@@ -64,7 +73,7 @@ def generate(trajectory, preset, checkpoint, random_weights, image, world_seed, 
       worldtrace generate --preset tiny --image assets/images/mg2_universal_0000.png \\
           trajectories/aba.yaml --chunks 16 -o out/
     """
-    from ..config import RunConfig, default_preset_name, load_preset
+    from ..config import RunConfig, default_cache, default_preset_name, load_preset
     from ..errors import InputError
     from ..outputs import cache_folder
     from ..trajectory import load_trajectory
@@ -98,11 +107,17 @@ def generate(trajectory, preset, checkpoint, random_weights, image, world_seed, 
         if name is None:
             name = default_preset_name(load_trajectory(trajectory).mode, checkpoint)
             logging.getLogger("worldtrace").info(f"preset: {name}")
-        out = output or Path("runs") / f"{trajectory.stem}-{cache_folder(cache)}"
-        cfg = RunConfig(preset=load_preset(name), trajectory=trajectory, output=out, image=image, chunks=chunks,
-                        world_seed=world_seed,
+        resolved = load_preset(name)
+        options = {"cache": cache, **memory}
+        if cache is None:  # the model's own cache; memory flags given on the command line still apply
+            given = {k: v for k, v in memory.items()
+                     if ctx.get_parameter_source(k) == click.core.ParameterSource.COMMANDLINE}
+            options = {**memory, **default_cache(resolved), **given}
+        out = output or Path("runs") / f"{trajectory.stem}-{cache_folder(options['cache'])}"
+        cfg = RunConfig(preset=resolved, trajectory=trajectory, output=out, image=image, chunks=chunks,
+                        world_seed=world_seed, prompt=prompt, poses=poses, intrinsics=intrinsics,
                         seed=seed, device=device, dtype=dtype, checkpoint=checkpoint, random_weights=random_weights,
-                        memory=memory_config(cache, **memory),
+                        memory=memory_config(**options),
                         overwrite=overwrite, progress=not no_progress, hash_checkpoint=hash_checkpoint,
                         metrics=metrics, save_every=save_every,
                         **speed_config(rope_precision, compile_mode, overlap_decode))

@@ -40,7 +40,9 @@ def metrics_cmd(run_dir, level, trajectory, device, output):
         folder = RunFolder(run_dir)
         if not folder.video.is_file():
             raise InputError(f"{run_dir}: no video.mp4 (not a worldtrace run folder)")
-        checked = folder.check(frames_for_chunks)  # FolderInconsistent (exit 7) for a contradiction
+        # the model's chunk layout (LingBot: 4 latent frames per chunk); a killed run without summary: MG2's
+        fpc = ((folder.read_summary() or {}).get("config") or {}).get("preset", {}).get("frames_per_chunk", 3)
+        checked = folder.check(lambda n: frames_for_chunks(n, fpc))  # FolderInconsistent (exit 7) for a contradiction
         tower = None
         if level == "all":  # the CLIP tower of the model that made the run (its own preset, even a YAML one)
             summary = folder.read_summary()

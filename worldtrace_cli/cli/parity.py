@@ -1,4 +1,4 @@
-"""``worldtrace parity``: replay an MG2 golden fixture folder against the official outputs."""
+"""``worldtrace parity``: replay an MG2 or LingBot-World golden fixture folder against the official outputs."""
 
 from __future__ import annotations
 
@@ -15,9 +15,14 @@ import click
 @click.option("--compile", "compile_mode", type=click.Choice(["none", "default", "reduce-overhead", "max-autotune"]),
               default="none", show_default=True, help="torch.compile the DiT blocks, as generate does.")
 @click.option("--device", type=click.Choice(["cpu", "cuda"]), default="cpu", show_default=True)
-def parity(folder, rope_precision, compile_mode, device):
-    """Replay FIXTURE_DIR (tests/data/fixtures/...; format in FIXTURES.md) through the product's own
-    rollout in float32 and print the largest deviation per group, last `max_abs_diff=<value>`.
+@click.option("--lingbot", is_flag=True,
+              help="FIXTURE_DIR holds LingBot-World fixtures (the official folder, or tests/data/lingbot); "
+                   "detected from its files when not given.")
+def parity(folder, rope_precision, compile_mode, device, lingbot):
+    """Replay FIXTURE_DIR (tests/data/fixtures/...; format in FIXTURES.md; or LingBot-World fixtures:
+    tests/data/lingbot, or the official folder with main/, nosink_la10/, global/) through the
+    product's own rollout in float32 and print the largest deviation per group, last
+    `max_abs_diff=<value>`.
 
     Exit 0 when it is <= 1e-4, 1 above, 2 for an unreadable folder or bad arguments.
     """
@@ -25,12 +30,20 @@ def parity(folder, rope_precision, compile_mode, device):
 
     from ..errors import WorldtraceError
     from ..parity import TOLERANCE, compare
+    from ..parity_lingbot import compare_lingbot, is_lingbot_fixture
 
     if device == "cuda" and not torch.cuda.is_available():
         click.echo("worldtrace: error: --device cuda: no CUDA device is available", err=True)
         sys.exit(2)
+    lingbot = lingbot or is_lingbot_fixture(folder)
+    if lingbot and compile_mode != "none":
+        click.echo("worldtrace: error: --compile: not available for LingBot-World yet", err=True)
+        sys.exit(2)
     try:
-        diffs = compare(folder, rope_precision, compile_mode, device)
+        if lingbot:
+            diffs = compare_lingbot(folder, rope_precision, device)
+        else:
+            diffs = compare(folder, rope_precision, compile_mode, device)
     except WorldtraceError as exc:
         click.echo(f"worldtrace: error: {exc}", err=True)
         sys.exit(2)

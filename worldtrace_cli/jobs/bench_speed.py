@@ -47,7 +47,7 @@ def speed_benchmark(preset_name: str = "tiny", caches: tuple[str, ...] = ("slidi
     from ..model.conditioning import load_image
     from ..pipeline import Pipeline
     from ..rollout import DecodePipeline, process_rss_bytes
-    from ..trajectory import chunk_rows, frames_for_chunks
+    from ..trajectory import MODES, chunk_rows, frames_for_chunks
 
     if repeats < 1:
         raise ValueError(f"repeats must be >= 1, got {repeats}")
@@ -63,11 +63,11 @@ def speed_benchmark(preset_name: str = "tiny", caches: tuple[str, ...] = ("slidi
         ramp = torch.linspace(0, 255, preset.width).to(torch.uint8).expand(preset.height, -1)
         start_image = Image.fromarray(torch.stack([ramp] * 3, dim=-1).numpy())
     conditioned = pipe.condition(start_image, n_max)
-    kd = preset.dit.action_config.keyboard_dim_in
-    rows_n = frames_for_chunks(n_max)
-    keyboard = torch.zeros(1, rows_n, kd)
+    fpc, spec = preset.frames_per_chunk, MODES[preset.mode]  # the mode's actions (LingBot: they move the camera)
+    rows_n = frames_for_chunks(n_max, fpc)
+    keyboard = torch.zeros(1, rows_n, spec.keyboard_dim)
     keyboard[..., 0] = 1.0  # hold the first key (forward / jump) the whole time
-    mouse = torch.zeros(1, rows_n, 2) if preset.dit.action_config.enable_mouse else None
+    mouse = torch.zeros(1, rows_n, 2) if spec.mouse else None
     phase_names = ("denoise", "context", "cache", "decode") + (("decode_wait",) if overlap_decode and decode else ())
 
     def sync():
@@ -98,7 +98,7 @@ def speed_benchmark(preset_name: str = "tiny", caches: tuple[str, ...] = ("slidi
                 for d in done:
                     timings.append(d.record["timings_s"])
                     if d.record["chunk"] >= warmup_chunks:
-                        start, end = chunk_rows(d.record["chunk"])
+                        start, end = chunk_rows(d.record["chunk"], fpc)
                         frames += end - start
                 if n not in chunk_counts:
                     continue

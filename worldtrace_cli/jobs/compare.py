@@ -192,7 +192,7 @@ def write_keyframes(videos: list[Path], labels: list[str], path: Path, plan, col
     from ..trajectory import chunk_rows
 
     chunks = sorted({round(c) for c in np.linspace(0, plan.num_chunks - 1, min(columns, plan.num_chunks))})
-    picks = [chunk_rows(c)[1] - 1 for c in chunks]
+    picks = [chunk_rows(c, plan.frames_per_chunk)[1] - 1 for c in chunks]
     rows = [read_video_frames(v, indices=picks) for v in videos]  # frames of picks, in order
     h, w = rows[0].shape[1:3]
     label_w, top = 8 * max(len(s) for s in labels) + 10, 14
@@ -262,8 +262,8 @@ def run_compare(trajectory: str | Path, caches: list[str], out_dir: str | Path, 
     for cache in caches:
         build_writer(memory_config(cache, **(memory or {})), 3)
     traj = load_trajectory(trajectory)
-    plan = plan_actions(traj, chunks)
     preset_obj = load_preset(preset or default_preset_name(traj.mode, checkpoint))
+    plan = plan_actions(traj, chunks, preset_obj.frames_per_chunk)
     configs = [RunConfig(preset=preset_obj, trajectory=trajectory, output=out_dir / folder, image=image,
                          chunks=chunks, seed=seed, device=device, dtype=dtype, checkpoint=checkpoint,
                          random_weights=random_weights, memory=memory_config(cache, **(memory or {})),

@@ -48,7 +48,9 @@ def run_generation(cfg, resume: bool = False, pipeline=None) -> dict:
     if not resume:  # absolute paths: a resume may start from another working directory
         cfg = replace(cfg, trajectory=Path(cfg.trajectory).resolve(), output=Path(cfg.output).resolve(),
                       image=None if cfg.image is None else Path(cfg.image).resolve(),
-                      checkpoint=None if cfg.checkpoint is None else Path(cfg.checkpoint).resolve())
+                      checkpoint=None if cfg.checkpoint is None else Path(cfg.checkpoint).resolve(),
+                      poses=None if cfg.poses is None else Path(cfg.poses).resolve(),
+                      intrinsics=None if cfg.intrinsics is None else Path(cfg.intrinsics).resolve())
     inputs = prepare_inputs(cfg)
     folder = RunFolder(cfg.output)
     with folder.lock("generate --resume" if resume else "generate"):
@@ -69,7 +71,10 @@ def _generate(cfg, inputs: RunInputs, folder: RunFolder, resume: bool, pipeline,
         pipeline = Pipeline.from_config(cfg)
     writer = pipeline.build_writer(cfg.memory)
     t0 = time.perf_counter()
-    conditioned = pipeline.condition(inputs.image, plan.num_chunks)
+    if preset.is_lingbot:  # a prompt and camera poses besides the image
+        conditioned = pipeline.condition(inputs.image, plan.num_chunks, inputs.lingbot)
+    else:
+        conditioned = pipeline.condition(inputs.image, plan.num_chunks)
     cond_s = time.perf_counter() - t0
     device = pipeline.device
     if device.type == "cuda":
@@ -87,7 +92,8 @@ def _generate(cfg, inputs: RunInputs, folder: RunFolder, resume: bool, pipeline,
         start, progress, command = restore_run_state(folder, rollout, decoder, scorer, inputs.hashes)
         command = command or sys.argv
         folder.summary_path.unlink(missing_ok=True)
-        records = folder.truncate(start, frames_for_chunks)  # the chunks after the saved one are regenerated
+        layout = lambda n: frames_for_chunks(n, preset.frames_per_chunk)  # noqa: E731
+        records = folder.truncate(start, layout)  # the chunks after the saved one are regenerated
         log.info(f"resuming {folder.path} at chunk {start} of {plan.num_chunks}")
     sinks = RunSinks(folder, preset, plan, scorer, records, progress, start, cfg.progress, writer.name)
     stop = StopFlag().__enter__()  # held until the summary is written: a late Ctrl-C finishes cleanly

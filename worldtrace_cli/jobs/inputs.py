@@ -26,7 +26,9 @@ class RunInputs:
         image: the PIL start image; image_label: its path, or ``world:N``.
         truth: :class:`~worldtrace_cli.world.truth.GroundTruth` for procedural-world presets, else None.
         seed: the noise seed (``--seed``, else the trajectory's, else 0).
-        hashes: ``trajectory_sha256`` and ``image_sha256`` (a resume refuses changed inputs).
+        hashes: ``trajectory_sha256`` and ``image_sha256`` (a resume refuses changed inputs); with
+            LingBot pose files also ``poses_sha256`` / ``intrinsics_sha256``.
+        lingbot: a LingBot preset's :class:`~worldtrace_cli.model.lingbot.inputs.LingbotInputs`, else None.
     """
 
     plan: object
@@ -35,6 +37,7 @@ class RunInputs:
     truth: object
     seed: int
     hashes: dict
+    lingbot: object = None
 
 
 def sha256_file(path: str | Path) -> str:
@@ -96,7 +99,41 @@ def check_inputs(cfg):
     path = cfg.image or (None if cfg.preset.has_world else traj.image)
     if path is not None:
         check_image(path, cfg.preset.height, cfg.preset.width)
+    check_lingbot_options(cfg, traj)
     return traj
+
+
+def lingbot_paths(cfg, traj) -> tuple[str | None, Path | None, Path | None]:
+    """(prompt, poses, intrinsics) of a LingBot run: the flags, else the trajectory's."""
+    return (cfg.prompt if cfg.prompt is not None else traj.prompt, cfg.poses or traj.poses,
+            cfg.intrinsics or traj.intrinsics)
+
+
+def check_lingbot_options(cfg, traj) -> None:
+    """``--prompt`` / ``--poses`` / ``--intrinsics`` belong to LingBot presets; their pose files are
+    validated here (torch-free); ``--metrics all`` needs a CLIP tower, which a LingBot checkpoint
+    folder holds only when the optional CLIP file was added.
+
+    Raises:
+        InputError: one of the flags with an MG2 preset, bad pose or intrinsics files, or
+            ``--metrics all`` with a LingBot checkpoint folder without the CLIP file.
+    """
+    preset = cfg.preset
+    if not preset.is_lingbot:
+        given = [flag for flag, value in (("--prompt", cfg.prompt), ("--poses", cfg.poses),
+                                          ("--intrinsics", cfg.intrinsics)) if value is not None]
+        if given:
+            raise InputError(f"{given[0]}: only LingBot presets take a prompt or camera poses "
+                             f"(preset {preset.name} is {preset.architecture})")
+        return
+    from ..model.lingbot.inputs import load_lingbot_inputs
+
+    load_lingbot_inputs(*lingbot_paths(cfg, traj))
+    clip = preset.files.get("clip")
+    if (cfg.metrics == "all" and preset.weights == "checkpoint" and not cfg.random_weights and clip
+            and cfg.checkpoint is not None and not (Path(cfg.checkpoint) / clip).is_file()):
+        raise InputError(f"--metrics all: needs a CLIP tower for Scene Drift and PAC; LingBot has none: copy {clip} "
+                         f"(Wan2.1 / Matrix-Game-2.0) into {cfg.checkpoint}, or use --metrics fast")
 
 
 def prepare_inputs(cfg) -> RunInputs:
@@ -111,7 +148,7 @@ def prepare_inputs(cfg) -> RunInputs:
     from ..trajectory import plan_actions
 
     preset = cfg.preset
-    plan = plan_actions(traj, cfg.chunks)
+    plan = plan_actions(traj, cfg.chunks, preset.frames_per_chunk)
     for note in plan.notes:
         log.info(note)
     truth = None
@@ -138,4 +175,16 @@ def prepare_inputs(cfg) -> RunInputs:
     if seed < 0:
         raise InputError(f"seed: must be >= 0, got {seed} (from {cfg.trajectory})")
     hashes = {"trajectory_sha256": sha256_file(cfg.trajectory), "image_sha256": image_sha}
-    return RunInputs(plan, image, label, truth, seed, hashes)
+    lingbot = None
+    if preset.is_lingbot:
+        from ..model.lingbot.inputs import load_lingbot_inputs
+
+        prompt, poses, intrinsics = lingbot_paths(cfg, traj)
+        lingbot = load_lingbot_inputs(prompt, poses, intrinsics)
+        if lingbot.poses is not None and len(lingbot.poses) < plan.num_frames:
+            fit = (len(lingbot.poses) + 3) // (4 * preset.frames_per_chunk)
+            raise InputError(f"{poses}: {len(lingbot.poses)} poses, {plan.num_chunks} chunks need one per pixel frame "
+                             f"({plan.num_frames}): " + (f"use --chunks {fit} or fewer" if fit else "too few for one chunk"))
+        hashes.update({f"{name}_sha256": sha256_file(path) for name, path in (("poses", poses),
+                                                                              ("intrinsics", intrinsics)) if path})
+    return RunInputs(plan, image, label, truth, seed, hashes, lingbot)

@@ -78,7 +78,7 @@ class RunSinks:
         for out in outs:
             c, rec = out.record["chunk"], out.record
             self.video.write(out.frames)
-            rec["pixel_frames"] = list(chunk_rows(c))
+            rec["pixel_frames"] = list(chunk_rows(c, self.frames_per_chunk))
             rec["actions"] = self.plan.chunk_actions[c]
             rec["waypoints"] = self.waypoints.get(c, [])
             rec["frames_sha256"] = hashlib.sha256(out.frames.numpy().tobytes()).hexdigest()
@@ -134,7 +134,7 @@ class RunSinks:
         totals, peak = self.progress["totals"], self.progress["peak"]
         # with overlap the decode runs beside the DiT: only the wait for it is on the critical path
         gen_s = sum(v for k, v in totals.items() if k != ("decode" if overlap_decode else "decode_wait"))
-        frames_total = frames_for_chunks(chunks) if chunks else 0
+        frames_total = frames_for_chunks(chunks, self.frames_per_chunk) if chunks else 0
         return {
             "chunks": chunks,
             "latent_frames": chunks * self.frames_per_chunk,

@@ -14,12 +14,19 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from typing import TYPE_CHECKING
+
 import numpy as np
-import torch
 
 from ...errors import InputError
 
+if TYPE_CHECKING:  # torch is imported where tensors are made, so input checks stay light
+    import torch
+
 INTRINSICS_HW = (480, 832)   # the frame size intrinsics.npy is expressed in (spec §10.3 step 4)
+# Without intrinsics.npy: fx = fy = 420 px on the 832 px width (about 90 degrees horizontal field of
+# view, the order of the fixture's ViPE-style example, 420 / 418) and a centred principal point.
+DEFAULT_INTRINSICS = (420.0, 420.0, 416.0, 240.0)
 ROTATION_TOLERANCE = 1e-3    # max |R^T R - I| and |det R - 1| accepted as rigid
 
 
@@ -239,6 +246,8 @@ def ray_embedding(motion: np.ndarray, k: np.ndarray, pixel_hw: tuple[int, int]) 
     emb = np.concatenate([origin, dirs], axis=-1)  # [F, h, w, 6]
     f = len(motion)
     emb = emb.reshape(f, h // 8, 8, w // 8, 8, 6).transpose(5, 2, 4, 0, 1, 3).reshape(1, 384, f, h // 8, w // 8)
+    import torch
+
     return torch.from_numpy(np.ascontiguousarray(emb)).float()
 
 
@@ -260,3 +269,45 @@ def camera_embedding(poses: np.ndarray, intrinsics: np.ndarray, latent_frames: i
     poses, intrinsics = check_poses(poses), check_intrinsics(intrinsics)
     _, resampled = resample_poses(poses, latent_frames)
     return ray_embedding(relative_framewise(resampled), scale_intrinsics(intrinsics[0], pixel_hw), pixel_hw)
+
+
+class CameraTrack:
+    """The camera of a whole rollout, embedded chunk by chunk (spec §10.3).
+
+    Steps 1-3 (resampling to latent frames, frame-to-frame motion, translation normalisation over
+    the whole trajectory) need every pose first and are done here once; steps 5-6 (the per-pixel
+    rays) are per latent frame, so :meth:`chunk` makes only the frames a chunk reads (the whole
+    rollout's tensor at 464x832 is 9.3 MB per latent frame). ``chunk(a, f)`` equals
+    ``camera_embedding(...)[:, :, a:a+f]``.
+
+    Args:
+        c2w: camera-to-world poses [L, 4, 4] of the pixel frames (the kept rows, spec §10.1).
+        intrinsics: [N, 4] in 480x832 pixels (row 0 used), or None for :data:`DEFAULT_INTRINSICS`.
+        latent_frames: lat_f.
+        pixel_hw: (h, w), multiples of 8.
+    Attributes:
+        latent_poses: float64 [lat_f, 4, 4] resampled camera-to-world pose of each latent frame (what
+            cache writers get, :meth:`~worldtrace_cli.memory.base.CacheWriter.set_poses`).
+        motion: float64 [lat_f, 4, 4] normalised frame-to-frame motion; k: scaled [fx, fy, cx, cy].
+    Raises:
+        InputError: invalid poses or intrinsics, or a pixel size that is not a multiple of 8.
+    """
+
+    def __init__(self, c2w: np.ndarray, intrinsics: np.ndarray | None, latent_frames: int,
+                 pixel_hw: tuple[int, int]):
+        if pixel_hw[0] % 8 or pixel_hw[1] % 8:
+            raise InputError(f"camera embedding: pixel size {pixel_hw} must be a multiple of 8")
+        k = check_intrinsics(DEFAULT_INTRINSICS if intrinsics is None else intrinsics)
+        _, self.latent_poses = resample_poses(check_poses(c2w), latent_frames)
+        self.motion = relative_framewise(self.latent_poses)
+        self.k = scale_intrinsics(k[0], pixel_hw)
+        self.pixel_hw = pixel_hw
+
+    @property
+    def num_frames(self) -> int:
+        """Latent frames covered."""
+        return len(self.motion)
+
+    def chunk(self, start: int, frames: int) -> "torch.Tensor":
+        """Camera tensor of latent frames ``start .. start+frames-1``: float32 [1, 384, frames, h/8, w/8]."""
+        return ray_embedding(self.motion[start:start + frames], self.k, self.pixel_hw)

@@ -19,6 +19,7 @@ _IGNORED = {"_class_name", "_diffusers_version", "_name_or_path", "qk_norm", "cr
 TEXT_DIM = 4096          # umT5-XXL width (spec §2.1)
 CAMERA_CHANNELS = 6      # per pixel: ray origin (3) | ray direction (3) (spec §10.3)
 PIXELS_PER_LATENT = 64   # 8 x 8 pixels folded into channels per latent cell (spec §10.3 step 6)
+FRAMES_PER_CHUNK = 4     # latent frames per chunk, the official CLI default (spec §2.2)
 
 
 @dataclass(frozen=True)
@@ -78,3 +79,25 @@ class LingbotConfig:
 
 
 A14B = LingbotConfig()
+
+
+def official_memory(local_attn_size: int, sink_size: int, frames_per_chunk: int = FRAMES_PER_CHUNK) -> dict:
+    """``MemoryConfig`` keyword arguments that reproduce the official cache (spec §7, §14).
+
+    * ``local_attn_size`` -1 (global, the official CLI default): ``full``.
+    * no sink: ``sliding`` with ``budget = W - F`` past latent frames (the newest W - F).
+    * sink s >= 1: ``sink`` with ``budget = W - F`` and ``sink_frames = s`` (frames 0..s-1 plus the
+      newest W - F - s), read at their true offsets (``positions="actual"``: rank-contiguous positions
+      change the output, spec §14).
+
+    Raises:
+        ValueError: a window that cannot hold the sink and one chunk (``W < s + F``, spec §15.7).
+    """
+    if local_attn_size == -1:
+        return {"cache": "full", "positions": "actual"}
+    budget = local_attn_size - frames_per_chunk
+    if budget < sink_size or budget < 0 or (sink_size and budget == sink_size):
+        raise ValueError(f"local_attn_size {local_attn_size} must exceed sink_size {sink_size} + chunk {frames_per_chunk}")
+    if sink_size == 0:
+        return {"cache": "sliding", "budget": budget, "positions": "actual"}
+    return {"cache": "sink", "budget": budget, "sink_frames": sink_size, "positions": "actual"}

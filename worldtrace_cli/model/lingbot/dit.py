@@ -34,6 +34,15 @@ class LingbotRolloutState:
 
     cross_kv: list[tuple[torch.Tensor, torch.Tensor]] | None = None
 
+    def state_dict(self) -> dict:
+        """Nothing to save: the text K/V are recomputed from the prompt on the first call after a
+        resume (deterministic: the same values)."""
+        return {}
+
+    def load_state_dict(self, state: dict) -> None:
+        """Restore :meth:`state_dict`: forget the text K/V (recomputed on the next call)."""
+        self.cross_kv = None
+
 
 @dataclass(kw_only=True)
 class LingbotChunk(CacheView):

@@ -109,3 +109,26 @@ def tiny_umt5(seed: int = 0, d_model: int = 4096, vocab_size: int = 384):
     finally:
         torch.random.set_rng_state(state)
     return model.eval()
+
+
+class ByteTokenizer:
+    """A stand-in tokenizer for the random ``tiny_umt5`` encoder (``lingbot-tiny``, ``--random-weights``):
+    UTF-8 bytes of the prompt, each id ``2 + byte % (vocab_size - 2)``, then EOS (1), padded with 0 to
+    ``max_length`` (truncated to ``max_length - 1`` bytes). Called like a transformers tokenizer
+    (``tok([text], padding="max_length", truncation=True, max_length=512, return_tensors="pt")``);
+    returns an object with ``input_ids`` and ``attention_mask`` int64 [1, max_length]. Not the
+    umT5 vocabulary: random encoders only.
+    """
+
+    def __init__(self, vocab_size: int = 384):
+        self.vocab_size = vocab_size
+
+    def __call__(self, texts, max_length: int = TEXT_LEN, **_):
+        from types import SimpleNamespace
+
+        ids = [2 + b % (self.vocab_size - 2) for b in texts[0].encode("utf-8")][:max_length - 1] + [1]
+        input_ids = torch.zeros(1, max_length, dtype=torch.int64)
+        input_ids[0, :len(ids)] = torch.tensor(ids)
+        mask = torch.zeros(1, max_length, dtype=torch.int64)
+        mask[0, :len(ids)] = 1
+        return SimpleNamespace(input_ids=input_ids, attention_mask=mask)

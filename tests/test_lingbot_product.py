@@ -1,0 +1,188 @@
+"""LingBot-World in the product: preset dispatch, ``generate --preset lingbot-tiny`` end to end
+(CliRunner, CPU), the camera the trajectory's actions drive (shapes and the OpenCV convention of the
+spec's poses.npy), pose files from a trajectory, one-line errors for bad poses / intrinsics, and
+``worldtrace parity`` replaying the fixtures through the product's rollout."""
+
+import json
+import re
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from click.testing import CliRunner
+
+from worldtrace_cli.cli import main
+from worldtrace_cli.config import RunConfig, default_cache, load_preset
+from worldtrace_cli.errors import InputError
+from worldtrace_cli.model.lingbot.inputs import LingbotInputs
+from worldtrace_cli.outputs import probe_video, read_jsonl
+from worldtrace_cli.trajectory import load_trajectory, plan_actions
+
+ROOT = Path(__file__).parent.parent
+ABA = ROOT / "trajectories" / "aba.yaml"
+DATA = ROOT / "tests" / "data" / "lingbot"
+
+
+def invoke(*args):
+    return CliRunner().invoke(main, [*map(str, args)])
+
+
+def one_line_error(result, code=2):
+    assert result.exit_code == code, result.output
+    lines = [ln for ln in result.output.strip().splitlines() if ln.startswith("worldtrace: error:")]
+    assert len(lines) == 1 and "Traceback" not in result.output, result.output
+    return lines[0]
+
+
+@pytest.fixture(scope="module")
+def pipe():
+    from worldtrace_cli.pipeline import Pipeline
+
+    return Pipeline.from_preset(load_preset("lingbot-tiny"), device="cpu")
+
+
+def test_presets_declare_their_architecture_and_official_cache():
+    tiny, fast, mg2 = load_preset("lingbot-tiny"), load_preset("lingbot-fast"), load_preset("tiny")
+    assert (tiny.architecture, fast.architecture, mg2.architecture) == ("lingbot", "lingbot", "mg2")
+    assert (tiny.frames_per_chunk, fast.frames_per_chunk, fast.dit.num_layers) == (4, 4, 40)
+    assert default_cache(tiny) == {"cache": "sink", "budget": 14, "sink_frames": 6, "positions": "actual"}
+    assert default_cache(mg2) == {"cache": "sliding"}
+
+
+def test_bad_architecture_and_window_are_one_line_errors(tmp_path):
+    text = (ROOT / "worldtrace_cli" / "presets" / "lingbot-tiny.yaml").read_text()
+    (tmp_path / "a.yaml").write_text(text.replace("architecture: lingbot", "architecture: sora"))
+    (tmp_path / "w.yaml").write_text(text.replace("local_attn_size: 18", "local_attn_size: 10"))
+    with pytest.raises(InputError, match="architecture: must be one of mg2, lingbot"):
+        load_preset(str(tmp_path / "a.yaml"))
+    with pytest.raises(InputError, match="local_attn_size 10 must exceed sink_size 6"):
+        load_preset(str(tmp_path / "w.yaml"))
+
+
+def test_from_preset_dispatches_on_architecture(pipe):
+    from worldtrace_cli.lingbot_pipeline import LingbotPipeline
+    from worldtrace_cli.model.lingbot.dit import LingbotDiT
+
+    assert isinstance(pipe, LingbotPipeline) and isinstance(pipe.world.dit, LingbotDiT)
+    assert (pipe.frames_per_chunk, pipe.latent_hw, pipe.default_budget, pipe.window) == (4, (12, 22), 14, 18)
+
+
+def test_actions_drive_the_camera_in_the_spec_convention(pipe):
+    """aba's forward walk, then a right pan: the motion model's poses, one per pixel frame, become
+    camera-to-world matrices (OpenCV: z forward, x right); latent frame k takes pixel frame 4k."""
+    from worldtrace_cli.world.motion import camera_to_world, frame_poses, latent_frame_poses
+
+    plan = plan_actions(load_trajectory(ABA), 2, frames_per_chunk=4)
+    assert plan.num_frames == 29 and plan.keyboard.shape == (29, 4)
+    track = pipe.camera(plan.keyboard[None], plan.mouse[None], LingbotInputs())
+    assert track.latent_poses.shape == (8, 4, 4) and track.num_frames == 8
+    want = camera_to_world(latent_frame_poses(frame_poses("universal", plan.keyboard, plan.mouse), 8)).numpy()
+    np.testing.assert_allclose(track.latent_poses, want, atol=1e-12)
+    t = track.motion[1:, :3, 3]  # walking forward: unit steps along the previous camera's +z
+    np.testing.assert_allclose(t, np.tile([0.0, 0.0, 1.0], (7, 1)), atol=1e-9)
+    assert tuple(track.chunk(4, 4).shape) == (1, 384, 4, 12, 22)
+    mouse = torch.zeros(29, 2)
+    mouse[:, 1] = 0.1  # camera_r: yaw right
+    pan = pipe.camera(torch.zeros(1, 29, 4), mouse[None], LingbotInputs())
+    forward = pan.motion[1, :3, :3] @ np.array([0.0, 0.0, 1.0])
+    assert forward[0] > 0.1 and abs(forward[1]) < 1e-9  # the new view direction turns towards +x (right)
+
+
+@pytest.mark.slow
+def test_generate_lingbot_tiny_writes_the_usual_run_folder(tmp_path, one_thread):
+    out = tmp_path / "run"
+    result = invoke("generate", "--no-progress", "--preset", "lingbot-tiny", ABA, "--cache", "landmark",
+                    "--chunks", "2", "--prompt", "a quiet street", "-o", out)
+    assert result.exit_code == 0, result.output
+    assert {"video.mp4", "chunks.jsonl", "summary.json", "cache_timeline.png"} <= {p.name for p in out.iterdir()}
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["status"] == "complete" and summary["config"]["prompt"] == "a quiet street"
+    assert summary["totals"]["pixel_frames"] == 29 and summary["totals"]["latent_frames"] == 8
+    assert summary["cache"]["cache"] == "landmark" and summary["cache"]["trained_offset"] == 17
+    records = read_jsonl(out / "chunks.jsonl")
+    assert [r["latent_frames"] for r in records] == [[0, 4], [4, 8]]
+    assert [r["pixel_frames"] for r in records] == [[0, 13], [13, 29]]
+    assert records[1]["cache"]["slots"][-1]["frames"] == [3]
+    assert probe_video(out / "video.mp4")["frames"] == 29
+
+
+def _poses(n=40):
+    p = np.tile(np.eye(4, dtype=np.float32), (n, 1, 1))
+    p[:, 2, 3] = np.arange(n) * 0.1
+    return p
+
+
+@pytest.mark.parametrize("bad, message", [
+    (np.zeros((40, 3, 4), np.float32), r"expected camera-to-world poses of shape \[N, 4, 4\], got \[40, 3, 4\]"),
+    ("nan", "row 5 contains NaN or inf"),
+    ("scaled", "row 0 rotation is not rigid"),
+])
+def test_bad_poses_are_one_line_errors_before_the_model_loads(tmp_path, bad, message):
+    poses = _poses()
+    if isinstance(bad, str) and bad == "nan":
+        poses[5, 0, 3] = np.nan
+    elif isinstance(bad, str):
+        poses[:, :3, :3] *= 1.5
+    else:
+        poses = bad
+    np.save(tmp_path / "poses.npy", poses)
+    line = one_line_error(invoke("generate", "--preset", "lingbot-tiny", ABA, "--poses", tmp_path / "poses.npy",
+                                 "-o", tmp_path / "out"))
+    assert "poses.npy" in line and re.search(message, line), line
+    assert not (tmp_path / "out").exists()
+
+
+def test_bad_intrinsics_too_few_poses_and_mg2_flags_are_one_line_errors(tmp_path):
+    np.save(tmp_path / "k.npy", np.array([[-420.0, 418.0, 415.5, 240.2]]))
+    np.save(tmp_path / "short.npy", _poses(20))
+    line = one_line_error(invoke("generate", "--preset", "lingbot-tiny", ABA, "--intrinsics", tmp_path / "k.npy"))
+    assert "k.npy: row 0 has a non-positive focal length" in line
+    line = one_line_error(invoke("generate", "--preset", "lingbot-tiny", ABA, "--chunks", "2", "--poses",
+                                 tmp_path / "short.npy", "-o", tmp_path / "o"))
+    assert "20 poses, 2 chunks need one per pixel frame (29): use --chunks 1 or fewer" in line
+    line = one_line_error(invoke("generate", "--preset", "tiny", ABA, "--poses", tmp_path / "short.npy"))
+    assert "--poses: only LingBot presets take" in line
+
+
+def test_trajectory_points_to_lingbot_pose_files(tmp_path):
+    from worldtrace_cli.jobs.inputs import prepare_inputs
+
+    np.save(tmp_path / "poses.npy", _poses(40))
+    np.save(tmp_path / "intrinsics.npy", np.array([[420.0, 418.0, 415.5, 240.2]] * 2))
+    text = ABA.read_text().replace("image: ../assets", f"image: {ROOT}/assets")
+    (tmp_path / "t.yaml").write_text(text + "prompt: a loop\nposes: poses.npy\nintrinsics: intrinsics.npy\n")
+    cfg = RunConfig(preset=load_preset("lingbot-tiny"), trajectory=tmp_path / "t.yaml", output=tmp_path / "o",
+                    chunks=2)
+    inputs = prepare_inputs(cfg)
+    assert inputs.lingbot.prompt == "a loop" and inputs.lingbot.poses.shape == (40, 4, 4)
+    assert inputs.lingbot.intrinsics.shape == (2, 4) and "poses_sha256" in inputs.hashes
+    assert inputs.plan.frames_per_chunk == 4 and inputs.plan.num_frames == 29
+
+
+@pytest.mark.slow
+def test_parity_command_replays_the_fixtures_through_the_product_rollout(one_thread):
+    result = invoke("parity", DATA)
+    assert result.exit_code == 0, result.output
+    lines = dict(ln.split(": ") for ln in result.output.splitlines() if ": max_abs_diff=" in ln)
+    assert set(lines) == {f"{v}/{k}" for v in ("main", "nosink_la10", "global") for k in ("x0", "latents")}
+    assert float(result.output.strip().splitlines()[-1].split("=")[1]) <= 1e-4
+
+
+def test_missing_or_wrong_checkpoint_files_are_one_line_errors(tmp_path):
+    import shutil
+
+    line = one_line_error(invoke("generate", "--preset", "lingbot-fast", ABA, "-o", tmp_path / "a"))
+    assert "needs --checkpoint DIR" in line
+    line = one_line_error(invoke("generate", "--preset", "lingbot-fast", ABA, "--checkpoint", tmp_path,
+                                 "-o", tmp_path / "b"), 3)
+    assert "missing transformers, Wan2.1_VAE.pth, text_encoder, google/umt5-xxl" in line
+    (tmp_path / "transformers").mkdir()
+    shutil.copy(DATA / "tiny_config.json", tmp_path / "transformers" / "config.json")
+    shutil.copy(DATA / "tiny_weights.safetensors", tmp_path / "transformers")
+    (tmp_path / "Wan2.1_VAE.pth").write_bytes(b"")
+    (tmp_path / "text_encoder").mkdir()
+    (tmp_path / "google" / "umt5-xxl").mkdir(parents=True)
+    line = one_line_error(invoke("generate", "--preset", "lingbot-fast", ABA, "--checkpoint", tmp_path,
+                                 "-o", tmp_path / "c"), 3)
+    assert "transformers/config.json: does not describe preset lingbot-fast's model" in line

@@ -1,0 +1,136 @@
+"""Replay the LingBot-World golden fixtures through the product's rollout (``worldtrace parity``).
+
+Two folder layouts are read (``lingbot-architecture.md`` fixtures README):
+
+* the official fixture folder (``tiny_config.json``, ``tiny_weights.safetensors``,
+  ``tiny_inputs.safetensors``, ``tiny_run_inputs.safetensors``, ``action_path/poses.npy`` and
+  ``intrinsics.npy``, and one folder per variant with ``run_config.json`` and
+  ``tiny_outputs.safetensors``);
+* the repository's extract of it, ``tests/data/lingbot`` (``tiny_data.safetensors``, written by its
+  ``make_test_data.py``): the same inputs and every variant's x0 and final latents.
+
+Each variant (``main`` window 18 sink 6, ``nosink_la10``, ``global``) runs its 8 chunks through
+:class:`~worldtrace_cli.lingbot_rollout.LingbotRollout` with the official cache as one of our writers
+(:func:`~worldtrace_cli.model.lingbot.config.official_memory`), the camera from the pose files
+(:class:`~worldtrace_cli.model.lingbot.camera.CameraTrack`), the stored text context, VAE latent and
+noise draws, in float32; every denoising call's x0 and the final latents are compared.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from .errors import InputError
+from .model.checkpoint import read_state_dict
+
+TOLERANCE = 1e-4
+LINGBOT_VARIANTS = {"main": (18, 6), "nosink_la10": (10, 0), "global": (-1, 0)}  # the extract's settings
+FRAME_NUM = 137  # video frames the fixtures requested (their run_config.json)
+
+
+def is_lingbot_fixture(folder: str | Path) -> bool:
+    """True for a LingBot fixture folder of either layout."""
+    folder = Path(folder)
+    return (folder / "tiny_data.safetensors").is_file() or (folder / "tiny_run_inputs.safetensors").is_file()
+
+
+def _need(path: Path) -> Path:
+    if not path.is_file():
+        raise InputError(f"{path}: file not found (not a LingBot fixture folder?)")
+    return path
+
+
+def load_lingbot_fixture(folder: str | Path) -> tuple[dict, dict]:
+    """(inputs, variants) of a fixture folder: inputs ``text_context`` [12, 4096], ``vae_latent``
+    [16, 32, 4, 8], ``poses`` [140, 4, 4], ``intrinsics`` [140, 4], ``noise``, ``add_noise_draws``,
+    ``frame_num``; variants ``name -> (local_attn_size, sink_size, {"c{c}_s{s}_x0": [16, 4, 4, 8],
+    "output_latents": [16, 32, 4, 8]})``.
+
+    Raises:
+        InputError: a file is missing; CheckpointError: one is unreadable.
+    """
+    folder = Path(folder)
+    if (folder / "tiny_data.safetensors").is_file():
+        data = read_state_dict(folder / "tiny_data.safetensors")
+        inputs = {k: data[k] for k in ("text_context", "vae_latent", "poses", "intrinsics", "noise", "add_noise_draws")}
+        inputs["frame_num"] = FRAME_NUM
+        variants = {name: (w, s, {k.split("/", 1)[1]: v for k, v in data.items() if k.startswith(name + "/")
+                                  and (k.endswith("_x0") or k.endswith("/output_latents"))})
+                    for name, (w, s) in LINGBOT_VARIANTS.items()}
+        return inputs, variants
+    raw = read_state_dict(_need(folder / "tiny_inputs.safetensors"))
+    run = read_state_dict(_need(folder / "tiny_run_inputs.safetensors"))
+    poses = np.load(_need(folder / "action_path" / "poses.npy"), allow_pickle=False)
+    intrinsics = np.load(_need(folder / "action_path" / "intrinsics.npy"), allow_pickle=False)
+    inputs = {"text_context": raw["text_context"], "vae_latent": raw["vae_latent"], "poses": torch.from_numpy(poses),
+              "intrinsics": torch.from_numpy(intrinsics), "noise": run["noise"],
+              "add_noise_draws": run["add_noise_draws"]}
+    variants = {}
+    for sub in sorted(p for p in folder.iterdir() if (p / "run_config.json").is_file()):
+        cfg = json.loads((sub / "run_config.json").read_text())
+        out = read_state_dict(_need(sub / "tiny_outputs.safetensors"))
+        wanted = {k[len("call_"):]: v for k, v in out.items() if k.startswith("call_c") and k.endswith("_x0")}
+        wanted["output_latents"] = out["output_latents"]
+        variants[sub.name] = (cfg["local_attn_size"], cfg["sink_size"], wanted)
+        inputs["frame_num"] = cfg["frame_num_requested"]
+    if not variants:
+        raise InputError(f"{folder}: no variant folder with run_config.json")
+    return inputs, variants
+
+
+def replay_variant(model, inputs: dict, local_attn_size: int, sink_size: int, device: str = "cpu"):
+    """One fixture rollout through :class:`LingbotRollout`; returns (x0 per ``"c{c}_s{s}_x0"``, latents
+    [16, lat_f, lh, lw]) on the CPU."""
+    from .lingbot_rollout import LingbotRollout
+    from .memory import MemoryConfig, build_writer
+    from .model.conditioning import ConditioningLatents
+    from .model.lingbot.camera import CameraTrack, frame_counts
+    from .model.lingbot.config import official_memory
+
+    lat = inputs["vae_latent"]
+    lh, lw = lat.shape[2:]
+    kept, lat_f, _ = frame_counts(len(inputs["poses"]), inputs["frame_num"])
+    track = CameraTrack(inputs["poses"].numpy()[:kept], inputs["intrinsics"].numpy(), lat_f, (8 * lh, 8 * lw))
+    writer = build_writer(MemoryConfig(**official_memory(local_attn_size, sink_size)), 0)
+    noise, draws = inputs["noise"], inputs["add_noise_draws"]
+
+    def stored(c, s, shape):
+        return noise[None, :, 4 * c:4 * c + 4] if s == 0 else draws[c, s - 1][None]
+
+    x0s = {}
+    rollout = LingbotRollout(model, writer, ConditioningLatents(lat[None, :, :lat_f]), inputs["text_context"], track,
+                             0, torch.device(device), (lh, lw), window=local_attn_size if local_attn_size > 0 else 18,
+                             noise=stored, on_step=lambda c, s, x0: x0s.__setitem__(f"c{c}_s{s}_x0", x0[0].cpu()),
+                             poses=torch.from_numpy(track.latent_poses))
+    latents = torch.cat([rollout.step().latents for _ in range(lat_f // 4)], dim=2)[0].cpu()
+    return x0s, latents
+
+
+def compare_lingbot(folder: str | Path, rope_precision: str = "float32", device: str = "cpu") -> dict[str, float]:
+    """Largest |difference| per variant (``<variant>/x0`` over every denoising call,
+    ``<variant>/latents``) between the product's replay and the official outputs.
+
+    Raises:
+        InputError / CheckpointError: an incomplete or unreadable folder.
+    """
+    from .model.dit import ROPE_PRECISIONS
+    from .model.lingbot.checkpoint import load_lingbot_dit
+
+    folder = Path(folder)
+    model = load_lingbot_dit(_need(folder / "tiny_config.json"), weights=_need(folder / "tiny_weights.safetensors"),
+                             device=device)
+    model.rope.precision = ROPE_PRECISIONS[rope_precision]
+    inputs, variants = load_lingbot_fixture(folder)
+    diffs = {}
+    for name, (window, sink, want) in variants.items():
+        x0s, latents = replay_variant(model, inputs, window, sink, device)
+        missing = sorted(set(k for k in want if k != "output_latents") - set(x0s))
+        if missing:
+            raise InputError(f"{folder}: variant {name} expects calls this replay did not make: {', '.join(missing[:4])}")
+        diffs[f"{name}/x0"] = max((x0s[k] - v).abs().max().item() for k, v in want.items() if k != "output_latents")
+        diffs[f"{name}/latents"] = (latents - want["output_latents"]).abs().max().item()
+    return diffs
