@@ -90,7 +90,7 @@ def test_actions_drive_the_camera_in_the_spec_convention(pipe):
 
 
 @pytest.mark.slow
-def test_generate_lingbot_tiny_writes_the_usual_run_folder(tmp_path, one_thread):
+def test_generate_lingbot_tiny_writes_the_usual_run_folder(tmp_path, one_thread, valid):
     out = tmp_path / "run"
     result = invoke("generate", "--no-progress", "--preset", "lingbot-tiny", ABA, "--cache", "landmark",
                     "--chunks", "2", "--prompt", "a quiet street", "-o", out)
@@ -103,7 +103,9 @@ def test_generate_lingbot_tiny_writes_the_usual_run_folder(tmp_path, one_thread)
     records = read_jsonl(out / "chunks.jsonl")
     assert [r["latent_frames"] for r in records] == [[0, 4], [4, 8]]
     assert [r["pixel_frames"] for r in records] == [[0, 13], [13, 29]]
-    assert records[1]["cache"]["slots"][-1]["frames"] == [3]
+    assert records[1]["cache"]["slots"][-1]["frames"][-1] == [2, 3]  # the newest verbatim frames 2, 3
+    valid(out / "chunks.jsonl", "chunk-record")
+    valid(summary, "summary")
     assert probe_video(out / "video.mp4")["frames"] == 29
 
 
