@@ -174,3 +174,17 @@ def test_metrics_all_uses_the_runs_own_preset_even_a_yaml_one(tmp_path, valid):
     (run / "summary.json").unlink()
     line = one_line_error(CliRunner().invoke(main, ["metrics", str(run), "--level", "all"]), 2)
     assert "no saved state" in line
+
+
+def test_the_documented_preset_example_runs(tmp_path):
+    """docs/presets.md's minimal preset is a valid preset YAML that generates."""
+    import re
+
+    text = (ROOT / "docs" / "presets.md").read_text()
+    preset = tmp_path / "mine.yaml"
+    preset.write_text(re.search(r"```yaml\n(.*?)```", text, re.S).group(1))
+    out = tmp_path / "o"
+    result = generate("--image", IMAGE, ROOT / "trajectories" / "gta_drive_loop.yaml", "--preset", preset,
+                      "--chunks", 1, "--metrics", "none", "-o", out)
+    assert result.exit_code == 0, result.output
+    assert json.loads((out / "summary.json").read_text())["config"]["preset"]["mode"] == "gta_drive"
