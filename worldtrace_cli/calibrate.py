@@ -44,7 +44,7 @@ def view_changes(run_dir: Path) -> dict[int, float] | None:
     """True view change (degrees, module docstring) of every latent frame f >= 1 of a procedural-world
     run, from its trajectory and the one motion model; None for other runs."""
     from .trajectory import load_trajectory, plan_actions
-    from .metrics import _wrap_deg
+    from .revisit import _wrap_deg
     from .world.motion import plan_frame_poses
 
     path = Path(run_dir) / "summary.json"

@@ -1,4 +1,4 @@
-"""A loaded LingBot-World model behind the :class:`~worldtrace_cli.pipeline.Pipeline` interface.
+"""A loaded LingBot-World model behind the :class:`~worldtrace_cli.runtime.PipelineBase` interface.
 
 ``Pipeline.from_preset`` returns a :class:`LingbotPipeline` for a preset with ``architecture:
 lingbot``; the jobs call the same methods as for MG2 (``build_writer``, ``condition``, ``rollout``,
@@ -20,7 +20,7 @@ import torch
 
 from .errors import InputError
 from .model.lingbot.inputs import LingbotInputs
-from .pipeline import ModelKey, Pipeline, resolve_device, resolve_dtype
+from .runtime import ModelKey, PipelineBase, resolve_device, resolve_dtype
 
 log = logging.getLogger("worldtrace")
 
@@ -36,11 +36,11 @@ class LingbotConditioned:
     inputs: LingbotInputs
 
 
-class LingbotPipeline(Pipeline):
+class LingbotPipeline(PipelineBase):
     """A LingBot preset's DiT, VAE, umT5 encoder (and optional CLIP tower for metrics), loaded once.
 
     ``world`` is a :class:`~worldtrace_cli.model.lingbot.world.LingbotWorld`; other attributes as
-    :class:`~worldtrace_cli.pipeline.Pipeline`.
+    :class:`~worldtrace_cli.runtime.PipelineBase`.
     """
 
     @classmethod

@@ -20,12 +20,13 @@ imports every module in it, so nothing else is edited; the contract tests pick t
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
 from typing import ClassVar, Sequence
 
 import torch
 
 from ..config import MemoryConfig  # noqa: F401  (defined torch-free beside RunConfig; re-exported)
+from .positions import SCHEMES
+from .slots import CacheGeometry, Slot  # noqa: F401  (re-exported)
 
 WRITERS: dict[str, type["CacheWriter"]] = {}
 EXAMPLES: dict[str, str] = {}  # writer name -> a runnable ``--cache`` spec (``mixed`` -> ``mixed:2``)
@@ -56,63 +57,6 @@ def example_specs() -> list[str]:
 def descriptions() -> dict[str, str]:
     """Writer name -> one-line description (first docstring line) for CLI help, sorted by name."""
     return {name: (WRITERS[name].__doc__ or "").strip().splitlines()[0] for name in sorted(WRITERS)}
-
-
-@dataclass(frozen=True)
-class CacheGeometry:
-    """Shapes of what a writer stores: per layer, slots of ``tokens_per_frame`` tokens x heads x head_dim."""
-
-    num_layers: int
-    heads: int
-    head_dim: int
-    tokens_per_frame: int
-    frames_per_chunk: int = 3
-    trained_offset: int = 5  # largest temporal offset seen in training: local_attn_size - 1
-    device: str | torch.device = "cpu"
-    dtype: torch.dtype = torch.float32
-
-
-ROLES = ("summary", "recent")
-
-
-@dataclass(frozen=True)
-class Slot:
-    """One past slot as the model reads it this chunk.
-
-    Attributes:
-        kind: what the slot holds: ``recent`` (verbatim recent frame of a WorldTrace writer),
-            ``past`` (verbatim frame of the sliding/full/yarn baselines), ``field`` (canonical mean
-            of a group), ``naive`` (mean of rotated keys), ``landmark``, ``sink`` or ``ema``.
-        frames: source latent-frame ids (absolute indices), oldest first.
-        role: ``summary`` (stands for history outside the recent window: averages, landmarks,
-            sinks, EMA streams) or ``recent`` (a verbatim frame of the newest window). Position
-            schemes use the role, never the kind (Def. 1: summary slots rank before recent ones).
-        time: the slot's own timestamp in latent frames when it is not the mean of ``frames``
-            (e.g. an EMA's weighted time); None otherwise.
-    Raises:
-        ValueError: ``role`` is not one of :data:`ROLES`.
-    """
-
-    kind: str
-    frames: tuple[int, ...]
-    role: str
-    time: float | None = None
-
-    def __post_init__(self):
-        if self.role not in ROLES:
-            raise ValueError(f"Slot role must be one of {ROLES}, got {self.role!r}")
-
-    @property
-    def centroid(self) -> float:
-        """The slot's timestamp: ``time`` if set, else the mean source latent-frame index."""
-        if self.time is not None:
-            return self.time
-        return sum(self.frames) / len(self.frames)
-
-    @property
-    def is_recent(self) -> bool:
-        """``role == "recent"`` (kept for callers written before roles existed)."""
-        return self.role == "recent"
 
 
 def refuse(config: MemoryConfig, writer: str, why: str, **flags: str) -> None:
@@ -275,8 +219,6 @@ class CacheWriter:
     def positions(self) -> torch.Tensor:
         """Virtual temporal positions [S] (float64 latent-frame offsets from ``frame_start``)."""
         if self._positions is None:
-            from .positions import SCHEMES
-
             self._positions = SCHEMES[self.positions_scheme](self.slots(), self.frame_start, self.geometry)
         return self._positions
 

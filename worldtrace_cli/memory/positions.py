@@ -29,7 +29,7 @@ from typing import Callable, Sequence
 
 import torch
 
-from .base import CacheGeometry, Slot
+from .slots import CacheGeometry, Slot
 
 
 def _offsets(values) -> torch.Tensor:

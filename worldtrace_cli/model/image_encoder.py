@@ -16,7 +16,7 @@ import torch.nn.functional as F
 from transformers import CLIPVisionConfig, CLIPVisionModelWithProjection
 
 from ..errors import CheckpointError
-from .checkpoint import check_state_dict, read_state_dict
+from .weights import check_state_dict, read_state_dict
 
 OPENAI_CLIP_MEAN = (0.48145466, 0.4578275, 0.40821073)
 OPENAI_CLIP_STD = (0.26862954, 0.26130258, 0.27577711)

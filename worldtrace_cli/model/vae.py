@@ -18,7 +18,7 @@ from diffusers import AutoencoderKLWan
 from diffusers.loaders.single_file_utils import convert_wan_vae_to_diffusers
 from diffusers.models.autoencoders.autoencoder_kl_wan import WanCausalConv3d
 
-from .checkpoint import check_state_dict, read_state_dict
+from .weights import check_state_dict, read_state_dict
 
 WAN_LATENT_MEAN: tuple[float, ...] = (
     -0.7571, -0.7089, -0.9113, 0.1075, -0.1745, 0.9653, -0.1517, 1.5508,

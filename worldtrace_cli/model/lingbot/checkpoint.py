@@ -14,7 +14,7 @@ from pathlib import Path
 import torch
 
 from ...errors import CheckpointError
-from ..checkpoint import check_state_dict, read_json, read_state_dict
+from ..weights import check_state_dict, read_json, read_state_dict
 from .config import LingbotConfig
 from .dit import LingbotDiT
 

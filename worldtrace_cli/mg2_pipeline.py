@@ -1,0 +1,118 @@
+"""A loaded Matrix-Game-2.0 model with its speed settings, ready to condition and roll out (design.md §2).
+
+:class:`MG2Pipeline` owns the preset's networks on one device and dtype
+(:func:`~worldtrace_cli.model.checkpoint.load_world_model`), the speed settings applied to them once
+(RoPE precision, ``torch.compile``), the model's geometry (latent grid from the VAE's spatial factor,
+tokens per latent frame from the DiT's patch size, latent channels, frames per chunk) and the image
+conditioning. Jobs get it from :class:`worldtrace_cli.pipeline.Pipeline`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from .errors import InputError
+from .runtime import ModelKey, PipelineBase, log, resolve_device, resolve_dtype
+
+
+@dataclass
+class Conditioned:
+    """A start image encoded for one rollout: ``latents`` (cond_concat source, see
+    :class:`~worldtrace_cli.model.conditioning.ConditioningLatents`) and ``visual_context``
+    float32 [1, 257, clip_dim] CLIP tokens."""
+
+    latents: object
+    visual_context: torch.Tensor
+
+
+class MG2Pipeline(PipelineBase):
+    """An MG2 preset's DiT, VAE and CLIP tower loaded once, with fixed speed settings.
+
+    ``world`` is a :class:`~worldtrace_cli.model.checkpoint.WorldModel`; other attributes as
+    :class:`~worldtrace_cli.runtime.PipelineBase`.
+    """
+
+    @classmethod
+    def from_preset(cls, preset, checkpoint=None, random_weights: bool = False, weights_seed: int = 0,
+                    device: str = "auto", dtype: str = "auto", rope_precision: str = "float32",
+                    compile_mode: str = "none", hash_checkpoint: bool = False, key: ModelKey | None = None
+                    ) -> "MG2Pipeline":
+        """Load ``preset``'s networks (official folder ``checkpoint``, its bundle, or seeded random
+        weights) on ``device`` in ``dtype`` and apply the speed settings.
+
+        Raises:
+            InputError: bad device/dtype/precision/compile mode, a checkpoint preset without a folder.
+            CheckpointError: missing or mismatched checkpoint files.
+        """
+        import time
+
+        from .model.checkpoint import load_world_model
+        from .model.dit import COMPILE_MODES, ROPE_PRECISIONS, configure_speed
+
+        if rope_precision not in ROPE_PRECISIONS:
+            raise InputError(f"--rope-precision: must be one of {', '.join(ROPE_PRECISIONS)}, got {rope_precision!r}")
+        if compile_mode not in COMPILE_MODES:
+            raise InputError(f"--compile: must be one of {', '.join(COMPILE_MODES)}, got {compile_mode!r}")
+        dev = resolve_device(device)
+        dt = resolve_dtype(dtype, dev)
+        start = time.perf_counter()
+        world = load_world_model(preset, checkpoint, random_weights, weights_seed, dev, dt, hash_checkpoint)
+        configure_speed(world.dit, rope_precision, compile_mode)
+        if compile_mode != "none":
+            log.info(f"--compile {compile_mode}: the first chunk includes compiling the DiT blocks")
+        return cls(preset, world, dev, dt, rope_precision, compile_mode, key, time.perf_counter() - start)
+
+    @property
+    def default_budget(self) -> int:
+        """MG2's own past slots: the attention window minus the current chunk's latent frames."""
+        return self.world.dit.cfg.local_attn_size - self.frames_per_chunk
+
+    # -- per-run work ---------------------------------------------------------------------------
+    @torch.no_grad()
+    def condition(self, pil_image, num_chunks: int) -> Conditioned:
+        """Encode a PIL start image (resized and centre-cropped to the preset) for a rollout of
+        ``num_chunks`` chunks.
+
+        Raises:
+            InputError: an image too small for the preset's crop.
+        """
+        from .model.conditioning import build_conditioning, preprocess_image
+
+        image = preprocess_image(pil_image, self.preset.height, self.preset.width).to(self.device, self.dtype)
+        latents, visual_context = build_conditioning(image, self.world.vae, self.world.clip,
+                                                     num_chunks * self.frames_per_chunk)
+        return Conditioned(latents, visual_context)
+
+    def rollout(self, writer, conditioned: Conditioned, keyboard: torch.Tensor, mouse: torch.Tensor | None,
+                seed: int, noise=None, on_step=None):
+        """A fresh :class:`~worldtrace_cli.rollout.Rollout` of this model through ``writer`` (reset).
+
+        Args:
+            keyboard: [1, R, keyboard_dim] action rows (pixel frames); mouse: [1, R, 2] or None.
+            seed: noise seed (chunk c draws from ``chunk_generator(seed, c)``).
+        """
+        from .model.sampler import FlowMatchSchedule
+        from .rollout import Rollout
+
+        schedule = FlowMatchSchedule(self.preset.denoising_steps, self.preset.timestep_shift)
+        return Rollout(self.world.dit, writer, conditioned.latents, conditioned.visual_context, keyboard, mouse,
+                       schedule, seed, self.device, self.latent_hw, self.frames_per_chunk, noise=noise,
+                       on_step=on_step, poses=self.latent_poses(keyboard, mouse))
+
+    def latent_poses(self, keyboard: torch.Tensor, mouse: torch.Tensor | None) -> torch.Tensor:
+        """Camera-to-world pose of every latent frame the actions reach, by the one motion model.
+
+        Args:
+            keyboard: [1, R, keyboard_dim] action rows; mouse: [1, R, 2] or None.
+        Returns:
+            float64 [N, 4, 4] (OpenCV axes), N = 1 + (R - 1) // 4 latent frames for R pixel frames.
+        """
+        from .world.motion import camera_to_world, frame_poses, latent_frame_poses
+
+        pixel = frame_poses(self.preset.mode, keyboard[0].cpu(), None if mouse is None else mouse[0].cpu())
+        return camera_to_world(latent_frame_poses(pixel, 1 + (pixel.shape[0] - 1) // 4))
+
+
+__all__ = ["Conditioned", "MG2Pipeline"]

@@ -1,0 +1,114 @@
+"""Reading weight files safely and checking them against a module (MG2 spec §4, §15, §18): the leaf
+of the model package, used by every loader (the MG2 DiT, the Wan VAE, the CLIP tower, LingBot).
+
+Only safe formats are read: safetensors, or ``torch.load(weights_only=True)`` for ``.pt``/``.pth``.
+Mismatches raise :class:`~worldtrace_cli.errors.CheckpointError` with a one-line message naming
+the missing / unexpected keys and wrong shapes.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from ..errors import CheckpointError
+
+_PREFIX = "model."
+_SHOWN = 4  # names listed per category in an error line
+
+
+def read_state_dict(path: str | Path) -> dict[str, torch.Tensor]:
+    """Read a state dict from ``.safetensors`` or ``.pt``/``.pth`` (weights only, never arbitrary pickles).
+
+    Raises:
+        CheckpointError: missing file, truncated or corrupt file, or a file that is not a flat
+            name -> tensor mapping.
+    """
+    path = Path(path)
+    if not path.is_file():
+        raise CheckpointError(f"{path}: file not found")
+    try:
+        if path.suffix == ".safetensors":
+            from safetensors.torch import load_file
+
+            sd = load_file(str(path))
+        else:
+            sd = torch.load(str(path), map_location="cpu", weights_only=True, mmap=True)
+    except Exception as exc:  # corrupt/truncated files raise many different types
+        raise CheckpointError(f"{path}: cannot read weights ({type(exc).__name__}: {_first_line(exc)})") from None
+    if isinstance(sd, dict) and "state_dict" in sd and isinstance(sd["state_dict"], dict):
+        sd = sd["state_dict"]
+    if not isinstance(sd, dict) or not all(isinstance(v, torch.Tensor) for v in sd.values()):
+        raise CheckpointError(f"{path}: not a state dict of tensors")
+    return sd
+
+
+def strip_prefix(sd: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """Drop the ``model.`` prefix of released MG2 DiT files when every key carries it."""
+    if sd and all(k.startswith(_PREFIX) for k in sd):
+        return {k[len(_PREFIX):]: v for k, v in sd.items()}
+    return sd
+
+
+def check_state_dict(model: nn.Module, sd: dict[str, torch.Tensor], source: str) -> None:
+    """Compare names and shapes of ``sd`` with ``model.state_dict()``.
+
+    Raises:
+        CheckpointError: one line listing up to four missing keys, unexpected keys and shape
+            mismatches (``name [got] != [expected]``) with their counts.
+    """
+    expected = model.state_dict()
+    missing = [k for k in expected if k not in sd]
+    unexpected = [k for k in sd if k not in expected]
+    shapes = [f"{k} {list(sd[k].shape)} != {list(v.shape)}" for k, v in expected.items()
+              if k in sd and tuple(sd[k].shape) != tuple(v.shape)]
+    bad_dtype = [f"{k} {sd[k].dtype}" for k in expected if k in sd and not sd[k].is_floating_point()]
+    parts = []
+    for label, items in (("missing", missing), ("unexpected", unexpected), ("wrong shape", shapes),
+                         ("non-float dtype", bad_dtype)):
+        if items:
+            more = f" (+{len(items) - _SHOWN} more)" if len(items) > _SHOWN else ""
+            parts.append(f"{len(items)} {label}: {', '.join(items[:_SHOWN])}{more}")
+    if parts:
+        raise CheckpointError(f"{source}: state dict does not match the model: {'; '.join(parts)}")
+
+
+def read_json(path: str | Path) -> dict:
+    """Read a JSON object; errors name the file and line."""
+    path = Path(path)
+    try:
+        data = json.loads(path.read_text())
+    except FileNotFoundError:
+        raise CheckpointError(f"{path}: file not found") from None
+    except json.JSONDecodeError as exc:
+        raise CheckpointError(f"{path}:{exc.lineno}: invalid JSON: {exc.msg}") from None
+    if not isinstance(data, dict):
+        raise CheckpointError(f"{path}: expected a JSON object")
+    return data
+
+
+def file_identity(path: str | Path, full_hash: bool = False) -> dict:
+    """Name, size (bytes) and sha256 of a checkpoint file: of its first 1 MiB (the safetensors
+    header and more) by default, of the whole file with ``full_hash``."""
+    path = Path(path)
+    h = hashlib.sha256()
+    with path.open("rb") as fh:
+        if full_hash:
+            for block in iter(lambda: fh.read(1 << 24), b""):
+                h.update(block)
+        else:
+            h.update(fh.read(1 << 20))
+    return {"file": path.name, "bytes": path.stat().st_size,
+            ("sha256" if full_hash else "sha256_first_mib"): h.hexdigest()}
+
+
+def _first_line(exc: Exception) -> str:
+    text = str(exc).strip().splitlines()
+    return text[0][:200] if text else ""
+
+
+__all__ = ["check_state_dict", "file_identity", "read_json", "read_state_dict", "strip_prefix"]

@@ -1,0 +1,163 @@
+"""What every loaded world model shares (design.md §2): device and dtype resolution, library versions,
+the key that says when two runs can share a loaded model, and :class:`PipelineBase`, the interface
+the jobs use (:mod:`worldtrace_cli.pipeline` picks the architecture's pipeline:
+:class:`~worldtrace_cli.mg2_pipeline.MG2Pipeline` or
+:class:`~worldtrace_cli.lingbot_pipeline.LingbotPipeline`).
+"""
+
+from __future__ import annotations
+
+import logging
+import platform
+from dataclasses import dataclass
+
+import torch
+
+from . import __version__
+from .errors import InputError
+
+log = logging.getLogger("worldtrace")
+
+
+def resolve_device(name: str) -> torch.device:
+    """``auto`` -> cuda when available else cpu.
+
+    Raises:
+        InputError: ``cuda`` without a CUDA device, or an unknown name.
+    """
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if name == "cuda" and not torch.cuda.is_available():
+        raise InputError("--device cuda: no CUDA device is available (use --device cpu)")
+    if name not in ("cpu", "cuda"):
+        raise InputError(f"--device: must be auto, cuda or cpu, got {name!r}")
+    return torch.device(name)
+
+
+def resolve_dtype(name: str, device: torch.device) -> torch.dtype:
+    """``auto`` -> bf16 on cuda, fp32 on cpu; ``bf16`` / ``fp32`` as named.
+
+    Raises:
+        InputError: an unknown name.
+    """
+    if name == "auto":
+        return torch.bfloat16 if device.type == "cuda" else torch.float32
+    if name not in ("bf16", "fp32"):
+        raise InputError(f"--dtype: must be auto, bf16 or fp32, got {name!r}")
+    return {"bf16": torch.bfloat16, "fp32": torch.float32}[name]
+
+
+def versions() -> dict:
+    """Versions of Python, torch and the libraries around the core (for summary.json)."""
+    import importlib.metadata as md
+
+    out = {"worldtrace": __version__, "python": platform.python_version(), "torch": torch.__version__}
+    for name in ("diffusers", "transformers", "imageio-ffmpeg", "safetensors"):
+        try:
+            out[name] = md.version(name)
+        except md.PackageNotFoundError:
+            out[name] = None
+    out["cuda"] = torch.version.cuda
+    if torch.cuda.is_available():
+        out["gpu"] = torch.cuda.get_device_name()
+    return out
+
+
+@dataclass(frozen=True)
+class ModelKey:
+    """What identifies a loaded pipeline: two runs with equal keys can share one."""
+
+    preset: str          # the preset's resolved settings (JSON, sorted keys)
+    checkpoint: str | None
+    random_weights: bool
+    weights_seed: int
+    device: str
+    dtype: str
+    rope_precision: str
+    compile: str
+    hash_checkpoint: bool
+
+    @classmethod
+    def of(cls, cfg) -> "ModelKey":
+        """The key a :class:`~worldtrace_cli.config.RunConfig` needs (device and dtype resolved)."""
+        import json
+
+        device = resolve_device(cfg.device)
+        return cls(json.dumps(cfg.preset.to_dict(), sort_keys=True, default=str),
+                   None if cfg.checkpoint is None else str(cfg.checkpoint), bool(cfg.random_weights),
+                   cfg.weights_seed, str(device), str(resolve_dtype(cfg.dtype, device)), cfg.rope_precision,
+                   cfg.compile, bool(cfg.hash_checkpoint))
+
+
+class PipelineBase:
+    """A preset's networks loaded once on one device and dtype, with fixed speed settings.
+
+    Subclasses (one per architecture) implement :meth:`from_preset`, :attr:`default_budget`,
+    ``condition``, ``rollout`` and ``latent_poses``. Attributes: ``preset``, ``world`` (the loaded
+    networks), ``device``, ``dtype``, ``rope_precision``, ``compile_mode``, ``key``
+    (:class:`ModelKey`), ``load_seconds``.
+    """
+
+    def __init__(self, preset, world, device: torch.device, dtype: torch.dtype, rope_precision: str,
+                 compile_mode: str, key: ModelKey | None = None, load_seconds: float = 0.0):
+        self.preset, self.world, self.device, self.dtype = preset, world, device, dtype
+        self.rope_precision, self.compile_mode = rope_precision, compile_mode
+        self.key, self.load_seconds = key, load_seconds
+
+    @classmethod
+    def from_preset(cls, preset, checkpoint=None, random_weights: bool = False, weights_seed: int = 0,
+                    device: str = "auto", dtype: str = "auto", rope_precision: str = "float32",
+                    compile_mode: str = "none", hash_checkpoint: bool = False, key: ModelKey | None = None):
+        """Load ``preset``'s networks (subclasses)."""
+        raise NotImplementedError
+
+    @classmethod
+    def from_config(cls, cfg) -> "PipelineBase":
+        """The pipeline a :class:`~worldtrace_cli.config.RunConfig` asks for."""
+        return cls.from_preset(cfg.preset, cfg.checkpoint, cfg.random_weights, cfg.weights_seed, cfg.device,
+                               cfg.dtype, cfg.rope_precision, cfg.compile, cfg.hash_checkpoint, ModelKey.of(cfg))
+
+    def serves(self, cfg) -> bool:
+        """True when ``cfg`` asks for exactly this pipeline's model and settings."""
+        return self.key is not None and self.key == ModelKey.of(cfg)
+
+    # -- the model's geometry -------------------------------------------------------------------
+    @property
+    def frames_per_chunk(self) -> int:
+        """Latent frames generated per chunk (3 for MG2)."""
+        return self.preset.frames_per_chunk
+
+    @property
+    def vae_spatial_factor(self) -> int:
+        """Pixels per latent cell along height and width (8 for the Wan VAE)."""
+        return int(getattr(self.world.vae.config, "scale_factor_spatial", 8))
+
+    @property
+    def latent_hw(self) -> tuple[int, int]:
+        """Latent grid (height, width) of a frame: the preset's pixels / the VAE's spatial factor."""
+        f = self.vae_spatial_factor
+        return self.preset.height // f, self.preset.width // f
+
+    @property
+    def default_budget(self) -> int:
+        """The model's own past slots (subclasses)."""
+        raise NotImplementedError
+
+    def decoder(self):
+        """A fresh :class:`~worldtrace_cli.model.vae.StreamingDecoder` over this model's VAE."""
+        from .model.vae import StreamingDecoder
+
+        return StreamingDecoder(self.world.vae)
+
+    def build_writer(self, memory):
+        """The cache writer ``memory`` (a MemoryConfig) names, with this model's default budget.
+
+        Raises:
+            InputError: unknown writer, scheme or invalid settings.
+        """
+        from .memory import build_writer
+
+        return build_writer(memory, self.default_budget)
+
+
+__all__ = ["ModelKey", "PipelineBase", "resolve_device", "resolve_dtype", "versions"]
