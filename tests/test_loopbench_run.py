@@ -432,3 +432,15 @@ def test_report_has_a_ground_truth_column(tmp_path):
     data = json.loads((out / "report.json").read_text())
     cell = next(c for c in data["by_config"] if c["writer"] == "landmark")
     assert cell["gt_return_psnr"]["p"] == pytest.approx(hand_paired_p([16.0, 16.5, 15.2], [14.0, 15.0, 13.0]))
+
+
+def test_plots_name_tiers_and_scale_to_the_data():
+    from matplotlib.figure import Figure
+
+    from worldtrace_cli.loopbench.plots import _fit_y, tier_label
+
+    assert tier_label(1) == "Tier 1\ntopology" and tier_label("sweep") == "ABA sweep"
+    ax = Figure().add_subplot()
+    _fit_y(ax, [(0.97, 0.01), (0.99, 0.005), (None, None), (float("nan"), 0.1)])
+    low, high = ax.get_ylim()
+    assert 0.95 < low < 0.96 and 0.995 < high < 1.0  # PAC differences visible, not bars from 0

@@ -19,12 +19,10 @@ from ..errors import InputError, OutputError
 from ..outputs import write_json_atomic
 from ..schemas import SCHEMA_VERSION
 from .configs import CONFIGS
+from .names import BASELINE, GT_METRIC, METRIC_NAMES, METRICS, TIER_ORDER, TIER_TITLES, writers_of
+from .plots import plot_pac_vs_chunks, plot_tiers
 from .runner import FAILED_NAME
 
-BASELINE = "sliding"
-METRICS = ("pac", "temp_ssim")  # the table's entries: PAC / TempSSIM (+ return-leg GT-PSNR for world scenes)
-GT_METRIC = "gt_return_psnr"
-METRIC_NAMES = {"pac": "PAC", "temp_ssim": "TempSSIM", GT_METRIC: "GT-PSNR on return legs (dB)"}
 ROW_FIELDS = ("config", "tier", "cache", "image", "seed", "chunks", "pac", "temp_ssim", "scene_drift",
               "latent_diff", "gt_psnr", "gt_ssim", "gt_return_psnr", "gt_return_ssim", "s_per_chunk", "kv_bytes",
               "peak_rss_bytes", "gpu_peak_bytes", "run_dir")
@@ -33,9 +31,6 @@ ROW_FIELDS = ("config", "tier", "cache", "image", "seed", "chunks", "pac", "temp
 def metrics_of(rows: list[dict]) -> tuple[str, ...]:
     """The table's entries: PAC / TempSSIM, plus return-leg GT-PSNR when any run has ground truth."""
     return METRICS + ((GT_METRIC,) if any(r.get(GT_METRIC) is not None for r in rows) else ())
-TIER_TITLES = {1: "Tier 1: topology", 2: "Tier 2: rollout length (ABA)", 3: "Tier 3: camera orientation",
-               4: "Tier 4: multi-revisit", "sweep": "ABA sweep", "custom": "Custom trajectories"}
-TIER_ORDER = (1, 2, 3, 4, "sweep", "custom")
 
 
 def tier_of(config: str) -> int | str:
@@ -159,11 +154,6 @@ def cell_stats(rows: list[dict], base_rows: list[dict] | None, metrics: tuple[st
         p, pairs = paired_test(rows, base_rows, metric) if base_rows is not None else (None, 0)
         out[metric] = {"mean": mean, "ci": ci, "scenes": len(values), "p": p, "pairs": pairs}
     return out
-
-
-def writers_of(rows: list[dict]) -> list[str]:
-    """Writers in table order: the baseline first, then by name."""
-    return sorted({r["cache"] for r in rows}, key=lambda w: (w != BASELINE, w))
 
 
 def aggregate(rows: list[dict]) -> dict:
@@ -304,63 +294,6 @@ def markdown(rows: list[dict], agg: dict, failed: list[dict], out_dir: Path) -> 
 
 
 # --------------------------------------------------------------------------- plots
-
-
-def plot_pac_vs_chunks(agg: dict, path: Path) -> None:
-    """PAC (mean ± CI over scenes) against N per writer, over the ABA-type configurations."""
-    from matplotlib.figure import Figure
-
-    fig = Figure(figsize=(6, 4), dpi=120)
-    ax = fig.add_subplot()
-    cells = [c for c in agg["aba_by_chunks"] if c["pac"]["mean"] is not None]
-    for w in writers_of([{"cache": c["writer"]} for c in cells]):
-        mine = sorted((c for c in cells if c["writer"] == w), key=lambda c: c["chunks"])
-        ax.errorbar([c["chunks"] for c in mine], [c["pac"]["mean"] for c in mine],
-                    yerr=[c["pac"]["ci"] or 0.0 for c in mine], marker="o", capsize=3, label=w)
-    if cells:
-        ns = sorted({c["chunks"] for c in cells})
-        if ns[-1] >= 8 * ns[0]:
-            ax.set_xscale("log", base=2)
-        ax.set_xticks(ns, [str(n) for n in ns])
-        ax.legend()
-    else:
-        ax.text(0.5, 0.5, "no ABA-type runs with PAC in this sweep", ha="center", va="center",
-                transform=ax.transAxes)
-    ax.set(xlabel="rollout length N (chunks)", ylabel="PAC (mean ± 95% CI over scenes)",
-           title="ABA loops: recall vs rollout length")
-    ax.grid(alpha=0.3)
-    fig.tight_layout()
-    fig.savefig(path)
-
-
-def plot_tiers(agg: dict, path: Path) -> None:
-    """Grouped bars per tier: PAC, TempSSIM and, with ground truth, return-leg GT-PSNR (mean ± CI over
-    scenes) of each writer."""
-    from matplotlib.figure import Figure
-
-    cells = agg["by_tier"]
-    tiers = [t for t in TIER_ORDER if any(c["tier"] == t for c in cells)]
-    writers = writers_of([{"cache": c["writer"]} for c in cells])
-    index = {(c["writer"], c["tier"]): c for c in cells}
-    panels = [("pac", "PAC"), ("temp_ssim", "TempSSIM")]
-    if any(GT_METRIC in c for c in cells):
-        panels.append((GT_METRIC, "GT-PSNR, return (dB)"))
-    fig = Figure(figsize=(max(6, 1.6 * len(tiers) + 2), 3.25 * len(panels)), dpi=120, layout="constrained")
-    width = 0.8 / max(1, len(writers))
-    for k, (metric, label) in enumerate(panels):
-        ax = fig.add_subplot(len(panels), 1, k + 1)
-        for j, w in enumerate(writers):
-            stats = [index.get((w, t), {}).get(metric, {}) for t in tiers]
-            means = [s.get("mean") if s.get("mean") is not None else math.nan for s in stats]
-            ax.bar([i + (j - (len(writers) - 1) / 2) * width for i in range(len(tiers))], means, width,
-                   yerr=[s.get("ci") or 0.0 for s in stats], capsize=3, label=w)
-        ax.set_xticks(range(len(tiers)), [TIER_TITLES[t].split(":")[0] for t in tiers])
-        ax.set_ylabel(label)
-        ax.grid(axis="y", alpha=0.3)
-    fig.suptitle("LoopBench per tier (mean ± 95% CI over scenes)")
-    fig.legend(*fig.axes[0].get_legend_handles_labels(), loc="outside lower center", ncols=len(writers),
-               fontsize="small")
-    fig.savefig(path)
 
 
 # --------------------------------------------------------------------------- entry point

@@ -1,0 +1,21 @@
+"""LoopBench's names shared by the report tables and figures: the baseline writer, the metrics, the
+paper's tiers and their titles (leaf module)."""
+
+from __future__ import annotations
+
+BASELINE = "sliding"
+METRICS = ("pac", "temp_ssim")  # the table's entries: PAC / TempSSIM (+ return-leg GT-PSNR for world scenes)
+GT_METRIC = "gt_return_psnr"
+METRIC_NAMES = {"pac": "PAC", "temp_ssim": "TempSSIM", GT_METRIC: "GT-PSNR on return legs (dB)"}
+
+TIER_TITLES = {1: "Tier 1: topology", 2: "Tier 2: rollout length (ABA)", 3: "Tier 3: camera orientation",
+               4: "Tier 4: multi-revisit", "sweep": "ABA sweep", "custom": "Custom trajectories"}
+TIER_ORDER = (1, 2, 3, 4, "sweep", "custom")
+
+
+def writers_of(rows: list[dict]) -> list[str]:
+    """Writers in table order: the baseline first, then by name."""
+    return sorted({r["cache"] for r in rows}, key=lambda w: (w != BASELINE, w))
+
+
+__all__ = ["BASELINE", "GT_METRIC", "METRICS", "METRIC_NAMES", "TIER_ORDER", "TIER_TITLES", "writers_of"]
