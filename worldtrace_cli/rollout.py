@@ -140,7 +140,9 @@ class Rollout:
             self.writer.begin_chunk(sf)
             slots, positions = self.writer.slots(), self.writer.positions()
             kv_bytes = self.writer.kv_bytes()  # what this chunk reads, before its own commit
-            past = [LayerPast(*self.writer.read(layer)) for layer in range(self.geometry.num_layers)]
+            tokens = self.writer.slot_tokens()  # [L, S]: slots of a compressed chunk hold fewer tokens
+            past = [LayerPast(*self.writer.read(layer), self.writer.token_counts(layer))
+                    for layer in range(self.geometry.num_layers)]
             freq_scale = self.writer.temporal_frequency_scale()
         chunk = ChunkInputs(rollout=self.state, past=past, frame_start=sf, keyboard=self.keyboard, mouse=self.mouse,
                             visual_context=self.visual_context,
@@ -169,7 +171,7 @@ class Rollout:
             self.writer.commit(committed, list(range(sf, sf + f)))
         del chunk
         self.chunk += 1
-        slot_recs = slot_records(slots, positions, sf, kv_bytes // len(slots) if slots else 0, f)
+        slot_recs = slot_records(slots, positions, sf, tokens, self.writer.token_bytes(), f)
         record = {
             "chunk": c,
             "latent_frames": [sf, sf + f],
@@ -292,15 +294,23 @@ class DecodePipeline:
             self._pool.shutdown(wait=True)
 
 
-def slot_records(slots, positions: torch.Tensor, frame_start: int, bytes_per_slot: int,
+def slot_records(slots, positions: torch.Tensor, frame_start: int, tokens: torch.Tensor, token_bytes: int,
                  frames_per_chunk: int = 3) -> list[dict]:
     """JSON records of the slots read by a chunk: ``role`` (summary | recent), ``kind``, source
     latent frames, virtual position (absolute latent-frame index), ``offset`` from the chunk's first
     frame, ``max_offset`` (the largest query-key temporal offset this slot is read at: from the
     chunk's last frame, ``frames_per_chunk - 1 - offset``; compare with the record's
-    ``trained_offset``), bytes (all layers, K+V)."""
+    ``trained_offset``), ``tokens`` (per layer: T for a whole latent frame; a compressed chunk's
+    frames keep fewer, chosen per layer, then the mean over layers) and bytes (all layers, K+V).
+
+    Args:
+        tokens: int64 [L, S] tokens of each slot per layer (:meth:`CacheWriter.slot_tokens`).
+        token_bytes: K+V bytes of one token in one layer.
+    """
     out = []
-    for slot, pos in zip(slots, positions.tolist()):
+    for s, (slot, pos) in enumerate(zip(slots, positions.tolist())):
+        per_layer = tokens[:, s]
+        n = int(per_layer[0]) if bool((per_layer == per_layer[0]).all()) else round(per_layer.double().mean().item(), 2)
         frames = list(slot.frames)
         rec = {"role": slot.role, "kind": slot.kind}
         if len(frames) > 8 and frames == list(range(frames[0], frames[-1] + 1)):
@@ -308,7 +318,7 @@ def slot_records(slots, positions: torch.Tensor, frame_start: int, bytes_per_slo
         else:
             rec["frames"] = frames
         rec.update({"offset": pos, "virtual_position": frame_start + pos, "max_offset": frames_per_chunk - 1 - pos,
-                    "bytes": bytes_per_slot})
+                    "tokens": n, "bytes": int(per_layer.sum()) * token_bytes})
         out.append(rec)
     return out
 
