@@ -264,11 +264,21 @@ def test_state_saved_mid_run_resumes_bit_identically(flags, tmp_path):
     ({"cache": "retrieval", "top_k": 3}, "--top-k"),
     ({"cache": "sliding", "keep_ratio": 0.5}, "--keep-ratio: --cache sliding does not use it"),
     ({"cache": "landmark", "bank_device": "cpu"}, "--bank-device"),
+    ({"cache": "worldkv:2"}, "--cache worldkv:2: expected worldkv:r"),
+    ({"cache": "retrieval:x"}, "--cache retrieval:x: expected retrieval:r"),
+    ({"cache": "worldkv:0.25", "keep_ratio": 0.5}, "give the keep ratio once"),
 ])
 def test_bad_settings_are_one_line_input_errors(flags, flag):
     with pytest.raises(InputError, match=flag.replace("(", r"\(")) as err:
         build_writer(MemoryConfig(**flags), 3)
     assert "\n" not in str(err.value)
+
+
+def test_keep_ratio_from_the_spec():
+    assert build_writer(MemoryConfig(cache="worldkv:0.25"), 3).keep_ratio == 0.25
+    assert build_writer(MemoryConfig(cache="worldkv"), 3).keep_ratio == 0.5  # the release's
+    assert build_writer(MemoryConfig(cache="retrieval"), 3).keep_ratio == 1.0  # no compression
+    assert build_writer(MemoryConfig(cache="retrieval", keep_ratio=0.5), 3).keep_ratio == 0.5
 
 
 def test_pose_writers_refuse_a_model_without_poses():

@@ -14,6 +14,10 @@ code (:class:`~worldtrace_cli.model.rope.MainRope`). Reported per writer x posit
   separates what compression loses from what repositioning changes.
 * ``scene_a_mass``: the fraction of the return query's attention (over past slots) that lands on
   scene-A content (each slot weighted by the share of its sources that were in scene A).
+
+Writers that retrieve by camera pose (``worldkv``, ``retrieval``) get one pose per scene (scene i at
+x = 10 i, the return chunk back at scene A's): a perfect pose oracle, so their rows measure what
+retrieval gives when the pose tells where the camera is, not how well it does with real poses.
 """
 
 from __future__ import annotations

@@ -37,7 +37,7 @@ from .options import CHUNKS, SEED, device_options, memory_options, speed_config,
 @click.option("--overwrite", is_flag=True, help="Replace a finished run already in the output folder.")
 @click.option("--cache", default="sliding", show_default=True, metavar="WRITER",
               help="KV-cache writer: sliding, sink, full, field, field-streaming, landmark, mixed:K, naive, "
-                   "memrope, yarn (README: 'Memory writers').")
+                   "memrope, yarn, worldkv, retrieval (README: 'Memory writers').")
 @memory_options
 @device_options
 @click.option("--metrics", type=click.Choice(["none", "fast", "all"]), default="fast", show_default=True,

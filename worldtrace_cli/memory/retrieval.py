@@ -9,7 +9,8 @@ every query-key offset stays within the trained window however long ago the fram
 WorldKV instead reads retrieved chunks at their original positions (``worldkv``).
 
 Every committed chunk is banked (:class:`~.bank.ChunkBank`: host memory by default, or
-``--bank-device``), optionally compressed at store time as in WorldKV (``--keep-ratio`` r: anchor
+``--bank-device``), optionally compressed at store time as in WorldKV (``--keep-ratio`` r or the
+spec ``retrieval:r``: anchor
 frame whole, ``(C-1)*ceil(r*T)`` least anchor-similar other tokens; default 1 = no compression);
 a frame becomes a candidate once it has left the recent window. A retrieved frame's slot holds
 its kept tokens (all T, or fewer for a compressed chunk's non-anchor frames, per layer).
@@ -23,7 +24,7 @@ from typing import Sequence
 
 import torch
 
-from .bank import ChunkBank, PoseRetrieval, mean_pose, nearest, pose_distances, retrieval_event
+from .bank import ChunkBank, PoseRetrieval, keep_ratio_of, mean_pose, nearest, pose_distances, retrieval_event
 from .base import CacheGeometry, MemoryConfig, Slot, check_bank_device, refuse, register
 from .window import FrameKV, RecentWindowWriter, SummaryMemory
 
@@ -141,7 +142,7 @@ class RetrievalWriter(PoseRetrieval, RecentWindowWriter):
         refuse(config, config.cache, "it retrieves --summary-slots frames into slots; the bank is --bank-device",
                spill_dir="--spill-dir", top_k="--top-k", retrieval_budget="--retrieval-budget")
         super().__init__(config, default_budget)
-        self.keep_ratio = 1.0 if config.keep_ratio is None else config.keep_ratio
+        self.keep_ratio = keep_ratio_of(config, 1.0)
         self.bank_device = check_bank_device(config.bank_device or "cpu")
 
     def make_components(self) -> list[SummaryMemory]:

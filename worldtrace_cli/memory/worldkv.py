@@ -3,7 +3,7 @@
 **Bank** (§2.1): after its context pass every chunk's canonical K/V (all layers) is banked with its
 mean camera pose, compressed at store time (:mod:`.bank`: anchor frame whole, the ``(C-1)*ceil(r*T)``
 least anchor-similar other tokens, pooled, in order; ``--keep-ratio`` r, default 0.5 as released,
-0.25 the paper's). The bank lives in host memory (``--bank-device cuda`` moves it to a GPU) and
+0.25 the paper's; or the spec ``worldkv:r``). The bank lives in host memory (``--bank-device cuda`` moves it to a GPU) and
 grows by one entry per chunk; the compute device holds only the window.
 
 **Window** (§2.4) for chunk n, C latent frames per chunk: ``[retrieved | recent]`` (no sink: MG2's
@@ -37,7 +37,7 @@ from typing import Sequence
 import torch
 
 from ..errors import InputError
-from .bank import ChunkBank, PoseRetrieval, mean_pose, nearest, pose_distances, retrieval_event
+from .bank import ChunkBank, PoseRetrieval, keep_ratio_of, mean_pose, nearest, pose_distances, retrieval_event
 from .base import CacheGeometry, CacheWriter, MemoryConfig, Slot, check_bank_device, refuse, register
 
 RECENT_FRAMES = 6       # the release's fixed recent window, current chunk included (= MG2's window)
@@ -62,7 +62,7 @@ class WorldKVWriter(PoseRetrieval, CacheWriter):
                spill_dir="--spill-dir")
         if config.top_k is not None and config.retrieval_budget is not None:
             raise InputError("--top-k, --retrieval-budget: give one (k fixed, or k from a token budget)")
-        self.keep_ratio = RELEASED_KEEP_RATIO if config.keep_ratio is None else config.keep_ratio
+        self.keep_ratio = keep_ratio_of(config, RELEASED_KEEP_RATIO)
         self.bank_device = check_bank_device(config.bank_device or "cpu")
         self._resolve(3, 880)  # provisional (MG2 universal: C = 3, T = 880) until reset knows the model
 
