@@ -141,7 +141,10 @@ class ChunkBank:
     """
 
     def __init__(self, geometry: CacheGeometry, keep_ratio: float, device: torch.device):
-        self.geometry, self.keep_ratio, self.device = geometry, keep_ratio, torch.device(device)
+        device = torch.device(device)
+        if device.type == "cuda" and device.index is None:  # "cuda" = the current device, as tensors name it
+            device = torch.device("cuda", torch.cuda.current_device())
+        self.geometry, self.keep_ratio, self.device = geometry, keep_ratio, device
         self._pin = self.device.type == "cpu" and torch.device(geometry.device).type == "cuda"
         self._rope = MainRope(geometry.head_dim, precision=torch.float32)  # the runs' default RoPE arithmetic
         self.entries: list[BankEntry] = []

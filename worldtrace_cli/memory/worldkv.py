@@ -2,9 +2,9 @@
 
 **Bank** (§2.1): after its context pass every chunk's canonical K/V (all layers) is banked with its
 mean camera pose, compressed at store time (:mod:`.bank`: anchor frame whole, the ``(C-1)*ceil(r*T)``
-least anchor-similar other tokens, pooled, in order; ``--keep-ratio`` r, default 0.5 as released,
-0.25 the paper's; or the spec ``worldkv:r``). The bank lives in host memory (``--bank-device cuda`` moves it to a GPU) and
-grows by one entry per chunk; the compute device holds only the window.
+least anchor-similar other tokens, pooled, in order; ``--keep-ratio`` r or the spec ``worldkv:r``,
+default 0.5 as released, 0.25 the paper's). The bank lives in host memory (``--bank-device cuda``
+moves it to a GPU) and grows by one entry per chunk; the compute device holds only the window.
 
 **Window** (§2.4) for chunk n, C latent frames per chunk: ``[retrieved | recent]`` (no sink: MG2's
 native cache has none, A11). *recent* = the current chunk and the chunk before it (the release's
@@ -37,7 +37,7 @@ from typing import Sequence
 import torch
 
 from ..errors import InputError
-from .bank import ChunkBank, PoseRetrieval, keep_ratio_of, mean_pose, nearest, pose_distances, retrieval_event
+from .bank import ChunkBank, PoseRetrieval, keep_ratio_of, kept_per_frame, mean_pose, nearest, pose_distances, retrieval_event
 from .base import CacheGeometry, CacheWriter, MemoryConfig, Slot, check_bank_device, refuse, register
 
 RECENT_FRAMES = 6       # the release's fixed recent window, current chunk included (= MG2's window)
@@ -71,7 +71,7 @@ class WorldKVWriter(PoseRetrieval, CacheWriter):
         self.recent_chunks = max(1, math.ceil(RECENT_FRAMES / frames))
         if self.config.retrieval_budget is not None:
             self.retrieval_frames = self.config.retrieval_budget
-            kept = tokens if self.keep_ratio >= 1 else min(tokens, math.ceil(round(self.keep_ratio * tokens, 9)))
+            kept = min(tokens, kept_per_frame(self.keep_ratio, tokens))
             self.k = self.retrieval_frames * tokens // (tokens + (frames - 1) * kept)
         else:
             self.k = RETRIEVAL_FRAMES // frames if self.config.top_k is None else self.config.top_k
