@@ -33,6 +33,10 @@ def random_chunk(c):
 def run(spec, chunks, geometry=UNIVERSAL, make=frame_valued_chunk, **kw):
     w = build_writer(MemoryConfig(cache=spec, **kw), geometry.trained_offset + 1 - geometry.frames_per_chunk)
     w.reset(geometry)
+    if w.needs_poses:  # pose-retrieval writers get the camera as the rollout gives it
+        from test_memory_contract import loop_poses
+
+        w.set_poses(loop_poses(3 * chunks + 3))
     for c in range(chunks):
         w.begin_chunk(3 * c)
         w.commit(make(c), [3 * c, 3 * c + 1, 3 * c + 2])

@@ -32,8 +32,25 @@ def chunk_kv(chunk, seed=0):
              torch.randn(1, n, GEOM.heads, GEOM.head_dim, generator=gen)) for _ in range(GEOM.num_layers)]
 
 
+def loop_poses(frames, period=30):
+    """Camera-to-world poses [frames, 4, 4] of a circle walked every ``period`` latent frames (a loop
+    that revisits every place): what the rollout hands pose-retrieval writers (set_poses)."""
+    from worldtrace_cli.world.motion import camera_to_world
+
+    f = torch.arange(frames, dtype=torch.float64)
+    angle = 2 * torch.pi * f / period
+    return camera_to_world(torch.stack([5 * angle.cos(), 5 * angle.sin(), torch.rad2deg(angle), 0 * f], 1))
+
+
+def reset(writer, chunks, geometry=GEOM):
+    """``reset`` and, for writers that retrieve by camera pose, ``set_poses`` as the rollout does."""
+    writer.reset(geometry)
+    if writer.needs_poses:
+        writer.set_poses(loop_poses(3 * chunks + 3))
+
+
 def run(writer, chunks, seed=0, observe=None):
-    writer.reset(GEOM)
+    reset(writer, chunks)
     for c in range(chunks):
         writer.begin_chunk(3 * c)
         if observe:
@@ -56,7 +73,10 @@ def test_contract(name, scheme):
         assert (pos < 0).all(), "past slots are read before the current chunk"
         for layer in range(GEOM.num_layers):
             k, v, p = w.read(layer)
-            assert k.shape == v.shape == (1, len(slots) * GEOM.tokens_per_frame, GEOM.heads, GEOM.head_dim)
+            counts = w.token_counts(layer)  # None: every slot one whole latent frame
+            tokens = len(slots) * GEOM.tokens_per_frame if counts is None else int(counts.sum())
+            assert counts is None or (counts.shape == (len(slots),) and (counts >= 0).all())
+            assert k.shape == v.shape == (1, tokens, GEOM.heads, GEOM.head_dim)
             assert torch.isfinite(k).all() and torch.isfinite(v).all()
             assert torch.equal(p, pos)
         for s in slots:
@@ -184,6 +204,8 @@ def assert_same(a, b, chunk):
     for layer in range(GEOM.num_layers):
         for x, y in zip(a.read(layer), b.read(layer)):
             assert x.dtype == y.dtype and torch.equal(x, y), f"chunk {chunk}, layer {layer}: read differs"
+        ca, cb = a.token_counts(layer), b.token_counts(layer)
+        assert (ca is None and cb is None) or torch.equal(ca, cb)
     fa, fb = a.temporal_frequency_scale(), b.temporal_frequency_scale()
     assert (fa is None and fb is None) or torch.equal(fa, fb)
     assert a.events() == b.events()
@@ -196,7 +218,7 @@ def test_state_dict_round_trip_through_the_resume_files_is_bit_identical(spec, t
     kw = {"spill_dir": str(tmp_path / "spill")} if spec.split(":")[0] in ("field", "naive", "mixed") else {}
     cfg = MemoryConfig(cache=spec, **kw)
     w1 = build_writer(cfg, DEFAULT_BUDGET)
-    w1.reset(GEOM)
+    reset(w1, 20)
     for c in range(9):  # field groups have moved, landmarks and EMA streams exist, sinks are full
         w1.begin_chunk(3 * c)
         w1.read(0)
@@ -206,7 +228,7 @@ def test_state_dict_round_trip_through_the_resume_files_is_bit_identical(spec, t
     save_state(tmp_path / "state", {"chunk": 9}, {"writer": state})
     _, parts, tensors = load_state(tmp_path / "state")
     w2 = build_writer(cfg, DEFAULT_BUDGET)
-    w2.reset(GEOM)
+    reset(w2, 20)
     w2.load_state_dict(unpack(parts["writer"], tensors))
     w2.begin_chunk(27)
     for c in range(9, 20):
@@ -265,14 +287,14 @@ def test_slots_say_their_role():
 def test_state_round_trip_on_cuda_keeps_host_stores_on_the_host(spec, tmp_path):
     cuda = CacheGeometry(**{**GEOM.__dict__, "device": torch.device("cuda")})
     w1, w2 = build_writer(MemoryConfig(cache=spec), DEFAULT_BUDGET), build_writer(MemoryConfig(cache=spec), DEFAULT_BUDGET)
-    w1.reset(cuda)
+    reset(w1, 14, cuda)
     for c in range(8):
         w1.begin_chunk(3 * c)
         w1.commit([(k.cuda(), v.cuda()) for k, v in chunk_kv(c)], [3 * c, 3 * c + 1, 3 * c + 2])
     w1.begin_chunk(24)
     save_state(tmp_path / "state", {}, {"writer": w1.state_dict()})
     _, parts, tensors = load_state(tmp_path / "state")
-    w2.reset(cuda)
+    reset(w2, 14, cuda)
     w2.load_state_dict(unpack(parts["writer"], tensors))
     w2.begin_chunk(24)
     for c in range(8, 14):

@@ -14,6 +14,10 @@ code (:class:`~worldtrace_cli.model.rope.MainRope`). Reported per writer x posit
   separates what compression loses from what repositioning changes.
 * ``scene_a_mass``: the fraction of the return query's attention (over past slots) that lands on
   scene-A content (each slot weighted by the share of its sources that were in scene A).
+
+Writers that retrieve by camera pose (``worldkv``, ``retrieval``) get one pose per scene (scene i at
+x = 10 i, the return chunk back at scene A's): a perfect pose oracle, so their rows measure what
+retrieval gives when the pose tells where the camera is, not how well it does with real poses.
 """
 
 from __future__ import annotations
@@ -92,6 +96,11 @@ def evaluate(writer_name: str, scheme: str, route: str, leg_chunks: int, setup: 
                           default_budget=3)
     writer.reset(geom)
     n = len(labels)
+    if writer.needs_poses:  # each scene a place: scene i at x = 10 i, the return chunk back in its scene
+        names = sorted(set(route))
+        poses = torch.eye(4, dtype=torch.float64).repeat(n + 3, 1, 1)
+        poses[:, 0, 3] = 10.0 * torch.tensor([names.index(s) for s in labels + [route[-1]] * 3], dtype=torch.float64)
+        writer.set_poses(poses)
     for start in range(0, n, 3):
         writer.begin_chunk(start)
         k = keys[start:start + 3].reshape(1, -1, 1, HEAD_DIM)
@@ -99,6 +108,7 @@ def evaluate(writer_name: str, scheme: str, route: str, leg_chunks: int, setup: 
     writer.begin_chunk(n)
     k_slots, _, positions = writer.read(0)
     slots = writer.slots()
+    counts = writer.slot_tokens()[0]  # tokens per slot (a compressed chunk's frames keep fewer)
     rope = MainRope(HEAD_DIM)
     q = setup.sharpness * (means[route[-1]] + setup.noise * torch.randn(setup.queries, setup.tokens, HEAD_DIM,
                                                                            generator=gen) * means[route[-1]].std())
@@ -114,9 +124,9 @@ def evaluate(writer_name: str, scheme: str, route: str, leg_chunks: int, setup: 
             frame_pos = torch.arange(-n, 0, dtype=torch.float64)
             kk = rope.rotate_slots(full_k, frame_pos)
             # the writer's own frequencies (YaRN rescales them); the reference keeps the trained ones
-            ks = rope.rotate_slots(k_slots, positions, writer.temporal_frequency_scale())
-        alpha = _token_attention(qq, kk, n, setup.tokens)      # [Q, N]
-        alpha_hat = _token_attention(qq, ks, len(slots), setup.tokens)  # [Q, S]
+            ks = rope.rotate_slots(k_slots, positions, writer.temporal_frequency_scale(), counts=counts)
+        alpha = _token_attention(qq, kk, torch.full((n,), setup.tokens))      # [Q, N]
+        alpha_hat = _token_attention(qq, ks, counts)  # [Q, S]
         out[name] = (alpha_hat @ p - alpha).abs().sum(-1).mean().item()
         if rotate:
             out["scene_a_mass"] = (alpha_hat @ (p @ in_a)).mean().item()
@@ -124,11 +134,15 @@ def evaluate(writer_name: str, scheme: str, route: str, leg_chunks: int, setup: 
     return out
 
 
-def _token_attention(q: torch.Tensor, k: torch.Tensor, n_frames: int, tokens: int) -> torch.Tensor:
-    """Per query token: softmax over all key tokens, then summed per frame/slot -> [Q*T, n_frames]."""
+def _token_attention(q: torch.Tensor, k: torch.Tensor, counts: torch.Tensor) -> torch.Tensor:
+    """Per query token: softmax over all key tokens, then summed per frame/slot -> [Q*T, S], where
+    slot s holds ``counts[s]`` consecutive key tokens (int64 [S])."""
     scores = (q[0, :, 0].double() @ k[0, :, 0].double().T) / math.sqrt(HEAD_DIM)
     w = scores.softmax(-1)
-    return w.view(w.shape[0], n_frames, tokens).sum(-1)
+    if len(counts) and bool((counts == counts[0]).all()):
+        return w.view(w.shape[0], len(counts), int(counts[0])).sum(-1)
+    owner = torch.arange(len(counts)).repeat_interleave(counts)
+    return torch.zeros(w.shape[0], len(counts), dtype=w.dtype).index_add_(1, owner, w)
 
 
 def mechanism_benchmark(writers: list[str] | None = None, schemes: list[str] | None = None,

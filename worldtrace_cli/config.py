@@ -40,6 +40,10 @@ class MemoryConfig:
     sink_frames: int = 1              # sink: first k latent frames kept
     max_cache_gb: float = 16.0        # full / yarn: refuse before the cache exceeds this
     spill_dir: str | None = None      # field: keep evicted frames on disk here instead of host RAM
+    top_k: int | None = None          # worldkv: retrieved chunks per chunk (default 6, the release's 18 frames / 3)
+    retrieval_budget: int | None = None  # worldkv: k from a token budget of this many latent frames (paper, A3)
+    keep_ratio: float | None = None   # worldkv/retrieval: store-time compression keep ratio r in (0, 1]
+    bank_device: str | None = None    # worldkv/retrieval: where the bank lives (cpu default, or cuda[:i])
 
     @property
     def writer_name(self) -> str:
@@ -278,6 +282,7 @@ def default_cache(preset: Preset) -> dict:
 
 def memory_config(cache: str, spill_dir=None, **options):
     """:func:`~worldtrace_cli.cli.options.memory_options` values (``positions``, ``budget``, ``summary_slots``, ``recent_slots``,
-    ``landmark_threshold``, ``sink_frames``, ``max_cache_gb``, ``spill_dir``) and a writer spec as a
+    ``landmark_threshold``, ``sink_frames``, ``max_cache_gb``, ``spill_dir``, ``top_k``,
+    ``retrieval_budget``, ``keep_ratio``, ``bank_device``) and a writer spec as a
     MemoryConfig (defaults: MemoryConfig's own). Raises TypeError for an unknown option name."""
     return MemoryConfig(cache=cache, spill_dir=None if spill_dir is None else str(spill_dir), **options)

@@ -142,7 +142,9 @@ class Rollout:
             self.writer.begin_chunk(sf)
             slots, positions = self.writer.slots(), self.writer.positions()
             kv_bytes = self.writer.kv_bytes()  # what this chunk reads, before its own commit
-            past = [LayerPast(*self.writer.read(layer)) for layer in range(self.geometry.num_layers)]
+            tokens = self.writer.slot_tokens()  # [L, S]: slots of a compressed chunk hold fewer tokens
+            past = [LayerPast(*self.writer.read(layer), self.writer.token_counts(layer))
+                    for layer in range(self.geometry.num_layers)]
             freq_scale = self.writer.temporal_frequency_scale()
         chunk = ChunkInputs(rollout=self.state, past=past, frame_start=sf, keyboard=self.keyboard, mouse=self.mouse,
                             visual_context=self.visual_context,
@@ -171,7 +173,7 @@ class Rollout:
             self.writer.commit(committed, list(range(sf, sf + f)))
         del chunk
         self.chunk += 1
-        record = chunk_record(self.writer, self.geometry, c, sf, slots, positions, kv_bytes, timer, x0)
+        record = chunk_record(self.writer, self.geometry, c, sf, slots, positions, kv_bytes, tokens, timer, x0)
         return ChunkOutput(x0, None, record)
 
 
@@ -278,13 +280,18 @@ class DecodePipeline:
 
 
 def chunk_record(writer: CacheWriter, geometry: CacheGeometry, chunk: int, frame_start: int, slots,
-                 positions: torch.Tensor, kv_bytes: int, timer: _Timer, x0: torch.Tensor) -> dict:
+                 positions: torch.Tensor, kv_bytes: int, tokens: torch.Tensor, timer: _Timer, x0: torch.Tensor) -> dict:
     """The ``chunks.jsonl`` record of a generated chunk (before decoding): index, latent frames
     ``[start, end)``, the cache as read (writer, scheme, :func:`slot_records`, trained and largest
     offset, KV bytes read, host bytes, events), phase seconds, memory and the latents' mean / std.
-    ``slots`` / ``positions`` / ``kv_bytes`` are what the chunk read, taken before its commit."""
+    ``slots`` / ``positions`` / ``kv_bytes`` / ``tokens`` (int64 [L, S], :meth:`CacheWriter.slot_tokens`)
+    are what the chunk read, taken before its commit."""
     f = geometry.frames_per_chunk
-    slot_recs = slot_records(slots, positions.tolist(), frame_start, kv_bytes // len(slots) if slots else 0, f)
+    token_bytes = writer.token_bytes()
+    per_slot = [int(col[0]) if bool((col == col[0]).all()) else round(col.double().mean().item(), 2)
+                for col in tokens.T] if len(slots) else []  # tokens per layer (mean when layers differ)
+    slot_bytes = [int(col.sum()) * token_bytes for col in tokens.T] if len(slots) else []
+    slot_recs = slot_records(slots, positions.tolist(), frame_start, per_slot, slot_bytes, f)
     return {
         "schema_version": SCHEMA_VERSION,
         "chunk": chunk,

@@ -45,8 +45,8 @@ from .options import CHUNKS, SEED, device_options, memory_options, speed_config,
 @click.option("--overwrite", is_flag=True, help="Replace a finished run already in the output folder.")
 @click.option("--cache", default=None, metavar="WRITER",
               help="KV-cache writer: sliding, sink, full, field, field-streaming, landmark, mixed:K, naive, "
-                   "memrope, yarn (README: 'Memory writers'). Default: the model's own cache (MG2: sliding; "
-                   "LingBot: sink of 6 in a window of 18 latent frames).")
+                   "memrope, yarn, worldkv, retrieval (README: 'Memory writers'). Default: the model's own cache "
+                   "(MG2: sliding; LingBot: sink of 6 in a window of 18 latent frames).")
 @memory_options
 @device_options
 @click.option("--metrics", type=click.Choice(["none", "fast", "all"]), default="fast", show_default=True,

@@ -60,7 +60,7 @@ def _finite(ctx, param, value):
 def memory_options(command):
     """The memory settings shared by generate, compare and loopbench run (parameters ``positions``,
     ``budget``, ``summary_slots``, ``recent_slots``, ``landmark_threshold``, ``sink_frames``,
-    ``max_cache_gb``, ``spill_dir``), with one set of defaults and ranges; :func:`~worldtrace_cli.config.memory_config`
+    ``max_cache_gb``, ``spill_dir``, ``top_k``, ``retrieval_budget``, ``keep_ratio``, ``bank_device``), with one set of defaults and ranges; :func:`~worldtrace_cli.config.memory_config`
     turns them (and a ``--cache`` spec) into a :class:`~worldtrace_cli.memory.MemoryConfig`."""
     from pathlib import Path
 
@@ -84,6 +84,17 @@ def memory_options(command):
                      help="full/yarn: refuse before the KV cache (3 copies per chunk) exceeds this many GB."),
         click.option("--spill-dir", type=click.Path(path_type=Path), default=None,
                      help="field: keep evicted frames on disk here instead of host memory (very long runs)."),
+        # range checks are the writers' (one-line InputErrors naming the flag, also for library callers)
+        click.option("--top-k", type=int, default=None,
+                     help="worldkv: banked chunks retrieved per chunk by camera pose (default 6, as released)."),
+        click.option("--retrieval-budget", type=int, default=None, metavar="FRAMES",
+                     help="worldkv: derive k from a token budget of FRAMES latent frames instead "
+                          "(paper: 18 -> k = 12 at --keep-ratio 0.25)."),
+        click.option("--keep-ratio", type=float, default=None,
+                     help="worldkv/retrieval: store-time compression, keep this share of each chunk's non-anchor "
+                          "tokens (0-1; worldkv default 0.5 as released, paper 0.25; retrieval default 1 = none)."),
+        click.option("--bank-device", default=None, metavar="DEVICE",
+                     help="worldkv/retrieval: where the bank of past K/V lives: cpu (default) or cuda[:i]."),
     ]
     for option in reversed(options):
         command = option(command)

@@ -82,7 +82,9 @@ def check_common(config: MemoryConfig) -> None:
 
     Raises:
         InputError: ``--budget`` < 0, ``--landmark-threshold`` not in (0, 2] (a cosine distance),
-            ``--sink-frames`` < 1, ``--max-cache-gb`` not a finite positive number.
+            ``--sink-frames`` < 1, ``--max-cache-gb`` not a finite positive number, ``--top-k`` or
+            ``--retrieval-budget`` < 0, ``--keep-ratio`` outside (0, 1], a ``--bank-device`` that
+            does not exist.
     """
     from ..errors import InputError
 
@@ -96,6 +98,38 @@ def check_common(config: MemoryConfig) -> None:
         raise InputError(f"--sink-frames: must be >= 1, got {config.sink_frames}")
     if not (math.isfinite(config.max_cache_gb) and config.max_cache_gb > 0):
         raise InputError(f"--max-cache-gb: must be a finite number > 0, got {config.max_cache_gb}")
+    if config.top_k is not None and config.top_k < 0:
+        raise InputError(f"--top-k: must be >= 0, got {config.top_k}")
+    if config.retrieval_budget is not None and config.retrieval_budget < 0:
+        raise InputError(f"--retrieval-budget: must be >= 0 latent frames, got {config.retrieval_budget}")
+    r = config.keep_ratio
+    if r is not None and not (math.isfinite(r) and 0 < r <= 1):
+        raise InputError(f"--keep-ratio: must be in (0, 1] (the share of non-anchor tokens kept), got {r}")
+    if config.bank_device is not None:
+        check_bank_device(config.bank_device)
+
+
+def check_bank_device(name: str) -> torch.device:
+    """The ``--bank-device`` as a torch.device: ``cpu`` or ``cuda[:i]`` of a device that exists.
+
+    Raises:
+        InputError: another device type, a malformed name, or a CUDA device this machine lacks.
+    """
+    from ..errors import InputError
+
+    try:
+        device = torch.device(name)
+    except (RuntimeError, ValueError):
+        raise InputError(f"--bank-device: {name!r} is not a device name (use cpu or cuda[:i])") from None
+    if device.type not in ("cpu", "cuda"):
+        raise InputError(f"--bank-device: must be cpu or cuda[:i], got {name!r}")
+    if device.type == "cuda":
+        count = torch.cuda.device_count() if torch.cuda.is_available() else 0
+        if count == 0:
+            raise InputError(f"--bank-device {name}: this machine has no CUDA device")
+        if device.index is not None and device.index >= count:
+            raise InputError(f"--bank-device {name}: this machine has {count} CUDA device(s) (cuda:0..cuda:{count - 1})")
+    return device
 
 
 class CacheWriter:
@@ -113,6 +147,10 @@ class CacheWriter:
 
     def __init__(self, config: MemoryConfig, default_budget: int):
         check_common(config)
+        if not self.needs_poses:
+            refuse(config, config.cache, "only the pose-retrieval writers worldkv and retrieval use it",
+                   top_k="--top-k", retrieval_budget="--retrieval-budget", keep_ratio="--keep-ratio",
+                   bank_device="--bank-device")
         self.config = config
         self.budget = config.budget if config.budget is not None else default_budget
         self.positions_scheme = config.positions or self.default_positions
@@ -223,9 +261,35 @@ class CacheWriter:
         return self._positions
 
     def read(self, layer: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """(K_canon [1, S*T, H, D], V [1, S*T, H, D], positions [S]) of one layer for this chunk."""
+        """(K_canon [1, N, H, D], V [1, N, H, D], positions [S]) of one layer for this chunk, with
+        N = S*T, or the sum of :meth:`token_counts` when slots differ in size."""
         k, v = self._read_kv(layer)
         return k, v, self.positions()
+
+    def token_counts(self, layer: int) -> torch.Tensor | None:
+        """Tokens of each slot of :meth:`read` in one layer: int64 [S] on the CPU, or None when every
+        slot is one whole latent frame of T tokens (every writer but the compressed retrieval ones).
+
+        A store-time compressed chunk (WorldKV §3) keeps its anchor frame whole and fewer tokens of
+        its other frames, chosen per layer: each frame stays one slot (so every position scheme
+        applies per frame) whose token count may differ between layers, and may be 0. The model
+        reads every token of a slot at the slot's position
+        (:attr:`~worldtrace_cli.model.chunk.LayerPast.counts`).
+        """
+        return None
+
+    def slot_tokens(self) -> torch.Tensor:
+        """int64 [L, S]: :meth:`token_counts` of every layer (T where a layer gives None)."""
+        g = self.geometry
+        n = len(self.slots())
+        rows = [self.token_counts(layer) for layer in range(g.num_layers)]
+        return torch.stack([torch.full((n,), g.tokens_per_frame, dtype=torch.int64) if r is None else r
+                            for r in rows]) if n else torch.zeros(g.num_layers, 0, dtype=torch.int64)
+
+    def token_bytes(self) -> int:
+        """Bytes of one token's K and V in one layer (2 * heads * head_dim * dtype size)."""
+        g = self.geometry
+        return 2 * g.heads * g.head_dim * torch.finfo(g.dtype).bits // 8
 
     def _empty(self) -> tuple[torch.Tensor, torch.Tensor]:
         g = self.geometry
@@ -233,10 +297,8 @@ class CacheWriter:
         return k, k.clone()
 
     def kv_bytes(self) -> int:
-        """Bytes of K/V the cache holds on the compute device, all layers."""
-        g = self.geometry
-        per_slot = 2 * g.tokens_per_frame * g.heads * g.head_dim * torch.finfo(g.dtype).bits // 8
-        return len(self.slots()) * per_slot * g.num_layers
+        """Bytes of K/V of the slots this chunk reads on the compute device, all layers."""
+        return int(self.slot_tokens().sum()) * self.token_bytes()
 
     def host_bytes(self) -> int:
         """Bytes kept off the compute device (e.g. the field writer's evicted frames); 0 by default."""

@@ -21,15 +21,20 @@ class LayerPast:
     """The past slots one self-attention layer reads this chunk.
 
     Attributes:
-        k: canonical keys [1, S*T, H, D] (spatial RoPE applied, temporal not), S slots of T tokens.
-        v: values [1, S*T, H, D].
+        k: canonical keys [1, N, H, D] (spatial RoPE applied, temporal not): S slots of T tokens
+            (N = S*T), or with ``counts`` slots of ``counts[s]`` tokens each, in slot order.
+        v: values [1, N, H, D].
         positions: [S] virtual temporal position of each slot in latent frames, relative to the first
             frame of the current chunk (so the newest past frame of MG2's sliding window is at -1).
+        counts: None (every slot one latent frame of T tokens) or int64 [S] tokens of each slot in
+            this layer (a compressed chunk's frames keep fewer tokens, WorldKV §3; every token of a
+            slot is read at the slot's position). Sums to N.
     """
 
     k: torch.Tensor
     v: torch.Tensor
     positions: torch.Tensor
+    counts: torch.Tensor | None = None
 
 
 @dataclass(kw_only=True)
@@ -66,11 +71,17 @@ class CacheView:
             vbuf = torch.empty_like(kbuf)
             if length:
                 # every layer reads the same slots at the same positions: one angle table per chunk
-                key = (tuple(p.positions.tolist()), length)
+                # (per slot when slots differ in size per layer, then repeated per token per layer)
+                per_slot = length // len(p.positions) if p.counts is None else 1
+                key = (tuple(p.positions.tolist()), length if p.counts is None else None)
                 if key not in self._slot_angles:
-                    self._slot_angles[key] = rope.slot_angles(p.positions, length // len(p.positions),
-                                                              self.temporal_freq_scale, p.k.device)
-                rope.rotate_slots(p.k.to(dtype), p.positions, out=kbuf[:, :length], angles=self._slot_angles[key])
+                    self._slot_angles[key] = rope.slot_angles(p.positions, per_slot, self.temporal_freq_scale,
+                                                              p.k.device)
+                angles = self._slot_angles[key]
+                if p.counts is not None:
+                    reps = p.counts.to(p.k.device)
+                    angles = tuple(a.repeat_interleave(reps, 0, output_size=length) for a in angles)
+                rope.rotate_slots(p.k.to(dtype), p.positions, out=kbuf[:, :length], angles=angles)
                 vbuf[:, :length] = p.v
             self._buffers[layer] = (kbuf, vbuf)
         return self._buffers[layer]

@@ -181,36 +181,47 @@ class MainRope:
         out[..., : self.t_ch] = rotate_channels(x[..., : self.t_ch], cos, sin)
         return out
 
-    def slot_angles(self, slot_positions: torch.Tensor, tokens_per_slot: int,
+    def slot_angles(self, slot_positions: torch.Tensor, tokens_per_slot: int | torch.Tensor,
                     freq_scale: torch.Tensor | None = None, device=None) -> tuple[torch.Tensor, torch.Tensor]:
-        """cos/sin [S*T, t_ch/2] in :attr:`precision` on ``device`` for S slots of T tokens at
-        ``slot_positions`` [S] (latent frames): the trigonometry is done per slot (float64, on the
-        CPU) and only then repeated per token on the device."""
+        """cos/sin [N, t_ch/2] in :attr:`precision` on ``device`` for S slots at ``slot_positions``
+        [S] (latent frames): the trigonometry is done per slot (float64, on the CPU) and only then
+        repeated per token on the device.
+
+        ``tokens_per_slot``: T (every slot holds T tokens, N = S*T) or an int64 tensor [S] of each
+        slot's own token count (N = its sum; slots of a compressed chunk hold fewer tokens).
+        """
         cos, sin = self.temporal_angles(slot_positions, freq_scale)
+        if isinstance(tokens_per_slot, torch.Tensor):
+            tokens_per_slot = tokens_per_slot.to(device)
         return (cos.to(device, self.precision).repeat_interleave(tokens_per_slot, 0),
                 sin.to(device, self.precision).repeat_interleave(tokens_per_slot, 0))
 
     def rotate_slots(self, k_canon: torch.Tensor, slot_positions: torch.Tensor,
                      freq_scale: torch.Tensor | None = None, out: torch.Tensor | None = None,
-                     angles: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
+                     angles: tuple[torch.Tensor, torch.Tensor] | None = None,
+                     counts: torch.Tensor | None = None) -> torch.Tensor:
         """Rotate canonical keys of whole cache slots to their virtual positions.
 
         Args:
-            k_canon: [B, S*T, H, D], S slots of T tokens each (one latent frame per slot).
+            k_canon: [B, N, H, D]: S slots of T tokens each (N = S*T, one latent frame per slot),
+                or with ``counts`` slots of ``counts[s]`` tokens each, in slot order (N = sum).
             slot_positions: [S] temporal position of each slot (latent frames, relative to the
                 first frame of the current chunk; may be fractional for centroid schemes).
             out: write the result there (e.g. a slice of an attention buffer).
             angles: precomputed :meth:`slot_angles` of these positions (a chunk reuses them in
                 every layer).
+            counts: int64 [S] tokens of each slot (a compressed chunk's frames keep fewer tokens);
+                None = N / S each.
         Returns:
-            [B, S*T, H, D] in ``k_canon.dtype``: the keys as attention reads them (Eq. 6/7 of the
+            [B, N, H, D] in ``k_canon.dtype``: the keys as attention reads them (Eq. 6/7 of the
             WorldTrace paper: R(omega * t_s) applied to the canonical key).
         """
         num_slots = slot_positions.shape[0]
         if num_slots == 0:
             return k_canon
         if angles is None:
-            angles = self.slot_angles(slot_positions, k_canon.shape[1] // num_slots, freq_scale, k_canon.device)
+            per_slot = k_canon.shape[1] // num_slots if counts is None else counts
+            angles = self.slot_angles(slot_positions, per_slot, freq_scale, k_canon.device)
         return self.apply_temporal(k_canon, None, angles=angles, out=out)
 
 

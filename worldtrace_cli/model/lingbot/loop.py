@@ -111,7 +111,8 @@ class CausalFastLoop:
         a = c * f
         device = self.dit.patch_embedding.weight.device
         self.writer.begin_chunk(a)
-        past = [LayerPast(*self.writer.read(layer)) for layer in range(self.dit.cfg.num_layers)]
+        past = [LayerPast(*self.writer.read(layer), self.writer.token_counts(layer))
+                for layer in range(self.dit.cfg.num_layers)]
         chunk = LingbotChunk(rollout=self.state, past=past, text_context=self.text_context,
                              camera=self.camera[:, :, a:a + f].to(device))
         y = self.y[:, :, a:a + f].to(device)
