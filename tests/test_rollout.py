@@ -63,7 +63,7 @@ def test_400_chunks_past_mg2_rope_table(dit):
             n = min(3, 3 * c)
             assert slots == [{"role": "recent", "kind": "past", "count": n, "frames": [[3 * c - n, 3 * c - 1]],
                               "offset": [-n, -1], "virtual_position": [3 * c - n, 3 * c - 1], "max_offset": 2 + n,
-                              "bytes": slots[0]["bytes"]}]
+                              "tokens": 8, "bytes": slots[0]["bytes"]}]
             kv_bytes.add(out.record["cache"]["kv_bytes"])
     assert rollout.chunk == 400 and out.record["latent_frames"] == [1197, 1200]
     assert len(kv_bytes) == 1  # bounded: the sliding cache never grows

@@ -43,14 +43,16 @@ def test_slot_runs_are_linear_and_round_trip():
     and non-contiguous slots keep their frames as ranges; the expansion restores every slot."""
     n = 600
     slots = [Slot("past", (f,), "recent") for f in range(n)]
-    runs = slot_records(slots, [float(f - n) for f in range(n)], n, 10)
+    runs = slot_records(slots, [float(f - n) for f in range(n)], n, [8] * n, [10] * n)
     assert len(runs) == 1 and runs[0]["count"] == n and runs[0]["frames"] == [[0, n - 1]]
     assert runs[0]["bytes"] == 10 * n and runs[0]["max_offset"] == 2 + n
     mixed = [Slot("field", (0, 1, 2, 5), "summary"), Slot("landmark", (7,), "summary"), Slot("landmark", (8,), "summary"),
              Slot("ema", (3,), "summary", time=2.5), Slot("recent", (9,), "recent"), Slot("recent", (11,), "recent")]
     positions = [-6.0, -5.0, -4.0, -3.0, -2.0, -1.0]
-    runs = slot_records(mixed, positions, 12, 1)
+    runs = slot_records(mixed, positions, 12, [8] * 6, [1] * 6)
     assert [r["count"] for r in runs] == [1, 2, 1, 1, 1]  # 7, 8 merge; 9, 11 are not consecutive
+    compressed = slot_records(mixed[1:3], positions[1:3], 12, [8, 3], [1, 1])  # fewer tokens: its own run
+    assert [r["count"] for r in compressed] == [1, 1] and [r["tokens"] for r in compressed] == [8, 3]
     assert runs[0]["frames"] == [[0, 2], [5, 5]] and frame_ranges([4, 3]) == [[4, 4], [3, 3]]
     flat = expand_slot_records(runs)
     assert [s["frames"] for s in flat] == [list(s.frames) for s in mixed]
@@ -61,7 +63,7 @@ def test_slot_runs_are_linear_and_round_trip():
 
 def test_chunk_schema_rejects_the_old_layouts():
     validator = jsonschema.Draft202012Validator(load_schema("chunk-record"))
-    run = slot_records([Slot("past", (4,), "recent")], torch.tensor([-1.0]).tolist(), 5, 8)[0]
+    run = slot_records([Slot("past", (4,), "recent")], torch.tensor([-1.0]).tolist(), 5, [8], [8])[0]
     validator.validate(record([run]))
     for bad in ({**run, "frames": [4]}, {**run, "frames": {"first": 0, "last": 9, "count": 10}}, {**run, "offset": -1.0},
                 {**run, "role": "field"}):

@@ -90,7 +90,9 @@ class LingbotRollout:
             self.writer.begin_chunk(a)
             slots, positions = self.writer.slots(), self.writer.positions()
             kv_bytes = self.writer.kv_bytes()
-            past = [LayerPast(*self.writer.read(layer)) for layer in range(self.geometry.num_layers)]
+            tokens = self.writer.slot_tokens()  # [L, S]: slots of a compressed chunk hold fewer tokens
+            past = [LayerPast(*self.writer.read(layer), self.writer.token_counts(layer))
+                    for layer in range(self.geometry.num_layers)]
             freq_scale = self.writer.temporal_frequency_scale()
         chunk = LingbotChunk(rollout=self.state, past=past, text_context=self.text_context,
                              camera=self.camera.chunk(a, f).to(self.device), temporal_freq_scale=freq_scale)
@@ -118,5 +120,5 @@ class LingbotRollout:
             self.writer.commit(committed, list(range(a, a + f)))
         del chunk
         self.chunk += 1
-        record = chunk_record(self.writer, self.geometry, c, a, slots, positions, kv_bytes, timer, x0)
+        record = chunk_record(self.writer, self.geometry, c, a, slots, positions, kv_bytes, tokens, timer, x0)
         return ChunkOutput(x0, None, record)

@@ -19,13 +19,13 @@ def frame_ranges(frames) -> list[list[int]]:
     return out
 
 
-def slot_records(slots, positions: list[float], frame_start: int, bytes_per_slot: int,
+def slot_records(slots, positions: list[float], frame_start: int, tokens: list, slot_bytes: list[int],
                  frames_per_chunk: int = 3) -> list[dict]:
     """JSON records of the slots read by a chunk, as *runs* so a record's size does not grow with
     the cache (chunks.jsonl grows linearly in the number of chunks for every writer, even ``full``).
 
-    A run is ``count`` >= 1 consecutive slots of one ``role`` (summary | recent) and ``kind`` that each
-    hold one source latent frame, frame ids and virtual positions both increasing by exactly 1 from
+    A run is ``count`` >= 1 consecutive slots of one ``role`` (summary | recent), ``kind`` and token
+    count that each hold one source latent frame, frame ids and virtual positions both increasing by exactly 1 from
     slot to slot (e.g. a sliding or full window); any other slot is a run of one. Fields (one JSON
     type each, schemas/chunk-record.schema.json):
 
@@ -35,24 +35,29 @@ def slot_records(slots, positions: list[float], frame_start: int, bytes_per_slot
       first frame / absolute index); slot i of the run is read at ``offset[0] + i``.
     - ``max_offset``: the largest query-key temporal offset any slot of the run is read at (from the
       chunk's last frame: ``frames_per_chunk - 1 - offset[0]``; compare with ``trained_offset``).
+    - ``tokens``: tokens of each slot of the run (T for a whole latent frame; a WorldKV-compressed
+      chunk's frames keep fewer, chosen per layer: then the mean over layers).
     - ``bytes``: K+V bytes of the run, all layers.
+
+    Args:
+        tokens, slot_bytes: per slot, its tokens and its K+V bytes (all layers).
     """
     out: list[dict] = []
     last = None  # (record, last frame, last position) of the open mergeable run
-    for slot, pos in zip(slots, positions):
+    for slot, pos, n, size in zip(slots, positions, tokens, slot_bytes):
         single = len(slot.frames) == 1 and slot.time is None
         if (single and last is not None and last[0]["role"] == slot.role and last[0]["kind"] == slot.kind
-                and int(slot.frames[0]) == last[1] + 1 and pos == last[2] + 1):
+                and last[0]["tokens"] == n and int(slot.frames[0]) == last[1] + 1 and pos == last[2] + 1):
             rec = last[0]
             rec["count"] += 1
             rec["frames"][-1][1] = int(slot.frames[0])
             rec["offset"][1], rec["virtual_position"][1] = pos, frame_start + pos
-            rec["bytes"] += bytes_per_slot
+            rec["bytes"] += size
             last = (rec, int(slot.frames[0]), pos)
             continue
         rec = {"role": slot.role, "kind": slot.kind, "count": 1, "frames": frame_ranges(slot.frames),
                "offset": [pos, pos], "virtual_position": [frame_start + pos, frame_start + pos],
-               "max_offset": frames_per_chunk - 1 - pos, "bytes": bytes_per_slot}
+               "max_offset": frames_per_chunk - 1 - pos, "tokens": n, "bytes": size}
         out.append(rec)
         last = (rec, int(slot.frames[0]), pos) if single else None
     return out
@@ -60,17 +65,17 @@ def slot_records(slots, positions: list[float], frame_start: int, bytes_per_slot
 
 def expand_slot_records(runs: list[dict]) -> list[dict]:
     """The per-slot view of :func:`slot_records`' runs: one dict per slot with ``role``, ``kind``,
-    ``frames`` (the slot's source latent frames, a list), ``offset`` and ``virtual_position``."""
+    ``frames`` (the slot's source latent frames, a list), ``tokens``, ``offset`` and ``virtual_position``."""
     out = []
     for run in runs:
         if run["count"] == 1:
             frames = [f for first, last in run["frames"] for f in range(first, last + 1)]
-            out.append({"role": run["role"], "kind": run["kind"], "frames": frames,
+            out.append({"role": run["role"], "kind": run["kind"], "frames": frames, "tokens": run["tokens"],
                         "offset": run["offset"][0], "virtual_position": run["virtual_position"][0]})
             continue
         first = run["frames"][0][0]
         for i in range(run["count"]):
-            out.append({"role": run["role"], "kind": run["kind"], "frames": [first + i],
+            out.append({"role": run["role"], "kind": run["kind"], "frames": [first + i], "tokens": run["tokens"],
                         "offset": run["offset"][0] + i, "virtual_position": run["virtual_position"][0] + i})
     return out
 
