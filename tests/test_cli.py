@@ -98,13 +98,20 @@ def test_wrong_mode_for_preset(tmp_path):
 
 
 @pytest.mark.parametrize("traj,preset", [("gta_drive_loop", "tiny-gta-drive"), ("templerun_run", "tiny-templerun")])
-def test_every_mode_runs_on_its_tiny_preset_by_default(tmp_path, traj, preset):
+def test_every_mode_runs_on_its_tiny_preset_by_default(tmp_path, traj, preset, monkeypatch):
+    import os
+
+    for var in ("OMP_NUM_THREADS", "MKL_NUM_THREADS"):  # --threads sets them: restored after the test
+        monkeypatch.setenv(var, os.environ.get(var, ""))
+    threads = torch.get_num_threads()
     out = tmp_path / "o"
     result = generate("--image", IMAGE, ROOT / "trajectories" / f"{traj}.yaml", "--chunks", 2, "--cache", "landmark",
-                      "--metrics", "none", "-o", out)
+                      "--metrics", "none", "--threads", 1, "-o", out)
     assert result.exit_code == 0, result.output
     summary = json.loads((out / "summary.json").read_text())
     assert summary["config"]["preset"]["name"] == preset and summary["totals"]["chunks"] == 2
+    assert summary["resolved"]["threads"] == 1  # --threads reached torch
+    torch.set_num_threads(threads)
 
 
 def test_checkpoint_preset_without_checkpoint(tmp_path):

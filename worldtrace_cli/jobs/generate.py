@@ -60,6 +60,8 @@ def run_generation(cfg, resume: bool = False, pipeline=None) -> dict:
 
 
 def _generate(cfg, inputs: RunInputs, folder: RunFolder, resume: bool, pipeline, started: float) -> dict:
+    import torch
+
     from ..metrics import OnlineMetrics
     from ..outputs import write_json_atomic
     from ..pipeline import Pipeline, versions
@@ -78,8 +80,6 @@ def _generate(cfg, inputs: RunInputs, folder: RunFolder, resume: bool, pipeline,
     cond_s = time.perf_counter() - t0
     device = pipeline.device
     if device.type == "cuda":
-        import torch
-
         torch.cuda.reset_peak_memory_stats(device)
     rollout = pipeline.rollout(writer, conditioned, plan.keyboard[None],
                                None if plan.mouse is None else plan.mouse[None], inputs.seed)
@@ -109,7 +109,7 @@ def _generate(cfg, inputs: RunInputs, folder: RunFolder, resume: bool, pipeline,
                          "trajectory": str(Path(cfg.trajectory).resolve()), "waypoints": plan.waypoints,
                          "chunks": plan.num_chunks, "image": inputs.image_label, "notes": plan.notes,
                          "world_seed": None if inputs.truth is None else inputs.truth.world_seed,
-                         "resumed_at_chunk": start or None},
+                         "resumed_at_chunk": start or None, "threads": torch.get_num_threads()},
             "checkpoint": pipeline.world.files, "versions": versions(),
             "cache": {**writer.describe(), "kv_bytes": writer.kv_bytes(), "host_bytes": writer.host_bytes(),
                       "trained_offset": rollout.geometry.trained_offset, "max_offset": sinks.max_offset()},
