@@ -2,7 +2,8 @@
 
 Rows are the cache slots in read order (summary slots on top, recent slots at the bottom), columns
 are chunks; each cell is coloured by the mean source latent frame of the slot at that chunk (blank
-where the slot did not exist yet). Chunks in which a landmark was stored are marked with a red
+where the slot did not exist yet) and, on small grids, numbered with how many frames an averaged
+slot covers. Dashed lines mark the chunks where the trajectory reaches a waypoint (its label). Chunks in which a landmark was stored are marked with a red
 triangle above the grid. Reads only ``chunks.jsonl`` records, so it can be redrawn for any run.
 """
 
@@ -32,26 +33,38 @@ def plot_cache_timeline(records: list[dict], path: str | Path, title: str = "") 
     per_chunk = [expand_slot_records(r["cache"]["slots"]) for r in records]
     n_slots = max(len(s) for s in per_chunk)
     grid = np.full((max(1, n_slots), len(records)), np.nan)
+    covers = np.zeros_like(grid, dtype=np.int64)  # source frames per slot (an averaged slot covers several)
     kinds = [""] * n_slots
     for col, slots in enumerate(per_chunk):
         offset = n_slots - len(slots)  # align the newest slot with the bottom row
         for i, slot in enumerate(slots):
             grid[offset + i, col] = float(np.mean(slot["frames"])) if slot["frames"] else np.nan
+            covers[offset + i, col] = len(slot["frames"])
             kinds[offset + i] = slot["kind"]
     width = min(16.0, 3.0 + 0.12 * len(records))
     fig, ax = plt.subplots(figsize=(width, 1.2 + 0.35 * max(1, n_slots)))
     img = ax.imshow(np.ma.masked_invalid(grid), aspect="auto", cmap="viridis", interpolation="nearest",
                     vmin=0, vmax=max(1, 3 * len(records)))
     fig.colorbar(img, ax=ax, label="source latent frame (mean)")
+    if covers.max() > 1 and len(records) <= 64 and n_slots <= 32:  # small enough to read: frames per cell
+        for row, col in zip(*np.nonzero(covers > 1)):
+            ax.text(col, row, str(covers[row, col]), ha="center", va="center", fontsize=6, color="white")
+        ax.set_xlabel("chunk (numbers: frames a slot averages)")
+    else:
+        ax.set_xlabel("chunk")
+    for col, rec in enumerate(records):  # the trajectory's waypoints, where the chunk reaches them
+        for label in rec.get("waypoints") or []:
+            ax.axvline(col, color="white", lw=0.8, ls="--", alpha=0.8)
+            ax.text(col, -0.55, str(label), ha="center", va="bottom", fontsize=8, color="black",
+                    fontweight="bold", clip_on=False)
     marks = [c for c, r in enumerate(records) if any(e.get("landmark") for e in r["cache"].get("events", []))]
     if marks:
         ax.scatter(marks, [-0.9] * len(marks), marker="v", color="red", s=30, clip_on=False, label="landmark stored")
         ax.legend(loc="upper right", bbox_to_anchor=(1.0, 1.35), fontsize=8, frameon=False)
     ax.set_yticks(range(n_slots), [f"{i}: {k}" for i, k in enumerate(kinds)], fontsize=8)
-    ax.set_xlabel("chunk")
     ax.xaxis.set_major_locator(matplotlib.ticker.MaxNLocator(integer=True))
     ax.set_title(title or f"cache slots of {records[0]['cache']['writer']} ({records[0]['cache']['positions']})",
-                 fontsize=10)
+                 fontsize=10, pad=14)
     fig.tight_layout()
     fig.savefig(path, dpi=100)
     plt.close(fig)
