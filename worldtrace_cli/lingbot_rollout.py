@@ -19,10 +19,10 @@ import torch
 
 from .errors import RunError
 from .memory import CacheGeometry, CacheWriter
-from .model.lingbot.dit import LayerPast, LingbotChunk
+from .model.lingbot.dit import LingbotChunk
 from .model.lingbot.sampler import CausalFastSchedule, add_noise, flow_to_x0
 from .model.sampler import chunk_generator
-from .rollout import ChunkOutput, _Timer, chunk_record
+from .rollout import ChunkOutput, _Timer, chunk_record, read_past
 
 TRAINED_WINDOW = 18  # latent frames the release attends over (README setting, spec §2.2): offsets to 17
 
@@ -91,8 +91,7 @@ class LingbotRollout:
             slots, positions = self.writer.slots(), self.writer.positions()
             kv_bytes = self.writer.kv_bytes()
             tokens = self.writer.slot_tokens()  # [L, S]: slots of a compressed chunk hold fewer tokens
-            past = [LayerPast(*self.writer.read(layer), self.writer.token_counts(layer))
-                    for layer in range(self.geometry.num_layers)]
+            past = read_past(self.writer, self.geometry.num_layers)
             freq_scale = self.writer.temporal_frequency_scale()
         chunk = LingbotChunk(rollout=self.state, past=past, text_context=self.text_context,
                              camera=self.camera.chunk(a, f).to(self.device), temporal_freq_scale=freq_scale)

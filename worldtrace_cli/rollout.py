@@ -143,8 +143,7 @@ class Rollout:
             slots, positions = self.writer.slots(), self.writer.positions()
             kv_bytes = self.writer.kv_bytes()  # what this chunk reads, before its own commit
             tokens = self.writer.slot_tokens()  # [L, S]: slots of a compressed chunk hold fewer tokens
-            past = [LayerPast(*self.writer.read(layer), self.writer.token_counts(layer))
-                    for layer in range(self.geometry.num_layers)]
+            past = read_past(self.writer, self.geometry.num_layers)
             freq_scale = self.writer.temporal_frequency_scale()
         chunk = ChunkInputs(rollout=self.state, past=past, frame_start=sf, keyboard=self.keyboard, mouse=self.mouse,
                             visual_context=self.visual_context,
@@ -311,6 +310,13 @@ def chunk_record(writer: CacheWriter, geometry: CacheGeometry, chunk: int, frame
         "memory": memory_record(timer.device),
         "latents": {"mean": round(x0.mean().item(), 6), "std": round(x0.std().item(), 6)},
     }
+
+
+def read_past(writer: CacheWriter, num_layers: int) -> list[LayerPast]:
+    """Every layer's :class:`~worldtrace_cli.model.chunk.LayerPast` of the chunk ``writer`` began
+    (canonical K, V, per-slot positions and, for compressed slots, per-slot token counts): what the
+    DiT reads this chunk. Used by both rollouts, training and its evaluation (design.md §3)."""
+    return [LayerPast(*writer.read(layer), writer.token_counts(layer)) for layer in range(num_layers)]
 
 
 def memory_record(device: torch.device) -> dict:

@@ -25,7 +25,8 @@ import torch
 from ..config import Preset
 from ..memory import CacheGeometry, MemoryConfig, build_writer
 from ..model.conditioning import MASK_CHANNELS, ConditioningLatents
-from ..model.dit import CausalWanDiT, ChunkInputs, LayerPast, init_random_weights
+from ..model.dit import CausalWanDiT, ChunkInputs, init_random_weights
+from ..rollout import read_past
 from ..model.sampler import NUM_TRAIN_TIMESTEPS, FlowMatchSchedule, add_noise
 from .common import LoopSettings, prepare_folder, run_loop, save_safetensors_atomic, settings_dict
 from .dataset import CLIP_CHUNKS, EncodedClip, read_shard, shard_paths
@@ -98,7 +99,7 @@ def context_state(dit: CausalWanDiT, clip: EncodedClip, late_cond, chunks: int, 
         for c in range(chunks):
             sf = clip.frame_start + 3 * c
             writer.begin_chunk(sf)
-            past = [LayerPast(*writer.read(layer)) for layer in range(dit.cfg.num_layers)]
+            past = read_past(writer, dit.cfg.num_layers)
             chunk = ChunkInputs(rollout=state, past=past, frame_start=sf, keyboard=kb, mouse=ms, visual_context=visual)
             _, committed = dit(z[:, :, 3 * c:3 * c + 3], torch.zeros(1, 3), cond_concat(clip, late_cond, sf, 3), chunk,
                                commit=True)
@@ -111,7 +112,7 @@ def target_chunk_inputs(dit, clip, late_cond, target: int, state, writer, rows, 
     (``past_edit(list[LayerPast]) -> list[LayerPast]`` may change what is read: evaluation controls)."""
     sf = clip.frame_start + 3 * target
     writer.begin_chunk(sf)
-    past = [LayerPast(*writer.read(layer)) for layer in range(dit.cfg.num_layers)]
+    past = read_past(writer, dit.cfg.num_layers)
     if past_edit is not None:
         past = past_edit(past)
     state.cross_kv = None  # recomputed inside the graph so img_emb and the cross-attention K/V learn

@@ -24,6 +24,7 @@ import torch
 from ..model.dit import LayerPast
 from ..model.sampler import FlowMatchSchedule, add_noise, flow_to_x0
 from .dataset import ClipMix, EncodedClip, make_clip, make_encoder, read_shard, write_shard
+from ..rollout import read_past
 from .dit import context_state, target_chunk_inputs
 
 HELDOUT_FILE = "heldout.safetensors"
@@ -93,7 +94,7 @@ def memory_effect(dit, clips: list[EncodedClip], late_cond, schedule: FlowMatchS
         donor_clip = clips[(i + 1) % len(clips)]
         _, donor_writer, _ = context_state(dit, donor_clip, late_cond, 2)
         donor_writer.begin_chunk(clip.frame_start + 6)
-        donor = [LayerPast(*donor_writer.read(layer)) for layer in range(dit.cfg.num_layers)]
+        donor = read_past(donor_writer, dit.cfg.num_layers)
         truth = clip.latents[:, clip.return_latent]
         for name, edit in (("full", None), ("removed", _drop_slot0(tokens)), ("wrong", _replace_slot0(donor, tokens))):
             x0 = sample_chunk(dit, clip, late_cond, 2, schedule, seed=i, past_edit=edit)
