@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from worldtrace_cli import parity
-from worldtrace_cli.model.dit import configure_speed
+from worldtrace_cli.model.speed import configure_speed
 from worldtrace_cli.model.rope import MainRope
 
 FIXTURES = Path(__file__).parent / "data" / "fixtures"

@@ -9,7 +9,8 @@ import pytest
 import torch
 
 from worldtrace_cli.memory import MemoryConfig, build_writer
-from worldtrace_cli.model.dit import CausalWanDiT, compile_blocks, configure_speed, init_random_weights
+from worldtrace_cli.model.dit import CausalWanDiT, init_random_weights
+from worldtrace_cli.model.speed import compile_blocks, configure_speed
 from worldtrace_cli.model.rope import MainRope
 from worldtrace_cli.model.sampler import FlowMatchSchedule
 from worldtrace_cli.model.vae import StreamingDecoder, build_wan_vae
@@ -42,7 +43,7 @@ def test_float32_rope_is_within_one_bf16_rounding_of_float64():
     """float32 tables (rounded once from float64 angles) only move a bf16 key where the float64
     result sits on a rounding boundary: by one bf16 step, on a small fraction of elements."""
     frames, h, w = 3, 6, 8
-    x = torch.randn(1, frames * h * w, 4, 128).to(torch.bfloat16)
+    x = torch.randn(1, frames * h * w, 4, 128, generator=torch.Generator().manual_seed(0)).to(torch.bfloat16)
     results = {}
     for precision in (torch.float64, torch.float32):
         rope = _rope(precision)

@@ -218,7 +218,7 @@ class RunConfig:
         rope_precision: ``float32`` | ``float64``: dtype of the RoPE tables and rotation
             (:class:`~worldtrace_cli.model.rope.MainRope`); both replay the golden fixtures.
         compile: ``none`` | ``default`` | ``reduce-overhead`` | ``max-autotune``: torch.compile of the
-            DiT blocks' pure parts (:func:`~worldtrace_cli.model.dit.compile_blocks`).
+            DiT blocks' pure parts (:func:`~worldtrace_cli.model.speed.compile_blocks`).
         overlap_decode: decode each chunk while the next one is generated
             (:class:`~worldtrace_cli.rollout.DecodePipeline`).
         prompt, poses, intrinsics: LingBot presets only: the text prompt and LingBot's own

@@ -58,7 +58,7 @@ class LingbotPipeline(PipelineBase):
         """
         import time
 
-        from .model.dit import ROPE_PRECISIONS
+        from .model.speed import ROPE_PRECISIONS
         from .model.lingbot.sampler import CausalFastSchedule
         from .model.lingbot.world import load_lingbot_world
 

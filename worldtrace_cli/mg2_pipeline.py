@@ -49,7 +49,7 @@ class MG2Pipeline(PipelineBase):
         import time
 
         from .model.checkpoint import load_world_model
-        from .model.dit import COMPILE_MODES, ROPE_PRECISIONS, configure_speed
+        from .model.speed import COMPILE_MODES, ROPE_PRECISIONS, configure_speed
 
         if rope_precision not in ROPE_PRECISIONS:
             raise InputError(f"--rope-precision: must be one of {', '.join(ROPE_PRECISIONS)}, got {rope_precision!r}")

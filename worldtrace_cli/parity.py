@@ -24,7 +24,8 @@ from .memory import build_writer
 from .memory.base import MemoryConfig
 from .model.checkpoint import check_state_dict, read_json, read_state_dict
 from .model.config import DiTConfig
-from .model.dit import CausalWanDiT, configure_speed
+from .model.dit import CausalWanDiT
+from .model.speed import configure_speed
 from .model.sampler import FlowMatchSchedule
 
 TOLERANCE = 1e-4
@@ -112,7 +113,7 @@ def replay(model: CausalWanDiT, inputs: dict, on_call=None, writer=None, device:
 def compare(folder: str | Path, rope_precision: str = "float64", compile_mode: str = "none",
             device: str = "cpu") -> dict[str, float]:
     """Replay ``folder`` with the given speed options
-    (:func:`~worldtrace_cli.model.dit.configure_speed`) on ``device``; return max |diff| per group:
+    (:func:`~worldtrace_cli.model.speed.configure_speed`) on ``device``; return max |diff| per group:
     ``x0`` (every call), ``output_latents``."""
     model, inputs, outputs = load_fixture(folder)
     model = model.to(device)

@@ -117,7 +117,7 @@ def compare_lingbot(folder: str | Path, rope_precision: str = "float32", device:
     Raises:
         InputError / CheckpointError: an incomplete or unreadable folder.
     """
-    from .model.dit import ROPE_PRECISIONS
+    from .model.speed import ROPE_PRECISIONS
     from .model.lingbot.checkpoint import load_lingbot_dit
 
     folder = Path(folder)

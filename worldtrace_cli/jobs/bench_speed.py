@@ -32,7 +32,7 @@ def speed_benchmark(preset_name: str = "tiny", caches: tuple[str, ...] = ("slidi
     reads MG2's own 3 past frames, the WorldTrace writers 6, so at defaults they attend over 6 vs 9
     latent frames; pass 6 to compare at one cache size). ``repeats``: the writers run in turn this
     many times (interleaved, so drifting machine speed hits all alike); :func:`speed_summary` takes
-    medians. ``rope_precision``/``compile_mode`` are :func:`~worldtrace_cli.model.dit.configure_speed`'s;
+    medians. ``rope_precision``/``compile_mode`` are :func:`~worldtrace_cli.model.speed.configure_speed`'s;
     compilation happens in the first chunk, so keep ``warmup_chunks`` >= 1 (>= 3 for
     ``reduce-overhead``, whose CUDA graphs are recorded over the first calls).
 

@@ -70,7 +70,7 @@ class MainRope:
     Angles are always computed in float64; ``precision`` is the dtype of the cos/sin tables and of
     the rotation arithmetic. ``torch.float64`` (this class's default) is MG2's own (spec §16.6);
     runs use ``torch.float32`` unless told otherwise (``--rope-precision``,
-    :func:`~worldtrace_cli.model.dit.configure_speed`), and both replay the golden fixtures; ``torch.float32`` keeps float64-accurate tables rounded once to float32,
+    :func:`~worldtrace_cli.model.speed.configure_speed`), and both replay the golden fixtures; ``torch.float32`` keeps float64-accurate tables rounded once to float32,
     which is below bf16's resolution (a bf16 model's keys differ by at most one bf16 rounding step)
     and avoids float64 arithmetic on GPUs.
 
