@@ -15,6 +15,7 @@ import signal
 import subprocess
 import tempfile
 from collections.abc import Mapping
+from contextlib import contextmanager
 from fractions import Fraction
 from pathlib import Path, PurePath
 
@@ -34,6 +35,48 @@ _GOP_FRAMES = 12  # one keyframe (= one MP4 fragment) per 12 pixel frames, about
 
 def _reason(err: OSError) -> str:
     return err.strerror or str(err)
+
+
+def tail_words(text, max_chars: int = 300) -> str:
+    """The end of ``text`` with whitespace collapsed, at most ``max_chars`` long, cut at a word
+    boundary and marked with a leading ``...`` when cut (ffmpeg's reason comes last)."""
+    text = " ".join(str(text).split())
+    if len(text) <= max_chars:
+        return text
+    cut = text[-(max_chars - 4):]
+    space = cut.find(" ")
+    return "... " + (cut[space + 1:] if 0 <= space < len(cut) - 1 else cut)
+
+
+@contextmanager
+def atomic_path(path: str | Path):
+    """Write a file under a temporary name, then rename it over ``path``.
+
+    Yields a path beside ``path`` (same folder and suffix, so writers that infer the format from
+    the name work). When the block succeeds the file is fsync'ed and renamed to ``path``; when it
+    fails the temporary file is removed. A reader never finds a zero-byte or torn file at ``path``
+    (disk full, a killed process): it finds the old file or the new one.
+
+    Raises:
+        OutputError: an OSError while writing or renaming (disk full, permissions), naming ``path``.
+    """
+    path = Path(path)
+    tmp = path.with_name(f".{path.stem}.{os.getpid()}.tmp{path.suffix}")
+    try:
+        yield tmp
+        fd = os.open(tmp, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        os.replace(tmp, path)
+    except OSError as err:
+        raise OutputError(f"cannot write {path}: {_reason(err)}") from None
+    finally:
+        try:
+            tmp.unlink(missing_ok=True)
+        except OSError:
+            pass
 
 
 # --------------------------------------------------------------------------- video
@@ -147,7 +190,7 @@ class VideoStreamWriter:
     def _ffmpeg_message(self, max_chars: int = 500) -> str:
         self._log.seek(0)
         text = self._log.read().decode("utf-8", "replace")
-        return " ".join(text.split())[-max_chars:] or "no message from ffmpeg"
+        return tail_words(text, max_chars) or "no message from ffmpeg"
 
     def __enter__(self) -> VideoStreamWriter:
         return self
@@ -196,7 +239,7 @@ def read_video_frames(path: str | Path, indices=None) -> np.ndarray:
 
 def _tail(err: Exception, max_chars: int = 300) -> str:
     # ffmpeg's own reason comes last, after its banner.
-    return " ".join(str(err).split())[-max_chars:]
+    return tail_words(err, max_chars)
 
 
 def _existing(path: str | Path) -> Path:
@@ -385,7 +428,7 @@ def _ffmpeg_copy(args: list[str], what: str) -> None:
     cmd = [imageio_ffmpeg.get_ffmpeg_exe(), "-hide_banner", "-loglevel", "error", "-y", *args]
     proc = subprocess.run(cmd, stdin=subprocess.DEVNULL, capture_output=True, text=True)
     if proc.returncode != 0:
-        raise OutputError(f"ffmpeg failed to {what}: {' '.join(proc.stderr.split())[-300:]}")
+        raise OutputError(f"ffmpeg failed to {what}: {tail_words(proc.stderr)}")
 
 
 _FRAG_FLAGS = ["-movflags", "frag_keyframe+empty_moov+default_base_moof"]

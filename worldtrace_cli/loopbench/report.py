@@ -16,7 +16,7 @@ from collections import defaultdict
 from pathlib import Path
 
 from ..errors import InputError, OutputError
-from ..outputs import write_json_atomic
+from ..outputs import atomic_path, write_json_atomic
 from .configs import CONFIGS
 from .runner import FAILED_NAME
 
@@ -390,16 +390,16 @@ def report(out_dir: str | Path, dest: str | Path | None = None) -> dict[str, Pat
     agg = aggregate(rows)
     paths = {name: dest / name for name in ("report.md", "report.csv", "report.json", "pac_vs_chunks.png",
                                              "tiers.png")}
-    try:
-        paths["report.md"].write_text(markdown(rows, agg, failed, out_dir), encoding="utf-8")
-        with paths["report.csv"].open("w", newline="", encoding="utf-8") as fh:
-            writer = csv.DictWriter(fh, fieldnames=ROW_FIELDS)
-            writer.writeheader()
-            writer.writerows({k: ("" if r[k] is None else r[k]) for k in ROW_FIELDS} for r in rows)
-        plot_pac_vs_chunks(agg, paths["pac_vs_chunks.png"])
-        plot_tiers(agg, paths["tiers.png"])
-    except OSError as err:
-        raise OutputError(f"cannot write the report into {dest}: {err.strerror or err}") from None
+    # each file under a temporary name, then renamed: a full disk leaves no torn report
+    with atomic_path(paths["report.md"]) as tmp:
+        tmp.write_text(markdown(rows, agg, failed, out_dir), encoding="utf-8")
+    with atomic_path(paths["report.csv"]) as tmp, tmp.open("w", newline="", encoding="utf-8") as fh:
+        writer = csv.DictWriter(fh, fieldnames=ROW_FIELDS)
+        writer.writeheader()
+        writer.writerows({k: ("" if r[k] is None else r[k]) for k in ROW_FIELDS} for r in rows)
+    for name, plot in (("pac_vs_chunks.png", plot_pac_vs_chunks), ("tiers.png", plot_tiers)):
+        with atomic_path(paths[name]) as tmp:
+            plot(agg, tmp)
     write_json_atomic(paths["report.json"], {"out_dir": str(out_dir), "baseline": BASELINE, "confidence": 0.95,
                                              "rows": rows, **agg, "failures": failed})
     return paths
