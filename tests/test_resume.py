@@ -199,3 +199,22 @@ def test_overwrite_removes_an_old_resume_state(tmp_path):
     run_generation(config(out, "sliding", overwrite=True, save_every=0))
     assert not (out / "resume").exists()
     assert resume(out).returncode == 2  # completed: nothing to resume
+
+
+@pytest.mark.parametrize("umask", [0o002, 0o022, 0o077])
+def test_resume_state_files_follow_the_umask(tmp_path, umask):
+    """Issue 15: the state's tensors were written 0600 whatever the umask (safetensors' own mode),
+    so a group sharing a run folder could not resume it."""
+    import os
+
+    import torch
+
+    from worldtrace_cli.state import save_state
+
+    old = os.umask(umask)
+    try:
+        save_state(tmp_path / "resume", {"next_chunk": 1}, {"writer": {"k": torch.zeros(2)}})
+    finally:
+        os.umask(old)
+    for name in ("state.json", "state.safetensors"):
+        assert (tmp_path / "resume" / name).stat().st_mode & 0o777 == 0o666 & ~umask, name
