@@ -114,6 +114,33 @@ def test_check_refuses_contradictions(tmp_path, records, video_chunks, message):
     assert err.value.exit_code == 7
 
 
+def test_check_joins_the_video_part_a_killed_resume_left(tmp_path):
+    """Issue 15: after a kill during a resumed run, video.mp4 lagged the records (the new chunks sat
+    in video.part.mp4 until the next resume). Whoever reads or takes the folder joins them first;
+    while a run holds the folder the part is left alone and counted."""
+    folder = RunFolder(tmp_path / "run")
+    _write_run(folder, 3, video_chunks=2)  # video.mp4: chunks 0-1 (21 frames); records 0-2
+    proc = subprocess.Popen([sys.executable, "-c", _HOLDER, str(folder.path)], stdout=subprocess.PIPE, text=True)
+    try:  # a running resume: nothing is touched, both files count
+        assert proc.stdout.readline().strip() == "locked"
+        part = VideoStreamWriter(folder.video_part, 32, 16, 25.0)  # the resumed run's chunk 2
+        part.write(np.full((12, 16, 32, 3), 200, np.uint8))
+        part.close()
+        assert folder.check(frames_for_chunks)["video_frames"] == 33 and folder.video_part.is_file()
+    finally:
+        proc.send_signal(signal.SIGKILL)
+        proc.wait()
+    info = folder.check(frames_for_chunks)  # the holder was killed: the part joins video.mp4
+    assert info["video_frames"] == 33 and not folder.video_part.exists()
+    from worldtrace_cli.outputs import probe_video, read_video_frames
+
+    assert probe_video(folder.video)["frames"] == 33
+    assert read_video_frames(folder.video, indices=[32])[0].mean() > 150  # the part's frames are at the end
+    folder.video_part.write_bytes(b"")  # a resume killed before its first frame: an empty part goes
+    with folder.lock():
+        assert not folder.video_part.exists()
+
+
 def test_check_refuses_a_complete_summary_that_disagrees_with_the_records(tmp_path):
     folder = RunFolder(tmp_path / "run")
     _write_run(folder, 2)

@@ -13,11 +13,15 @@ job, ``metrics``, the LoopBench report) goes through :class:`RunFolder` (design.
 * **Consistency** (:meth:`RunFolder.check`): chunk ids 0..n-1 exactly once, and the video's pixel
   frames equal what the records cover; a torn last record (a killed writer) is reported as partial,
   a contradiction is :class:`~worldtrace_cli.errors.FolderInconsistent` (exit 7).
+* **video.mp4 covers every record**: a resumed run appends to ``video.part.mp4`` and joins it into
+  ``video.mp4`` when it finishes or stops; a part left by a killed resumed run is joined by the next
+  process that takes the folder's lock or checks it (:meth:`RunFolder.join_video_part`).
 """
 
 from __future__ import annotations
 
 import json
+import logging
 import os
 import shutil
 import sys
@@ -37,6 +41,9 @@ LOCK = ".worldtrace.lock"
 HOLDER = ".worldtrace.lock.json"
 RUN_FILES = (SUMMARY, CHUNKS, VIDEO, TIMELINE)  # a replaced run loses these (summary first)
 LEFTOVERS = (STATE, STATE + ".old", STATE + ".tmp", VIDEO_PART)  # a replaced run's resume state goes too
+
+
+log = logging.getLogger("worldtrace")
 
 
 def _reason(err: OSError) -> str:
@@ -88,6 +95,10 @@ class RunFolder:
         except OSError:  # the lock itself is what matters; the holder note only improves messages
             pass
         try:
+            try:
+                self.join_video_part()  # a killed resumed run's chunks join video.mp4 first
+            except OutputError as exc:  # the part stays; --overwrite or a resume still works
+                log.warning(f"{self.path}: {exc}")
             yield self
         finally:
             try:
@@ -95,6 +106,36 @@ class RunFolder:
             except OSError:
                 pass
             lock.release()
+
+    def join_video_part(self) -> bool:
+        """Join ``video.part.mp4`` (the chunks a resumed run added; left by a kill) into ``video.mp4``
+        (stream copy, no re-encoding). Call while holding :meth:`lock`. An empty part (killed before
+        its first frame) is removed. Returns True when a part was joined.
+
+        Raises:
+            OutputError: ffmpeg cannot join them (both files are left as they were).
+        """
+        from ..outputs import concat_videos
+
+        if not self.video_part.is_file():
+            return False
+        if self.video_part.stat().st_size == 0:
+            self.video_part.unlink()
+            return False
+        concat_videos([self.video, self.video_part], self.video)
+        return True
+
+    def settle(self) -> None:
+        """Join a ``video.part.mp4`` that a killed resumed run left (:meth:`join_video_part`), when no
+        process holds the folder (a running resume is left alone). Readers call it first, so
+        ``video.mp4`` covers every record they read."""
+        if not self.video_part.is_file():
+            return
+        try:
+            with self.lock("settle"):  # the lock joins the part
+                pass
+        except (FolderBusy, OutputError):  # a run is writing the folder, or it is read-only
+            pass
 
     def _holder(self) -> str:
         try:
@@ -205,6 +246,9 @@ class RunFolder:
     def check(self, frames_for_chunks) -> dict:
         """Check that the folder's records and video agree; return what it holds.
 
+        A ``video.part.mp4`` left by a killed resumed run is joined into ``video.mp4`` first
+        (:meth:`settle`), unless a process is writing the folder (then both files are counted).
+
         Args:
             frames_for_chunks: ``n -> pixel frames`` of the first n chunks (the model's layout).
         Returns:
@@ -217,6 +261,7 @@ class RunFolder:
         """
         if not self.chunks.is_file():
             raise OutputError(f"{self.path}: no {CHUNKS} (not a run folder, or a run that wrote no chunk)")
+        self.settle()
         records, torn = self.records()
         ids = [r.get("chunk") for r in records]
         if ids != list(range(len(ids))):
