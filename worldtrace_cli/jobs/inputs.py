@@ -133,7 +133,7 @@ def prepare_inputs(cfg) -> RunInputs:
             raise InputError(f"{cfg.trajectory}: no conditioning image: pass --image or set `image:` in the trajectory")
         if preset.has_world:
             log.warning(f"--image replaces world {cfg.world_seed}'s start view: no ground-truth metrics")
-        image, label, image_sha = load_image(path), str(path), sha256_file(path)
+        image, label, image_sha = load_image(path, (preset.height, preset.width)), str(path), sha256_file(path)
     seed = cfg.seed if cfg.seed is not None else (traj.seed if traj.seed is not None else 0)
     if seed < 0:
         raise InputError(f"seed: must be >= 0, got {seed} (from {cfg.trajectory})")
