@@ -208,10 +208,19 @@ except SystemExit as exc:
 """
 
 
+def _command(command: str, traj: Path, image: Path, out: Path) -> list[str]:
+    if command == "loopbench":
+        return ["loopbench", "run", "--preset", "tiny", "--configs", str(traj), "--caches", "sliding", "--images",
+                str(image), "--seeds", "0", "-o", str(out)]
+    return [command, str(traj), "--preset", "tiny", "--image", str(image), "-o", str(out)]
+
+
+@pytest.mark.parametrize("command", ["generate", "compare", "loopbench"])
 @pytest.mark.parametrize("case", ["typo", "tiny_image", "huge_trajectory"])
-def test_bad_inputs_are_reported_before_torch_loads(tmp_path, case):
+def test_bad_inputs_are_reported_before_torch_loads(tmp_path, case, command):
     """Validate first, load later: a YAML typo, a 1x1 image or an oversized trajectory is a one-line
-    error (exit 2) from a process that never imported torch, and no run folder is made."""
+    error (exit 2) from a process that never imported torch, and no run folder is made; for
+    generate, compare and loopbench run alike (issue 15: compare and loopbench loaded torch first)."""
     from PIL import Image
 
     traj, image = ROOT / "trajectories" / "aba.yaml", ROOT / "assets" / "images" / "mg2_universal_0000.png"
@@ -224,10 +233,29 @@ def test_bad_inputs_are_reported_before_torch_loads(tmp_path, case):
     else:
         traj = tmp_path / "big.yaml"
         traj.write_text("mode: universal\nsegments:\n" + "  - action: forward\n    chunks: 1\n" * 40_000)
-    proc = subprocess.run([sys.executable, "-c", _NO_TORCH, "generate", str(traj), "--preset", "tiny", "--image",
-                           str(image), "-o", str(tmp_path / "run")], capture_output=True, text=True, timeout=120)
+    proc = subprocess.run([sys.executable, "-c", _NO_TORCH, *_command(command, traj, image, tmp_path / "run")],
+                          capture_output=True, text=True, timeout=120)
     lines = proc.stderr.strip().splitlines()
     assert lines[-1] == "exit 2 False", proc.stderr
-    assert len(lines) == 2 and lines[0].startswith("worldtrace: error: ")
-    assert {"typo": "forwardd", "tiny_image": "too small", "huge_trajectory": "MiB limit"}[case] in lines[0]
+    assert lines[-2].startswith("worldtrace: error: ") and "Traceback" not in proc.stderr
+    assert len(lines) == (3 if command == "loopbench" else 2)  # loopbench logs its job count first
+    assert {"typo": "forwardd", "tiny_image": "too small", "huge_trajectory": "MiB limit"}[case] in lines[-2]
     assert not (tmp_path / "run").exists()
+
+
+@pytest.mark.parametrize("command", ["generate", "compare", "loopbench"])
+def test_a_flag_the_writer_ignores_is_refused_before_the_model_loads(tmp_path, monkeypatch, command):
+    """Writer flags need the writers' package (torch) but not the model: refused before it loads."""
+    from worldtrace_cli.cli import main
+    from worldtrace_cli.pipeline import Pipeline
+
+    def no_model(*args, **kwargs):
+        raise AssertionError("the model was loaded")
+
+    monkeypatch.setattr(Pipeline, "from_config", no_model)
+    args = _command(command, ROOT / "trajectories" / "aba.yaml", ROOT / "assets" / "images" / "mg2_universal_0000.png",
+                    tmp_path / "run")
+    result = CliRunner().invoke(main, args + ["--summary-slots", "2"])
+    flag = "--caches" if command == "loopbench" else "--cache"
+    assert result.exit_code == 2 and f"--summary-slots: {flag} sliding does not use it" in result.output, result.output
+    assert "Traceback" not in result.output and not (tmp_path / "run").exists()

@@ -218,6 +218,16 @@ def probe_video(path: str | Path) -> dict:
             "height": int(height)}
 
 
+def count_video_frames(path: str | Path) -> int:
+    """Pixel frames in a video, counted by demuxing it (one ffmpeg run, no decoding). Raises
+    OutputError if it cannot be read."""
+    path = _existing(path)
+    try:
+        return int(imageio_ffmpeg.count_frames_and_secs(str(path))[0])
+    except (OSError, RuntimeError) as err:
+        raise OutputError(f"cannot read video {path}: {_tail(err)}") from None
+
+
 def read_video_frames(path: str | Path, indices=None) -> np.ndarray:
     """Decode every frame, or only the frames whose 0-based index is in ``indices`` (streamed: the
     others are never held): uint8 RGB [T, H, W, 3] in video order (indices past the end are

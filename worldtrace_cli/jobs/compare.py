@@ -247,22 +247,16 @@ def run_compare(trajectory: str | Path, caches: list[str], out_dir: str | Path, 
     """
     from ..config import RunConfig, default_preset_name, load_preset, memory_config
     from ..errors import InputError, Interrupted
-    from ..memory import build_writer
     from ..outputs import atomic_path, cache_folder, write_json_atomic
-    from ..pipeline import Pipeline
     from ..runs import RunFolder
-    from ..runs.resume import next_step
     from ..trajectory import MODES, load_trajectory, plan_actions
-    from .generate import run_generation
+    from .inputs import check_inputs, check_writers
 
     trajectory, out_dir = Path(trajectory), Path(out_dir)
     folders = [cache_folder(c) for c in caches]
     if not caches or len(set(folders)) != len(folders):
         raise InputError(f"--cache: expected distinct writers, got {','.join(caches) or '(none)'}")
-    for cache in caches:
-        build_writer(memory_config(cache, **(memory or {})), 3)
     traj = load_trajectory(trajectory)
-    plan = plan_actions(traj, chunks)
     preset_obj = load_preset(preset or default_preset_name(traj.mode, checkpoint))
     configs = [RunConfig(preset=preset_obj, trajectory=trajectory, output=out_dir / folder, image=image,
                          chunks=chunks, seed=seed, device=device, dtype=dtype, checkpoint=checkpoint,
@@ -270,6 +264,13 @@ def run_compare(trajectory: str | Path, caches: list[str], out_dir: str | Path, 
                          overwrite=overwrite, progress=progress, metrics=metrics, world_seed=world_seed,
                          **(speed or {}))
                for cache, folder in zip(caches, folders)]
+    check_inputs(configs[0], traj)  # options, trajectory, image: before torch is imported
+    plan = plan_actions(traj, chunks)
+    check_writers([cfg.memory for cfg in configs])  # then every writer's flags, before the model loads
+    from ..pipeline import Pipeline
+    from ..runs.resume import next_step
+    from .generate import run_generation
+
     with RunFolder(out_dir).lock("compare"):
         steps = [("run", cfg) if overwrite else next_step(cfg.output, cfg) for cfg in configs]  # refuse before running
         (out_dir / "compare.json").unlink(missing_ok=True)  # a comparison is complete only once its panels exist

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import hashlib
 import logging
+import re
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -74,11 +75,12 @@ def check_image(path: str | Path, height: int, width: int) -> None:
                          f"aspect crop")
 
 
-def check_inputs(cfg):
+def check_inputs(cfg, traj=None):
     """The checks of :func:`prepare_inputs` that need neither torch nor the model: option ranges,
-    the trajectory (size, syntax, mode) and the image's header. ``generate`` runs them first, so a
-    bad input is reported in a fraction of a second. Returns the parsed
-    :class:`~worldtrace_cli.trajectory.Trajectory`.
+    the trajectory (size, syntax, mode) and the image's header. ``generate``, ``compare`` and
+    ``loopbench run`` run them first, so a bad input is reported in a fraction of a second. Returns
+    the parsed :class:`~worldtrace_cli.trajectory.Trajectory` (``traj``, when the caller parsed
+    ``cfg.trajectory`` already).
 
     Raises:
         InputError / TrajectoryError: as :func:`prepare_inputs`.
@@ -89,7 +91,7 @@ def check_inputs(cfg):
                              ("--seed", cfg.seed, 0), ("--chunks", cfg.chunks, 1)):
         if value is not None and value < low:
             raise InputError(f"{name}: must be >= {low}, got {value}")
-    traj = load_trajectory(cfg.trajectory)
+    traj = load_trajectory(cfg.trajectory) if traj is None else traj
     if traj.mode != cfg.preset.mode:
         raise InputError(f"{cfg.trajectory}: mode {traj.mode!r} does not match preset {cfg.preset.name} "
                          f"(mode {cfg.preset.mode!r})")
@@ -99,14 +101,38 @@ def check_inputs(cfg):
     return traj
 
 
+def check_writers(memories, flag: str = "--cache") -> None:
+    """Build each :class:`~worldtrace_cli.config.MemoryConfig`'s writer once, without a model, so an
+    unknown writer, an invalid value or a flag the writer would ignore is refused before the model
+    loads. Imports torch (the writers' package): call it after :func:`check_inputs`.
+
+    Args:
+        memories: the MemoryConfigs of the runs.
+        flag: the command's writer flag, named in the messages (``loopbench run`` has ``--caches``).
+    Raises:
+        InputError: the first refusal (one line naming the flag).
+    """
+    from ..memory import build_writer
+
+    for memory in memories:
+        try:
+            build_writer(memory, 3)
+        except InputError as exc:
+            if flag == "--cache":
+                raise
+            raise InputError(re.sub(r"--cache\b", flag, str(exc))) from None
+
+
 def prepare_inputs(cfg) -> RunInputs:
     """Check and load a :class:`~worldtrace_cli.config.RunConfig`'s inputs (no model involved).
 
     Raises:
         InputError / TrajectoryError: a malformed trajectory (file:line: field), a mode other than
-            the preset's, no or an unreadable image, a negative seed or world seed, bad flag values.
+            the preset's, no or an unreadable image, a negative seed or world seed, bad flag values,
+            a writer flag the writer refuses (:func:`check_writers`).
     """
     traj = check_inputs(cfg)  # before torch is imported: a bad input is reported at once
+    check_writers([cfg.memory])  # before the model loads
     from ..model.conditioning import load_image
     from ..trajectory import plan_actions
 

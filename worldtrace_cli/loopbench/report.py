@@ -17,6 +17,8 @@ from pathlib import Path
 
 from ..errors import InputError, OutputError
 from ..outputs import atomic_path, write_json_atomic
+from ..runs import RunFolder
+from ..trajectory import frames_for_chunks
 from .configs import CONFIGS
 from .runner import FAILED_NAME
 
@@ -370,9 +372,13 @@ def report(out_dir: str | Path, dest: str | Path | None = None) -> dict[str, Pat
     aggregates, failures), ``pac_vs_chunks.png`` and ``tiers.png`` into ``dest`` (default:
     ``out_dir``). Returns ``{name: path}``.
 
+    Every complete run's folder is checked first (:meth:`~worldtrace_cli.runs.RunFolder.check`:
+    chunk ids 0..n-1 once each, the summary's chunk count, the video covering the records).
+
     Raises:
         InputError: ``out_dir`` is not a folder or holds no complete LoopBench run.
-        OutputError: ``dest`` cannot be written.
+        FolderInconsistent: a run folder contradicts itself (exit 7; the folder is named).
+        OutputError: ``dest`` cannot be written, a run folder lacks its records or video.
     """
     out_dir = Path(out_dir)
     if not out_dir.is_dir():
@@ -381,6 +387,8 @@ def report(out_dir: str | Path, dest: str | Path | None = None) -> dict[str, Pat
     if not rows:
         raise InputError(f"{out_dir}: no complete LoopBench runs (expected <config>/<cache>/<image>/seed<N>/"
                          "summary.json)")
+    for row in rows:  # a folder two runs wrote, or whose video lost chunks, is not a result
+        RunFolder(out_dir / row["run_dir"]).check(frames_for_chunks)
     dest = Path(dest) if dest is not None else out_dir
     try:
         dest.mkdir(parents=True, exist_ok=True)

@@ -235,12 +235,12 @@ class RunFolder:
 
     def video_frames(self, include_part: bool = True) -> int:
         """Pixel frames in ``video.mp4`` (+ ``video.part.mp4``); 0 when there is no video."""
-        from ..outputs import probe_video
+        from ..outputs import count_video_frames
 
         total = 0
         for path in (self.video, self.video_part) if include_part else (self.video,):
             if path.is_file() and path.stat().st_size:
-                total += probe_video(path)["frames"]
+                total += count_video_frames(path)
         return total
 
     def check(self, frames_for_chunks) -> dict:
