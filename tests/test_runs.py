@@ -259,3 +259,50 @@ def test_a_flag_the_writer_ignores_is_refused_before_the_model_loads(tmp_path, m
     flag = "--caches" if command == "loopbench" else "--cache"
     assert result.exit_code == 2 and f"--summary-slots: {flag} sliding does not use it" in result.output, result.output
     assert "Traceback" not in result.output and not (tmp_path / "run").exists()
+
+
+@pytest.mark.parametrize("spec, options, message", [
+    ("field", {"budget": 0}, "--budget 0: too small for 0 summary + 1 recent slots (at least 1 recent slot)"),
+    ("landmark", {"budget": 1, "recent_slots": 2}, "--budget 1: too small for 0 summary + 2 recent slots"),
+    ("sink", {"budget": 1}, "--sink-frames 1 and --budget 1: --cache sink needs the budget to hold"),
+])
+def test_writer_size_messages_say_what_is_wrong(spec, options, message):
+    """Issue 15: "too small for -1 summary slots"; sink blamed --sink-frames ("must be >= 1 and <
+    the budget (1), got 1") when the budget was the problem."""
+    from worldtrace_cli.config import memory_config
+    from worldtrace_cli.errors import InputError
+    from worldtrace_cli.memory import CacheGeometry, build_writer
+
+    with pytest.raises(InputError) as err:
+        build_writer(memory_config(spec, **options), 3).reset(CacheGeometry(2, 2, 8, 4))
+    assert message in str(err.value) and "-1" not in str(err.value)
+
+
+def test_the_cache_cap_message_never_says_zero_gb():
+    """Issue 15: a cap below 5 MB was reported as "would reach 0.00 GB"."""
+    from worldtrace_cli.config import memory_config
+    from worldtrace_cli.errors import RunError
+    from worldtrace_cli.memory import CacheGeometry, build_writer
+
+    writer = build_writer(memory_config("full", max_cache_gb=1e-7), 3)
+    writer.reset(CacheGeometry(2, 2, 8, 4))
+    with pytest.raises(RunError, match=r"would reach 9.22 kB at latent frame 2, over --max-cache-gb 1e-07"):
+        writer.commit([], [0, 1, 2])
+
+
+def test_ctrl_c_before_the_run_starts_claims_no_chunks(tmp_path, monkeypatch):
+    """Issue 15: a Ctrl-C while the model loaded printed that the run folder held every finished
+    chunk, before any chunk (or folder) existed."""
+    from worldtrace_cli.cli import main
+    from worldtrace_cli.pipeline import Pipeline
+
+    def interrupted(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(Pipeline, "from_config", interrupted)
+    result = CliRunner().invoke(main, ["generate", str(ROOT / "trajectories" / "aba.yaml"), "--preset", "tiny",
+                                       "--image", str(ROOT / "assets" / "images" / "mg2_universal_0000.png"),
+                                       "--chunks", "2", "-o", str(tmp_path / "run")])
+    assert result.exit_code == 131 and result.output.strip().splitlines()[-1] == "worldtrace: interrupted"
+    assert "finished chunk" not in result.output and "resume" not in result.output
+    assert not (tmp_path / "run" / "chunks.jsonl").exists()
