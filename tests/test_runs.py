@@ -8,6 +8,7 @@ import os
 import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import numpy as np
@@ -79,6 +80,48 @@ def test_lock_excludes_a_second_process_and_is_freed_when_its_holder_is_killed(t
         proc.wait()
     with RunFolder(tmp_path / "run").lock():  # the kernel released the killed holder's lock
         pass
+
+
+_ENCODING_HOLDER = """
+import sys, time
+import numpy as np
+from worldtrace_cli.outputs import VideoStreamWriter
+from worldtrace_cli.runs import RunFolder
+folder = RunFolder(sys.argv[1])
+with folder.lock("encoder-test"):
+    video = VideoStreamWriter(folder.video, 32, 16, pass_fds=(folder.lock_fd,))
+    video.write(np.zeros((12, 16, 32, 3), np.uint8))
+    print(video.ffmpeg_pid, flush=True)
+    time.sleep(60)
+"""
+
+
+@pytest.mark.skipif(not Path("/proc").is_dir(), reason="waits for the orphaned ffmpeg through /proc")
+def test_the_folder_stays_locked_until_a_killed_runs_ffmpeg_finished_the_video(tmp_path):
+    """After a SIGKILL the orphaned ffmpeg still finishes video.mp4; a resume or metrics taking the
+    folder at that moment would cut or join a file still being written. ffmpeg inherits the lock."""
+    folder = RunFolder(tmp_path / "run")
+    proc = subprocess.Popen([sys.executable, "-c", _ENCODING_HOLDER, str(folder.path)], stdout=subprocess.PIPE,
+                            text=True)
+    ffmpeg = int(proc.stdout.readline())
+    os.kill(ffmpeg, signal.SIGSTOP)  # hold the orphan mid-write
+    try:
+        proc.send_signal(signal.SIGKILL)
+        proc.wait()
+        with pytest.raises(FolderBusy):
+            with folder.lock():
+                pass
+    finally:
+        os.kill(ffmpeg, signal.SIGCONT)
+    for _ in range(400):  # it sees the end of its input and finishes the file
+        if not Path(f"/proc/{ffmpeg}").exists() or Path(f"/proc/{ffmpeg}/stat").read_text().split()[2] == "Z":
+            break
+        time.sleep(0.05)
+    with folder.lock():
+        pass
+    from worldtrace_cli.outputs import probe_video
+
+    assert probe_video(folder.video)["frames"] == 12
 
 
 def _write_run(folder: RunFolder, chunks: int, records: list[int] | None = None, video_chunks: int | None = None):

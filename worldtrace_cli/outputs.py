@@ -98,12 +98,14 @@ class VideoStreamWriter:
     the last row/column; ``encoded_width``/``encoded_height`` give the stored size.
 
     Parameters: path of the .mp4 (truncated if it exists); width, height in pixels; fps (pixel
-    frames per second); crf, the x264 quality (0 lossless .. 51 worst; 18 is visually lossless).
+    frames per second); crf, the x264 quality (0 lossless .. 51 worst; 18 is visually lossless);
+    pass_fds, file descriptors ffmpeg inherits (a run folder's lock: held until ffmpeg has finished
+    the file, also when a killed Python left it to finish alone).
     Raises OutputError when the file cannot be created or ffmpeg fails while writing or closing.
     """
 
     def __init__(self, path: str | Path, width: int, height: int, fps: float = 25.0,
-                 crf: int = 18):
+                 crf: int = 18, pass_fds: tuple[int, ...] = ()):
         if width < 1 or height < 1:
             raise ValueError(f"video size must be positive, got {width}x{height}")
         if not fps > 0:
@@ -135,9 +137,16 @@ class VideoStreamWriter:
         # A new session keeps Ctrl-C away from ffmpeg, so an interrupted run closes it cleanly.
         # It also ignores SIGINT/SIGTERM (a scheduler signalling every process): it ends only when
         # its input ends, so every frame already handed over reaches the file.
-        self._proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.DEVNULL,
-                                      stderr=self._log, bufsize=0, start_new_session=True,
-                                      preexec_fn=_ignore_stop_signals)
+        # copies of pass_fds (same open files, so the same locks): filelock closes its own descriptors
+        # in forked children, which a preexec_fn runs
+        keep = [os.dup(fd) for fd in pass_fds]
+        try:
+            self._proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.DEVNULL,
+                                          stderr=self._log, bufsize=0, start_new_session=True,
+                                          preexec_fn=_ignore_stop_signals, pass_fds=keep)
+        finally:
+            for fd in keep:
+                os.close(fd)
 
     @property
     def ffmpeg_pid(self) -> int:

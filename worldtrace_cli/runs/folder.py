@@ -9,7 +9,9 @@ job, ``metrics``, the LoopBench report) goes through :class:`RunFolder` (design.
 * **One writer at a time**: :meth:`RunFolder.lock` takes an exclusive ``filelock`` (an OS-level
   ``flock`` on Unix, released by the kernel when its process dies, so a lock left by a killed
   process is simply taken over) before the folder is checked; a second process gets
-  :class:`~worldtrace_cli.errors.FolderBusy` (exit 6) naming the holder.
+  :class:`~worldtrace_cli.errors.FolderBusy` (exit 6) naming the holder. The video encoder inherits
+  the lock (:attr:`RunFolder.lock_fd`), so after a SIGKILL the folder stays locked until the
+  orphaned ffmpeg has finished ``video.mp4``: nobody joins or cuts a video still being written.
 * **Consistency** (:meth:`RunFolder.check`): chunk ids 0..n-1 exactly once, and the video's pixel
   frames equal what the records cover; a torn last record (a killed writer) is reported as partial,
   a contradiction is :class:`~worldtrace_cli.errors.FolderInconsistent` (exit 7).
@@ -63,6 +65,7 @@ class RunFolder:
 
     def __init__(self, path: str | Path):
         self.path = Path(path)
+        self.lock_fd: int | None = None  # while :meth:`lock` holds the lock: its file descriptor
         self.video, self.video_part = self.path / VIDEO, self.path / VIDEO_PART
         self.chunks, self.summary_path = self.path / CHUNKS, self.path / SUMMARY
         self.timeline, self.state = self.path / TIMELINE, self.path / STATE
@@ -88,6 +91,8 @@ class RunFolder:
         except Timeout:
             raise FolderBusy(f"{self.path} is in use by {self._holder()}; wait for it to finish or use "
                              f"another -o folder") from None
+        # the descriptor, for the video encoder to inherit (filelock does not publish it: read defensively)
+        self.lock_fd = getattr(getattr(lock, "_context", None), "lock_file_fd", None)
         info = {"pid": os.getpid(), "command": what, "argv": sys.argv,
                 "since": time.strftime("%Y-%m-%dT%H:%M:%S")}
         try:
@@ -105,6 +110,7 @@ class RunFolder:
                 (self.path / HOLDER).unlink(missing_ok=True)
             except OSError:
                 pass
+            self.lock_fd = None
             lock.release()
 
     def join_video_part(self) -> bool:
