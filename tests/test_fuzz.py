@@ -1,5 +1,5 @@
 """Fuzzing the inputs a hostile user controls (issue 15): trajectory files, preset files and
-command-line options. Every generated input either passes (and would run) or ends in one line on
+command-line options of generate and compare. Every generated input either passes (and would run) or ends in one line on
 stderr with a documented exit code (worldtrace_cli.errors, the README's table): never a traceback.
 
 The bulk goes through the torch-free validation that ``generate``, ``compare`` and ``loopbench run``
@@ -189,10 +189,12 @@ OPTION = st.one_of(
 )
 
 
-@FUZZ
+@pytest.mark.parametrize("command", ["generate", "compare"])
+@settings(FUZZ, max_examples=40)
 @given(options=st.lists(OPTION, max_size=5), traj=st.sampled_from(["aba.yaml", "templerun_run.yaml", "missing.yaml"]))
-def test_any_generate_options_pass_or_are_a_one_line_error(monkeypatch, options, traj):
-    """The real ``generate`` command (click parsing, the job's checks) up to the model load."""
+def test_any_options_pass_or_are_a_one_line_error(monkeypatch, command, options, traj):
+    """The real ``generate`` and ``compare`` commands (click parsing, the job's checks) up to the
+    model load (an option one command lacks is a usage error, exit 2, like any other)."""
     from worldtrace_cli.cli import main
     from worldtrace_cli.pipeline import Pipeline
 
@@ -201,7 +203,7 @@ def test_any_generate_options_pass_or_are_a_one_line_error(monkeypatch, options,
 
     monkeypatch.setattr(Pipeline, "from_config", would_load)
     with tempfile.TemporaryDirectory() as tmp:
-        args = ["generate", str(ROOT / "trajectories" / traj), "-o", str(Path(tmp) / "run"), "--no-progress"]
+        args = [command, str(ROOT / "trajectories" / traj), "-o", str(Path(tmp) / "run")]
         result = CliRunner().invoke(main, args + [x for pair in options for x in pair])
     if isinstance(result.exception, ModelWouldLoad):
         return  # every input was accepted
