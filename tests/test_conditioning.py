@@ -69,6 +69,25 @@ def test_huge_images_are_decoded_at_reduced_size_and_demo_images_exactly(tmp_pat
         assert (preprocess_image(img, 96, 176) - want).abs().mean() < 0.02
 
 
+def test_a_large_image_puts_no_bomb_warning_on_stderr(monkeypatch):
+    """Between PIL's warning (89 MP) and error (179 MP) limits an image used to print a two-line
+    DecompressionBombWarning beside worldtrace's own lines; it is decoded at reduced size instead.
+    Past the error limit it stays a one-line InputError."""
+    import warnings
+
+    from worldtrace_cli.jobs.inputs import check_image
+
+    path = IMAGES / "mg2_universal_0000.png"  # 700 x 485 = 339,500 pixels
+    monkeypatch.setattr(Image, "MAX_IMAGE_PIXELS", 200_000)  # warn above 200k, refuse above 400k
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        check_image(path, 96, 176)
+        assert load_image(path, (96, 176)).size == (700, 485)
+    monkeypatch.setattr(Image, "MAX_IMAGE_PIXELS", 100_000)
+    with pytest.raises(InputError, match="too large"):
+        load_image(path, (96, 176))
+
+
 def _input_error(path, *needles):
     with pytest.raises(InputError) as err:
         load_image(path)

@@ -10,6 +10,7 @@ from __future__ import annotations
 import hashlib
 import logging
 import re
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -61,8 +62,10 @@ def check_image(path: str | Path, height: int, width: int) -> None:
     if not path.is_file():
         raise InputError(f"image {path}: {'is a directory, not an image file' if path.is_dir() else 'file not found'}")
     try:
-        with Image.open(path) as img:
-            w, h = img.size
+        with warnings.catch_warnings():  # a large image is decoded at reduced size: no bomb warning on stderr
+            warnings.simplefilter("ignore", Image.DecompressionBombWarning)
+            with Image.open(path) as img:
+                w, h = img.size
     except UnidentifiedImageError:
         raise InputError(f"image {path}: not a recognised image format") from None
     except Image.DecompressionBombError as exc:

@@ -6,6 +6,7 @@ MG2's frame preprocessing bit for bit").
 
 from __future__ import annotations
 
+import warnings
 from pathlib import Path
 
 import numpy as np
@@ -61,14 +62,17 @@ def load_image(path: str | Path, target: tuple[int, int] | None = None) -> Image
     if path.is_dir():
         raise InputError(f"image {path}: is a directory, not an image file")
     try:
-        with Image.open(path) as img:
-            if target is not None and _reduction(img.size, target) >= 2:
-                scale = _reduction(img.size, target)
-                img.draft("RGB", (int(img.width / scale) + 1, int(img.height / scale) + 1))  # JPEG only
-            img.load()
-            if target is not None and int(_reduction(img.size, target)) >= 2:
-                img = img.reduce(int(_reduction(img.size, target)))
-            img = ImageOps.exif_transpose(img).convert("RGB")
+        with warnings.catch_warnings():
+            # PIL warns above 89 MP (stderr noise); images past twice that still raise DecompressionBombError
+            warnings.simplefilter("ignore", Image.DecompressionBombWarning)
+            with Image.open(path) as img:
+                if target is not None and _reduction(img.size, target) >= 2:
+                    scale = _reduction(img.size, target)
+                    img.draft("RGB", (int(img.width / scale) + 1, int(img.height / scale) + 1))  # JPEG only
+                img.load()
+                if target is not None and int(_reduction(img.size, target)) >= 2:
+                    img = img.reduce(int(_reduction(img.size, target)))
+                img = ImageOps.exif_transpose(img).convert("RGB")
     except UnidentifiedImageError:
         raise InputError(f"image {path}: not a recognised image format") from None
     except Image.DecompressionBombError as exc:
