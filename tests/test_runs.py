@@ -49,6 +49,21 @@ def test_prepare_refuses_runs_and_overwrite_clears_them(tmp_path):
     assert folder.status() == "empty" and not folder.state.exists()
 
 
+def test_a_run_that_ended_before_its_first_chunk_does_not_block_a_rerun(tmp_path):
+    """Issue 15: a cap reached at once left a 0-frame video that made the rerun ask for --overwrite."""
+    folder = RunFolder(tmp_path / "run").prepare(overwrite=False)
+    VideoStreamWriter(folder.video, 32, 16).close()  # ffmpeg's header, no frame
+    folder.chunks.write_text("")
+    write_json_atomic(folder.summary_path, {"status": "failed", "totals": {"chunks": 0}})
+    assert folder.status() == "empty"
+    folder.prepare(overwrite=False)  # nothing generated to lose: replaced
+    assert not folder.video.exists() and not folder.summary_path.exists()
+    write_json_atomic(folder.summary_path, {"status": "failed", "totals": {"chunks": 1}})
+    folder.chunks.write_text('{"chunk": 0}\n')
+    with pytest.raises(OutputError, match="unfinished run"):  # a chunk was made: kept
+        folder.prepare(overwrite=False)
+
+
 def test_prepare_errors_name_the_path(tmp_path):
     regular = tmp_path / "file"
     regular.write_text("x")

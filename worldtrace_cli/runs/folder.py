@@ -178,8 +178,17 @@ class RunFolder:
         return any((self.path / name / "state.json").is_file() for name in (STATE, STATE + ".old"))
 
     def holds_run(self) -> bool:
-        """True when any run file is present (a finished, stopped or killed run)."""
-        return any((self.path / name).exists() for name in RUN_FILES + (VIDEO_PART,))
+        """True when any run file is present (a finished, stopped or killed run), except for a run
+        that ended before its first chunk (its summary says 0 chunks and ``chunks.jsonl`` is empty,
+        e.g. ``--max-cache-gb`` reached at once): it holds nothing to lose, so a new run replaces it
+        without ``--overwrite``."""
+        if not any((self.path / name).exists() for name in RUN_FILES + (VIDEO_PART,)):
+            return False
+        summary = self.read_summary() or {}
+        nothing = (summary.get("status") in ("failed", "aborted", "stopped")
+                   and (summary.get("totals") or {}).get("chunks") == 0 and not self.video_part.exists()
+                   and (not self.chunks.exists() or self.chunks.stat().st_size == 0))
+        return not nothing
 
     def status(self) -> str:
         """``empty`` (no run), ``complete``, ``resumable`` (a saved state) or ``partial`` (a run
