@@ -301,6 +301,18 @@ def test_bad_inputs_are_reported_before_torch_loads(tmp_path, case, command):
     assert not (tmp_path / "run").exists()
 
 
+@pytest.mark.parametrize("command", ["generate", "compare"])
+def test_no_conditioning_image_is_reported_before_torch_loads(tmp_path, command):
+    """compare loaded the model first and only then found that no image was given."""
+    traj = tmp_path / "t.yaml"
+    traj.write_text("mode: universal\nsegments:\n  - action: forward\n    chunks: 1\n")
+    proc = subprocess.run([sys.executable, "-c", _NO_TORCH, command, str(traj), "--preset", "tiny", "-o",
+                           str(tmp_path / "run")], capture_output=True, text=True, timeout=120)
+    assert proc.stderr.strip().splitlines()[-2:] == [
+        f"worldtrace: error: {traj.resolve() if command == 'generate' else traj}: no conditioning image: pass "
+        f"--image or set `image:` in the trajectory", "exit 2 False"], proc.stderr
+
+
 @pytest.mark.parametrize("command", ["generate", "compare", "loopbench"])
 def test_a_flag_the_writer_ignores_is_refused_before_the_model_loads(tmp_path, monkeypatch, command):
     """Writer flags need the writers' package (torch) but not the model: refused before it loads."""

@@ -101,6 +101,8 @@ def check_inputs(cfg, traj=None):
     path = cfg.image or (None if cfg.preset.has_world else traj.image)
     if path is not None:
         check_image(path, cfg.preset.height, cfg.preset.width)
+    elif not cfg.preset.has_world:
+        raise InputError(f"{cfg.trajectory}: no conditioning image: pass --image or set `image:` in the trajectory")
     return traj
 
 
@@ -157,9 +159,7 @@ def prepare_inputs(cfg) -> RunInputs:
         image, label = Image.fromarray(start_view), f"world:{cfg.world_seed}"
         image_sha = hashlib.sha256(start_view.tobytes()).hexdigest()
     else:
-        path = cfg.image or traj.image
-        if path is None:
-            raise InputError(f"{cfg.trajectory}: no conditioning image: pass --image or set `image:` in the trajectory")
+        path = cfg.image or traj.image  # check_inputs made sure there is one
         if preset.has_world:
             log.warning(f"--image replaces world {cfg.world_seed}'s start view: no ground-truth metrics")
         image, label, image_sha = load_image(path, (preset.height, preset.width)), str(path), sha256_file(path)
