@@ -82,8 +82,10 @@ def test_truncated_and_unsafe_files_are_refused(tmp_path):
         read_state_dict(trunc)
     pickled = tmp_path / "evil.pth"
     torch.save({"w": _Evil()}, str(pickled))
-    with pytest.raises(CheckpointError, match="cannot read weights"):
+    with pytest.raises(CheckpointError, match="cannot read weights") as err:
         read_state_dict(pickled)  # weights_only=True never unpickles arbitrary objects
+    # issue 15: torch's advice to retry with weights_only=False was passed on for a malicious pickle
+    assert "weights_only" not in str(err.value) and "could run code" in str(err.value)
     with pytest.raises(CheckpointError, match="file not found"):
         read_state_dict(tmp_path / "nope.safetensors")
 

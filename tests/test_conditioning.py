@@ -33,6 +33,61 @@ def test_load_image_reads_the_demo_images_by_content():
     assert jpeg_named_png == 4
 
 
+def test_huge_images_are_decoded_at_reduced_size_and_demo_images_exactly(tmp_path):
+    """Issue 15: a 160-megapixel JPEG took 2.3 GB to become 176x96. With the target size a JPEG is
+    decoded through PIL's draft mode (1/2..1/8 DCT scaling) and other formats are box-reduced,
+    keeping >= 4x the target in the crop; MG2's demo images decode exactly as before."""
+    for name in DEMO_SIZES:  # at MG2's 352x640 and the tiny 96x176 alike: no reduction, same pixels
+        full = np.asarray(load_image(IMAGES / name))
+        for target in ((352, 640), (96, 176)):
+            assert np.array_equal(np.asarray(load_image(IMAGES / name, target)), full), (name, target)
+    ramp = np.linspace(0, 255, 4800, dtype=np.float32)
+    pixels = np.stack([ramp[None, :].repeat(3600, 0), ramp[:3600, None].repeat(4800, 1),
+                       np.full((3600, 4800), 90, np.float32)], axis=-1).astype(np.uint8)
+    jpeg, png = tmp_path / "huge.jpg", tmp_path / "huge.png"
+    Image.fromarray(pixels).save(jpeg, quality=90)
+    Image.fromarray(pixels[::2, ::2]).save(png, compress_level=1)
+    opened = []
+    real_load = Image.Image.load
+
+    def spy(self):  # the size the decoder actually produced
+        out = real_load(self)
+        opened.append(self.size)
+        return out
+
+    Image.Image.load = spy
+    try:
+        small = load_image(jpeg, (96, 176))
+    finally:
+        Image.Image.load = real_load
+    assert opened[0] == (1200, 900)  # decoded at 1/4: 3.2 MB of pixels instead of 52 MB
+    assert small.mode == "RGB" and small.size == (1200, 900)
+    reduced = load_image(png, (96, 176))  # PNG has no draft: decoded, then reduced at once
+    assert reduced.size == (1200, 900)
+    for img, source in ((small, pixels), (reduced, pixels[::2, ::2])):  # the model sees the same picture
+        want = preprocess_image(Image.fromarray(source), 96, 176)
+        assert (preprocess_image(img, 96, 176) - want).abs().mean() < 0.02
+
+
+def test_a_large_image_puts_no_bomb_warning_on_stderr(monkeypatch):
+    """Between PIL's warning (89 MP) and error (179 MP) limits an image used to print a two-line
+    DecompressionBombWarning beside worldtrace's own lines; it is decoded at reduced size instead.
+    Past the error limit it stays a one-line InputError."""
+    import warnings
+
+    from worldtrace_cli.jobs.inputs import check_image
+
+    path = IMAGES / "mg2_universal_0000.png"  # 700 x 485 = 339,500 pixels
+    monkeypatch.setattr(Image, "MAX_IMAGE_PIXELS", 200_000)  # warn above 200k, refuse above 400k
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        check_image(path, 96, 176)
+        assert load_image(path, (96, 176)).size == (700, 485)
+    monkeypatch.setattr(Image, "MAX_IMAGE_PIXELS", 100_000)
+    with pytest.raises(InputError, match="too large"):
+        load_image(path, (96, 176))
+
+
 def _input_error(path, *needles):
     with pytest.raises(InputError) as err:
         load_image(path)

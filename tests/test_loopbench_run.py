@@ -236,7 +236,8 @@ def test_local_rank_selects_the_gpu(monkeypatch):
     (["--shard", "2/2"], 2, ["--shard", "2/2"]),
     (["--shard", "one/two"], 2, ["--shard", "i/n"]),
     (["--configs", "aba,nope"], 2, ["nope", "abcda", "aba_n256"]),
-    (["--caches", "sliding,nope"], 2, ["nope"]),
+    (["--caches", "sliding,nope"], 2, ["--caches: unknown writer 'nope'"]),  # the flag is --caches here
+    (["--caches", "sliding", "--summary-slots", "2"], 2, ["--summary-slots: --caches sliding does not use it"]),
     (["--images", "/no/such.png"], 2, ["/no/such.png"]),
     (["--seeds", "0,x"], 2, ["--seeds"]),
 ])
@@ -278,6 +279,13 @@ def test_real_tiny_sweep_and_report(tmp_path):
 # --------------------------------------------------------------------------- report statistics
 
 
+@pytest.fixture
+def summaries_only(monkeypatch):
+    """Synthetic sweeps hold summaries only (no records, no video): the report's folder check is
+    tested on real folders (test_report_checks_every_run_folder)."""
+    monkeypatch.setattr(RunFolder, "check", lambda self, frames_for_chunks: {})
+
+
 def write_run(out, config, cache, image, seed, pac, temp_ssim, chunks=16, gt=None):
     folder = out / config / cache.replace(":", "-") / image / f"seed{seed}"
     folder.mkdir(parents=True)
@@ -307,7 +315,7 @@ def hand_paired_p(xs, ys):
 
 
 @pytest.fixture
-def synthetic_sweep(tmp_path):
+def synthetic_sweep(tmp_path, summaries_only):
     out = tmp_path / "sweep"
     configs = {"aba": 16, "abca": 17, "aba_short": 8, "aba_long": 32, "pan_90": 4, "aba_n64": 64}
     for config, n in configs.items():
@@ -370,6 +378,27 @@ def test_mean_ci_and_paired_test_edge_cases():
     assert paired_test(rows, base, "pac")[1] == 3
 
 
+def test_report_checks_every_run_folder(tmp_path):
+    """Issue 15: the report trusted any complete summary. A run folder whose records repeat a chunk
+    (two writers) or whose video lost chunks is a one-line error naming it (exit 7)."""
+    import numpy as np
+
+    from worldtrace_cli.outputs import VideoStreamWriter
+    from worldtrace_cli.trajectory import frames_for_chunks
+
+    out = tmp_path / "lb"
+    for cache in ("sliding", "landmark"):
+        write_run(out, "aba", cache, "s1", 0, 0.7, 0.8, chunks=2)
+        folder = RunFolder(out / "aba" / cache / "s1" / "seed0")
+        with VideoStreamWriter(folder.video, 32, 16) as video:
+            video.write(np.zeros((frames_for_chunks(2), 16, 32, 3), np.uint8))
+        folder.chunks.write_text('{"chunk": 0}\n{"chunk": 1}\n')
+    assert lb("report", out).exit_code == 0
+    folder.chunks.write_text('{"chunk": 0}\n{"chunk": 1}\n{"chunk": 0}\n{"chunk": 1}\n')
+    line = one_line_error(lb("report", out), 7)
+    assert str(folder.chunks) in line and "repeated" in line
+
+
 def test_report_of_an_empty_folder_is_an_error(tmp_path):
     line = one_line_error(CliRunner().invoke(loopbench, ["report", str(tmp_path)]), 2)
     assert "no complete LoopBench runs" in line
@@ -415,7 +444,7 @@ def test_world_jobs_reach_the_run(tmp_path, fake_generate):
     assert cfg["world_seed"] == 3 and cfg["image"] is None and cfg["preset"]["name"] == "loopworld"
 
 
-def test_report_has_a_ground_truth_column(tmp_path):
+def test_report_has_a_ground_truth_column(tmp_path, summaries_only):
     """Runs with ground truth (procedural worlds) add return-leg GT-PSNR beside PAC / TempSSIM, with
     CIs over scenes and a paired test against sliding."""
     out = tmp_path / "gt"

@@ -269,3 +269,61 @@ def test_write_json_atomic(tmp_path):
         write_json_atomic(regular / "summary.json", {})
 
 
+
+
+def test_a_full_disk_leaves_no_zero_byte_or_torn_timeline(tmp_path, monkeypatch):
+    """Issue 15: disk full while drawing left a 0-byte cache_timeline.png that looked valid. The PNG
+    is written under a temporary name and renamed: a failed write leaves the old file (or none)."""
+    import errno
+
+    import matplotlib.figure
+
+    from worldtrace_cli.timeline import plot_cache_timeline
+
+    records = [{"chunk": c, "cache": {"writer": "sliding", "positions": "actual", "events": [],
+                                      "slots": [{"kind": "frame", "frames": [c]}]}} for c in range(3)]
+    path = tmp_path / "cache_timeline.png"
+    plot_cache_timeline(records, path)
+    good = path.read_bytes()
+    assert good.startswith(b"\x89PNG")
+
+    def full_disk(self, fname, **kw):
+        Path(fname).write_bytes(b"\x89PNG half")  # some bytes reached the disk, then it filled up
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(matplotlib.figure.Figure, "savefig", full_disk)
+    with pytest.raises(OutputError, match="cache_timeline.png: No space left on device"):
+        plot_cache_timeline(records, path)
+    assert path.read_bytes() == good  # the previous timeline, untouched
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["cache_timeline.png"]  # no temporary left
+    path.unlink()
+    with pytest.raises(OutputError):
+        plot_cache_timeline(records, path)
+    assert not any(tmp_path.iterdir())  # never a zero-byte or torn file under the real name
+
+
+def test_atomic_path_keeps_the_old_file_when_the_writer_fails(tmp_path):
+    from worldtrace_cli.outputs import atomic_path
+
+    path = tmp_path / "compare.md"
+    path.write_text("old")
+    with pytest.raises(RuntimeError):
+        with atomic_path(path) as tmp:
+            assert tmp.parent == tmp_path and tmp.suffix == ".md" and tmp != path
+            tmp.write_text("half")
+            raise RuntimeError("killed midway")
+    assert path.read_text() == "old" and sorted(p.name for p in tmp_path.iterdir()) == ["compare.md"]
+    with atomic_path(path) as tmp:
+        tmp.write_text("new")
+    assert path.read_text() == "new" and sorted(p.name for p in tmp_path.iterdir()) == ["compare.md"]
+
+
+def test_ffmpeg_messages_are_cut_at_a_word_boundary():
+    """Issue 15: ffmpeg's reasons were quoted cut mid-word."""
+    from worldtrace_cli.outputs import tail_words
+
+    text = "ffmpeg banner " + "word " * 100 + "Error writing trailer: No space left on device"
+    cut = tail_words(text, 60)
+    assert len(cut) <= 60 and cut.startswith("... ") and cut.endswith("No space left on device")
+    assert all(w in ("...", "word") or w in text.split() for w in cut.split())
+    assert tail_words("short  message\n", 60) == "short message"

@@ -200,3 +200,89 @@ def test_overwrite_removes_an_old_resume_state(tmp_path):
     run_generation(config(out, "sliding", overwrite=True, save_every=0))
     assert not (out / "resume").exists()
     assert resume(out).returncode == 2  # completed: nothing to resume
+
+
+@pytest.mark.parametrize("umask", [0o002, 0o022, 0o077])
+def test_resume_state_files_follow_the_umask(tmp_path, umask):
+    """Issue 15: the state's tensors were written 0600 whatever the umask (safetensors' own mode),
+    so a group sharing a run folder could not resume it."""
+    import os
+
+    import torch
+
+    from worldtrace_cli.state import save_state
+
+    old = os.umask(umask)
+    try:
+        save_state(tmp_path / "resume", {"next_chunk": 1}, {"writer": {"k": torch.zeros(2)}})
+    finally:
+        os.umask(old)
+    for name in ("state.json", "state.safetensors"):
+        assert (tmp_path / "resume" / name).stat().st_mode & 0o777 == 0o666 & ~umask, name
+
+
+def _wait_for_orphaned_ffmpeg(out: Path, timeout: float = 30.0) -> None:
+    """A SIGKILLed run's ffmpeg outlives it to finish the video: wait until no process writes into ``out``."""
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        writers = []
+        for proc in Path("/proc").iterdir():
+            try:
+                if proc.name.isdigit() and str(out) in (proc / "cmdline").read_bytes().decode(errors="replace"):
+                    writers.append(proc)
+            except OSError:
+                continue
+        if not writers:
+            return
+        time.sleep(0.05)
+    raise AssertionError(f"ffmpeg still writing into {out}")
+
+
+KILL_CHUNKS = 6
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not Path("/proc").is_dir(), reason="waits for the orphaned ffmpeg through /proc")
+def test_kills_at_random_chunks_each_resumed_to_the_same_frames(tmp_path):
+    """Issue 15: SIGKILL at a random chunk (and a random moment inside it), then SIGKILL of the resumed
+    run at a later random chunk, then --resume: each stage leaves a consistent folder whose video.mp4
+    covers every record (a killed resume's video.part.mp4 is joined when the folder is next read),
+    and the finished run has exactly the frames_sha256 of an uninterrupted one. Sized for CI: 6
+    chunks, no metrics, three processes."""
+    import random
+
+    from worldtrace_cli.runs import RunFolder
+    from worldtrace_cli.trajectory import frames_for_chunks
+
+    base = RunConfig(preset=load_preset("tiny"), trajectory=ABA, output=tmp_path / "ref", image=IMAGE,
+                     chunks=KILL_CHUNKS, progress=False, metrics="none", memory=MemoryConfig(cache="field"))
+    run_generation(base)
+    want = [r["frames_sha256"] for r in read_jsonl(tmp_path / "ref" / "chunks.jsonl")]
+    seed = random.randrange(2**32)
+    rng = random.Random(seed)
+    out, done, kills = tmp_path / "run", 0, []
+    proc = subprocess.Popen([sys.executable, "-m", "worldtrace_cli", "generate", str(ABA), "--preset", "tiny", "--image",
+                             str(IMAGE), "--chunks", str(KILL_CHUNKS), "--cache", "field", "--metrics", "none",
+                             "--save-every", "1", "-o", str(out), "--no-progress"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    for last in (2, KILL_CHUNKS - 2):  # kill points: chunk 1-2, then a later one up to 4 (never the end)
+        wait_for_chunks(out, rng.randint(done + 1, last), proc)
+        time.sleep(rng.uniform(0, 0.3))  # somewhere inside the next chunk
+        proc.send_signal(signal.SIGKILL)
+        proc.communicate(timeout=60)
+        _wait_for_orphaned_ffmpeg(out)
+        info = RunFolder(out).check(frames_for_chunks)  # consistent; joins a killed resume's part
+        records = read_jsonl(out / "chunks.jsonl")
+        done = len(records)
+        kills.append(done)
+        where = f"seed {seed}, killed after chunks {kills}"
+        assert [r["frames_sha256"] for r in records] == want[:done], where
+        assert not (out / "video.part.mp4").exists() and info["chunks"] == done, where
+        assert probe_video(out / "video.mp4")["frames"] == info["video_frames"] >= frames_for_chunks(done), where
+        proc = subprocess.Popen([sys.executable, "-m", "worldtrace_cli", "generate", "--resume", str(out),
+                                 "--no-progress"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    _, err = proc.communicate(timeout=300)
+    assert proc.returncode == 0, (where, err)
+    assert [r["frames_sha256"] for r in read_jsonl(out / "chunks.jsonl")] == want, where
+    assert probe_video(out / "video.mp4")["frames"] == frames_for_chunks(KILL_CHUNKS), where
+    assert json.loads((out / "summary.json").read_text())["status"] == "complete"

@@ -8,6 +8,7 @@ import os
 import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import numpy as np
@@ -48,6 +49,21 @@ def test_prepare_refuses_runs_and_overwrite_clears_them(tmp_path):
     assert folder.status() == "empty" and not folder.state.exists()
 
 
+def test_a_run_that_ended_before_its_first_chunk_does_not_block_a_rerun(tmp_path):
+    """Issue 15: a cap reached at once left a 0-frame video that made the rerun ask for --overwrite."""
+    folder = RunFolder(tmp_path / "run").prepare(overwrite=False)
+    VideoStreamWriter(folder.video, 32, 16).close()  # ffmpeg's header, no frame
+    folder.chunks.write_text("")
+    write_json_atomic(folder.summary_path, {"status": "failed", "totals": {"chunks": 0}})
+    assert folder.status() == "empty"
+    folder.prepare(overwrite=False)  # nothing generated to lose: replaced
+    assert not folder.video.exists() and not folder.summary_path.exists()
+    write_json_atomic(folder.summary_path, {"status": "failed", "totals": {"chunks": 1}})
+    folder.chunks.write_text('{"chunk": 0}\n')
+    with pytest.raises(OutputError, match="unfinished run"):  # a chunk was made: kept
+        folder.prepare(overwrite=False)
+
+
 def test_prepare_errors_name_the_path(tmp_path):
     regular = tmp_path / "file"
     regular.write_text("x")
@@ -81,6 +97,48 @@ def test_lock_excludes_a_second_process_and_is_freed_when_its_holder_is_killed(t
         pass
 
 
+_ENCODING_HOLDER = """
+import sys, time
+import numpy as np
+from worldtrace_cli.outputs import VideoStreamWriter
+from worldtrace_cli.runs import RunFolder
+folder = RunFolder(sys.argv[1])
+with folder.lock("encoder-test"):
+    video = VideoStreamWriter(folder.video, 32, 16, pass_fds=(folder.lock_fd,))
+    video.write(np.zeros((12, 16, 32, 3), np.uint8))
+    print(video.ffmpeg_pid, flush=True)
+    time.sleep(60)
+"""
+
+
+@pytest.mark.skipif(not Path("/proc").is_dir(), reason="waits for the orphaned ffmpeg through /proc")
+def test_the_folder_stays_locked_until_a_killed_runs_ffmpeg_finished_the_video(tmp_path):
+    """After a SIGKILL the orphaned ffmpeg still finishes video.mp4; a resume or metrics taking the
+    folder at that moment would cut or join a file still being written. ffmpeg inherits the lock."""
+    folder = RunFolder(tmp_path / "run")
+    proc = subprocess.Popen([sys.executable, "-c", _ENCODING_HOLDER, str(folder.path)], stdout=subprocess.PIPE,
+                            text=True)
+    ffmpeg = int(proc.stdout.readline())
+    os.kill(ffmpeg, signal.SIGSTOP)  # hold the orphan mid-write
+    try:
+        proc.send_signal(signal.SIGKILL)
+        proc.wait()
+        with pytest.raises(FolderBusy):
+            with folder.lock():
+                pass
+    finally:
+        os.kill(ffmpeg, signal.SIGCONT)
+    for _ in range(400):  # it sees the end of its input and finishes the file
+        if not Path(f"/proc/{ffmpeg}").exists() or Path(f"/proc/{ffmpeg}/stat").read_text().split()[2] == "Z":
+            break
+        time.sleep(0.05)
+    with folder.lock():
+        pass
+    from worldtrace_cli.outputs import probe_video
+
+    assert probe_video(folder.video)["frames"] == 12
+
+
 def _write_run(folder: RunFolder, chunks: int, records: list[int] | None = None, video_chunks: int | None = None):
     folder.make()
     video = VideoStreamWriter(folder.video, 32, 16, 25.0)
@@ -112,6 +170,33 @@ def test_check_refuses_contradictions(tmp_path, records, video_chunks, message):
     with pytest.raises(FolderInconsistent, match=message) as err:
         folder.check(frames_for_chunks)
     assert err.value.exit_code == 7
+
+
+def test_check_joins_the_video_part_a_killed_resume_left(tmp_path):
+    """Issue 15: after a kill during a resumed run, video.mp4 lagged the records (the new chunks sat
+    in video.part.mp4 until the next resume). Whoever reads or takes the folder joins them first;
+    while a run holds the folder the part is left alone and counted."""
+    folder = RunFolder(tmp_path / "run")
+    _write_run(folder, 3, video_chunks=2)  # video.mp4: chunks 0-1 (21 frames); records 0-2
+    proc = subprocess.Popen([sys.executable, "-c", _HOLDER, str(folder.path)], stdout=subprocess.PIPE, text=True)
+    try:  # a running resume: nothing is touched, both files count
+        assert proc.stdout.readline().strip() == "locked"
+        part = VideoStreamWriter(folder.video_part, 32, 16, 25.0)  # the resumed run's chunk 2
+        part.write(np.full((12, 16, 32, 3), 200, np.uint8))
+        part.close()
+        assert folder.check(frames_for_chunks)["video_frames"] == 33 and folder.video_part.is_file()
+    finally:
+        proc.send_signal(signal.SIGKILL)
+        proc.wait()
+    info = folder.check(frames_for_chunks)  # the holder was killed: the part joins video.mp4
+    assert info["video_frames"] == 33 and not folder.video_part.exists()
+    from worldtrace_cli.outputs import probe_video, read_video_frames
+
+    assert probe_video(folder.video)["frames"] == 33
+    assert read_video_frames(folder.video, indices=[32])[0].mean() > 150  # the part's frames are at the end
+    folder.video_part.write_bytes(b"")  # a resume killed before its first frame: an empty part goes
+    with folder.lock():
+        assert not folder.video_part.exists()
 
 
 def test_check_refuses_a_complete_summary_that_disagrees_with_the_records(tmp_path):
@@ -181,10 +266,19 @@ except SystemExit as exc:
 """
 
 
+def _command(command: str, traj: Path, image: Path, out: Path) -> list[str]:
+    if command == "loopbench":
+        return ["loopbench", "run", "--preset", "tiny", "--configs", str(traj), "--caches", "sliding", "--images",
+                str(image), "--seeds", "0", "-o", str(out)]
+    return [command, str(traj), "--preset", "tiny", "--image", str(image), "-o", str(out)]
+
+
+@pytest.mark.parametrize("command", ["generate", "compare", "loopbench"])
 @pytest.mark.parametrize("case", ["typo", "tiny_image", "huge_trajectory"])
-def test_bad_inputs_are_reported_before_torch_loads(tmp_path, case):
+def test_bad_inputs_are_reported_before_torch_loads(tmp_path, case, command):
     """Validate first, load later: a YAML typo, a 1x1 image or an oversized trajectory is a one-line
-    error (exit 2) from a process that never imported torch, and no run folder is made."""
+    error (exit 2) from a process that never imported torch, and no run folder is made; for
+    generate, compare and loopbench run alike (issue 15: compare and loopbench loaded torch first)."""
     from PIL import Image
 
     traj, image = ROOT / "trajectories" / "aba.yaml", ROOT / "assets" / "images" / "mg2_universal_0000.png"
@@ -197,10 +291,88 @@ def test_bad_inputs_are_reported_before_torch_loads(tmp_path, case):
     else:
         traj = tmp_path / "big.yaml"
         traj.write_text("mode: universal\nsegments:\n" + "  - action: forward\n    chunks: 1\n" * 40_000)
-    proc = subprocess.run([sys.executable, "-c", _NO_TORCH, "generate", str(traj), "--preset", "tiny", "--image",
-                           str(image), "-o", str(tmp_path / "run")], capture_output=True, text=True, timeout=120)
+    proc = subprocess.run([sys.executable, "-c", _NO_TORCH, *_command(command, traj, image, tmp_path / "run")],
+                          capture_output=True, text=True, timeout=120)
     lines = proc.stderr.strip().splitlines()
     assert lines[-1] == "exit 2 False", proc.stderr
-    assert len(lines) == 2 and lines[0].startswith("worldtrace: error: ")
-    assert {"typo": "forwardd", "tiny_image": "too small", "huge_trajectory": "MiB limit"}[case] in lines[0]
+    assert lines[-2].startswith("worldtrace: error: ") and "Traceback" not in proc.stderr
+    assert len(lines) == (3 if command == "loopbench" else 2)  # loopbench logs its job count first
+    assert {"typo": "forwardd", "tiny_image": "too small", "huge_trajectory": "MiB limit"}[case] in lines[-2]
     assert not (tmp_path / "run").exists()
+
+
+@pytest.mark.parametrize("command", ["generate", "compare"])
+def test_no_conditioning_image_is_reported_before_torch_loads(tmp_path, command):
+    """compare loaded the model first and only then found that no image was given."""
+    traj = tmp_path / "t.yaml"
+    traj.write_text("mode: universal\nsegments:\n  - action: forward\n    chunks: 1\n")
+    proc = subprocess.run([sys.executable, "-c", _NO_TORCH, command, str(traj), "--preset", "tiny", "-o",
+                           str(tmp_path / "run")], capture_output=True, text=True, timeout=120)
+    assert proc.stderr.strip().splitlines()[-2:] == [
+        f"worldtrace: error: {traj.resolve() if command == 'generate' else traj}: no conditioning image: pass "
+        f"--image or set `image:` in the trajectory", "exit 2 False"], proc.stderr
+
+
+@pytest.mark.parametrize("command", ["generate", "compare", "loopbench"])
+def test_a_flag_the_writer_ignores_is_refused_before_the_model_loads(tmp_path, monkeypatch, command):
+    """Writer flags need the writers' package (torch) but not the model: refused before it loads."""
+    from worldtrace_cli.cli import main
+    from worldtrace_cli.pipeline import Pipeline
+
+    def no_model(*args, **kwargs):
+        raise AssertionError("the model was loaded")
+
+    monkeypatch.setattr(Pipeline, "from_config", no_model)
+    args = _command(command, ROOT / "trajectories" / "aba.yaml", ROOT / "assets" / "images" / "mg2_universal_0000.png",
+                    tmp_path / "run")
+    result = CliRunner().invoke(main, args + ["--summary-slots", "2"])
+    flag = "--caches" if command == "loopbench" else "--cache"
+    assert result.exit_code == 2 and f"--summary-slots: {flag} sliding does not use it" in result.output, result.output
+    assert "Traceback" not in result.output and not (tmp_path / "run").exists()
+
+
+@pytest.mark.parametrize("spec, options, message", [
+    ("field", {"budget": 0}, "--budget 0: too small for 0 summary + 1 recent slots (at least 1 recent slot)"),
+    ("landmark", {"budget": 1, "recent_slots": 2}, "--budget 1: too small for 0 summary + 2 recent slots"),
+    ("sink", {"budget": 1}, "--sink-frames 1 and --budget 1: --cache sink needs the budget to hold"),
+])
+def test_writer_size_messages_say_what_is_wrong(spec, options, message):
+    """Issue 15: "too small for -1 summary slots"; sink blamed --sink-frames ("must be >= 1 and <
+    the budget (1), got 1") when the budget was the problem."""
+    from worldtrace_cli.config import memory_config
+    from worldtrace_cli.errors import InputError
+    from worldtrace_cli.memory import CacheGeometry, build_writer
+
+    with pytest.raises(InputError) as err:
+        build_writer(memory_config(spec, **options), 3).reset(CacheGeometry(2, 2, 8, 4))
+    assert message in str(err.value) and "-1" not in str(err.value)
+
+
+def test_the_cache_cap_message_never_says_zero_gb():
+    """Issue 15: a cap below 5 MB was reported as "would reach 0.00 GB"."""
+    from worldtrace_cli.config import memory_config
+    from worldtrace_cli.errors import RunError
+    from worldtrace_cli.memory import CacheGeometry, build_writer
+
+    writer = build_writer(memory_config("full", max_cache_gb=1e-7), 3)
+    writer.reset(CacheGeometry(2, 2, 8, 4))
+    with pytest.raises(RunError, match=r"would reach 9.22 kB at latent frame 2, over --max-cache-gb 1e-07"):
+        writer.commit([], [0, 1, 2])
+
+
+def test_ctrl_c_before_the_run_starts_claims_no_chunks(tmp_path, monkeypatch):
+    """Issue 15: a Ctrl-C while the model loaded printed that the run folder held every finished
+    chunk, before any chunk (or folder) existed."""
+    from worldtrace_cli.cli import main
+    from worldtrace_cli.pipeline import Pipeline
+
+    def interrupted(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(Pipeline, "from_config", interrupted)
+    result = CliRunner().invoke(main, ["generate", str(ROOT / "trajectories" / "aba.yaml"), "--preset", "tiny",
+                                       "--image", str(ROOT / "assets" / "images" / "mg2_universal_0000.png"),
+                                       "--chunks", "2", "-o", str(tmp_path / "run")])
+    assert result.exit_code == 131 and result.output.strip().splitlines()[-1] == "worldtrace: interrupted"
+    assert "finished chunk" not in result.output and "resume" not in result.output
+    assert not (tmp_path / "run" / "chunks.jsonl").exists()

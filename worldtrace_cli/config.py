@@ -155,7 +155,8 @@ def load_preset(name_or_path: str) -> Preset:
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f":{mark.line + 1}" if mark else ""
-        raise InputError(f"{source}{where}: invalid YAML: {getattr(exc, 'problem', exc)}") from None
+        reason = " ".join(str(getattr(exc, "problem", None) or exc).split())  # a ReaderError has no problem
+        raise InputError(f"{source}{where}: invalid YAML: {reason}") from None
     if not isinstance(raw, dict):
         raise InputError(f"{source}: a preset must be a mapping")
     unknown = sorted(set(raw) - _PRESET_KEYS)
@@ -168,6 +169,7 @@ def load_preset(name_or_path: str) -> Preset:
 
     if raw.get("architecture", "mg2") not in ARCHITECTURES:
         raise InputError(f"{source}: architecture: must be one of {', '.join(ARCHITECTURES)}, got {raw['architecture']!r}")
+    _check_preset_values(raw, source)
     try:
         dit_class = LingbotConfig if raw.get("architecture") == "lingbot" else DiTConfig
         dit = dit_class.from_dict(raw.pop("dit"), f"{source}: dit")
@@ -199,6 +201,28 @@ def load_preset(name_or_path: str) -> Preset:
     if raw.get("bundle") and path.suffix in (".yaml", ".yml") and path.is_file():
         raw["bundle"] = str((path.parent / raw["bundle"]).resolve())  # a preset file's bundle lies beside it
     return Preset(name=name, dit=dit, files=dict(files), **raw)
+
+
+def _check_preset_values(raw: dict, source: str) -> None:
+    """Types and ranges of a preset's scalar keys (a wrong type must not surface as a traceback when
+    the model is built). Raises InputError naming the file and key."""
+    def number(v):
+        return isinstance(v, (int, float)) and not isinstance(v, bool) and 0 < v < float("inf")
+
+    def integer(v, low=1):
+        return isinstance(v, int) and not isinstance(v, bool) and v >= low
+
+    rules = {"dit": (lambda v: isinstance(v, dict), "a mapping of DiT config keys"),
+             "fps": (number, "a finite number > 0"), "timestep_shift": (number, "a finite number > 0"),
+             "frames_per_chunk": (integer, "an integer >= 1"),
+             "denoising_steps": (lambda v: isinstance(v, list) and v and all(integer(x, 0) and x <= 1000 for x in v),
+                                 "a non-empty list of integer timesteps in [0, 1000]"),
+             **{k: (lambda v: isinstance(v, str), "a string") for k in ("description", "vae", "clip", "bundle")},
+             "files": (lambda v: v is None or (isinstance(v, dict) and all(isinstance(x, str) for x in v.values())),
+                       "a mapping of roles to file names")}
+    for key, (ok, want) in rules.items():
+        if key in raw and not (raw[key] is None and key in ("bundle", "files")) and not ok(raw[key]):
+            raise InputError(f"{source}: {key}: must be {want}, got {raw[key]!r}"[:300])
 
 
 @dataclass(frozen=True)

@@ -15,6 +15,7 @@ import signal
 import subprocess
 import tempfile
 from collections.abc import Mapping
+from contextlib import contextmanager
 from fractions import Fraction
 from pathlib import Path, PurePath
 
@@ -36,6 +37,48 @@ def _reason(err: OSError) -> str:
     return err.strerror or str(err)
 
 
+def tail_words(text, max_chars: int = 300) -> str:
+    """The end of ``text`` with whitespace collapsed, at most ``max_chars`` long, cut at a word
+    boundary and marked with a leading ``...`` when cut (ffmpeg's reason comes last)."""
+    text = " ".join(str(text).split())
+    if len(text) <= max_chars:
+        return text
+    cut = text[-(max_chars - 4):]
+    space = cut.find(" ")
+    return "... " + (cut[space + 1:] if 0 <= space < len(cut) - 1 else cut)
+
+
+@contextmanager
+def atomic_path(path: str | Path):
+    """Write a file under a temporary name, then rename it over ``path``.
+
+    Yields a path beside ``path`` (same folder and suffix, so writers that infer the format from
+    the name work). When the block succeeds the file is fsync'ed and renamed to ``path``; when it
+    fails the temporary file is removed. A reader never finds a zero-byte or torn file at ``path``
+    (disk full, a killed process): it finds the old file or the new one.
+
+    Raises:
+        OutputError: an OSError while writing or renaming (disk full, permissions), naming ``path``.
+    """
+    path = Path(path)
+    tmp = path.with_name(f".{path.stem}.{os.getpid()}.tmp{path.suffix}")
+    try:
+        yield tmp
+        fd = os.open(tmp, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        os.replace(tmp, path)
+    except OSError as err:
+        raise OutputError(f"cannot write {path}: {_reason(err)}") from None
+    finally:
+        try:
+            tmp.unlink(missing_ok=True)
+        except OSError:
+            pass
+
+
 # --------------------------------------------------------------------------- video
 
 
@@ -55,12 +98,14 @@ class VideoStreamWriter:
     the last row/column; ``encoded_width``/``encoded_height`` give the stored size.
 
     Parameters: path of the .mp4 (truncated if it exists); width, height in pixels; fps (pixel
-    frames per second); crf, the x264 quality (0 lossless .. 51 worst; 18 is visually lossless).
+    frames per second); crf, the x264 quality (0 lossless .. 51 worst; 18 is visually lossless);
+    pass_fds, file descriptors ffmpeg inherits (a run folder's lock: held until ffmpeg has finished
+    the file, also when a killed Python left it to finish alone).
     Raises OutputError when the file cannot be created or ffmpeg fails while writing or closing.
     """
 
     def __init__(self, path: str | Path, width: int, height: int, fps: float = 25.0,
-                 crf: int = 18):
+                 crf: int = 18, pass_fds: tuple[int, ...] = ()):
         if width < 1 or height < 1:
             raise ValueError(f"video size must be positive, got {width}x{height}")
         if not fps > 0:
@@ -92,9 +137,16 @@ class VideoStreamWriter:
         # A new session keeps Ctrl-C away from ffmpeg, so an interrupted run closes it cleanly.
         # It also ignores SIGINT/SIGTERM (a scheduler signalling every process): it ends only when
         # its input ends, so every frame already handed over reaches the file.
-        self._proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.DEVNULL,
-                                      stderr=self._log, bufsize=0, start_new_session=True,
-                                      preexec_fn=_ignore_stop_signals)
+        # copies of pass_fds (same open files, so the same locks): filelock closes its own descriptors
+        # in forked children, which a preexec_fn runs
+        keep = [os.dup(fd) for fd in pass_fds]
+        try:
+            self._proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.DEVNULL,
+                                          stderr=self._log, bufsize=0, start_new_session=True,
+                                          preexec_fn=_ignore_stop_signals, pass_fds=keep)
+        finally:
+            for fd in keep:
+                os.close(fd)
 
     @property
     def ffmpeg_pid(self) -> int:
@@ -147,7 +199,7 @@ class VideoStreamWriter:
     def _ffmpeg_message(self, max_chars: int = 500) -> str:
         self._log.seek(0)
         text = self._log.read().decode("utf-8", "replace")
-        return " ".join(text.split())[-max_chars:] or "no message from ffmpeg"
+        return tail_words(text, max_chars) or "no message from ffmpeg"
 
     def __enter__(self) -> VideoStreamWriter:
         return self
@@ -175,6 +227,16 @@ def probe_video(path: str | Path) -> dict:
             "height": int(height)}
 
 
+def count_video_frames(path: str | Path) -> int:
+    """Pixel frames in a video, counted by demuxing it (one ffmpeg run, no decoding). Raises
+    OutputError if it cannot be read."""
+    path = _existing(path)
+    try:
+        return int(imageio_ffmpeg.count_frames_and_secs(str(path))[0])
+    except (OSError, RuntimeError) as err:
+        raise OutputError(f"cannot read video {path}: {_tail(err)}") from None
+
+
 def read_video_frames(path: str | Path, indices=None) -> np.ndarray:
     """Decode every frame, or only the frames whose 0-based index is in ``indices`` (streamed: the
     others are never held): uint8 RGB [T, H, W, 3] in video order (indices past the end are
@@ -196,7 +258,7 @@ def read_video_frames(path: str | Path, indices=None) -> np.ndarray:
 
 def _tail(err: Exception, max_chars: int = 300) -> str:
     # ffmpeg's own reason comes last, after its banner.
-    return " ".join(str(err).split())[-max_chars:]
+    return tail_words(err, max_chars)
 
 
 def _existing(path: str | Path) -> Path:
@@ -385,7 +447,7 @@ def _ffmpeg_copy(args: list[str], what: str) -> None:
     cmd = [imageio_ffmpeg.get_ffmpeg_exe(), "-hide_banner", "-loglevel", "error", "-y", *args]
     proc = subprocess.run(cmd, stdin=subprocess.DEVNULL, capture_output=True, text=True)
     if proc.returncode != 0:
-        raise OutputError(f"ffmpeg failed to {what}: {' '.join(proc.stderr.split())[-300:]}")
+        raise OutputError(f"ffmpeg failed to {what}: {tail_words(proc.stderr)}")
 
 
 _FRAG_FLAGS = ["-movflags", "frag_keyframe+empty_moov+default_base_moof"]

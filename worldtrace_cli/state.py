@@ -91,7 +91,10 @@ def save_state(folder: str | Path, meta: dict, parts: dict[str, Any]) -> None:
     """Atomically write ``folder/state.json`` (``meta`` + packed ``parts``) and ``state.safetensors``.
 
     The new state is written to ``folder.tmp`` and renamed over ``folder``, so a kill during the save
-    leaves the previous state intact.
+    leaves the previous state intact. Both files get the mode the process's umask gives new files.
+
+    Raises:
+        OutputError: the state cannot be written (disk full, permissions); the previous one stays.
     """
     from safetensors.torch import save_file
 
@@ -102,8 +105,10 @@ def save_state(folder: str | Path, meta: dict, parts: dict[str, Any]) -> None:
     try:
         shutil.rmtree(tmp, ignore_errors=True)
         tmp.mkdir(parents=True)
+        (tmp / "state.json").write_text(json.dumps({"meta": meta, "parts": tree}))  # mode from the umask
         save_file({k: v for k, v in tensors.items() if isinstance(k, str)}, str(tmp / "state.safetensors"))
-        (tmp / "state.json").write_text(json.dumps({"meta": meta, "parts": tree}))
+        # safetensors writes 0600 whatever the umask: give the tensors the mode the JSON got
+        os.chmod(tmp / "state.safetensors", (tmp / "state.json").stat().st_mode & 0o777)
         _commit_state(tmp, folder)
     except Exception as exc:  # disk full, permissions: the previous state stays current
         shutil.rmtree(tmp, ignore_errors=True)

@@ -13,12 +13,17 @@ from pathlib import Path
 
 import numpy as np
 
+from .outputs import atomic_path
+
 
 def plot_cache_timeline(records: list[dict], path: str | Path, title: str = "") -> Path:
     """Draw the slots x chunks picture of ``records`` (chunks.jsonl dicts) into a PNG at ``path``.
 
+    The PNG is written under a temporary name and renamed (:func:`~worldtrace_cli.outputs.atomic_path`),
+    so a full disk never leaves a zero-byte or torn ``cache_timeline.png``.
+
     Raises:
-        ValueError: no records.
+        ValueError: no records. OutputError: the file cannot be written (disk full, permissions).
     """
     import matplotlib
 
@@ -66,6 +71,9 @@ def plot_cache_timeline(records: list[dict], path: str | Path, title: str = "") 
     ax.set_title(title or f"cache slots of {records[0]['cache']['writer']} ({records[0]['cache']['positions']})",
                  fontsize=10, pad=14)
     fig.tight_layout()
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
+    try:
+        with atomic_path(path) as tmp:
+            fig.savefig(tmp, dpi=100)
+    finally:
+        plt.close(fig)
     return Path(path)

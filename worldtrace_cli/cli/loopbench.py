@@ -10,7 +10,6 @@ from pathlib import Path
 
 import click
 
-from ..config import memory_config
 from ..loopbench.configs import CONFIGS
 from .common import run_job
 from .options import CHUNKS, device_options, memory_options, speed_config, speed_options
@@ -83,16 +82,11 @@ def run_cmd(preset, configs, caches, images, worlds, seeds, chunks, metrics, sha
     """
 
     def job():
-        from ..errors import RunError
-        from ..memory import build_writer
+        from ..config import load_preset
+        from ..errors import InputError, RunError
         from ..loopbench import runner
 
-        from ..config import load_preset
-        from ..errors import InputError
-
         cache_list = _split(caches)
-        for cache in cache_list:  # a typo should stop the sweep now, not fail every job of it
-            build_writer(memory_config(cache, **memory), 3)
         world_preset = load_preset(preset).has_world
         if images is None and worlds is None and not world_preset:
             raise InputError(f"--images: required with preset {preset} (only procedural-world presets take --worlds)")

@@ -56,7 +56,7 @@ def speed_benchmark(preset_name: str = "tiny", caches: tuple[str, ...] = ("slidi
     dev, dt = pipe.device, pipe.dtype
     n_max = max(chunk_counts)
     if image is not None:
-        start_image = load_image(image)
+        start_image = load_image(image, (preset.height, preset.width))
     else:
         from PIL import Image
 

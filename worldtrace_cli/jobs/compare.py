@@ -105,21 +105,21 @@ def write_grid_video(videos: list[Path], labels: list[str], path: Path, fps: flo
     from PIL import Image
 
     from ..errors import OutputError
-    from ..outputs import VideoStreamWriter
+    from ..outputs import VideoStreamWriter, atomic_path, tail_words
 
     readers = [imageio_ffmpeg.read_frames(str(v), pix_fmt="rgb24") for v in videos]
     try:
         try:
             sizes = {tuple(next(r)["size"]) for r in readers}
         except (OSError, RuntimeError, StopIteration) as err:
-            raise OutputError(f"cannot read a panel video: {' '.join(str(err).split())[-300:]}") from None
+            raise OutputError(f"cannot read a panel video: {tail_words(err)}") from None
         if len(sizes) != 1:
             raise OutputError(f"panel videos differ in size: {sorted(sizes)}")
         (width, height), = sizes
         rows, cols = grid_shape(len(videos))
         canvas = Image.new("RGB", (cols * width, rows * height))
         frames = 0
-        with VideoStreamWriter(path, cols * width, rows * height, fps) as out:
+        with atomic_path(path) as tmp, VideoStreamWriter(tmp, cols * width, rows * height, fps) as out:
             for bufs in zip(*readers):
                 state = hud[frames] if hud is not None and frames < len(hud) else None
                 for k, (buf, label) in enumerate(zip(bufs, labels)):
@@ -188,7 +188,7 @@ def write_keyframes(videos: list[Path], labels: list[str], path: Path, plan, col
     indices}``. Raises OutputError when a video cannot be read."""
     from PIL import Image, ImageDraw
 
-    from ..outputs import read_video_frames
+    from ..outputs import atomic_path, read_video_frames
     from ..trajectory import chunk_rows
 
     chunks = sorted({round(c) for c in np.linspace(0, plan.num_chunks - 1, min(columns, plan.num_chunks))})
@@ -205,7 +205,8 @@ def write_keyframes(videos: list[Path], labels: list[str], path: Path, plan, col
         draw.text((3, top + i * h + h // 2 - 6), label, fill=(0, 0, 0), font=font)
         for j, frame in enumerate(frames):  # a shorter (interrupted) video lacks the last picks
             sheet.paste(Image.fromarray(frame), (label_w + j * w, top + i * h))
-    sheet.save(path)
+    with atomic_path(path) as tmp:
+        sheet.save(tmp)
     return {"path": path.name, "frames": picks, "chunks": chunks}
 
 
@@ -246,21 +247,16 @@ def run_compare(trajectory: str | Path, caches: list[str], out_dir: str | Path, 
         Interrupted: Ctrl-C / SIGTERM during a run (its state saved; the same command finishes).
     """
     from ..config import RunConfig, default_preset_name, load_preset, memory_config
-    from ..errors import InputError, Interrupted, OutputError
-    from ..memory import build_writer
-    from ..outputs import cache_folder, write_json_atomic
-    from ..pipeline import Pipeline
+    from ..errors import InputError, Interrupted
+    from ..outputs import atomic_path, cache_folder, write_json_atomic
     from ..runs import RunFolder
-    from ..runs.resume import next_step
     from ..trajectory import MODES, load_trajectory, plan_actions
-    from .generate import run_generation
+    from .inputs import check_inputs, check_writers
 
     trajectory, out_dir = Path(trajectory), Path(out_dir)
     folders = [cache_folder(c) for c in caches]
     if not caches or len(set(folders)) != len(folders):
         raise InputError(f"--cache: expected distinct writers, got {','.join(caches) or '(none)'}")
-    for cache in caches:
-        build_writer(memory_config(cache, **(memory or {})), 3)
     traj = load_trajectory(trajectory)
     preset_obj = load_preset(preset or default_preset_name(traj.mode, checkpoint))
     plan = plan_actions(traj, chunks, preset_obj.frames_per_chunk)
@@ -270,6 +266,13 @@ def run_compare(trajectory: str | Path, caches: list[str], out_dir: str | Path, 
                          overwrite=overwrite, progress=progress, metrics=metrics, world_seed=world_seed,
                          **(speed or {}))
                for cache, folder in zip(caches, folders)]
+    check_inputs(configs[0], traj)  # options, trajectory, image: before torch is imported
+    plan = plan_actions(traj, chunks)
+    check_writers([cfg.memory for cfg in configs])  # then every writer's flags, before the model loads
+    from ..pipeline import Pipeline
+    from ..runs.resume import next_step
+    from .generate import run_generation
+
     with RunFolder(out_dir).lock("compare"):
         steps = [("run", cfg) if overwrite else next_step(cfg.output, cfg) for cfg in configs]  # refuse before running
         (out_dir / "compare.json").unlink(missing_ok=True)  # a comparison is complete only once its panels exist
@@ -299,9 +302,7 @@ def run_compare(trajectory: str | Path, caches: list[str], out_dir: str | Path, 
               "dtype": resolved["dtype"], "metrics_level": metrics, "hud": hud,
               "video": {"path": "compare.mp4", **video}, "keyframes": still,
               "modes": [_mode_record(c, f, s) for c, f, s in zip(caches, folders, summaries)]}
-    write_json_atomic(out_dir / "compare.json", result)
-    try:
-        (out_dir / "compare.md").write_text(compare_markdown(result), encoding="utf-8")
-    except OSError as err:
-        raise OutputError(f"cannot write {out_dir / 'compare.md'}: {err.strerror or err}") from None
+    with atomic_path(out_dir / "compare.md") as tmp:
+        tmp.write_text(compare_markdown(result), encoding="utf-8")
+    write_json_atomic(out_dir / "compare.json", result)  # last: a comparison is complete once it exists
     return result

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import hashlib
 import logging
+import re
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -63,8 +65,10 @@ def check_image(path: str | Path, height: int, width: int) -> None:
     if not path.is_file():
         raise InputError(f"image {path}: {'is a directory, not an image file' if path.is_dir() else 'file not found'}")
     try:
-        with Image.open(path) as img:
-            w, h = img.size
+        with warnings.catch_warnings():  # a large image is decoded at reduced size: no bomb warning on stderr
+            warnings.simplefilter("ignore", Image.DecompressionBombWarning)
+            with Image.open(path) as img:
+                w, h = img.size
     except UnidentifiedImageError:
         raise InputError(f"image {path}: not a recognised image format") from None
     except Image.DecompressionBombError as exc:
@@ -77,11 +81,12 @@ def check_image(path: str | Path, height: int, width: int) -> None:
                          f"aspect crop")
 
 
-def check_inputs(cfg):
+def check_inputs(cfg, traj=None):
     """The checks of :func:`prepare_inputs` that need neither torch nor the model: option ranges,
-    the trajectory (size, syntax, mode) and the image's header. ``generate`` runs them first, so a
-    bad input is reported in a fraction of a second. Returns the parsed
-    :class:`~worldtrace_cli.trajectory.Trajectory`.
+    the trajectory (size, syntax, mode) and the image's header. ``generate``, ``compare`` and
+    ``loopbench run`` run them first, so a bad input is reported in a fraction of a second. Returns
+    the parsed :class:`~worldtrace_cli.trajectory.Trajectory` (``traj``, when the caller parsed
+    ``cfg.trajectory`` already).
 
     Raises:
         InputError / TrajectoryError: as :func:`prepare_inputs`.
@@ -92,13 +97,15 @@ def check_inputs(cfg):
                              ("--seed", cfg.seed, 0), ("--chunks", cfg.chunks, 1)):
         if value is not None and value < low:
             raise InputError(f"{name}: must be >= {low}, got {value}")
-    traj = load_trajectory(cfg.trajectory)
+    traj = load_trajectory(cfg.trajectory) if traj is None else traj
     if traj.mode != cfg.preset.mode:
         raise InputError(f"{cfg.trajectory}: mode {traj.mode!r} does not match preset {cfg.preset.name} "
                          f"(mode {cfg.preset.mode!r})")
     path = cfg.image or (None if cfg.preset.has_world else traj.image)
     if path is not None:
         check_image(path, cfg.preset.height, cfg.preset.width)
+    elif not cfg.preset.has_world:
+        raise InputError(f"{cfg.trajectory}: no conditioning image: pass --image or set `image:` in the trajectory")
     check_lingbot_options(cfg, traj)
     return traj
 
@@ -136,14 +143,38 @@ def check_lingbot_options(cfg, traj) -> None:
                          f"(Wan2.1 / Matrix-Game-2.0) into {cfg.checkpoint}, or use --metrics fast")
 
 
+def check_writers(memories, flag: str = "--cache") -> None:
+    """Build each :class:`~worldtrace_cli.config.MemoryConfig`'s writer once, without a model, so an
+    unknown writer, an invalid value or a flag the writer would ignore is refused before the model
+    loads. Imports torch (the writers' package): call it after :func:`check_inputs`.
+
+    Args:
+        memories: the MemoryConfigs of the runs.
+        flag: the command's writer flag, named in the messages (``loopbench run`` has ``--caches``).
+    Raises:
+        InputError: the first refusal (one line naming the flag).
+    """
+    from ..memory import build_writer
+
+    for memory in memories:
+        try:
+            build_writer(memory, 3)
+        except InputError as exc:
+            if flag == "--cache":
+                raise
+            raise InputError(re.sub(r"--cache\b", flag, str(exc))) from None
+
+
 def prepare_inputs(cfg) -> RunInputs:
     """Check and load a :class:`~worldtrace_cli.config.RunConfig`'s inputs (no model involved).
 
     Raises:
         InputError / TrajectoryError: a malformed trajectory (file:line: field), a mode other than
-            the preset's, no or an unreadable image, a negative seed or world seed, bad flag values.
+            the preset's, no or an unreadable image, a negative seed or world seed, bad flag values,
+            a writer flag the writer refuses (:func:`check_writers`).
     """
     traj = check_inputs(cfg)  # before torch is imported: a bad input is reported at once
+    check_writers([cfg.memory])  # before the model loads
     from ..model.conditioning import load_image
     from ..trajectory import plan_actions
 
@@ -165,12 +196,10 @@ def prepare_inputs(cfg) -> RunInputs:
         image, label = Image.fromarray(start_view), f"world:{cfg.world_seed}"
         image_sha = hashlib.sha256(start_view.tobytes()).hexdigest()
     else:
-        path = cfg.image or traj.image
-        if path is None:
-            raise InputError(f"{cfg.trajectory}: no conditioning image: pass --image or set `image:` in the trajectory")
+        path = cfg.image or traj.image  # check_inputs made sure there is one
         if preset.has_world:
             log.warning(f"--image replaces world {cfg.world_seed}'s start view: no ground-truth metrics")
-        image, label, image_sha = load_image(path), str(path), sha256_file(path)
+        image, label, image_sha = load_image(path, (preset.height, preset.width)), str(path), sha256_file(path)
     seed = cfg.seed if cfg.seed is not None else (traj.seed if traj.seed is not None else 0)
     if seed < 0:
         raise InputError(f"seed: must be >= 0, got {seed} (from {cfg.trajectory})")

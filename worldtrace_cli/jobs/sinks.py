@@ -63,7 +63,7 @@ class RunSinks:
         for chunk_index, label in plan.waypoints:
             self.waypoints.setdefault(chunk_index, []).append(label)
         self.video = VideoStreamWriter(folder.video_part if start else folder.video, preset.width, preset.height,
-                                       preset.fps)
+                                       preset.fps, pass_fds=() if folder.lock_fd is None else (folder.lock_fd,))
         self.jsonl = JsonlWriter(folder.chunks, append=True)
         self.bar = tqdm(total=plan.num_chunks, initial=start, unit="chunk", file=sys.stderr, disable=not show,
                         desc=desc)

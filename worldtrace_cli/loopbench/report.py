@@ -16,8 +16,10 @@ from collections import defaultdict
 from pathlib import Path
 
 from ..errors import InputError, OutputError
-from ..outputs import write_json_atomic
+from ..outputs import atomic_path, write_json_atomic
+from ..runs import RunFolder
 from ..schemas import SCHEMA_VERSION
+from ..trajectory import frames_for_chunks
 from .configs import CONFIGS
 from .names import BASELINE, GT_METRIC, METRIC_NAMES, METRICS, TIER_ORDER, TIER_TITLES, writers_of
 from .plots import plot_pac_vs_chunks, plot_tiers
@@ -304,9 +306,13 @@ def report(out_dir: str | Path, dest: str | Path | None = None) -> dict[str, Pat
     aggregates, failures), ``pac_vs_chunks.png`` and ``tiers.png`` into ``dest`` (default:
     ``out_dir``). Returns ``{name: path}``.
 
+    Every complete run's folder is checked first (:meth:`~worldtrace_cli.runs.RunFolder.check`:
+    chunk ids 0..n-1 once each, the summary's chunk count, the video covering the records).
+
     Raises:
         InputError: ``out_dir`` is not a folder or holds no complete LoopBench run.
-        OutputError: ``dest`` cannot be written.
+        FolderInconsistent: a run folder contradicts itself (exit 7; the folder is named).
+        OutputError: ``dest`` cannot be written, a run folder lacks its records or video.
     """
     out_dir = Path(out_dir)
     if not out_dir.is_dir():
@@ -315,6 +321,8 @@ def report(out_dir: str | Path, dest: str | Path | None = None) -> dict[str, Pat
     if not rows:
         raise InputError(f"{out_dir}: no complete LoopBench runs (expected <config>/<cache>/<image>/seed<N>/"
                          "summary.json)")
+    for row in rows:  # a folder two runs wrote, or whose video lost chunks, is not a result
+        RunFolder(out_dir / row["run_dir"]).check(frames_for_chunks)
     dest = Path(dest) if dest is not None else out_dir
     try:
         dest.mkdir(parents=True, exist_ok=True)
@@ -324,16 +332,17 @@ def report(out_dir: str | Path, dest: str | Path | None = None) -> dict[str, Pat
     agg = aggregate(rows)
     paths = {name: dest / name for name in ("report.md", "report.csv", "report.json", "pac_vs_chunks.png",
                                              "tiers.png")}
-    try:
-        paths["report.md"].write_text(markdown(rows, agg, failed, out_dir), encoding="utf-8")
-        with paths["report.csv"].open("w", newline="", encoding="utf-8") as fh:
-            writer = csv.DictWriter(fh, fieldnames=ROW_FIELDS)
-            writer.writeheader()
-            writer.writerows({k: ("" if r[k] is None else r[k]) for k in ROW_FIELDS} for r in rows)
-        plot_pac_vs_chunks(agg, paths["pac_vs_chunks.png"])
-        plot_tiers(agg, paths["tiers.png"])
-    except OSError as err:
-        raise OutputError(f"cannot write the report into {dest}: {err.strerror or err}") from None
+    # each file under a temporary name, then renamed: a full disk leaves no torn report
+    with atomic_path(paths["report.md"]) as tmp:
+        tmp.write_text(markdown(rows, agg, failed, out_dir), encoding="utf-8")
+    with atomic_path(paths["report.csv"]) as tmp, tmp.open("w", newline="", encoding="utf-8") as fh:
+        writer = csv.DictWriter(fh, fieldnames=ROW_FIELDS)
+        writer.writeheader()
+        writer.writerows({k: ("" if r[k] is None else r[k]) for k in ROW_FIELDS} for r in rows)
+    for name, plot in (("pac_vs_chunks.png", plot_pac_vs_chunks), ("tiers.png", plot_tiers)):
+        with atomic_path(paths[name]) as tmp:
+            plot(agg, tmp)
+
     def tier_str(entries):  # one JSON type per field: tiers 1..4, "sweep" and "custom" are all strings
         return [{**e, "tier": str(e["tier"])} if "tier" in e else e for e in entries]
 

@@ -261,6 +261,30 @@ def combine_shards(flag: tuple[int, int], env: tuple[int, int]) -> tuple[int, in
 # --------------------------------------------------------------------------- running
 
 
+def check_jobs(jobs: Sequence[Job], preset, chunks: int | None = None, memory: dict | None = None) -> None:
+    """Check a sweep's inputs before the model loads, as ``generate`` does
+    (:func:`~worldtrace_cli.jobs.inputs.check_inputs`): every distinct trajectory (size, syntax, its
+    mode against the preset's) with every image (header, large enough for the aspect crop) and
+    ``chunks``, torch-free; then every writer's flags (:func:`~worldtrace_cli.jobs.inputs.check_writers`,
+    which imports torch), named ``--caches``.
+
+    Args:
+        jobs: the sweep's jobs; preset: the :class:`~worldtrace_cli.config.Preset`; chunks: the
+            ``--chunks`` override; memory: the memory keywords every writer gets.
+    Raises:
+        InputError / TrajectoryError: the first bad input, one line naming the file or flag.
+    """
+    from ..config import RunConfig, memory_config
+    from ..jobs.inputs import check_inputs, check_writers
+
+    parsed: dict[Path, object] = {}
+    for trajectory, image in sorted({(j.trajectory, j.image) for j in jobs}, key=str):
+        cfg = RunConfig(preset=preset, trajectory=trajectory, output=Path("."), image=image, chunks=chunks)
+        parsed[trajectory] = check_inputs(cfg, parsed.get(trajectory))
+    check_writers([memory_config(c, **(memory or {})) for c in sorted({j.cache for j in jobs})], "--caches")
+
+
+
 def _one_line(exc: BaseException) -> str:
     text = " ".join(str(exc).split()) or type(exc).__name__
     return text[:500]
@@ -312,16 +336,18 @@ def run_jobs(jobs: Sequence[Job], out_dir: str | Path, preset: str = "tiny", dev
         :class:`SweepCounts` (done, skipped, failed).
 
     Raises:
-        InputError: a bad preset (before any job runs); OutputError: failures cannot be recorded.
+        InputError: a bad preset, trajectory, image or writer flag (:func:`check_jobs`, before any job
+            runs); OutputError: failures cannot be recorded.
     """
     from ..config import RunConfig, load_preset, memory_config
     from ..jobs import generate as generate_job  # looked up per call so tests can replace run_generation
-    from ..pipeline import Pipeline
     from ..runs.resume import next_step
 
     out_dir = Path(out_dir)
-    out_dir.mkdir(parents=True, exist_ok=True)
     preset_obj = load_preset(preset)
+    check_jobs(jobs, preset_obj, chunks, memory)  # a typo stops the sweep now, not every job of it
+    from ..pipeline import Pipeline  # torch and the model only after the inputs passed
+    out_dir.mkdir(parents=True, exist_ok=True)
     device = _select_device(device)
     done = skipped = failed = 0
     pipeline = None
@@ -391,6 +417,6 @@ def _brief(summary: dict) -> str:
     return ", ".join(parts)
 
 
-__all__ = ["DEFAULT_CONFIGS", "DEFAULT_SEEDS", "Job", "SweepCounts", "combine_shards",
+__all__ = ["DEFAULT_CONFIGS", "DEFAULT_SEEDS", "Job", "SweepCounts", "check_jobs", "combine_shards",
            "parse_seeds", "parse_shard", "parse_worlds", "plan_jobs", "record_failure", "resolve_config", "resolve_images",
            "run_jobs", "shard", "shard_from_env"]

@@ -17,6 +17,12 @@ from .base import CacheGeometry, CacheWriter, MemoryConfig, Slot, refuse, regist
 from .window import split_frames
 
 
+
+def _gigabytes(n: float) -> str:
+    """``17.18 GB``, or ``9.22 kB`` / ``5.1 MB`` where two decimals of GB would read 0.00."""
+    return f"{n / 1e9:.2f} GB" if n >= 1e7 else f"{n / 1e6:.3g} MB" if n >= 1e6 else f"{n / 1e3:.3g} kB"
+
+
 @register
 class FullWriter(CacheWriter):
     """Every past latent frame verbatim at its actual position (O(N) memory, capped by --max-cache-gb)."""
@@ -54,7 +60,7 @@ class FullWriter(CacheWriter):
         # the stored frames, their per-chunk concatenation and the rotated attention buffer: 3 copies
         needed = 3 * (len(self._ids) + len(frame_ids)) * self.frame_bytes()
         if needed > cap:
-            raise RunError(f"--cache {self.name}: the KV cache would reach {needed / 1e9:.2f} GB at latent frame "
+            raise RunError(f"--cache {self.name}: the KV cache would reach {_gigabytes(needed)} at latent frame "
                            f"{frame_ids[-1]}, over --max-cache-gb {self.config.max_cache_gb:g}; use a bounded "
                            f"writer or raise the cap")
         for frame_kv in split_frames(layers_kv, range(len(frame_ids)), self.geometry.tokens_per_frame):

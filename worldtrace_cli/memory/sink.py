@@ -67,7 +67,8 @@ class SinkWriter(RecentWindowWriter):
         budget = self.config.budget if self.config.budget is not None else self.default_budget
         k = self.config.sink_frames
         if not 1 <= k < budget:
-            raise InputError(f"--sink-frames: must be >= 1 and < the budget ({budget}), got {k}")
+            raise InputError(f"--sink-frames {k} and --budget {budget}: --cache sink needs the budget to hold the "
+                             f"sink frames and at least 1 recent slot ({k + 1})")
         return k, budget - k
 
     def make_components(self):

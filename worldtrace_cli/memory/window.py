@@ -123,7 +123,8 @@ def resolve_slots(config: MemoryConfig, default_summary: int = 4, default_recent
         if nr is None:
             nr = budget - ns
         if nr < 1 or ns < 0:
-            raise InputError(f"--budget {budget}: too small for {ns} summary + {nr} recent slots")
+            raise InputError(f"--budget {budget}: too small for {max(ns, 0)} summary + {max(nr, 1)} recent slots "
+                             f"(at least 1 recent slot)")
     return (default_summary if ns is None else ns), (default_recent if nr is None else nr)
 
 

@@ -20,6 +20,28 @@ _IGNORED_TOP = {"_class_name", "_diffusers_version", "text_len", "model_type", "
 _IGNORED_ACTION = {"rope_dim_list", "patch_size", "qk_norm", "qkv_bias"}
 
 
+def _check_types(cls, values: dict[str, Any], source: str, prefix: str) -> None:
+    """Each value has its field's type: a positive int (sink_size: >= 0), a positive number, a bool,
+    or a tuple of ints >= 0. Raises CheckpointError naming the key."""
+    for f in fields(cls):
+        if f.name not in values or f.name == "action_config":
+            continue
+        v, default = values[f.name], f.default
+        if isinstance(default, bool):
+            ok, want = isinstance(v, bool), "true or false"
+        elif isinstance(default, int):
+            low = 0 if f.name == "sink_size" else 1
+            ok, want = isinstance(v, int) and not isinstance(v, bool) and v >= low, f"an integer >= {low}"
+        elif isinstance(default, float):
+            ok = isinstance(v, (int, float)) and not isinstance(v, bool) and 0 < v < float("inf")
+            want = "a finite number > 0"
+        else:  # tuples of ints
+            ok = isinstance(v, tuple) and all(isinstance(x, int) and not isinstance(x, bool) and x >= 0 for x in v)
+            want = "a list of integers >= 0"
+        if not ok:
+            raise CheckpointError(f"{source}: {prefix}{f.name}: must be {want}, got {v!r}")
+
+
 @dataclass(frozen=True)
 class ActionConfig:
     """Keyboard/mouse action module configuration (``action_config`` in config.json, spec §8)."""
@@ -86,6 +108,8 @@ class DiTConfig:
             raise CheckpointError(f"{source}: unknown config keys: {', '.join(unknown)}")
         act_kwargs = {k: (tuple(v) if isinstance(v, list) else v) for k, v in action.items() if k in act_names}
         kwargs = {k: v for k, v in raw.items() if k in top_names}
+        _check_types(cls, kwargs, source, "")
+        _check_types(ActionConfig, act_kwargs, source, "action_config.")
         cfg = cls(**kwargs, action_config=ActionConfig(**act_kwargs))
         if cfg.local_attn_size < 1:
             raise CheckpointError(f"{source}: local_attn_size must be >= 1 (the global-attention "

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import pickle
 from pathlib import Path
 
 import torch
@@ -38,6 +39,10 @@ def read_state_dict(path: str | Path) -> dict[str, torch.Tensor]:
             sd = load_file(str(path))
         else:
             sd = torch.load(str(path), map_location="cpu", weights_only=True, mmap=True)
+    except pickle.UnpicklingError:  # torch's message advises weights_only=False: never for an unknown file
+        raise CheckpointError(f"{path}: cannot read weights: the file holds Python objects besides tensors, which "
+                              f"could run code when loaded; worldtrace reads tensors only (safetensors, or a .pth "
+                              f"of plain tensors)") from None
     except Exception as exc:  # corrupt/truncated files raise many different types
         raise CheckpointError(f"{path}: cannot read weights ({type(exc).__name__}: {_first_line(exc)})") from None
     if isinstance(sd, dict) and "state_dict" in sd and isinstance(sd["state_dict"], dict):

@@ -9,15 +9,21 @@ job, ``metrics``, the LoopBench report) goes through :class:`RunFolder` (design.
 * **One writer at a time**: :meth:`RunFolder.lock` takes an exclusive ``filelock`` (an OS-level
   ``flock`` on Unix, released by the kernel when its process dies, so a lock left by a killed
   process is simply taken over) before the folder is checked; a second process gets
-  :class:`~worldtrace_cli.errors.FolderBusy` (exit 6) naming the holder.
+  :class:`~worldtrace_cli.errors.FolderBusy` (exit 6) naming the holder. The video encoder inherits
+  the lock (:attr:`RunFolder.lock_fd`), so after a SIGKILL the folder stays locked until the
+  orphaned ffmpeg has finished ``video.mp4``: nobody joins or cuts a video still being written.
 * **Consistency** (:meth:`RunFolder.check`): chunk ids 0..n-1 exactly once, and the video's pixel
   frames equal what the records cover; a torn last record (a killed writer) is reported as partial,
   a contradiction is :class:`~worldtrace_cli.errors.FolderInconsistent` (exit 7).
+* **video.mp4 covers every record**: a resumed run appends to ``video.part.mp4`` and joins it into
+  ``video.mp4`` when it finishes or stops; a part left by a killed resumed run is joined by the next
+  process that takes the folder's lock or checks it (:meth:`RunFolder.join_video_part`).
 """
 
 from __future__ import annotations
 
 import json
+import logging
 import os
 import shutil
 import sys
@@ -39,6 +45,9 @@ RUN_FILES = (SUMMARY, CHUNKS, VIDEO, TIMELINE)  # a replaced run loses these (su
 LEFTOVERS = (STATE, STATE + ".old", STATE + ".tmp", VIDEO_PART)  # a replaced run's resume state goes too
 
 
+log = logging.getLogger("worldtrace")
+
+
 def _reason(err: OSError) -> str:
     return err.strerror or type(err).__name__
 
@@ -56,6 +65,7 @@ class RunFolder:
 
     def __init__(self, path: str | Path):
         self.path = Path(path)
+        self.lock_fd: int | None = None  # while :meth:`lock` holds the lock: its file descriptor
         self.video, self.video_part = self.path / VIDEO, self.path / VIDEO_PART
         self.chunks, self.summary_path = self.path / CHUNKS, self.path / SUMMARY
         self.timeline, self.state = self.path / TIMELINE, self.path / STATE
@@ -81,6 +91,8 @@ class RunFolder:
         except Timeout:
             raise FolderBusy(f"{self.path} is in use by {self._holder()}; wait for it to finish or use "
                              f"another -o folder") from None
+        # the descriptor, for the video encoder to inherit (filelock does not publish it: read defensively)
+        self.lock_fd = getattr(getattr(lock, "_context", None), "lock_file_fd", None)
         info = {"pid": os.getpid(), "command": what, "argv": sys.argv,
                 "since": time.strftime("%Y-%m-%dT%H:%M:%S")}
         try:
@@ -88,13 +100,48 @@ class RunFolder:
         except OSError:  # the lock itself is what matters; the holder note only improves messages
             pass
         try:
+            try:
+                self.join_video_part()  # a killed resumed run's chunks join video.mp4 first
+            except OutputError as exc:  # the part stays; --overwrite or a resume still works
+                log.warning(f"{self.path}: {exc}")
             yield self
         finally:
             try:
                 (self.path / HOLDER).unlink(missing_ok=True)
             except OSError:
                 pass
+            self.lock_fd = None
             lock.release()
+
+    def join_video_part(self) -> bool:
+        """Join ``video.part.mp4`` (the chunks a resumed run added; left by a kill) into ``video.mp4``
+        (stream copy, no re-encoding). Call while holding :meth:`lock`. An empty part (killed before
+        its first frame) is removed. Returns True when a part was joined.
+
+        Raises:
+            OutputError: ffmpeg cannot join them (both files are left as they were).
+        """
+        from ..outputs import concat_videos
+
+        if not self.video_part.is_file():
+            return False
+        if self.video_part.stat().st_size == 0:
+            self.video_part.unlink()
+            return False
+        concat_videos([self.video, self.video_part], self.video)
+        return True
+
+    def settle(self) -> None:
+        """Join a ``video.part.mp4`` that a killed resumed run left (:meth:`join_video_part`), when no
+        process holds the folder (a running resume is left alone). Readers call it first, so
+        ``video.mp4`` covers every record they read."""
+        if not self.video_part.is_file():
+            return
+        try:
+            with self.lock("settle"):  # the lock joins the part
+                pass
+        except (FolderBusy, OutputError):  # a run is writing the folder, or it is read-only
+            pass
 
     def _holder(self) -> str:
         try:
@@ -131,8 +178,17 @@ class RunFolder:
         return any((self.path / name / "state.json").is_file() for name in (STATE, STATE + ".old"))
 
     def holds_run(self) -> bool:
-        """True when any run file is present (a finished, stopped or killed run)."""
-        return any((self.path / name).exists() for name in RUN_FILES + (VIDEO_PART,))
+        """True when any run file is present (a finished, stopped or killed run), except for a run
+        that ended before its first chunk (its summary says 0 chunks and ``chunks.jsonl`` is empty,
+        e.g. ``--max-cache-gb`` reached at once): it holds nothing to lose, so a new run replaces it
+        without ``--overwrite``."""
+        if not any((self.path / name).exists() for name in RUN_FILES + (VIDEO_PART,)):
+            return False
+        summary = self.read_summary() or {}
+        nothing = (summary.get("status") in ("failed", "aborted", "stopped")
+                   and (summary.get("totals") or {}).get("chunks") == 0 and not self.video_part.exists()
+                   and (not self.chunks.exists() or self.chunks.stat().st_size == 0))
+        return not nothing
 
     def status(self) -> str:
         """``empty`` (no run), ``complete``, ``resumable`` (a saved state) or ``partial`` (a run
@@ -194,16 +250,19 @@ class RunFolder:
 
     def video_frames(self, include_part: bool = True) -> int:
         """Pixel frames in ``video.mp4`` (+ ``video.part.mp4``); 0 when there is no video."""
-        from ..outputs import probe_video
+        from ..outputs import count_video_frames
 
         total = 0
         for path in (self.video, self.video_part) if include_part else (self.video,):
             if path.is_file() and path.stat().st_size:
-                total += probe_video(path)["frames"]
+                total += count_video_frames(path)
         return total
 
     def check(self, frames_for_chunks) -> dict:
         """Check that the folder's records and video agree; return what it holds.
+
+        A ``video.part.mp4`` left by a killed resumed run is joined into ``video.mp4`` first
+        (:meth:`settle`), unless a process is writing the folder (then both files are counted).
 
         Args:
             frames_for_chunks: ``n -> pixel frames`` of the first n chunks (the model's layout).
@@ -217,6 +276,7 @@ class RunFolder:
         """
         if not self.chunks.is_file():
             raise OutputError(f"{self.path}: no {CHUNKS} (not a run folder, or a run that wrote no chunk)")
+        self.settle()
         records, torn = self.records()
         ids = [r.get("chunk") for r in records]
         if ids != list(range(len(ids))):
