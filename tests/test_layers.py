@@ -97,5 +97,7 @@ def test_imports_go_downward():
                                                                "pipeline", "rollout")}, mod
         if not mod.startswith("worldtrace_cli.cli") and mod != "worldtrace_cli.__main__":
             assert not {d for d in deps if d.startswith("worldtrace_cli.cli")}, mod  # library code never imports the CLI
+        if not mod.startswith(("worldtrace_cli.cli", "worldtrace_cli.jobs")):  # jobs are run by the CLI only
+            assert not {d for d in deps if d.startswith("worldtrace_cli.jobs")}, mod
         if mod.startswith("worldtrace_cli.memory"):
             assert not {d for d in deps if d.split(".")[1] in ("jobs", "runs", "cli", "pipeline")}, mod

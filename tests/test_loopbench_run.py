@@ -15,7 +15,8 @@ from click.testing import CliRunner
 
 from worldtrace_cli.jobs import generate as generate_job
 from worldtrace_cli.errors import InputError
-from worldtrace_cli.loopbench import runner
+from worldtrace_cli.jobs import loopbench as sweep
+from worldtrace_cli.loopbench import plan
 from worldtrace_cli.cli.loopbench import loopbench
 from worldtrace_cli.loopbench.report import collect, mean_ci, paired_test, report
 from worldtrace_cli.outputs import write_json_atomic
@@ -75,14 +76,14 @@ def fake_generate(monkeypatch):
 
 
 def test_plan_is_sorted_and_folders_are_deterministic():
-    images = runner.resolve_images(TWO_IMAGES)
-    a = runner.plan_jobs(["pan_90", "aba"], ["landmark", "mixed:2"], images, [42, 0])
-    b = runner.plan_jobs(["aba", "pan_90"], ["mixed:2", "landmark"], images[::-1], [0, 42])
+    images = plan.resolve_images(TWO_IMAGES)
+    a = plan.plan_jobs(["pan_90", "aba"], ["landmark", "mixed:2"], images, [42, 0])
+    b = plan.plan_jobs(["aba", "pan_90"], ["mixed:2", "landmark"], images[::-1], [0, 42])
     assert a == b and len(a) == 2 * 2 * 2 * 2
     assert a[0].key == "aba/landmark/mg2_universal_0000/seed0"
     assert any(j.key == "pan_90/mixed-2/mg2_universal_0004/seed42" for j in a)
     assert a[0].trajectory == ROOT / "trajectories" / "loopbench" / "aba.yaml"
-    folder_images = runner.resolve_images(str(IMAGES))
+    folder_images = plan.resolve_images(str(IMAGES))
     assert [p.name for p in folder_images] == sorted(p.name for p in IMAGES.iterdir() if p.suffix == ".png")
 
 
@@ -201,8 +202,8 @@ def test_shard_flags_partition_the_jobs(tmp_path, fake_generate):
     assert len(first) == len(fake_generate) == 18 and not set(first) & set(fake_generate)
     assert len(collect(out)) == 36
 
-    jobs = runner.plan_jobs(["aba", "abca"], ["sliding"], runner.resolve_images(TWO_IMAGES), [0, 1, 2])
-    parts = [runner.shard(jobs, i, 4) for i in range(4)]
+    jobs = plan.plan_jobs(["aba", "abca"], ["sliding"], plan.resolve_images(TWO_IMAGES), [0, 1, 2])
+    parts = [plan.shard(jobs, i, 4) for i in range(4)]
     assert sorted(j for p in parts for j in p) == jobs
 
 
@@ -218,18 +219,18 @@ def test_torchrun_env_shards(tmp_path, fake_generate):
         ranks.append(set(fake_generate))
     assert [len(r) for r in ranks] == [12, 12, 12] and len(set.union(*ranks)) == 36
     # --shard on top of torchrun: machine 1 of 2, rank 1 of 3 -> shard 4 of 6.
-    assert runner.combine_shards((1, 2), (1, 3)) == (4, 6)
-    assert runner.shard_from_env({}) == (0, 1, None)
-    assert runner.shard_from_env({"RANK": "2", "WORLD_SIZE": "4", "LOCAL_RANK": "0"})[:2] == (2, 4)
+    assert plan.combine_shards((1, 2), (1, 3)) == (4, 6)
+    assert plan.shard_from_env({}) == (0, 1, None)
+    assert plan.shard_from_env({"RANK": "2", "WORLD_SIZE": "4", "LOCAL_RANK": "0"})[:2] == (2, 4)
 
 
 def test_local_rank_selects_the_gpu(monkeypatch):
     import torch
 
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
-    assert runner.shard_from_env({"RANK": "5", "WORLD_SIZE": "8", "LOCAL_RANK": "1"}) == (5, 8, "cuda:1")
+    assert plan.shard_from_env({"RANK": "5", "WORLD_SIZE": "8", "LOCAL_RANK": "1"}) == (5, 8, "cuda:1")
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
-    assert runner.shard_from_env({"RANK": "5", "WORLD_SIZE": "8", "LOCAL_RANK": "1"}) == (5, 8, None)
+    assert plan.shard_from_env({"RANK": "5", "WORLD_SIZE": "8", "LOCAL_RANK": "1"}) == (5, 8, None)
 
 
 @pytest.mark.parametrize("args, code, words", [
@@ -411,8 +412,8 @@ def test_report_says_when_a_sweep_is_not_a_full_grid(synthetic_sweep):
 
 
 def test_report_counts_failed_jobs(synthetic_sweep):
-    job = runner.Job("aba", "field", "s9", 0, image=Path("s9.png"))
-    runner.record_failure(synthetic_sweep, job, ValueError("bad | thing"))
+    job = plan.Job("aba", "field", "s9", 0, image=Path("s9.png"))
+    sweep.record_failure(synthetic_sweep, job, ValueError("bad | thing"))
     paths = report(synthetic_sweep)
     md = paths["report.md"].read_text()
     assert "1 failed" in md and "aba/field/s9/seed0" in md and "bad \\| thing" in md
@@ -421,14 +422,14 @@ def test_report_counts_failed_jobs(synthetic_sweep):
 def test_world_scenes(tmp_path):
     """Procedural worlds are scenes too: --worlds parses ranges, jobs run in world<N> folders and pass
     the world seed to the run; image-only presets refuse --worlds."""
-    assert runner.parse_worlds("0-3,7") == [0, 1, 2, 3, 7] and runner.parse_worlds("5") == [5]
+    assert plan.parse_worlds("0-3,7") == [0, 1, 2, 3, 7] and plan.parse_worlds("5") == [5]
     for bad in ("3-1", "-2", "a", ","):
         with pytest.raises(InputError):
-            runner.parse_worlds(bad)
-    jobs = runner.plan_jobs(["pan_90"], ["sliding"], [], [0], worlds=[2, 1])
+            plan.parse_worlds(bad)
+    jobs = plan.plan_jobs(["pan_90"], ["sliding"], [], [0], worlds=[2, 1])
     assert [j.key for j in jobs] == ["pan_90/sliding/world1/seed0", "pan_90/sliding/world2/seed0"]
     assert jobs[0].world == 1 and jobs[0].image is None
-    mixed = runner.plan_jobs(["pan_90"], ["sliding"], [IMAGES / "mg2_universal_0000.png"], [0], worlds=[0])
+    mixed = plan.plan_jobs(["pan_90"], ["sliding"], [IMAGES / "mg2_universal_0000.png"], [0], worlds=[0])
     assert {j.scene for j in mixed} == {"mg2_universal_0000", "world0"}
     line = one_line_error(lb("run", "--preset", "tiny", "--worlds", "0-1", "--configs", "aba", "-o", tmp_path), 2)
     assert "--worlds" in line and "tiny" in line

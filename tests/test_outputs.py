@@ -280,8 +280,12 @@ def test_a_full_disk_leaves_no_zero_byte_or_torn_timeline(tmp_path, monkeypatch)
 
     from worldtrace_cli.timeline import plot_cache_timeline
 
+    from worldtrace_cli.memory.slots import Slot
+    from worldtrace_cli.runs.records import slot_records
+
     records = [{"chunk": c, "cache": {"writer": "sliding", "positions": "actual", "events": [],
-                                      "slots": [{"kind": "frame", "frames": [c]}]}} for c in range(3)]
+                                      "slots": slot_records([Slot("past", (c,), "recent")], [-1.0], c + 1, [8], [64])}}
+               for c in range(3)]
     path = tmp_path / "cache_timeline.png"
     plot_cache_timeline(records, path)
     good = path.read_bytes()

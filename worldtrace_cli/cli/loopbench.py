@@ -84,7 +84,8 @@ def run_cmd(preset, configs, caches, images, worlds, seeds, chunks, metrics, sha
     def job():
         from ..config import load_preset
         from ..errors import InputError, RunError
-        from ..loopbench import runner
+        from ..jobs.loopbench import run_jobs
+        from ..loopbench import plan
 
         cache_list = _split(caches)
         world_preset = load_preset(preset).has_world
@@ -92,22 +93,22 @@ def run_cmd(preset, configs, caches, images, worlds, seeds, chunks, metrics, sha
             raise InputError(f"--images: required with preset {preset} (only procedural-world presets take --worlds)")
         if worlds is not None and not world_preset:
             raise InputError(f"--worlds: preset {preset} has no procedural world (use --images)")
-        world_list = runner.parse_worlds(worlds or "0-7") if worlds is not None or images is None else []
-        jobs = runner.plan_jobs(_split(configs), cache_list, runner.resolve_images(images) if images else [],
-                                runner.parse_seeds(seeds), scratch=output / ".trajectories", worlds=world_list)
-        rank, world, env_device = runner.shard_from_env()
-        index, count = runner.combine_shards(runner.parse_shard(shard), (rank, world))
-        mine = runner.shard(jobs, index, count)
+        world_list = plan.parse_worlds(worlds or "0-7") if worlds is not None or images is None else []
+        jobs = plan.plan_jobs(_split(configs), cache_list, plan.resolve_images(images) if images else [],
+                                plan.parse_seeds(seeds), scratch=output / ".trajectories", worlds=world_list)
+        rank, world, env_device = plan.shard_from_env()
+        index, count = plan.combine_shards(plan.parse_shard(shard), (rank, world))
+        mine = plan.shard(jobs, index, count)
         log = logging.getLogger("worldtrace")
         log.info(f"loopbench: {len(mine)} of {len(jobs)} jobs (shard {index}/{count}) into {output}")
-        counts = runner.run_jobs(mine, output, preset=preset, device=env_device if device == "auto" and env_device
-                                 else device, dtype=dtype, metrics=metrics, chunks=chunks, checkpoint=checkpoint,
-                                 random_weights=random_weights, progress=progress,
-                                 speed=speed_config(rope_precision, compile_mode, overlap_decode), memory=memory)
+        counts = run_jobs(mine, output, preset=preset, device=env_device if device == "auto" and env_device
+                          else device, dtype=dtype, metrics=metrics, chunks=chunks, checkpoint=checkpoint,
+                          random_weights=random_weights, progress=progress,
+                          speed=speed_config(rope_precision, compile_mode, overlap_decode), memory=memory)
         click.echo(f"worldtrace: loopbench shard {index}/{count}: {counts.done} done, {counts.skipped} skipped, "
                    f"{counts.failed} failed", err=True)
         if counts.failed:
-            raise RunError(f"{counts.failed} of {len(mine)} jobs failed (see {output / runner.FAILURES_NAME})")
+            raise RunError(f"{counts.failed} of {len(mine)} jobs failed (see {output / plan.FAILURES_NAME})")
 
     run_job(job)
 

@@ -259,7 +259,6 @@ def run_compare(trajectory: str | Path, caches: list[str], out_dir: str | Path, 
         raise InputError(f"--cache: expected distinct writers, got {','.join(caches) or '(none)'}")
     traj = load_trajectory(trajectory)
     preset_obj = load_preset(preset or default_preset_name(traj.mode, checkpoint))
-    plan = plan_actions(traj, chunks, preset_obj.frames_per_chunk)
     configs = [RunConfig(preset=preset_obj, trajectory=trajectory, output=out_dir / folder, image=image,
                          chunks=chunks, seed=seed, device=device, dtype=dtype, checkpoint=checkpoint,
                          random_weights=random_weights, memory=memory_config(cache, **(memory or {})),
@@ -267,7 +266,7 @@ def run_compare(trajectory: str | Path, caches: list[str], out_dir: str | Path, 
                          **(speed or {}))
                for cache, folder in zip(caches, folders)]
     check_inputs(configs[0], traj)  # options, trajectory, image: before torch is imported
-    plan = plan_actions(traj, chunks)
+    plan = plan_actions(traj, chunks, preset_obj.frames_per_chunk)
     check_writers([cfg.memory for cfg in configs])  # then every writer's flags, before the model loads
     from ..pipeline import Pipeline
     from ..runs.resume import next_step

@@ -23,7 +23,7 @@ from ..trajectory import frames_for_chunks
 from .configs import CONFIGS
 from .names import BASELINE, GT_METRIC, METRIC_NAMES, METRICS, TIER_ORDER, TIER_TITLES, writers_of
 from .plots import plot_pac_vs_chunks, plot_tiers
-from .runner import FAILED_NAME
+from .plan import FAILED_NAME
 
 ROW_FIELDS = ("config", "tier", "cache", "image", "seed", "chunks", "pac", "temp_ssim", "scene_drift",
               "latent_diff", "gt_psnr", "gt_ssim", "gt_return_psnr", "gt_return_ssim", "s_per_chunk", "kv_bytes",

@@ -1,4 +1,5 @@
-"""LoopBench sweeps: a deterministic job list, shards of it, and an idempotent job loop.
+"""LoopBench sweeps: a deterministic job list and shards of it (torch-free). The job loop that runs
+them is :mod:`worldtrace_cli.jobs.loopbench`.
 
 A job is one rollout (configuration x cache writer x conditioning image x seed) in its own folder
 ``DIR/<config>/<cache>/<image stem>/seed<seed>/`` (a ``:`` in the cache spec becomes ``-``). A
@@ -10,18 +11,15 @@ torchrun's RANK / WORLD_SIZE / LOCAL_RANK for one process per GPU; no scheduler 
 
 from __future__ import annotations
 
-import json
 import logging
 import os
-import time
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import NamedTuple
 
-from ..errors import InputError, Interrupted, OutputError
+from ..errors import InputError
 from ..outputs import cache_folder
-from ..runs import RunFolder
 from .configs import CONFIGS, DEFAULT_FOLDER, render
 
 log = logging.getLogger("worldtrace")
@@ -261,162 +259,6 @@ def combine_shards(flag: tuple[int, int], env: tuple[int, int]) -> tuple[int, in
 # --------------------------------------------------------------------------- running
 
 
-def check_jobs(jobs: Sequence[Job], preset, chunks: int | None = None, memory: dict | None = None) -> None:
-    """Check a sweep's inputs before the model loads, as ``generate`` does
-    (:func:`~worldtrace_cli.jobs.inputs.check_inputs`): every distinct trajectory (size, syntax, its
-    mode against the preset's) with every image (header, large enough for the aspect crop) and
-    ``chunks``, torch-free; then every writer's flags (:func:`~worldtrace_cli.jobs.inputs.check_writers`,
-    which imports torch), named ``--caches``.
-
-    Args:
-        jobs: the sweep's jobs; preset: the :class:`~worldtrace_cli.config.Preset`; chunks: the
-            ``--chunks`` override; memory: the memory keywords every writer gets.
-    Raises:
-        InputError / TrajectoryError: the first bad input, one line naming the file or flag.
-    """
-    from ..config import RunConfig, memory_config
-    from ..jobs.inputs import check_inputs, check_writers
-
-    parsed: dict[Path, object] = {}
-    for trajectory, image in sorted({(j.trajectory, j.image) for j in jobs}, key=str):
-        cfg = RunConfig(preset=preset, trajectory=trajectory, output=Path("."), image=image, chunks=chunks)
-        parsed[trajectory] = check_inputs(cfg, parsed.get(trajectory))
-    check_writers([memory_config(c, **(memory or {})) for c in sorted({j.cache for j in jobs})], "--caches")
-
-
-
-def _one_line(exc: BaseException) -> str:
-    text = " ".join(str(exc).split()) or type(exc).__name__
-    return text[:500]
-
-
-def record_failure(out_dir: Path, job: Job, exc: BaseException) -> dict:
-    """Append the failure to ``out_dir/failures.jsonl`` and write ``failed.json`` in the job's
-    folder. One ``write`` per line in append mode keeps lines whole when shards share the file."""
-    rec = {"job": job.key, "config": job.config, "cache": job.cache, "scene": job.scene,
-           "image": None if job.image is None else str(job.image), "world": job.world, "seed": job.seed,
-           "error": type(exc).__name__, "exit_code": getattr(exc, "exit_code", 1), "message": _one_line(exc),
-           "time": time.strftime("%Y-%m-%dT%H:%M:%S")}
-    line = json.dumps(rec) + "\n"
-    try:
-        folder = job.folder(out_dir)
-        folder.mkdir(parents=True, exist_ok=True)
-        (folder / FAILED_NAME).write_text(json.dumps(rec, indent=1) + "\n")
-        with open(out_dir / FAILURES_NAME, "a", encoding="utf-8") as fh:
-            fh.write(line)
-            fh.flush()
-            os.fsync(fh.fileno())
-    except OSError as err:
-        raise OutputError(f"cannot record the failure of {job.key} in {out_dir}: {err.strerror or err}") from None
-    return rec
-
-
-def run_jobs(jobs: Sequence[Job], out_dir: str | Path, preset: str = "tiny", device: str = "auto",
-             dtype: str = "auto", metrics: str = "all", chunks: int | None = None,
-             checkpoint: str | Path | None = None, random_weights: bool = False,
-             progress: bool = False, speed: dict | None = None, memory: dict | None = None) -> SweepCounts:
-    """Run ``jobs`` one after another in this process (the model is loaded once and reused).
-
-    Each job's folder decides (:func:`~worldtrace_cli.runs.resume.next_step`): a complete run of the
-    same settings is skipped, a stopped one with a saved state resumes (generate saves one on SIGTERM
-    and every 16 chunks), anything else is regenerated from chunk 0; a complete run of other settings
-    is recorded as a failure. One :class:`~worldtrace_cli.pipeline.Pipeline` serves every job. A job that raises is recorded by
-    :func:`record_failure` and the loop goes on; Ctrl-C / SIGTERM (exit code 130, the state
-    saved) and KeyboardInterrupt stop it. One log line per job goes to the ``worldtrace`` logger.
-
-    Args:
-        preset: preset name or YAML; device: ``auto|cuda|cpu|cuda:N`` (``cuda:N`` makes GPU N the
-            current device); dtype: ``auto|bf16|fp32``; metrics: ``none|fast|all``; chunks:
-            rollout length override (None = each configuration's own N); speed: RunConfig speed
-            fields (:func:`~worldtrace_cli.options.speed_config`; the model compiles once per process);
-            memory: the memory settings every job's writer gets besides its spec (``--budget``,
-            ``--summary-slots``, ...: :func:`~worldtrace_cli.options.memory_config` keywords).
-
-    Returns:
-        :class:`SweepCounts` (done, skipped, failed).
-
-    Raises:
-        InputError: a bad preset, trajectory, image or writer flag (:func:`check_jobs`, before any job
-            runs); OutputError: failures cannot be recorded.
-    """
-    from ..config import RunConfig, load_preset, memory_config
-    from ..jobs import generate as generate_job  # looked up per call so tests can replace run_generation
-    from ..runs.resume import next_step
-
-    out_dir = Path(out_dir)
-    preset_obj = load_preset(preset)
-    check_jobs(jobs, preset_obj, chunks, memory)  # a typo stops the sweep now, not every job of it
-    from ..pipeline import Pipeline  # torch and the model only after the inputs passed
-    out_dir.mkdir(parents=True, exist_ok=True)
-    device = _select_device(device)
-    done = skipped = failed = 0
-    pipeline = None
-    for k, job in enumerate(jobs, 1):
-        folder, tag = job.folder(out_dir), f"[{k}/{len(jobs)}] {job.key}"
-        started = time.perf_counter()
-        try:
-            cfg = RunConfig(preset=preset_obj, trajectory=job.trajectory, output=folder, image=job.image,
-                            world_seed=job.world or 0, chunks=chunks, seed=job.seed, device=device, dtype=dtype,
-                            checkpoint=checkpoint, random_weights=random_weights,
-                            memory=memory_config(job.cache, **(memory or {})), progress=progress, metrics=metrics,
-                            **(speed or {}))
-            step, what = next_step(folder, cfg)
-            if step == "reuse":
-                skipped += 1
-                log.info(f"{tag}: complete, skipped")
-                continue
-            if step == "resume":
-                log.info(f"{tag}: resuming from its saved state")
-            if pipeline is None or not pipeline.serves(what):
-                pipeline = Pipeline.from_config(what)
-            summary = generate_job.run_generation(what, resume=step == "resume", pipeline=pipeline)
-        except Exception as exc:  # noqa: BLE001  (a sweep records every failure and goes on)
-            if isinstance(exc, Interrupted):
-                log.info(f"{tag}: interrupted; rerun the same command to resume the sweep")
-                raise
-            failed += 1
-            rec = record_failure(out_dir, job, exc)
-            log.info(f"{tag}: FAILED ({rec['error']}: {rec['message']})")
-            # A resume state that failed may be the cause: the next attempt starts from chunk 0.
-            RunFolder(folder).clear_state()
-            continue
-        (folder / FAILED_NAME).unlink(missing_ok=True)  # an earlier failure of this job is history now
-        done += 1
-        log.info(f"{tag}: done in {time.perf_counter() - started:.1f} s ({_brief(summary)})")
-    return SweepCounts(done, skipped, failed)
-
-
-def _select_device(device: str) -> str:
-    """``cuda:N`` -> make GPU N current and return ``cuda`` (RunConfig takes auto|cuda|cpu)."""
-    if not device.startswith("cuda:"):
-        return device
-    import torch
-
-    try:
-        index = int(device.split(":", 1)[1])
-    except ValueError:
-        raise InputError(f"--device: expected cuda:N, got {device!r}") from None
-    if not torch.cuda.is_available() or index >= torch.cuda.device_count():
-        raise InputError(f"--device {device}: no such CUDA device")
-    torch.cuda.set_device(index)
-    return "cuda"
-
-
-def _brief(summary: dict) -> str:
-    """``1.23 s/chunk, PAC 0.812, TempSSIM 0.771, GT-PSNR 18.2`` from a summary dict (metrics may be absent)."""
-    parts = [f"{summary.get('totals', {}).get('seconds_per_chunk', float('nan')):.3f} s/chunk"]
-    metrics = summary.get("metrics") or {}
-    pac = metrics.get("pac")
-    if isinstance(pac, dict) and pac.get("mean") is not None:
-        parts.append(f"PAC {pac['mean']:.3f}")
-    if metrics.get("temp_ssim") is not None:
-        parts.append(f"TempSSIM {metrics['temp_ssim']:.3f}")
-    gt = metrics.get("gt") or {}
-    if gt.get("psnr") is not None:
-        parts.append(f"GT-PSNR {gt['psnr']:.2f} dB")
-    return ", ".join(parts)
-
-
-__all__ = ["DEFAULT_CONFIGS", "DEFAULT_SEEDS", "Job", "SweepCounts", "check_jobs", "combine_shards",
-           "parse_seeds", "parse_shard", "parse_worlds", "plan_jobs", "record_failure", "resolve_config", "resolve_images",
-           "run_jobs", "shard", "shard_from_env"]
+__all__ = ["DEFAULT_CONFIGS", "DEFAULT_SEEDS", "FAILED_NAME", "FAILURES_NAME", "IMAGE_SUFFIXES", "Job", "SweepCounts",
+           "combine_shards", "config_name", "parse_seeds", "parse_shard", "parse_worlds", "plan_jobs", "resolve_config",
+           "resolve_images", "shard", "shard_from_env"]
