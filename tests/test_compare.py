@@ -91,6 +91,13 @@ def test_grid_video_two_rows_with_hud(tmp_path):
     for k, colour in enumerate(colours):  # the centre of each cell shows its panel
         y, x = (k // 2) * 48 + 24, (k % 2) * 64 + 32
         assert np.abs(grid[0, y, x].astype(int) - colour).max() < 40
+    # --scale 3: the same grid with every panel three times larger
+    info = write_grid_video(videos, ["a", "b", "c", "d"], tmp_path / "big.mp4", 25.0, None, "", scale=3)
+    assert info == {"frames": 5, "width": 384, "height": 288, "rows": 2, "columns": 2}
+    big = read_video_frames(tmp_path / "big.mp4")
+    for k, colour in enumerate(colours):
+        y, x = (k // 2) * 144 + 72, (k % 2) * 192 + 96
+        assert np.abs(big[0, y, x].astype(int) - colour).max() < 40
 
 
 def test_hud_rows_and_panel_drawing():

@@ -36,10 +36,13 @@ from .options import CHUNKS, SEED, device_options, memory_options, speed_config,
               help="Output folder (default: runs/compare-<trajectory>).")
 @click.option("--overwrite", is_flag=True, help="Replace a comparison or runs already in DIR.")
 @click.option("--progress", is_flag=True, help="Per-chunk progress bars.")
+@click.option("--scale", type=click.IntRange(1, 8), default=1, show_default=True,
+              help="Upscale the panels of compare.mp4 / compare.png by this integer factor (nearest "
+                   "neighbour), e.g. 3 for the 176x96 loopworld and tiny models.")
 @memory_options
 @speed_options
 def compare(trajectory, caches, preset, checkpoint, random_weights, image, seed, world_seed, chunks, hud, metrics,
-            device, dtype, output, overwrite, progress, rope_precision, compile_mode, overlap_decode, **memory):
+            device, dtype, output, overwrite, progress, scale, rope_precision, compile_mode, overlap_decode, **memory):
     """Run TRAJECTORY through several cache writers and show them side by side.
 
     Each writer runs with the same image, seed and actions into DIR/<cache>/ (a normal run folder);
@@ -60,7 +63,7 @@ def compare(trajectory, caches, preset, checkpoint, random_weights, image, seed,
         result = run_compare(trajectory, [c.strip() for c in caches.split(",") if c.strip()], out, preset, image,
                              seed, chunks, hud, metrics, device, dtype, checkpoint, random_weights, overwrite,
                              progress, speed_config(rope_precision, compile_mode, overlap_decode), world_seed,
-                             memory)
+                             memory, scale)
         click.echo(compare_markdown(result))
         click.echo(f"worldtrace: wrote {out / 'compare.mp4'}, compare.md, compare.json", err=True)
 

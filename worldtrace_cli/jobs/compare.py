@@ -87,12 +87,14 @@ def draw_panel(frame, label: str, hud=None, key_letters: str = ""):
 
 
 def write_grid_video(videos: list[Path], labels: list[str], path: Path, fps: float, hud=None,
-                     key_letters: str = "") -> dict:
+                     key_letters: str = "", scale: int = 1) -> dict:
     """Stream the panel videos into one grid MP4 (see :func:`grid_shape`), frame by frame.
 
     Args:
         videos: run videos of equal size; the grid has as many frames as the shortest.
         hud: optional per-frame list from :func:`hud_rows` (frames past its end get no HUD).
+        scale: integer upscaling of every panel (nearest neighbour: pixels stay sharp), so small
+            models' 176 x 96 frames and their labels are readable.
 
     Returns:
         ``{"frames", "width", "height", "rows", "columns"}`` of the written video.
@@ -115,7 +117,8 @@ def write_grid_video(videos: list[Path], labels: list[str], path: Path, fps: flo
             raise OutputError(f"cannot read a panel video: {tail_words(err)}") from None
         if len(sizes) != 1:
             raise OutputError(f"panel videos differ in size: {sorted(sizes)}")
-        (width, height), = sizes
+        (src_w, src_h), = sizes
+        width, height = src_w * scale, src_h * scale
         rows, cols = grid_shape(len(videos))
         canvas = Image.new("RGB", (cols * width, rows * height))
         frames = 0
@@ -123,7 +126,9 @@ def write_grid_video(videos: list[Path], labels: list[str], path: Path, fps: flo
             for bufs in zip(*readers):
                 state = hud[frames] if hud is not None and frames < len(hud) else None
                 for k, (buf, label) in enumerate(zip(bufs, labels)):
-                    frame = np.frombuffer(buf, np.uint8).reshape(height, width, 3)
+                    frame = np.frombuffer(buf, np.uint8).reshape(src_h, src_w, 3)
+                    if scale > 1:
+                        frame = frame.repeat(scale, axis=0).repeat(scale, axis=1)
                     panel = draw_panel(frame, label, state, key_letters if state else "")
                     canvas.paste(panel, ((k % cols) * width, (k // cols) * height))
                 out.write(np.asarray(canvas)[None])
@@ -181,11 +186,12 @@ def compare_markdown(result: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
-def write_keyframes(videos: list[Path], labels: list[str], path: Path, plan, columns: int = 8) -> dict:
+def write_keyframes(videos: list[Path], labels: list[str], path: Path, plan, columns: int = 8, scale: int = 1) -> dict:
     """A still of the comparison: one row per video (labelled), ``columns`` pixel frames spread over the
     rollout (each chunk's last frame at evenly spaced chunks), written as PNG at ``path``. Only those
     frames are decoded. Returns ``{"path": file name, "frames": pixel-frame indices, "chunks": chunk
-    indices}``. Raises OutputError when a video cannot be read."""
+    indices}``; ``scale`` upscales every frame (nearest neighbour). Raises OutputError when a video
+    cannot be read."""
     from PIL import Image, ImageDraw
 
     from ..outputs import atomic_path, read_video_frames
@@ -194,6 +200,8 @@ def write_keyframes(videos: list[Path], labels: list[str], path: Path, plan, col
     chunks = sorted({round(c) for c in np.linspace(0, plan.num_chunks - 1, min(columns, plan.num_chunks))})
     picks = [chunk_rows(c, plan.frames_per_chunk)[1] - 1 for c in chunks]
     rows = [read_video_frames(v, indices=picks) for v in videos]  # frames of picks, in order
+    if scale > 1:
+        rows = [r.repeat(scale, axis=1).repeat(scale, axis=2) for r in rows]
     h, w = rows[0].shape[1:3]
     label_w, top = 8 * max(len(s) for s in labels) + 10, 14
     sheet = Image.new("RGB", (label_w + w * len(picks), top + h * len(rows)), (255, 255, 255))
@@ -225,9 +233,10 @@ def run_compare(trajectory: str | Path, caches: list[str], out_dir: str | Path, 
                 hud: bool = True, metrics: str = "all", device: str = "auto", dtype: str = "auto",
                 checkpoint: str | Path | None = None, random_weights: bool = False, overwrite: bool = False,
                 progress: bool = False, speed: dict | None = None, world_seed: int = 0,
-                memory: dict | None = None) -> dict:
+                memory: dict | None = None, scale: int = 1) -> dict:
     """Run ``trajectory`` once per cache writer into ``out_dir/<cache>/`` and write the grid video
-    ``compare.mp4`` plus ``compare.json`` / ``compare.md`` (returns the JSON dict).
+    ``compare.mp4`` plus ``compare.json`` / ``compare.md`` (returns the JSON dict). ``scale``:
+    integer upscaling of the panels of ``compare.mp4`` / ``compare.png`` (the runs are unchanged).
 
     ``memory``: :func:`~worldtrace_cli.options.memory_config` keywords every writer gets (``budget``,
     ``summary_slots``, ...). ``preset`` None = ``mg2-<trajectory mode>`` with a checkpoint, else ``loopworld`` (universal) or
@@ -292,13 +301,14 @@ def run_compare(trajectory: str | Path, caches: list[str], out_dir: str | Path, 
     if preset_obj.has_world and image is None:
         videos, labels = [write_truth_video(out_dir / "truth", world_seed, plan, preset_obj)] + videos, ["truth"] + labels
     video = write_grid_video(videos, labels, out_dir / "compare.mp4", preset_obj.fps, hud_rows(plan) if hud else None,
-                             MODES[traj.mode].key_letters)
-    still = write_keyframes(videos, labels, out_dir / "compare.png", plan)
+                             MODES[traj.mode].key_letters, scale)
+    still = write_keyframes(videos, labels, out_dir / "compare.png", plan, scale=scale)
     resolved = summaries[0]["resolved"]
     result = {"schema_version": SCHEMA_VERSION, "trajectory": str(trajectory), "image": resolved["image"], "seed": resolved["seed"],
               "world_seed": resolved.get("world_seed"),
               "chunks": resolved["chunks"], "preset": preset_obj.name, "device": resolved["device"],
               "dtype": resolved["dtype"], "metrics_level": metrics, "hud": hud,
+              "panel_scale": scale,
               "video": {"path": "compare.mp4", **video}, "keyframes": still,
               "modes": [_mode_record(c, f, s) for c, f, s in zip(caches, folders, summaries)]}
     with atomic_path(out_dir / "compare.md") as tmp:
