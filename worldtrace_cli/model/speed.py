@@ -1,0 +1,78 @@
+"""Speed settings of the MG2 DiT (design.md §5): the RoPE tables' precision and ``torch.compile`` of
+the blocks' pure tensor parts (norms, modulation, projections, RoPE, FFN, cross-attention, the
+action branches), leaving the cache buffers, SDPA over them and the action caches eager.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from .action import ActionModule
+from .dit import Block, CausalWanDiT
+
+COMPILE_MODES = ("none", "default", "reduce-overhead", "max-autotune")
+_PURE_PARTS = {Block: ("attention_inputs", "attention_outputs", "feed_forward"),
+               ActionModule: ("mouse_part", "keyboard_part")}
+_COMPILED_PARTS: dict[tuple[str, str, str], object] = {}
+
+
+def compile_blocks(model: CausalWanDiT, mode: str = "default") -> None:
+    """Compile the pure tensor parts of every block of ``model`` with ``torch.compile`` (fused norms,
+    modulation, RoPE and projections); the K/V buffer handling, SDPA over it and the action module
+    stay eager.
+
+    Each part is one function of (module, tensors) compiled once per process and mode; parameters
+    are graph inputs, so the blocks share one Dynamo/Inductor graph per part instead of one per
+    layer (which would hit torch's recompile limit and fall back to eager). The parts: a block's
+    ``attention_inputs`` / ``attention_outputs`` / ``feed_forward`` and its action module's
+    ``mouse_part`` / ``keyboard_part``. Shapes are static within a run (``dynamic=False``); the
+    context pass (``commit``) and the first chunk (empty action caches) are extra specialisations.
+
+    ``mode``: ``default`` | ``reduce-overhead`` and ``max-autotune`` (both replay CUDA graphs when
+    run on CUDA: each call site is recorded once per path, every DiT call starts a new graph step
+    with ``torch.compiler.cudagraph_mark_step_begin``; cache writers and the action caches copy
+    what they keep, so nothing kept aliases the graph pool) | ``none`` (back to eager). The first chunk pays the compilation
+    (tens of seconds on a CPU). Needs a C++ compiler on CPU.
+
+    Raises:
+        ValueError: unknown mode.
+    """
+    import types
+
+    from torch._inductor import list_mode_options
+
+    if mode not in COMPILE_MODES:
+        raise ValueError(f"compile mode must be one of {', '.join(COMPILE_MODES)}, got {mode!r}")
+    cudagraphs = mode != "none" and bool(list_mode_options(mode).get("triton.cudagraphs", False))
+    modules = [m for block in model.blocks for m in (block, block.action_model) if m is not None]
+    for module in modules:
+        for name in _PURE_PARTS[type(module)]:
+            if mode == "none":
+                module.__dict__.pop(name, None)
+                continue
+            key = (type(module).__name__, name, mode)
+            if key not in _COMPILED_PARTS:
+                _COMPILED_PARTS[key] = torch.compile(getattr(type(module), name), mode=mode, dynamic=False)
+            module.__dict__[name] = types.MethodType(_COMPILED_PARTS[key], module)
+    model.compile_mode = mode
+    model.cudagraphs = cudagraphs
+
+
+ROPE_PRECISIONS = {"float32": torch.float32, "float64": torch.float64}
+
+
+def configure_speed(model: CausalWanDiT, rope_precision: str = "float32", compile_mode: str = "none") -> None:
+    """Apply a run's speed settings to ``model`` (a loaded model may be shared by runs in one process,
+    so every run sets both): the RoPE precision (``float32`` | ``float64``, see
+    :class:`~worldtrace_cli.model.rope.MainRope`) and :func:`compile_blocks` (``none`` = eager).
+
+    Raises:
+        ValueError: an unknown precision or compile mode.
+    """
+    if rope_precision not in ROPE_PRECISIONS:
+        raise ValueError(f"RoPE precision must be one of {', '.join(ROPE_PRECISIONS)}, got {rope_precision!r}")
+    model.rope.precision = ROPE_PRECISIONS[rope_precision]
+    compile_blocks(model, compile_mode)
+
+
+__all__ = ["COMPILE_MODES", "ROPE_PRECISIONS", "compile_blocks", "configure_speed"]
