@@ -49,20 +49,32 @@ def test_acceptance_run_writes_video_records_summary(tmp_path):
     assert (out / "cache_timeline.png").stat().st_size > 0
 
 
-@pytest.mark.parametrize("cache", example_specs())
-def test_every_writer_runs_end_to_end(tmp_path, cache, valid):
-    out = tmp_path / "run"
-    result = generate("--image", IMAGE, ABA, "--chunks", 5, "--cache", cache, "-o", out)
+@pytest.mark.slow
+def test_every_writer_runs_end_to_end(tmp_path, valid):
+    """The writer matrix through the CLI in one process (one model load): `compare` with every
+    registered writer (each a normal run folder); writers' behaviour is tested at the rollout level
+    in their own test files."""
+    from worldtrace_cli.outputs import cache_folder
+
+    caches = example_specs()
+    out = tmp_path / "cmp"
+    result = CliRunner().invoke(main, ["compare", str(ABA), "--preset", "tiny", "--image", str(IMAGE), "--chunks", "3",
+                                       "--metrics", "fast", "--no-hud", "--cache", ",".join(caches), "-o", str(out)])
     assert result.exit_code == 0, result.output
-    records = read_jsonl(out / "chunks.jsonl")
-    assert len(records) == 5 and probe_video(out / "video.mp4")["frames"] == 9 + 4 * 12
-    last = records[-1]["cache"]
-    assert last["writer"] == cache.split(":")[0] and last["slots"]
-    assert all(s["offset"][1] < 0 for s in last["slots"])
-    summary = json.loads((out / "summary.json").read_text())
-    assert summary["cache"]["cache"] == cache.split(":")[0]
-    valid(out / "chunks.jsonl", "chunk-record")
-    valid(summary, "summary")
+    for cache in caches:
+        run = out / cache_folder(cache)
+        records = read_jsonl(run / "chunks.jsonl")
+        assert len(records) == 3 and probe_video(run / "video.mp4")["frames"] == 9 + 2 * 12, cache
+        last = records[-1]["cache"]
+        assert last["writer"] == cache.split(":")[0] and last["slots"], cache
+        assert all(s["offset"][1] < 0 for s in last["slots"]), cache
+        summary = json.loads((run / "summary.json").read_text())
+        assert summary["cache"]["cache"] == cache.split(":")[0]
+        valid(run / "chunks.jsonl", "chunk-record")
+        valid(summary, "summary")
+    compare = json.loads((out / "compare.json").read_text())
+    assert [m["cache"] for m in compare["modes"]] == caches
+    valid(compare, "compare")
 
 
 def test_chunks_override_is_logged_and_applied(tmp_path):
