@@ -157,13 +157,6 @@ class ChunkBank:
         """True when the entries live in host memory (``--bank-device cpu``)."""
         return self.device.type == "cpu"
 
-    def tokens_per_chunk(self, frames: int) -> int:
-        """Tokens a stored chunk of ``frames`` latent frames keeps per layer: T + (C-1)*ceil(r*T)."""
-        t = self.geometry.tokens_per_frame
-        if self.keep_ratio >= 1:
-            return frames * t
-        return t + (frames - 1) * min(t, kept_per_frame(self.keep_ratio, t))
-
     def _place(self, x: torch.Tensor, owned: bool = False) -> torch.Tensor:
         """``x`` on the bank device (pinned host memory when pinning); a copy unless ``owned`` and
         already there."""
