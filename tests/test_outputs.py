@@ -331,3 +331,24 @@ def test_ffmpeg_messages_are_cut_at_a_word_boundary():
     assert len(cut) <= 60 and cut.startswith("... ") and cut.endswith("No space left on device")
     assert all(w in ("...", "word") or w in text.split() for w in cut.split())
     assert tail_words("short  message\n", 60) == "short message"
+
+
+def test_a_timeline_of_hundreds_of_slots_stays_a_bounded_picture(tmp_path):
+    """Issue 15: stopping a long `full` run drew a 98-inch-tall cache_timeline.png (one labelled row
+    per slot), which took ~450 MB at the stop. Beyond 32 slots the figure keeps its height."""
+    from PIL import Image
+
+    from worldtrace_cli.memory.slots import Slot
+    from worldtrace_cli.runs.records import slot_records
+    from worldtrace_cli.timeline import LABELLED_SLOTS, plot_cache_timeline
+
+    def record(c, n):
+        slots = [Slot("past", (f,), "recent") for f in range(n)]
+        return {"chunk": c, "cache": {"writer": "full", "positions": "actual", "events": [],
+                                      "slots": slot_records(slots, [float(f - n) for f in range(n)], n, [8] * n, [64] * n)}}
+
+    small, big = tmp_path / "small.png", tmp_path / "big.png"
+    plot_cache_timeline([record(c, 3 * c) for c in range(1, 11)], small)  # 27 slots: one row each
+    plot_cache_timeline([record(c, 3 * c) for c in range(1, 101)], big)   # 297 slots
+    h_small, h_big = Image.open(small).size[1], Image.open(big).size[1]
+    assert 27 < LABELLED_SLOTS and h_small < h_big <= 100 * (1.2 + 0.35 * LABELLED_SLOTS) + 1

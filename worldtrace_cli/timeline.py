@@ -16,6 +16,9 @@ import numpy as np
 from .outputs import atomic_path
 
 
+LABELLED_SLOTS = 32  # slots drawn one labelled row each; more share a figure of this height
+
+
 def plot_cache_timeline(records: list[dict], path: str | Path, title: str = "") -> Path:
     """Draw the slots x chunks picture of ``records`` (chunks.jsonl dicts) into a PNG at ``path``.
 
@@ -47,7 +50,9 @@ def plot_cache_timeline(records: list[dict], path: str | Path, title: str = "") 
             covers[offset + i, col] = len(slot["frames"])
             kinds[offset + i] = slot["kind"]
     width = min(16.0, 3.0 + 0.12 * len(records))
-    fig, ax = plt.subplots(figsize=(width, 1.2 + 0.35 * max(1, n_slots)))
+    # one labelled row per slot up to LABELLED_SLOTS; beyond (a long `full` run has hundreds of
+    # slots) the figure keeps that height: a 280-slot figure 98 inches tall took ~450 MB to draw
+    fig, ax = plt.subplots(figsize=(width, 1.2 + 0.35 * min(max(1, n_slots), LABELLED_SLOTS)))
     img = ax.imshow(np.ma.masked_invalid(grid), aspect="auto", cmap="viridis", interpolation="nearest",
                     vmin=0, vmax=max(1, 3 * len(records)))
     fig.colorbar(img, ax=ax, label="source latent frame (mean)")
@@ -66,7 +71,11 @@ def plot_cache_timeline(records: list[dict], path: str | Path, title: str = "") 
     if marks:
         ax.scatter(marks, [-0.9] * len(marks), marker="v", color="red", s=30, clip_on=False, label="landmark stored")
         ax.legend(loc="upper right", bbox_to_anchor=(1.0, 1.35), fontsize=8, frameon=False)
-    ax.set_yticks(range(n_slots), [f"{i}: {k}" for i, k in enumerate(kinds)], fontsize=8)
+    if n_slots <= LABELLED_SLOTS:
+        ax.set_yticks(range(n_slots), [f"{i}: {k}" for i, k in enumerate(kinds)], fontsize=8)
+    else:
+        ax.yaxis.set_major_locator(matplotlib.ticker.MaxNLocator(integer=True))
+        ax.set_ylabel(f"slot (of {n_slots}; kinds: {', '.join(sorted(set(kinds)))})", fontsize=8)
     ax.xaxis.set_major_locator(matplotlib.ticker.MaxNLocator(integer=True))
     ax.set_title(title or f"cache slots of {records[0]['cache']['writer']} ({records[0]['cache']['positions']})",
                  fontsize=10, pad=14)
