@@ -45,14 +45,15 @@ class GroundTruth:
 
     def write_video(self, path, fps: float, num_chunks: int, progress: bool = False):
         """Write the true frames of chunks ``0 .. num_chunks - 1`` as an MP4 at ``fps`` (frames per
-        second), rendered and written chunk by chunk, laid out as ``generate`` lays out its video.
-        Returns the path. Raises OutputError (from the video writer) when it cannot be written."""
+        second), rendered and written chunk by chunk, laid out as ``generate`` lays out its video,
+        under a temporary name renamed at the end (never a torn file at ``path``). Returns the path. Raises OutputError (from the video writer) when it cannot be written."""
         from tqdm import tqdm
 
-        from ..outputs import VideoStreamWriter
+        from ..outputs import VideoStreamWriter, atomic_path
         from ..trajectory import chunk_rows
 
-        with VideoStreamWriter(path, self.width, self.height, fps) as video:
+        # under a temporary name, then renamed: an interrupted compare never leaves a torn truth panel
+        with atomic_path(path) as tmp, VideoStreamWriter(tmp, self.width, self.height, fps) as video:
             for c in tqdm(range(num_chunks), unit="chunk", disable=not progress):
                 video.write(self.frames(*chunk_rows(c)))
         return path
