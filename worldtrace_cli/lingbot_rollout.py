@@ -21,8 +21,7 @@ from .errors import RunError
 from .memory import CacheGeometry, CacheWriter
 from .model.lingbot.dit import LingbotChunk
 from .model.lingbot.sampler import CausalFastSchedule, add_noise, flow_to_x0
-from .model.sampler import chunk_generator
-from .rollout import ChunkOutput, _Timer, chunk_record, read_past
+from .rollout import ChunkOutput, _Timer, begin_chunk, chunk_record, noise_draws
 
 TRAINED_WINDOW = 18  # latent frames the release attends over (README setting, spec §2.2): offsets to 17
 
@@ -87,21 +86,11 @@ class LingbotRollout:
             raise RunError(f"chunk {c}: the camera covers {self.camera.num_frames} latent frames only")
         timer = _Timer(self.device)
         with timer.phase("cache"):
-            self.writer.begin_chunk(a)
-            slots, positions = self.writer.slots(), self.writer.positions()
-            kv_bytes = self.writer.kv_bytes()
-            tokens = self.writer.slot_tokens()  # [L, S]: slots of a compressed chunk hold fewer tokens
-            past = read_past(self.writer, self.geometry.num_layers)
-            freq_scale = self.writer.temporal_frequency_scale()
-        chunk = LingbotChunk(rollout=self.state, past=past, text_context=self.text_context,
-                             camera=self.camera.chunk(a, f).to(self.device), temporal_freq_scale=freq_scale)
+            read = begin_chunk(self.writer, a, self.geometry.num_layers)  # before this chunk's commit
+        chunk = LingbotChunk(rollout=self.state, past=read.past, text_context=self.text_context,
+                             camera=self.camera.chunk(a, f).to(self.device), temporal_freq_scale=read.freq_scale)
         y = self.conditioning.cond_concat(a, f).to(self.device)
-        shape = (1, self.latent_channels, f, *self.latent_hw)
-        if self.noise is None:
-            gen = chunk_generator(self.seed, c)
-            draw = lambda i: torch.randn(shape, generator=gen)  # noqa: E731  (draws in order)
-        else:
-            draw = lambda i: self.noise(c, i, shape)  # noqa: E731
+        draw = noise_draws(self.seed, c, (1, self.latent_channels, f, *self.latent_hw), self.noise)
         x = draw(0).to(self.device)
         with timer.phase("denoise"):
             for s, t in enumerate(self.timesteps):
@@ -119,5 +108,5 @@ class LingbotRollout:
             self.writer.commit(committed, list(range(a, a + f)))
         del chunk
         self.chunk += 1
-        record = chunk_record(self.writer, self.geometry, c, a, slots, positions, kv_bytes, tokens, timer, x0)
+        record = chunk_record(self.writer, self.geometry, c, a, read, timer, x0)
         return ChunkOutput(x0, None, record)

@@ -139,22 +139,11 @@ class Rollout:
         sf = c * f
         timer = _Timer(self.device)
         with timer.phase("cache"):
-            self.writer.begin_chunk(sf)
-            slots, positions = self.writer.slots(), self.writer.positions()
-            kv_bytes = self.writer.kv_bytes()  # what this chunk reads, before its own commit
-            tokens = self.writer.slot_tokens()  # [L, S]: slots of a compressed chunk hold fewer tokens
-            past = read_past(self.writer, self.geometry.num_layers)
-            freq_scale = self.writer.temporal_frequency_scale()
-        chunk = ChunkInputs(rollout=self.state, past=past, frame_start=sf, keyboard=self.keyboard, mouse=self.mouse,
-                            visual_context=self.visual_context,
-                            temporal_freq_scale=freq_scale)
+            read = begin_chunk(self.writer, sf, self.geometry.num_layers)  # before this chunk's commit
+        chunk = ChunkInputs(rollout=self.state, past=read.past, frame_start=sf, keyboard=self.keyboard,
+                            mouse=self.mouse, visual_context=self.visual_context, temporal_freq_scale=read.freq_scale)
         cond = self.conditioning.cond_concat(sf, f).to(self.device, self.dtype)
-        shape = (1, self.latent_channels, f, *self.latent_hw)
-        if self.noise is None:
-            gen = chunk_generator(self.seed, c)
-            draw = lambda i: torch.randn(shape, generator=gen)  # noqa: E731  (draws in order)
-        else:
-            draw = lambda i: self.noise(c, i, shape)  # noqa: E731
+        draw = noise_draws(self.seed, c, (1, self.latent_channels, f, *self.latent_hw), self.noise)
         x = draw(0).to(self.device)
         with timer.phase("denoise"):
             for s, t in enumerate(self.timesteps):
@@ -172,7 +161,7 @@ class Rollout:
             self.writer.commit(committed, list(range(sf, sf + f)))
         del chunk
         self.chunk += 1
-        record = chunk_record(self.writer, self.geometry, c, sf, slots, positions, kv_bytes, tokens, timer, x0)
+        record = chunk_record(self.writer, self.geometry, c, sf, read, timer, x0)
         return ChunkOutput(x0, None, record)
 
 
@@ -278,19 +267,19 @@ class DecodePipeline:
             self._pool.shutdown(wait=True)
 
 
-def chunk_record(writer: CacheWriter, geometry: CacheGeometry, chunk: int, frame_start: int, slots,
-                 positions: torch.Tensor, kv_bytes: int, tokens: torch.Tensor, timer: _Timer, x0: torch.Tensor) -> dict:
+def chunk_record(writer: CacheWriter, geometry: CacheGeometry, chunk: int, frame_start: int, read: CacheRead,
+                 timer: _Timer, x0: torch.Tensor) -> dict:
     """The ``chunks.jsonl`` record of a generated chunk (before decoding): index, latent frames
     ``[start, end)``, the cache as read (writer, scheme, :func:`slot_records`, trained and largest
     offset, KV bytes read, host bytes, events), phase seconds, memory and the latents' mean / std.
-    ``slots`` / ``positions`` / ``kv_bytes`` / ``tokens`` (int64 [L, S], :meth:`CacheWriter.slot_tokens`)
-    are what the chunk read, taken before its commit."""
+    ``read`` is what the chunk read (:func:`begin_chunk`), taken before its commit."""
     f = geometry.frames_per_chunk
+    slots, tokens = read.slots, read.tokens
     token_bytes = writer.token_bytes()
     per_slot = [int(col[0]) if bool((col == col[0]).all()) else round(col.double().mean().item(), 2)
                 for col in tokens.T] if len(slots) else []  # tokens per layer (mean when layers differ)
     slot_bytes = [int(col.sum()) * token_bytes for col in tokens.T] if len(slots) else []
-    slot_recs = slot_records(slots, positions.tolist(), frame_start, per_slot, slot_bytes, f)
+    slot_recs = slot_records(slots, read.positions.tolist(), frame_start, per_slot, slot_bytes, f)
     return {
         "schema_version": SCHEMA_VERSION,
         "chunk": chunk,
@@ -302,7 +291,7 @@ def chunk_record(writer: CacheWriter, geometry: CacheGeometry, chunk: int, frame
             "trained_offset": geometry.trained_offset,
             "slot_count": len(slots),
             "max_offset": max((s["max_offset"] for s in slot_recs), default=None),
-            "kv_bytes": kv_bytes,
+            "kv_bytes": read.kv_bytes,
             "host_bytes": writer.host_bytes(),
             "events": writer.events(),
         },
@@ -310,6 +299,45 @@ def chunk_record(writer: CacheWriter, geometry: CacheGeometry, chunk: int, frame
         "memory": memory_record(timer.device),
         "latents": {"mean": round(x0.mean().item(), 6), "std": round(x0.std().item(), 6)},
     }
+
+
+@dataclass
+class CacheRead:
+    """What a chunk reads from its writer, taken once before the chunk's commit: ``slots``,
+    ``positions`` [S] float64, ``tokens`` int64 [L, S] (:meth:`CacheWriter.slot_tokens`), ``kv_bytes``
+    (bytes read on the compute device), ``past`` (per layer :class:`LayerPast`) and
+    ``freq_scale`` (YaRN's temporal frequency multipliers or None)."""
+
+    slots: list
+    positions: torch.Tensor
+    tokens: torch.Tensor
+    kv_bytes: int
+    past: list[LayerPast]
+    freq_scale: torch.Tensor | None
+
+
+def begin_chunk(writer: CacheWriter, frame_start: int, num_layers: int) -> CacheRead:
+    """``writer.begin_chunk(frame_start)`` and everything the chunk reads from it (design.md §3), for
+    both rollouts: each writer query once per chunk (token counts once per layer)."""
+    writer.begin_chunk(frame_start)
+    slots, positions = writer.slots(), writer.positions()
+    kv_bytes = writer.kv_bytes()
+    past = read_past(writer, num_layers)
+    t = writer.geometry.tokens_per_frame
+    tokens = torch.stack([torch.full((len(slots),), t, dtype=torch.int64) if p.counts is None else p.counts.to(torch.int64)
+                          for p in past]) if num_layers else torch.zeros(0, len(slots), dtype=torch.int64)
+    return CacheRead(slots, positions, tokens, kv_bytes, past, writer.temporal_frequency_scale())
+
+
+def noise_draws(seed: int, chunk: int, shape: tuple[int, ...], noise=None):
+    """``draw(i)``: chunk ``chunk``'s i-th Gaussian draw of ``shape`` (0 = initial noise, s = the
+    re-noising before step s), float32 on the CPU from ``chunk_generator(seed, chunk)`` in order, or
+    from ``noise(chunk, i, shape)`` when given (fixture replays). Shared by both rollouts, so a
+    resumed run draws the same numbers."""
+    if noise is not None:
+        return lambda i: noise(chunk, i, shape)
+    gen = chunk_generator(seed, chunk)
+    return lambda i: torch.randn(shape, generator=gen)
 
 
 def read_past(writer: CacheWriter, num_layers: int) -> list[LayerPast]:
