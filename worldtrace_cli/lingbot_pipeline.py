@@ -20,7 +20,7 @@ import torch
 
 from .errors import InputError
 from .model.lingbot.inputs import LingbotInputs
-from .runtime import ModelKey, PipelineBase, resolve_device, resolve_dtype
+from .runtime import ModelKey, PipelineBase, check_rope_precision, resolve_device, resolve_dtype
 
 log = logging.getLogger("worldtrace")
 
@@ -58,12 +58,10 @@ class LingbotPipeline(PipelineBase):
         """
         import time
 
-        from .model.speed import ROPE_PRECISIONS
         from .model.lingbot.sampler import CausalFastSchedule
         from .model.lingbot.world import load_lingbot_world
 
-        if rope_precision not in ROPE_PRECISIONS:
-            raise InputError(f"--rope-precision: must be one of {', '.join(ROPE_PRECISIONS)}, got {rope_precision!r}")
+        rope_dtype = check_rope_precision(rope_precision)
         if compile_mode != "none":
             raise InputError(f"--compile {compile_mode}: not available for LingBot presets yet (preset {preset.name} "
                              f"runs eager)")
@@ -75,7 +73,7 @@ class LingbotPipeline(PipelineBase):
         dt = resolve_dtype(dtype, dev)
         start = time.perf_counter()
         world = load_lingbot_world(preset, checkpoint, random_weights, weights_seed, dev, dt, hash_checkpoint)
-        world.dit.rope.precision = ROPE_PRECISIONS[rope_precision]
+        world.dit.rope.precision = rope_dtype
         return cls(preset, world, dev, dt, rope_precision, compile_mode, key, time.perf_counter() - start)
 
     @property

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 import torch
 
 from .errors import InputError
-from .runtime import ModelKey, PipelineBase, log, resolve_device, resolve_dtype
+from .runtime import ModelKey, PipelineBase, check_rope_precision, log, resolve_device, resolve_dtype
 
 
 @dataclass
@@ -49,10 +49,9 @@ class MG2Pipeline(PipelineBase):
         import time
 
         from .model.checkpoint import load_world_model
-        from .model.speed import COMPILE_MODES, ROPE_PRECISIONS, configure_speed
+        from .model.speed import COMPILE_MODES, configure_speed
 
-        if rope_precision not in ROPE_PRECISIONS:
-            raise InputError(f"--rope-precision: must be one of {', '.join(ROPE_PRECISIONS)}, got {rope_precision!r}")
+        check_rope_precision(rope_precision)
         if compile_mode not in COMPILE_MODES:
             raise InputError(f"--compile: must be one of {', '.join(COMPILE_MODES)}, got {compile_mode!r}")
         dev = resolve_device(device)

@@ -89,6 +89,19 @@ class ModelKey:
                    cfg.compile, bool(cfg.hash_checkpoint))
 
 
+def check_rope_precision(name: str) -> torch.dtype:
+    """The dtype of ``--rope-precision`` ``name`` (:data:`~worldtrace_cli.model.speed.ROPE_PRECISIONS`).
+
+    Raises:
+        InputError: an unknown precision (names the flag and the choices).
+    """
+    from .model.speed import ROPE_PRECISIONS
+
+    if name not in ROPE_PRECISIONS:
+        raise InputError(f"--rope-precision: must be one of {', '.join(ROPE_PRECISIONS)}, got {name!r}")
+    return ROPE_PRECISIONS[name]
+
+
 class PipelineBase:
     """A preset's networks loaded once on one device and dtype, with fixed speed settings.
 
@@ -160,4 +173,4 @@ class PipelineBase:
         return build_writer(memory, self.default_budget)
 
 
-__all__ = ["ModelKey", "PipelineBase", "resolve_device", "resolve_dtype", "versions"]
+__all__ = ["ModelKey", "PipelineBase", "check_rope_precision", "resolve_device", "resolve_dtype", "versions"]
