@@ -16,7 +16,7 @@ from worldtrace_cli.memory import CacheGeometry, MemoryConfig, build_writer
 from worldtrace_cli.memory.field import FieldWriter
 from worldtrace_cli.memory.field_streaming import FieldStreamingWriter
 from worldtrace_cli.memory.naive import NaiveWriter
-from worldtrace_cli.memory.window import resolve_slots
+from worldtrace_cli.writer_options import resolve_slots
 from worldtrace_cli.model.rope import MainRope
 from worldtrace_cli.runs.records import expand_slot_records
 

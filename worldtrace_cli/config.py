@@ -108,6 +108,19 @@ class Preset:
         frames are scored against the world's renders (ground truth)."""
         return self.world == "procedural"
 
+    @property
+    def window(self) -> int:
+        """Latent frames the model attends over, current chunk included: ``local_attn_size`` (MG2's 6
+        for universal, 4 for gta_drive; LingBot's 18, also for a global cache: its trained window)."""
+        w = self.dit.local_attn_size
+        return w if w > 0 else 18
+
+    @property
+    def default_budget(self) -> int:
+        """The model's own past latent-frame slots: window - frames per chunk (MG2 universal 6 - 3,
+        LingBot 18 - 4)."""
+        return self.window - self.frames_per_chunk
+
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)
         d["dit"] = self.dit.to_dict()

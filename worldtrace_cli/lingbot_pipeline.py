@@ -76,18 +76,6 @@ class LingbotPipeline(PipelineBase):
         world.dit.rope.precision = rope_dtype
         return cls(preset, world, dev, dt, rope_precision, compile_mode, key, time.perf_counter() - start)
 
-    @property
-    def window(self) -> int:
-        """Latent frames the model attends over, current chunk included (the preset's
-        ``local_attn_size``; 18 for a global cache, the release's trained window)."""
-        w = self.preset.dit.local_attn_size
-        return w if w > 0 else 18
-
-    @property
-    def default_budget(self) -> int:
-        """Past latent-frame slots of the official cache: window - F (18 - 4 = 14)."""
-        return self.window - self.frames_per_chunk
-
     @torch.no_grad()
     def condition(self, pil_image, num_chunks: int, inputs: LingbotInputs | None = None) -> LingbotConditioned:
         """Encode a PIL start image (squashed to the preset's size, spec §10.2) and the prompt for a

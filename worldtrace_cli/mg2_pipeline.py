@@ -63,11 +63,6 @@ class MG2Pipeline(PipelineBase):
             log.info(f"--compile {compile_mode}: the first chunk includes compiling the DiT blocks")
         return cls(preset, world, dev, dt, rope_precision, compile_mode, key, time.perf_counter() - start)
 
-    @property
-    def default_budget(self) -> int:
-        """MG2's own past slots: the attention window minus the current chunk's latent frames."""
-        return self.world.dit.cfg.local_attn_size - self.frames_per_chunk
-
     # -- per-run work ---------------------------------------------------------------------------
     @torch.no_grad()
     def condition(self, pil_image, num_chunks: int) -> Conditioned:

@@ -95,7 +95,8 @@ def replay_variant(model, inputs: dict, local_attn_size: int, sink_size: int, de
     lh, lw = lat.shape[2:]
     kept, lat_f, _ = frame_counts(len(inputs["poses"]), inputs["frame_num"])
     track = CameraTrack(inputs["poses"].numpy()[:kept], inputs["intrinsics"].numpy(), lat_f, (8 * lh, 8 * lw))
-    writer = build_writer(MemoryConfig(**official_memory(local_attn_size, sink_size)), 0)
+    writer = build_writer(MemoryConfig(**official_memory(local_attn_size, sink_size)), 0,
+                          local_attn_size if local_attn_size > 0 else 18)
     noise, draws = inputs["noise"], inputs["add_noise_draws"]
 
     def stored(c, s, shape):

@@ -105,7 +105,7 @@ def check_rope_precision(name: str) -> torch.dtype:
 class PipelineBase:
     """A preset's networks loaded once on one device and dtype, with fixed speed settings.
 
-    Subclasses (one per architecture) implement :meth:`from_preset`, :attr:`default_budget`,
+    Subclasses (one per architecture) implement :meth:`from_preset`,
     ``condition``, ``rollout`` and ``latent_poses``. Attributes: ``preset``, ``world`` (the loaded
     networks), ``device``, ``dtype``, ``rope_precision``, ``compile_mode``, ``key``
     (:class:`ModelKey`), ``load_seconds``.
@@ -152,9 +152,14 @@ class PipelineBase:
         return self.preset.height // f, self.preset.width // f
 
     @property
+    def window(self) -> int:
+        """Latent frames the model attends over, current chunk included (:attr:`Preset.window`)."""
+        return self.preset.window
+
+    @property
     def default_budget(self) -> int:
-        """The model's own past slots (subclasses)."""
-        raise NotImplementedError
+        """The model's own past slots: window - frames per chunk (:attr:`Preset.default_budget`)."""
+        return self.preset.default_budget
 
     def decoder(self):
         """A fresh :class:`~worldtrace_cli.model.vae.StreamingDecoder` over this model's VAE."""
@@ -163,14 +168,14 @@ class PipelineBase:
         return StreamingDecoder(self.world.vae)
 
     def build_writer(self, memory):
-        """The cache writer ``memory`` (a MemoryConfig) names, with this model's default budget.
+        """The cache writer ``memory`` (a MemoryConfig) names, with this model's default budget and window.
 
         Raises:
             InputError: unknown writer, scheme or invalid settings.
         """
         from .memory import build_writer
 
-        return build_writer(memory, self.default_budget)
+        return build_writer(memory, self.default_budget, self.window)
 
 
 __all__ = ["ModelKey", "PipelineBase", "check_rope_precision", "resolve_device", "resolve_dtype", "versions"]

@@ -75,7 +75,7 @@ def generate(trajectory, preset, checkpoint, prompt, poses, intrinsics, random_w
     """
     from ..config import RunConfig, default_cache, default_preset_name, load_preset
     from ..errors import InputError
-    from ..outputs import cache_folder
+    from ..files import cache_folder
     from ..trajectory import load_trajectory
 
     ctx = click.get_current_context()

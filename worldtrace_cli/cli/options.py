@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import click
 
+from ..writer_options import POSITION_SCHEMES
+
 
 SEED = click.IntRange(0, 2**63 - 1)  # noise seeds (torch generators take 64-bit seeds)
 CHUNKS = click.IntRange(1, 100_000)  # = trajectory.MAX_CHUNKS: checked at parse time, before anything loads
-# worldtrace_cli.memory.SCHEMES, listed here so --help does not import torch (a test keeps them equal)
-POSITION_SCHEMES = ["actual", "block_relative", "centroid_linear", "rank", "slot_rank"]
 
 
 def _set_threads(ctx, param, value):

@@ -275,8 +275,8 @@ def run_compare(trajectory: str | Path, caches: list[str], out_dir: str | Path, 
                          **(speed or {}))
                for cache, folder in zip(caches, folders)]
     check_inputs(configs[0], traj)  # options, trajectory, image: before torch is imported
+    check_writers([cfg.memory for cfg in configs], preset_obj)  # every writer's flags: torch-free first
     plan = plan_actions(traj, chunks, preset_obj.frames_per_chunk)
-    check_writers([cfg.memory for cfg in configs])  # then every writer's flags, before the model loads
     from ..pipeline import Pipeline
     from ..runs.resume import next_step
     from .generate import run_generation

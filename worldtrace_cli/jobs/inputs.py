@@ -143,26 +143,33 @@ def check_lingbot_options(cfg, traj) -> None:
                          f"(Wan2.1 / Matrix-Game-2.0) into {cfg.checkpoint}, or use --metrics fast")
 
 
-def check_writers(memories, flag: str = "--cache") -> None:
-    """Build each :class:`~worldtrace_cli.config.MemoryConfig`'s writer once, without a model, so an
-    unknown writer, an invalid value or a flag the writer would ignore is refused before the model
-    loads. Imports torch (the writers' package): call it after :func:`check_inputs`.
+def check_writers(memories, preset, flag: str = "--cache") -> None:
+    """Check each :class:`~worldtrace_cli.config.MemoryConfig` for ``preset``'s model before it loads:
+    first without torch (:func:`~worldtrace_cli.writer_options.check_memory`: an unknown writer or
+    scheme, an invalid value, a flag the writer would ignore, sizes the model's window cannot hold),
+    then by building each writer once without a model (torch: a ``--bank-device`` CUDA device this
+    machine lacks). Call it after :func:`check_inputs`.
 
     Args:
         memories: the MemoryConfigs of the runs.
+        preset: their :class:`~worldtrace_cli.config.Preset` (its window and default budget).
         flag: the command's writer flag, named in the messages (``loopbench run`` has ``--caches``).
     Raises:
         InputError: the first refusal (one line naming the flag).
     """
-    from ..memory import build_writer
+    from ..writer_options import check_memory
 
-    for memory in memories:
-        try:
-            build_writer(memory, 3)
-        except InputError as exc:
-            if flag == "--cache":
-                raise
-            raise InputError(re.sub(r"--cache\b", flag, str(exc))) from None
+    try:
+        for memory in memories:
+            check_memory(memory, preset.window, preset.default_budget)
+        from ..memory import build_writer
+
+        for memory in memories:
+            build_writer(memory, preset.default_budget, preset.window)
+    except InputError as exc:
+        if flag == "--cache":
+            raise
+        raise InputError(re.sub(r"--cache\b", flag, str(exc))) from None
 
 
 def prepare_inputs(cfg) -> RunInputs:
@@ -174,7 +181,7 @@ def prepare_inputs(cfg) -> RunInputs:
             a writer flag the writer refuses (:func:`check_writers`).
     """
     traj = check_inputs(cfg)  # before torch is imported: a bad input is reported at once
-    check_writers([cfg.memory])  # before the model loads
+    check_writers([cfg.memory], cfg.preset)  # torch-free first, all before the model loads
     from ..model.conditioning import load_image
     from ..trajectory import plan_actions
 

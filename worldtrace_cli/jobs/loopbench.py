@@ -26,8 +26,8 @@ def check_jobs(jobs: Sequence[Job], preset, chunks: int | None = None, memory: d
     """Check a sweep's inputs before the model loads, as ``generate`` does
     (:func:`~worldtrace_cli.jobs.inputs.check_inputs`): every distinct trajectory (size, syntax, its
     mode against the preset's) with every image (header, large enough for the aspect crop) and
-    ``chunks``, torch-free; then every writer's flags (:func:`~worldtrace_cli.jobs.inputs.check_writers`,
-    which imports torch), named ``--caches``.
+    ``chunks``, torch-free; then every writer's flags and sizes for the preset's window
+    (:func:`~worldtrace_cli.jobs.inputs.check_writers`: torch-free first), named ``--caches``.
 
     Args:
         jobs: the sweep's jobs; preset: the :class:`~worldtrace_cli.config.Preset`; chunks: the
@@ -42,7 +42,7 @@ def check_jobs(jobs: Sequence[Job], preset, chunks: int | None = None, memory: d
     for trajectory, image in sorted({(j.trajectory, j.image) for j in jobs}, key=str):
         cfg = RunConfig(preset=preset, trajectory=trajectory, output=Path("."), image=image, chunks=chunks)
         parsed[trajectory] = check_inputs(cfg, parsed.get(trajectory))
-    check_writers([memory_config(c, **(memory or {})) for c in sorted({j.cache for j in jobs})], "--caches")
+    check_writers([memory_config(c, **(memory or {})) for c in sorted({j.cache for j in jobs})], preset, "--caches")
 
 
 

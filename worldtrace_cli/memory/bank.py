@@ -228,29 +228,6 @@ class ChunkBank:
                                    e["t"].to("cpu", torch.float64, copy=True), e["r"].to("cpu", torch.float64, copy=True)))
 
 
-def keep_ratio_of(config, default: float) -> float:
-    """The keep ratio r of ``--keep-ratio r`` or of the spec ``--cache worldkv:r`` (so one ``compare``
-    or ``loopbench`` list can hold several ratios), else ``default``.
-
-    Raises:
-        InputError: both given, or a spec argument that is not a number in (0, 1].
-    """
-    from ..errors import InputError
-
-    if config.writer_arg is None:
-        return default if config.keep_ratio is None else config.keep_ratio
-    if config.keep_ratio is not None:
-        raise InputError(f"--keep-ratio, --cache {config.cache}: give the keep ratio once")
-    try:
-        r = float(config.writer_arg)
-    except ValueError:
-        r = math.nan
-    if not (math.isfinite(r) and 0 < r <= 1):
-        raise InputError(f"--cache {config.cache}: expected {config.writer_name}:r with r the keep ratio in (0, 1], "
-                         f"e.g. {config.writer_name}:0.25")
-    return r
-
-
 class PoseRetrieval:
     """Mixin of the retrieval writers: camera poses of latent frames, from
     :meth:`~worldtrace_cli.memory.base.CacheWriter.set_poses` only (no writer derives poses)."""

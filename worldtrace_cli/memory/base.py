@@ -12,19 +12,20 @@ the chunk. Positions are offsets in latent frames from the first frame of the cu
 any horizon works.
 
 Adding a writer: one file in this package with a :class:`CacheWriter` subclass decorated with
-:func:`register` (``@register(example="name:arg")`` when its spec needs an argument). The package
-imports every module in it, so nothing else is edited; the contract tests pick the writer up from
+:func:`register` (``@register(example="name:arg")`` when its spec needs an argument), and its row
+of options and sizes in the torch-free :data:`~worldtrace_cli.writer_options.WRITER_OPTIONS` (what
+the CLI checks before torch loads). The package imports every module in it; the contract tests pick the writer up from
 :data:`WRITERS` / :func:`example_specs` (docs/memory.md, "Adding a writer").
 """
 
 from __future__ import annotations
 
-import math
 from typing import ClassVar, Sequence
 
 import torch
 
 from ..config import MemoryConfig  # noqa: F401  (defined torch-free beside RunConfig; re-exported)
+from ..writer_options import DEFAULT_WINDOW, check_flags
 from .positions import SCHEMES
 from .slots import CacheGeometry, Slot  # noqa: F401  (re-exported)
 
@@ -59,56 +60,6 @@ def descriptions() -> dict[str, str]:
     return {name: (WRITERS[name].__doc__ or "").strip().splitlines()[0] for name in sorted(WRITERS)}
 
 
-def refuse(config: MemoryConfig, writer: str, why: str, **flags: str) -> None:
-    """Raise InputError for the first given config field that is set (not None).
-
-    Args:
-        config: memory settings.
-        writer: the ``--cache`` spec, for the message.
-        why: what the writer does instead, e.g. "its size is --budget".
-        flags: config field name -> CLI flag, e.g. ``summary_slots="--summary-slots"``.
-    Raises:
-        InputError: ``<flag>: --cache <writer> does not use it (<why>)``.
-    """
-    from ..errors import InputError
-
-    for field, flag in flags.items():
-        if getattr(config, field) is not None:
-            raise InputError(f"{flag}: --cache {writer} does not use it ({why})")
-
-
-def check_common(config: MemoryConfig) -> None:
-    """Refuse invalid values of the settings every MemoryConfig carries (their defaults are valid).
-
-    Raises:
-        InputError: ``--budget`` < 0, ``--landmark-threshold`` not in (0, 2] (a cosine distance),
-            ``--sink-frames`` < 1, ``--max-cache-gb`` not a finite positive number, ``--top-k`` or
-            ``--retrieval-budget`` < 0, ``--keep-ratio`` outside (0, 1], a ``--bank-device`` that
-            does not exist.
-    """
-    from ..errors import InputError
-
-    if config.budget is not None and config.budget < 0:
-        raise InputError(f"--budget: must be >= 0, got {config.budget}")
-    tau = config.landmark_threshold
-    if not (math.isfinite(tau) and 0 < tau <= 2):
-        raise InputError(f"--landmark-threshold: must be in (0, 2] (a cosine distance; 0 would make every "
-                         f"frame a landmark), got {tau}")
-    if config.sink_frames < 1:
-        raise InputError(f"--sink-frames: must be >= 1, got {config.sink_frames}")
-    if not (math.isfinite(config.max_cache_gb) and config.max_cache_gb > 0):
-        raise InputError(f"--max-cache-gb: must be a finite number > 0, got {config.max_cache_gb}")
-    if config.top_k is not None and config.top_k < 0:
-        raise InputError(f"--top-k: must be >= 0, got {config.top_k}")
-    if config.retrieval_budget is not None and config.retrieval_budget < 0:
-        raise InputError(f"--retrieval-budget: must be >= 0 latent frames, got {config.retrieval_budget}")
-    r = config.keep_ratio
-    if r is not None and not (math.isfinite(r) and 0 < r <= 1):
-        raise InputError(f"--keep-ratio: must be in (0, 1] (the share of non-anchor tokens kept), got {r}")
-    if config.bank_device is not None:
-        check_bank_device(config.bank_device)
-
-
 def check_bank_device(name: str) -> torch.device:
     """The ``--bank-device`` as a torch.device: ``cpu`` or ``cuda[:i]`` of a device that exists.
 
@@ -137,20 +88,24 @@ class CacheWriter:
     :meth:`slots`, :meth:`_read_kv` and :meth:`commit`; state is created in :meth:`reset`, and
     :meth:`state_dict` / :meth:`load_state_dict` save and restore it explicitly.
 
-    The constructor validates the flags (a writer refuses a flag it would ignore, with an
-    InputError naming it); sizes that depend on the model's window may be resolved in ``reset``.
+    The constructor validates the flags against the writer's row in
+    :data:`~worldtrace_cli.writer_options.WRITER_OPTIONS` (a writer refuses a flag it would ignore,
+    with an InputError naming it); sizes that depend on the model's window are resolved in ``reset``
+    (:func:`~worldtrace_cli.writer_options.writer_sizes`).
     """
 
     name: ClassVar[str] = ""
     default_positions: ClassVar[str] = "actual"
     needs_poses: ClassVar[bool] = False  # True: the rollout must call set_poses (retrieval by camera pose)
 
-    def __init__(self, config: MemoryConfig, default_budget: int):
-        check_common(config)
-        if not self.needs_poses:
-            refuse(config, config.cache, "only the pose-retrieval writers worldkv and retrieval use it",
-                   top_k="--top-k", retrieval_budget="--retrieval-budget", keep_ratio="--keep-ratio",
-                   bank_device="--bank-device")
+    def __init__(self, config: MemoryConfig, default_budget: int, window: int = DEFAULT_WINDOW):
+        """Args: config: the memory settings; default_budget: the model's own past slots (window -
+        frames per chunk), used when ``--budget`` is not given; window: latent frames the model
+        attends over, current chunk included (MG2's ``local_attn_size``; sizes that follow it are
+        final at :meth:`reset`). Raises InputError: see :func:`~worldtrace_cli.writer_options.check_flags`."""
+        check_flags(config)  # the torch-free checks the CLI ran before the model loaded (writer_options)
+        if config.bank_device is not None:
+            check_bank_device(config.bank_device)
         self.config = config
         self.budget = config.budget if config.budget is not None else default_budget
         self.positions_scheme = config.positions or self.default_positions

@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import torch
 
-from .base import CacheGeometry, MemoryConfig, Slot, refuse, register
+from .base import CacheGeometry, Slot, register
 from .field import stack_frame
 from .window import FrameKV, RecentWindowWriter, SummaryMemory
 
@@ -116,11 +116,6 @@ class FieldStreamingWriter(RecentWindowWriter):
 
     name = "field-streaming"
     default_positions = "slot_rank"
-
-    def __init__(self, config: MemoryConfig, default_budget: int):
-        """Raises InputError for ``--spill-dir`` (nothing is kept off the device) or bad slot flags."""
-        refuse(config, config.cache, "it keeps O(N_s) running sums and no evicted frames", spill_dir="--spill-dir")
-        super().__init__(config, default_budget)
 
     def make_components(self) -> list[SummaryMemory]:
         return [StreamingFieldSummary(self.n_summary)]

@@ -13,7 +13,7 @@ from typing import Sequence
 import torch
 
 from ..errors import RunError
-from .base import CacheGeometry, CacheWriter, MemoryConfig, Slot, refuse, register
+from .base import CacheGeometry, CacheWriter, Slot, register
 from .window import split_frames
 
 
@@ -29,12 +29,6 @@ class FullWriter(CacheWriter):
 
     name = "full"
     default_positions = "actual"
-
-    def __init__(self, config: MemoryConfig, default_budget: int):
-        """Raises InputError for ``--budget``, slot-count or spill flags (it keeps every frame)."""
-        super().__init__(config, default_budget)
-        refuse(config, config.cache, "it keeps every past frame; its cap is --max-cache-gb", budget="--budget",
-               summary_slots="--summary-slots", recent_slots="--recent-slots", spill_dir="--spill-dir")
 
     def reset(self, geometry: CacheGeometry) -> None:
         super().reset(geometry)

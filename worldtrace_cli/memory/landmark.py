@@ -33,7 +33,7 @@ import torch
 import torch.nn.functional as F
 
 from ..model.rope import axis_channels
-from .base import CacheGeometry, MemoryConfig, Slot, frames_state, load_frames, refuse, register
+from .base import CacheGeometry, MemoryConfig, Slot, frames_state, load_frames, register
 from .window import FrameKV, RecentWindowWriter, SummaryMemory
 
 DESCRIPTOR = "per-layer token mean of canonical-key temporal channels [0, t_ch), heads concatenated, " \
@@ -157,11 +157,6 @@ class LandmarkWriter(RecentWindowWriter):
 
     name = "landmark"
     default_positions = "slot_rank"
-
-    def __init__(self, config: MemoryConfig, default_budget: int):
-        """Raises InputError for ``--spill-dir`` (landmarks stay on the device) or bad slot flags."""
-        refuse(config, config.cache, "landmarks are kept on the compute device", spill_dir="--spill-dir")
-        super().__init__(config, default_budget)
 
     def make_components(self) -> list[SummaryMemory]:
         return [LandmarkSummary(self.n_summary, self.config)]

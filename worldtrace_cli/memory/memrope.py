@@ -23,8 +23,7 @@ from __future__ import annotations
 
 import torch
 
-from ..errors import InputError
-from .base import CacheGeometry, MemoryConfig, Slot, refuse, register
+from .base import CacheGeometry, Slot, register
 from .sink import SinkSummary
 from .window import FrameKV, RecentWindowWriter, SummaryMemory
 
@@ -109,23 +108,6 @@ class MemRopeWriter(RecentWindowWriter):
 
     name = "memrope"
     default_positions = "rank"
-
-    def __init__(self, config: MemoryConfig, default_budget: int):
-        """Raises InputError: slot-count or spill flags, or a budget below sink + 2 EMA + 1 recent."""
-        refuse(config, config.cache, "its sizes are --sink-frames, 2 EMA slots and --budget",
-               summary_slots="--summary-slots", recent_slots="--recent-slots", spill_dir="--spill-dir")
-        super().__init__(config, default_budget)
-
-    def resolve_sizes(self, window: int) -> tuple[int, int]:
-        """(k + 2, budget - k - 2); budget = ``--budget`` or the model's window (equal memory with
-        the WorldTrace writers' defaults)."""
-        k = self.config.sink_frames
-        budget = self.config.budget if self.config.budget is not None else window
-        if budget < k + 3:
-            flag = "--budget" if self.config.budget is not None else "--sink-frames"
-            raise InputError(f"{flag}: --cache memrope needs --sink-frames ({k}) + 2 EMA + at least 1 recent slot "
-                             f"= {k + 3}, but the budget is {budget}")
-        return k + 2, budget - k - 2
 
     def make_components(self):
         k = self.config.sink_frames

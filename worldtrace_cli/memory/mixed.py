@@ -10,48 +10,31 @@ then the N_s - k landmark slots (oldest landmark first), then the N_r recent slo
 
 from __future__ import annotations
 
-from ..errors import InputError
+from ..writer_options import DEFAULT_WINDOW, mixed_field_slots
 from .base import MemoryConfig, register
 from .field import FieldSummary
 from .landmark import LandmarkSummary
 from .window import RecentWindowWriter, SummaryMemory
 
 
-def parse_field_slots(config: MemoryConfig, n_summary: int) -> int:
-    """k from ``--cache mixed:k``.
-
-    Raises:
-        InputError: k missing, not an integer, or outside [0, N_s].
-    """
-    try:
-        k = int(config.writer_arg)  # None or "x" -> TypeError / ValueError
-    except (TypeError, ValueError):
-        raise InputError(f"--cache {config.cache}: expected mixed:k with k an integer field-slot count "
-                         f"in [0, {n_summary}], e.g. mixed:2") from None
-    if not 0 <= k <= n_summary:
-        raise InputError(f"--cache {config.cache}: k must be in [0, {n_summary}] "
-                         f"(the summary slots), got {k}")
-    return k
-
-
 @register(example="mixed:2")
 class MixedWriter(RecentWindowWriter):
     """mixed:k: k field slots + (N_s - k) landmark slots + N_r recent slots, slot-rank positions.
 
-    ``k`` is checked against N_s when the writer is built (MG2's window) and again at ``reset``,
-    where N_s follows the model's window.
+    ``k`` is checked against N_s when the writer is built (for the window it is given) and again at
+    ``reset``, where N_s follows the model's window.
     """
 
     name = "mixed"
     default_positions = "slot_rank"
 
-    def __init__(self, config: MemoryConfig, default_budget: int):
-        super().__init__(config, default_budget)
-        self.n_field = parse_field_slots(config, self.n_summary)
+    def __init__(self, config: MemoryConfig, default_budget: int, window: int = DEFAULT_WINDOW):
+        super().__init__(config, default_budget, window)
+        self.n_field = mixed_field_slots(config, self.n_summary)
         self.n_landmark = self.n_summary - self.n_field
 
     def make_components(self) -> list[SummaryMemory]:
-        self.n_field = parse_field_slots(self.config, self.n_summary)  # N_s is final now
+        self.n_field = mixed_field_slots(self.config, self.n_summary)  # N_s is final now
         self.n_landmark = self.n_summary - self.n_field
         # a zero-slot component would only cost work (the field writer's host copies, say)
         comps: list[SummaryMemory] = []

@@ -24,8 +24,9 @@ from typing import Sequence
 
 import torch
 
-from .bank import ChunkBank, PoseRetrieval, keep_ratio_of, mean_pose, nearest, pose_distances, retrieval_event
-from .base import CacheGeometry, MemoryConfig, Slot, check_bank_device, refuse, register
+from ..writer_options import DEFAULT_WINDOW, keep_ratio_of
+from .bank import ChunkBank, PoseRetrieval, mean_pose, nearest, pose_distances, retrieval_event
+from .base import CacheGeometry, MemoryConfig, Slot, check_bank_device, register
 from .window import FrameKV, RecentWindowWriter, SummaryMemory
 
 
@@ -136,12 +137,10 @@ class RetrievalWriter(PoseRetrieval, RecentWindowWriter):
     default_positions = "slot_rank"
     needs_poses = True
 
-    def __init__(self, config: MemoryConfig, default_budget: int):
+    def __init__(self, config: MemoryConfig, default_budget: int, window: int = DEFAULT_WINDOW):
         """Raises InputError: ``--spill-dir``, ``--top-k``, ``--retrieval-budget`` (its retrieved frames
         are the N_s summary slots), bad slot flags, ``--keep-ratio`` or ``--bank-device``."""
-        refuse(config, config.cache, "it retrieves --summary-slots frames into slots; the bank is --bank-device",
-               spill_dir="--spill-dir", top_k="--top-k", retrieval_budget="--retrieval-budget")
-        super().__init__(config, default_budget)
+        super().__init__(config, default_budget, window)
         self.keep_ratio = keep_ratio_of(config, 1.0)
         self.bank_device = check_bank_device(config.bank_device or "cpu")
 

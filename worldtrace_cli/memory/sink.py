@@ -9,8 +9,7 @@ at its true, ever more distant offset instead.
 
 from __future__ import annotations
 
-from ..errors import InputError
-from .base import CacheGeometry, MemoryConfig, Slot, frames_state, load_frames, refuse, register
+from .base import CacheGeometry, Slot, frames_state, load_frames, register
 from .window import FrameKV, RecentWindowWriter, SummaryMemory
 
 
@@ -55,21 +54,6 @@ class SinkWriter(RecentWindowWriter):
 
     name = "sink"
     default_positions = "rank"
-
-    def __init__(self, config: MemoryConfig, default_budget: int):
-        """Raises InputError: slot-count or spill flags, or ``--sink-frames`` not in [1, budget)."""
-        refuse(config, config.cache, "its sizes are --sink-frames and --budget", summary_slots="--summary-slots",
-               recent_slots="--recent-slots", spill_dir="--spill-dir")
-        super().__init__(config, default_budget)
-
-    def resolve_sizes(self, window: int) -> tuple[int, int]:
-        """(k, budget - k) with budget = ``--budget`` or MG2's own (the window is not used)."""
-        budget = self.config.budget if self.config.budget is not None else self.default_budget
-        k = self.config.sink_frames
-        if not 1 <= k < budget:
-            raise InputError(f"--sink-frames {k} and --budget {budget}: --cache sink needs the budget to hold the "
-                             f"sink frames and at least 1 recent slot ({k + 1})")
-        return k, budget - k
 
     def make_components(self):
         return [SinkSummary(self.n_summary)]

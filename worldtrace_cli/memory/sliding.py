@@ -11,7 +11,7 @@ from typing import Sequence
 
 import torch
 
-from .base import CacheGeometry, CacheWriter, MemoryConfig, Slot, refuse, register
+from .base import CacheGeometry, CacheWriter, Slot, register
 from .window import split_frames
 
 
@@ -21,12 +21,6 @@ class SlidingWriter(CacheWriter):
 
     name = "sliding"
     default_positions = "actual"
-
-    def __init__(self, config: MemoryConfig, default_budget: int):
-        """Raises InputError for slot-count or spill flags (its one size is ``--budget``)."""
-        super().__init__(config, default_budget)
-        refuse(config, self.name, "it keeps the newest --budget frames verbatim", summary_slots="--summary-slots",
-               recent_slots="--recent-slots", spill_dir="--spill-dir")
 
     def reset(self, geometry: CacheGeometry) -> None:
         super().reset(geometry)

@@ -20,9 +20,9 @@ from typing import Sequence
 import torch
 
 from ..errors import InputError
+from ..writer_options import DEFAULT_WINDOW, writer_sizes
 from .base import CacheGeometry, CacheWriter, MemoryConfig, Slot, frames_state, load_frames
 
-DEFAULT_WINDOW = 6  # MG2 universal local_attn_size: provisional sizes until reset() knows the model
 
 FrameKV = list[tuple[torch.Tensor, torch.Tensor]]  # per layer (k, v) of one latent frame: [1, T, H, D] each
 
@@ -86,48 +86,6 @@ class SummaryMemory:
         return {}
 
 
-def window_defaults(window: int) -> tuple[int, int]:
-    """Default (N_s, N_r) for a model window of ``window`` latent frames (local_attn_size).
-
-    N_s + N_r = window, so with slot-rank positions the oldest slot sits at offset -window, which
-    is Eq. 2's t_min (q = a - 1, t_min = q - Delta, Delta = window - 1): no slot falls below it.
-    N_r = 2 (at most window - 1): (4, 2) for MG2's window 6 (the paper's recall setting), (2, 2)
-    for gta_drive's window 4.
-    """
-    nr = max(1, min(2, window - 1))
-    return max(0, window - nr), nr
-
-
-def resolve_slots(config: MemoryConfig, default_summary: int = 4, default_recent: int = 2) -> tuple[int, int]:
-    """(N_s, N_r) from ``--summary-slots``, ``--recent-slots`` and ``--budget`` (budget = N_s + N_r).
-
-    Defaults: ``default_summary``/``default_recent`` (:func:`window_defaults` of the model's
-    window; 4 and 2 for MG2, the paper's recall setting, design.md §3). With only ``--budget``,
-    N_r keeps its default (at most budget - 1) and N_s takes the rest.
-
-    Raises:
-        InputError: negative counts, N_r < 1, or a budget that disagrees with both counts.
-    """
-    ns, nr, budget = config.summary_slots, config.recent_slots, config.budget
-    if ns is not None and ns < 0:
-        raise InputError(f"--summary-slots: must be >= 0, got {ns}")
-    if nr is not None and nr < 1:
-        raise InputError(f"--recent-slots: must be >= 1, got {nr}")
-    if budget is not None:
-        if ns is not None and nr is not None and ns + nr != budget:
-            raise InputError(f"--budget {budget} != --summary-slots {ns} + --recent-slots {nr}")
-        if ns is None and nr is None:
-            nr = max(1, min(default_recent, budget - 1))
-        if ns is None:
-            ns = budget - nr
-        if nr is None:
-            nr = budget - ns
-        if nr < 1 or ns < 0:
-            raise InputError(f"--budget {budget}: too small for {max(ns, 0)} summary + {max(nr, 1)} recent slots "
-                             f"(at least 1 recent slot)")
-    return (default_summary if ns is None else ns), (default_recent if nr is None else nr)
-
-
 class RecentWindowWriter(CacheWriter):
     """Recent window of ``n_recent`` verbatim frames plus summary components (``_components``).
 
@@ -139,15 +97,16 @@ class RecentWindowWriter(CacheWriter):
 
     default_positions = "slot_rank"
 
-    def __init__(self, config: MemoryConfig, default_budget: int):
-        super().__init__(config, default_budget)
+    def __init__(self, config: MemoryConfig, default_budget: int, window: int = DEFAULT_WINDOW):
+        super().__init__(config, default_budget, window)
         self.default_budget = default_budget
-        self.n_summary, self.n_recent = self.resolve_sizes(DEFAULT_WINDOW)
+        self.n_summary, self.n_recent = self.resolve_sizes(window)
         self.budget = self.n_summary + self.n_recent
 
     def resolve_sizes(self, window: int) -> tuple[int, int]:
-        """(N_s, N_r) for a model window of ``window`` latent frames. Raises InputError on bad flags."""
-        return resolve_slots(self.config, *window_defaults(window))
+        """(N_s, N_r) for a model window of ``window`` latent frames: the writer's rule in
+        :func:`~worldtrace_cli.writer_options.writer_sizes`. Raises InputError on bad flags."""
+        return writer_sizes(self.config, window, self.default_budget)
 
     def make_components(self) -> list[SummaryMemory]:
         raise NotImplementedError

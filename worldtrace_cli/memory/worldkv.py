@@ -36,9 +36,9 @@ from typing import Sequence
 
 import torch
 
-from ..errors import InputError
-from .bank import ChunkBank, PoseRetrieval, keep_ratio_of, kept_per_frame, mean_pose, nearest, pose_distances, retrieval_event
-from .base import CacheGeometry, CacheWriter, MemoryConfig, Slot, check_bank_device, refuse, register
+from ..writer_options import DEFAULT_WINDOW, keep_ratio_of
+from .bank import ChunkBank, PoseRetrieval, kept_per_frame, mean_pose, nearest, pose_distances, retrieval_event
+from .base import CacheGeometry, CacheWriter, MemoryConfig, Slot, check_bank_device, register
 
 RECENT_FRAMES = 6       # the release's fixed recent window, current chunk included (= MG2's window)
 RETRIEVAL_FRAMES = 18   # the release's retrieval budget in latent frames (6 chunks of 3)
@@ -53,15 +53,11 @@ class WorldKVWriter(PoseRetrieval, CacheWriter):
     default_positions = "actual"
     needs_poses = True
 
-    def __init__(self, config: MemoryConfig, default_budget: int):
+    def __init__(self, config: MemoryConfig, default_budget: int, window: int = DEFAULT_WINDOW):
         """Raises InputError: slot-count, budget or spill flags; both --top-k and --retrieval-budget;
-        a bad --top-k, --retrieval-budget, --keep-ratio or --bank-device (:func:`check_common`)."""
-        super().__init__(config, default_budget)
-        refuse(config, config.cache, "its window is --top-k retrieved chunks + the previous chunk",
-               budget="--budget", summary_slots="--summary-slots", recent_slots="--recent-slots",
-               spill_dir="--spill-dir")
-        if config.top_k is not None and config.retrieval_budget is not None:
-            raise InputError("--top-k, --retrieval-budget: give one (k fixed, or k from a token budget)")
+        a bad --top-k, --retrieval-budget, --keep-ratio or --bank-device
+        (:func:`~worldtrace_cli.writer_options.check_flags`)."""
+        super().__init__(config, default_budget, window)
         self.keep_ratio = keep_ratio_of(config, RELEASED_KEEP_RATIO)
         self.bank_device = check_bank_device(config.bank_device or "cpu")
         self._resolve(3, 880)  # provisional (MG2 universal: C = 3, T = 880) until reset knows the model
