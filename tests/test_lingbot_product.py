@@ -1,7 +1,8 @@
 """LingBot-World in the product: preset dispatch, ``generate --preset lingbot-tiny`` end to end
 (CliRunner, CPU), the camera the trajectory's actions drive (shapes and the OpenCV convention of the
 spec's poses.npy), pose files from a trajectory, one-line errors for bad poses / intrinsics, and
-``worldtrace parity`` replaying the fixtures through the product's rollout."""
+``worldtrace parity`` replaying the fixtures through the product's rollout, a stopped run resumed to the
+same frames, and a LoopBench sweep with report."""
 
 import json
 import re
@@ -107,6 +108,62 @@ def test_generate_lingbot_tiny_writes_the_usual_run_folder(tmp_path, one_thread,
     valid(out / "chunks.jsonl", "chunk-record")
     valid(summary, "summary")
     assert probe_video(out / "video.mp4")["frames"] == 29
+
+
+@pytest.mark.slow
+def test_a_stopped_lingbot_run_resumes_to_the_same_frames(tmp_path, one_thread, valid):
+    """Issue 12: LingBot resume was checked by hand only. A lingbot-tiny run through a pose-retrieval
+    writer, stopped with SIGINT after its second chunk (a real process), resumes (writer bank, camera
+    and text conditioning rebuilt) to exactly the frames of an uninterrupted run."""
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    args = ["generate", str(ABA), "--preset", "lingbot-tiny", "--cache", "retrieval", "--chunks", "4",
+            "--save-every", "1", "--prompt", "a quiet street", "--threads", "1", "--no-progress"]
+    assert invoke(*args, "-o", tmp_path / "ref").exit_code == 0
+    reference = [r["frames_sha256"] for r in read_jsonl(tmp_path / "ref" / "chunks.jsonl")]
+    out = tmp_path / "run"
+    proc = subprocess.Popen([sys.executable, "-m", "worldtrace_cli", *args, "-o", str(out)],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.time() + 300
+    while not ((out / "chunks.jsonl").exists() and len(read_jsonl(out / "chunks.jsonl")) >= 2):
+        assert proc.poll() is None and time.time() < deadline, proc.communicate()
+        time.sleep(0.1)
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=120)
+    done = len(read_jsonl(out / "chunks.jsonl"))
+    assert proc.returncode == 130 and "--resume" in err and done < 4, err
+    result = invoke("generate", "--resume", out, "--no-progress")
+    assert result.exit_code == 0, result.output
+    assert [r["frames_sha256"] for r in read_jsonl(out / "chunks.jsonl")] == reference
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["status"] == "complete" and summary["resolved"]["resumed_at_chunk"] == done
+    assert summary["config"]["prompt"] == "a quiet street"
+    valid(summary, "summary")
+    assert probe_video(out / "video.mp4")["frames"] == 61
+
+
+@pytest.mark.slow
+def test_loopbench_runs_and_reports_on_lingbot_tiny(tmp_path, one_thread, valid):
+    """Issue 12: loopbench takes the LingBot presets unchanged (a job folder per cell, LingBot's
+    4-frame chunks, the report validating against its schema)."""
+    image = ROOT / "assets" / "images" / "mg2_universal_0000.png"
+    out = tmp_path / "lb"
+    result = invoke("loopbench", "run", "--preset", "lingbot-tiny", "--configs", "aba", "--caches", "sink,retrieval",
+                    "--images", image, "--seeds", "0", "--chunks", "2", "--threads", "1", "-o", out)
+    assert result.exit_code == 0, result.output
+    for cache in ("sink", "retrieval"):
+        summary = json.loads((out / "aba" / cache / image.stem / "seed0" / "summary.json").read_text())
+        assert summary["status"] == "complete" and summary["config"]["preset"]["architecture"] == "lingbot"
+        assert summary["totals"]["latent_frames"] == 8 and summary["cache"]["trained_offset"] == 17
+    result = invoke("loopbench", "report", out)
+    assert result.exit_code == 0, result.output
+    data = json.loads((out / "report.json").read_text())
+    valid(data, "loopbench-report")
+    assert sorted(r["cache"] for r in data["rows"]) == ["retrieval", "sink"]
+    assert all(r["chunks"] == 2 and r["temp_ssim"] is not None for r in data["rows"])
 
 
 def _poses(n=40):
