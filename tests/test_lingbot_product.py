@@ -6,6 +6,7 @@ same frames, and a LoopBench sweep with report."""
 
 import json
 import re
+import shutil
 from pathlib import Path
 
 import numpy as np
@@ -225,6 +226,21 @@ def test_parity_command_replays_the_fixtures_through_the_product_rollout(one_thr
     assert result.exit_code == 0, result.output
     lines = dict(ln.split(": ") for ln in result.output.splitlines() if ": max_abs_diff=" in ln)
     assert set(lines) == {f"{v}/{k}" for v in ("main", "nosink_la10", "global") for k in ("x0", "latents")}
+    assert float(result.output.strip().splitlines()[-1].split("=")[1]) <= 1e-4
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(shutil.which("c++") is None and shutil.which("g++") is None,
+                    reason="torch.compile on CPU needs a C++ compiler")
+def test_compiled_lingbot_replays_the_fixtures(one_thread):
+    """Issue 12: --compile was refused for LingBot. The compiled blocks (attention_inputs,
+    block_outputs) replay the official fixtures within the parity tolerance (generate and parity
+    apply it through the same configure_speed)."""
+    import torch._dynamo
+
+    torch._dynamo.reset()
+    result = invoke("parity", DATA, "--compile", "default")
+    assert result.exit_code == 0, result.output
     assert float(result.output.strip().splitlines()[-1].split("=")[1]) <= 1e-4
 
 

@@ -20,7 +20,7 @@ import torch
 
 from .errors import InputError
 from .model.lingbot.inputs import LingbotInputs
-from .runtime import ModelKey, PipelineBase, check_rope_precision, resolve_device, resolve_dtype
+from .runtime import ModelKey, PipelineBase, check_speed, resolve_device, resolve_dtype
 
 log = logging.getLogger("worldtrace")
 
@@ -51,8 +51,7 @@ class LingbotPipeline(PipelineBase):
         """Load a LingBot preset (checkpoint folder, or seeded random weights).
 
         Raises:
-            InputError: ``--compile`` other than none (not available for LingBot yet), a bad
-                precision/device/dtype, a preset whose ``denoising_steps`` are not the schedule's,
+            InputError: a bad precision/device/dtype, a preset whose ``denoising_steps`` are not the schedule's,
                 a checkpoint preset without a folder.
             CheckpointError: missing (one line) or mismatched checkpoint files.
         """
@@ -60,11 +59,9 @@ class LingbotPipeline(PipelineBase):
 
         from .model.lingbot.sampler import CausalFastSchedule
         from .model.lingbot.world import load_lingbot_world
+        from .model.speed import configure_speed
 
-        rope_dtype = check_rope_precision(rope_precision)
-        if compile_mode != "none":
-            raise InputError(f"--compile {compile_mode}: not available for LingBot presets yet (preset {preset.name} "
-                             f"runs eager)")
+        check_speed(rope_precision, compile_mode)
         steps = CausalFastSchedule(preset.timestep_shift).timesteps().tolist()
         if list(preset.denoising_steps) != steps:
             raise InputError(f"preset {preset.name}: denoising_steps {list(preset.denoising_steps)} are not the "
@@ -73,7 +70,9 @@ class LingbotPipeline(PipelineBase):
         dt = resolve_dtype(dtype, dev)
         start = time.perf_counter()
         world = load_lingbot_world(preset, checkpoint, random_weights, weights_seed, dev, dt, hash_checkpoint)
-        world.dit.rope.precision = rope_dtype
+        configure_speed(world.dit, rope_precision, compile_mode)
+        if compile_mode != "none":
+            log.info(f"--compile {compile_mode}: the first chunk includes compiling the DiT blocks")
         return cls(preset, world, dev, dt, rope_precision, compile_mode, key, time.perf_counter() - start)
 
     @torch.no_grad()

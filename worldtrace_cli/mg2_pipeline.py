@@ -13,8 +13,7 @@ from dataclasses import dataclass
 
 import torch
 
-from .errors import InputError
-from .runtime import ModelKey, PipelineBase, check_rope_precision, log, resolve_device, resolve_dtype
+from .runtime import ModelKey, PipelineBase, check_speed, log, resolve_device, resolve_dtype
 
 
 @dataclass
@@ -49,11 +48,9 @@ class MG2Pipeline(PipelineBase):
         import time
 
         from .model.checkpoint import load_world_model
-        from .model.speed import COMPILE_MODES, configure_speed
+        from .model.speed import configure_speed
 
-        check_rope_precision(rope_precision)
-        if compile_mode not in COMPILE_MODES:
-            raise InputError(f"--compile: must be one of {', '.join(COMPILE_MODES)}, got {compile_mode!r}")
+        check_speed(rope_precision, compile_mode)
         dev = resolve_device(device)
         dt = resolve_dtype(dtype, dev)
         start = time.perf_counter()

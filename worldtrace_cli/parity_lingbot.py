@@ -111,20 +111,23 @@ def replay_variant(model, inputs: dict, local_attn_size: int, sink_size: int, de
     return x0s, latents
 
 
-def compare_lingbot(folder: str | Path, rope_precision: str = "float32", device: str = "cpu") -> dict[str, float]:
+def compare_lingbot(folder: str | Path, rope_precision: str = "float32", device: str = "cpu",
+                    compile_mode: str = "none") -> dict[str, float]:
     """Largest |difference| per variant (``<variant>/x0`` over every denoising call,
-    ``<variant>/latents``) between the product's replay and the official outputs.
+    ``<variant>/latents``) between the product's replay and the official outputs, with the speed
+    settings of ``generate`` (``rope_precision``, ``compile_mode``:
+    :func:`~worldtrace_cli.model.speed.configure_speed`).
 
     Raises:
         InputError / CheckpointError: an incomplete or unreadable folder.
     """
-    from .model.speed import ROPE_PRECISIONS
     from .model.lingbot.checkpoint import load_lingbot_dit
+    from .model.speed import configure_speed
 
     folder = Path(folder)
     model = load_lingbot_dit(_need(folder / "tiny_config.json"), weights=_need(folder / "tiny_weights.safetensors"),
                              device=device)
-    model.rope.precision = ROPE_PRECISIONS[rope_precision]
+    configure_speed(model, rope_precision, compile_mode)
     inputs, variants = load_lingbot_fixture(folder)
     diffs = {}
     for name, (window, sink, want) in variants.items():

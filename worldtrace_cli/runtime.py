@@ -89,17 +89,20 @@ class ModelKey:
                    cfg.compile, bool(cfg.hash_checkpoint))
 
 
-def check_rope_precision(name: str) -> torch.dtype:
-    """The dtype of ``--rope-precision`` ``name`` (:data:`~worldtrace_cli.model.speed.ROPE_PRECISIONS`).
+def check_speed(rope_precision: str, compile_mode: str) -> None:
+    """Check ``--rope-precision`` and ``--compile`` (:data:`~worldtrace_cli.model.speed.ROPE_PRECISIONS`,
+    :data:`~worldtrace_cli.model.speed.COMPILE_MODES`) before a model loads; both pipelines apply
+    them with :func:`~worldtrace_cli.model.speed.configure_speed` once it has.
 
     Raises:
-        InputError: an unknown precision (names the flag and the choices).
+        InputError: an unknown precision or compile mode (names the flag and the choices).
     """
-    from .model.speed import ROPE_PRECISIONS
+    from .model.speed import COMPILE_MODES, ROPE_PRECISIONS
 
-    if name not in ROPE_PRECISIONS:
-        raise InputError(f"--rope-precision: must be one of {', '.join(ROPE_PRECISIONS)}, got {name!r}")
-    return ROPE_PRECISIONS[name]
+    if rope_precision not in ROPE_PRECISIONS:
+        raise InputError(f"--rope-precision: must be one of {', '.join(ROPE_PRECISIONS)}, got {rope_precision!r}")
+    if compile_mode not in COMPILE_MODES:
+        raise InputError(f"--compile: must be one of {', '.join(COMPILE_MODES)}, got {compile_mode!r}")
 
 
 class PipelineBase:
@@ -178,4 +181,4 @@ class PipelineBase:
         return build_writer(memory, self.default_budget, self.window)
 
 
-__all__ = ["ModelKey", "PipelineBase", "check_rope_precision", "resolve_device", "resolve_dtype", "versions"]
+__all__ = ["ModelKey", "PipelineBase", "check_speed", "resolve_device", "resolve_dtype", "versions"]

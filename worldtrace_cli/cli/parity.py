@@ -36,12 +36,9 @@ def parity(folder, rope_precision, compile_mode, device, lingbot):
         click.echo("worldtrace: error: --device cuda: no CUDA device is available", err=True)
         sys.exit(2)
     lingbot = lingbot or is_lingbot_fixture(folder)
-    if lingbot and compile_mode != "none":
-        click.echo("worldtrace: error: --compile: not available for LingBot-World yet", err=True)
-        sys.exit(2)
     try:
         if lingbot:
-            diffs = compare_lingbot(folder, rope_precision, device)
+            diffs = compare_lingbot(folder, rope_precision, device, compile_mode)
         else:
             diffs = compare(folder, rope_precision, compile_mode, device)
     except WorldtraceError as exc:

@@ -1,6 +1,8 @@
-"""Speed settings of the MG2 DiT (design.md §5): the RoPE tables' precision and ``torch.compile`` of
-the blocks' pure tensor parts (norms, modulation, projections, RoPE, FFN, cross-attention, the
-action branches), leaving the cache buffers, SDPA over them and the action caches eager.
+"""Speed settings of the DiTs (design.md §5): the RoPE tables' precision and ``torch.compile`` of
+the blocks' pure tensor parts (norms, modulation, projections, RoPE, FFN, cross-attention, MG2's
+action branches, LingBot's camera FiLM), leaving the cache buffers, SDPA over them and the action
+caches eager. Both MG2's :class:`~.dit.CausalWanDiT` and LingBot's
+:class:`~.lingbot.dit.LingbotDiT` take them.
 """
 
 from __future__ import annotations
@@ -9,23 +11,25 @@ import torch
 
 from .action import ActionModule
 from .dit import Block, CausalWanDiT
+from .lingbot.dit import LingbotBlock, LingbotDiT
 
 COMPILE_MODES = ("none", "default", "reduce-overhead", "max-autotune")
 _PURE_PARTS = {Block: ("attention_inputs", "attention_outputs", "feed_forward"),
-               ActionModule: ("mouse_part", "keyboard_part")}
+               ActionModule: ("mouse_part", "keyboard_part"),
+               LingbotBlock: ("attention_inputs", "block_outputs")}
 _COMPILED_PARTS: dict[tuple[str, str, str], object] = {}
 
 
-def compile_blocks(model: CausalWanDiT, mode: str = "default") -> None:
+def compile_blocks(model: CausalWanDiT | LingbotDiT, mode: str = "default") -> None:
     """Compile the pure tensor parts of every block of ``model`` with ``torch.compile`` (fused norms,
     modulation, RoPE and projections); the K/V buffer handling, SDPA over it and the action module
     stay eager.
 
     Each part is one function of (module, tensors) compiled once per process and mode; parameters
     are graph inputs, so the blocks share one Dynamo/Inductor graph per part instead of one per
-    layer (which would hit torch's recompile limit and fall back to eager). The parts: a block's
+    layer (which would hit torch's recompile limit and fall back to eager). The parts: an MG2 block's
     ``attention_inputs`` / ``attention_outputs`` / ``feed_forward`` and its action module's
-    ``mouse_part`` / ``keyboard_part``. Shapes are static within a run (``dynamic=False``); the
+    ``mouse_part`` / ``keyboard_part``; a LingBot block's ``attention_inputs`` / ``block_outputs``. Shapes are static within a run (``dynamic=False``); the
     context pass (``commit``) and the first chunk (empty action caches) are extra specialisations.
 
     ``mode``: ``default`` | ``reduce-overhead`` and ``max-autotune`` (both replay CUDA graphs when
@@ -44,7 +48,7 @@ def compile_blocks(model: CausalWanDiT, mode: str = "default") -> None:
     if mode not in COMPILE_MODES:
         raise ValueError(f"compile mode must be one of {', '.join(COMPILE_MODES)}, got {mode!r}")
     cudagraphs = mode != "none" and bool(list_mode_options(mode).get("triton.cudagraphs", False))
-    modules = [m for block in model.blocks for m in (block, block.action_model) if m is not None]
+    modules = [m for block in model.blocks for m in (block, getattr(block, "action_model", None)) if m is not None]
     for module in modules:
         for name in _PURE_PARTS[type(module)]:
             if mode == "none":
@@ -61,7 +65,7 @@ def compile_blocks(model: CausalWanDiT, mode: str = "default") -> None:
 ROPE_PRECISIONS = {"float32": torch.float32, "float64": torch.float64}
 
 
-def configure_speed(model: CausalWanDiT, rope_precision: str = "float32", compile_mode: str = "none") -> None:
+def configure_speed(model: CausalWanDiT | LingbotDiT, rope_precision: str = "float32", compile_mode: str = "none") -> None:
     """Apply a run's speed settings to ``model`` (a loaded model may be shared by runs in one process,
     so every run sets both): the RoPE precision (``float32`` | ``float64``, see
     :class:`~worldtrace_cli.model.rope.MainRope`) and :func:`compile_blocks` (``none`` = eager).

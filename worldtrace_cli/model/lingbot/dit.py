@@ -119,15 +119,27 @@ class LingbotBlock(nn.Module):
         f, gh, gw = grid
         cos, sin = chunk.rope_tables(rope, f, gh, gw, x.device)
         m = (self.modulation.float() + e0.float()).chunk(6, dim=1)  # six [1, 1, D] float32
-        q, k, v, k_canon = self.self_attn.project(self._modulate(self.norm1(x), m[0], m[1], x),
-                                                  cos, sin, rope.t_ch, commit)
+        q, k, v, k_canon = self.attention_inputs(x, m, cos, sin, rope.t_ch, commit)
+        # the writer copies what it keeps (CacheWriter.commit), so CUDA-graph outputs are safe to hand out
         kv = (k_canon, v) if commit else None
         attn = self.self_attn.attend(q, k, v, layer, chunk, rope)
+        return self.block_outputs(x, attn, m, cam, chunk.rollout.cross_kv[layer]), kv
+
+    def attention_inputs(self, x, m, cos, sin, t_ch: int, commit: bool):
+        """Pure (compiled by :func:`~worldtrace_cli.model.speed.compile_blocks`): norm1 + modulation,
+        then the q/k/v projections with RoPE. x [1, F*S, D], m six float32 [1, 1, D], cos/sin
+        [F*S, d/2] -> (q, k, v, k_canon) [1, F*S, H, d] (k_canon None unless ``commit``). Spec §5 step 5."""
+        return self.self_attn.project(self._modulate(self.norm1(x), m[0], m[1], x), cos, sin, t_ch, commit)
+
+    def block_outputs(self, x, attn, m, cam, cross_kv):
+        """Pure (compiled): output projection and gated residual, camera FiLM, text cross-attention
+        residual, modulated FFN and gated residual (spec §5 step 5). x, attn, cam [1, F*S, D], m six
+        float32 [1, 1, D], cross_kv the text (k, v) -> [1, F*S, D] in x's dtype."""
         x = (x.float() + self.self_attn.o(attn).float() * m[2]).type_as(x)
         x = self.camera_film(x, cam)
-        x = x + self.cross_attn(self.norm3(x), chunk.rollout.cross_kv[layer])
+        x = x + self.cross_attn(self.norm3(x), cross_kv)
         y = self.ffn(self._modulate(self.norm2(x), m[3], m[4], x))
-        return (x.float() + y.float() * m[5]).type_as(x), kv
+        return (x.float() + y.float() * m[5]).type_as(x)
 
 
 class LingbotHead(nn.Module):
@@ -166,6 +178,8 @@ class LingbotDiT(nn.Module):
         self.blocks = nn.ModuleList(LingbotBlock(cfg) for _ in range(cfg.num_layers))
         self.head = LingbotHead(cfg)
         self.rope = MainRope(cfg.head_dim)
+        self.compile_mode = "none"  # see worldtrace_cli.model.speed.compile_blocks
+        self.cudagraphs = False
 
     def new_rollout_state(self) -> LingbotRolloutState:
         """Empty text cross-attention cache for a new rollout."""
@@ -223,6 +237,8 @@ class LingbotDiT(nn.Module):
             chunk.rollout.cross_kv = [blk.cross_attn.context_kv(ctx) for blk in self.blocks]
         if chunk._cam_tokens is None:
             chunk._cam_tokens = self.embed_camera(chunk.camera.to(x.device))
+        if self.cudagraphs and h.is_cuda:
+            torch.compiler.cudagraph_mark_step_begin()  # the previous call's graph outputs are dead now
         committed = []
         for i, block in enumerate(self.blocks):
             h, kv = block(h, e0, chunk._cam_tokens, i, chunk, self.rope, (f, gh, gw), commit)
