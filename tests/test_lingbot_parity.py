@@ -1,5 +1,5 @@
-"""Golden parity: the LingBot DiT, camera conditioning and causal-fast loop, driven through the
-project's cache writers, replay the three official rollouts (fixtures README: ``main`` window 18 sink 6,
+"""Golden parity: the LingBot DiT, camera conditioning and the product's causal-fast rollout
+(LingbotRollout), driven through the project's cache writers, replay the three official rollouts (fixtures README: ``main`` window 18 sink 6,
 ``nosink_la10``, ``global``) within 1e-4 in float32: every denoising call's x0 and the final latents.
 
 The official cache (spec §7) maps onto existing writers (:func:`official_memory`): ``full`` for the
@@ -13,12 +13,13 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from worldtrace_cli.memory import CacheGeometry, MemoryConfig, build_writer
-from worldtrace_cli.model.lingbot.camera import camera_embedding, check_intrinsics, check_poses, frame_counts
+from worldtrace_cli.memory import MemoryConfig
+from worldtrace_cli.model.lingbot.camera import camera_embedding, frame_counts
 from worldtrace_cli.model.lingbot.checkpoint import load_lingbot_dit
-from worldtrace_cli.model.lingbot.loop import (CausalFastLoop, OfficialNoise, conditioning_y, geometry_fields,
-                                               official_memory)
+from worldtrace_cli.model.lingbot.config import official_memory
+from worldtrace_cli.model.lingbot.sampler import OfficialNoise
 from worldtrace_cli.model.rope import MainRope
+from worldtrace_cli.parity_lingbot import load_lingbot_fixture, replay_variant
 
 DATA = Path(__file__).parent / "data" / "lingbot"
 VARIANTS = {"main": (18, 6), "nosink_la10": (10, 0), "global": (-1, 0)}
@@ -34,19 +35,13 @@ def setup():
     return model, data, cam
 
 
-def _stored_noise(data):
-    return lambda c, s, shape: (data["noise"][None, :, 4 * c:4 * c + 4] if s == 0 else data["add_noise_draws"][c, s - 1][None])
-
-
-def replay(model, data, cam, local_attn_size, sink_size, positions="actual", noise=None):
-    """Run the 8-chunk rollout; returns (x0 per (chunk, step), latents [16, 32, 4, 8], writer)."""
-    kwargs = {**official_memory(local_attn_size, sink_size), "positions": positions}  # None: the writer's default
-    writer = build_writer(MemoryConfig(**kwargs), 0)
-    writer.reset(CacheGeometry(**geometry_fields(model, (4, 8))))
-    x0s = {}
-    loop = CausalFastLoop(model, writer, data["text_context"], conditioning_y(data["vae_latent"]), cam,
-                          noise or _stored_noise(data), on_step=lambda c, s, x0: x0s.__setitem__((c, s), x0[0]))
-    return x0s, loop.run()[0], writer
+def replay(model, local_attn_size, sink_size, positions="actual", noise=None):
+    """The 8-chunk rollout through the product's LingbotRollout (parity_lingbot.replay_variant);
+    returns (x0 per (chunk, step), latents [16, 32, 4, 8], writer)."""
+    memory = MemoryConfig(**{**official_memory(local_attn_size, sink_size), "positions": positions})
+    inputs, _ = load_lingbot_fixture(DATA)
+    x0s, latents, writer = replay_variant(model, inputs, local_attn_size, sink_size, memory=memory, noise=noise)
+    return {tuple(int(n) for n in k[1:-3].split("_s")): v for k, v in x0s.items()}, latents, writer
 
 
 def test_camera_from_pose_files_matches_official_tensor(setup):
@@ -58,8 +53,8 @@ def test_camera_from_pose_files_matches_official_tensor(setup):
 
 @pytest.mark.parametrize("variant", list(VARIANTS))
 def test_rollout_replays_official_run(setup, variant, one_thread):
-    model, data, cam = setup
-    x0s, latents, _ = replay(model, data, cam, *VARIANTS[variant])
+    model, data, _ = setup
+    x0s, latents, _ = replay(model, *VARIANTS[variant])
     assert len(x0s) == 32
     diffs = {key: (x0 - data[f"{variant}/c{key[0]}_s{key[1]}_x0"]).abs().max().item() for key, x0 in x0s.items()}
     worst = max(diffs, key=diffs.get)
@@ -69,10 +64,10 @@ def test_rollout_replays_official_run(setup, variant, one_thread):
 
 def test_official_noise_order_reproduces_the_stored_draws(setup, one_thread):
     """Seed 42 on a CPU generator, whole-rollout noise first, then three draws per chunk (spec §9.1)."""
-    model, data, cam = setup
+    model, data, _ = setup
     noise = OfficialNoise(42, 32, (4, 8))
     assert torch.equal(noise.initial, data["noise"])
-    _, latents, _ = replay(model, data, cam, 10, 0, noise=noise)
+    _, latents, _ = replay(model, 10, 0, noise=noise)
     assert (latents - data["nosink_la10/output_latents"]).abs().max().item() <= TOL
 
 
@@ -80,8 +75,8 @@ def test_official_noise_order_reproduces_the_stored_draws(setup, one_thread):
 def test_sink_needs_true_offsets_not_ranks(setup, positions, one_thread):
     """Rank-contiguous positions (the sink writer's own default, StreamingLLM-style) close the gap
     between sink and window frames: a visible change from the official run (spec §14: 0.036)."""
-    model, data, cam = setup
-    _, latents, writer = replay(model, data, cam, 18, 6, positions=positions)
+    model, data, _ = setup
+    _, latents, writer = replay(model, 18, 6, positions=positions)
     assert writer.positions_scheme != "actual"
     assert (latents - data["main/output_latents"]).abs().max().item() > 1e-2
 
@@ -89,8 +84,8 @@ def test_sink_needs_true_offsets_not_ranks(setup, positions, one_thread):
 def test_canonical_cache_rotated_to_absolute_frames_equals_official_buffer(setup, one_thread):
     """After chunk 7 the writer holds sink frames 0-5 and frames 24-31 as canonical keys; rotated to
     their absolute frame index they equal the official buffer (sink 0-5, then frames 20-31)."""
-    model, data, cam = setup
-    _, _, writer = replay(model, data, cam, 18, 6)
+    model, data, _ = setup
+    _, _, writer = replay(model, 18, 6)
     frames = [s.frames[0] for s in writer.slots()]
     assert frames == [0, 1, 2, 3, 4, 5] + list(range(24, 32))
     k, v = writer._read_kv(0)
@@ -109,19 +104,11 @@ def test_official_memory_mapping():
         official_memory(9, 6)
 
 
-def test_loop_refuses_mismatched_inputs(setup):
-    model, data, cam = setup
-    with pytest.raises(ValueError, match="differ"):
-        CausalFastLoop(model, None, data["text_context"], conditioning_y(data["vae_latent"]), cam[:, :, :8], None)
-    with pytest.raises(ValueError, match="multiple of the chunk size"):
-        CausalFastLoop(model, None, data["text_context"], conditioning_y(data["vae_latent"][:, :6]), cam[:, :, :6], None)
-
-
 def test_bfloat16_model_runs_the_same_rollout_approximately(setup, one_thread):
     """The official GPU dtype (bf16 weights, spec §15.8): same loop and writers, bf16 rounding only."""
-    _, data, cam = setup
+    _, data, _ = setup
     model = load_lingbot_dit(DATA / "tiny_config.json", weights=DATA / "tiny_weights.safetensors", dtype=torch.bfloat16)
-    _, latents, writer = replay(model, data, cam, 18, 6)
+    _, latents, writer = replay(model, 18, 6)
     assert latents.dtype == torch.float32 and writer.geometry.dtype == torch.bfloat16
     diff = (latents - data["main/output_latents"]).abs()
     assert diff.max().item() < 0.1 and diff.mean().item() < 0.02

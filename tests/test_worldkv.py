@@ -313,23 +313,16 @@ def test_writers_run_through_the_mg2_rollout(dit, cache, flags, one_thread):
     assert last["kv_bytes"] == sum(s["bytes"] for s in last["slots"]) and last["host_bytes"] > 0
 
 
-def test_worldkv_runs_through_the_lingbot_loop(one_thread):
-    from safetensors.torch import load_file
-
-    from worldtrace_cli.model.lingbot.camera import camera_embedding, frame_counts
+def test_worldkv_runs_through_the_lingbot_rollout(one_thread):
+    """WorldKV on LingBot's 4-frame chunks: the fixture inputs through the product's LingbotRollout
+    (poses from LingBot's camera track, handed over by set_poses)."""
     from worldtrace_cli.model.lingbot.checkpoint import load_lingbot_dit
-    from worldtrace_cli.model.lingbot.loop import CausalFastLoop, OfficialNoise, conditioning_y, geometry_fields
+    from worldtrace_cli.parity_lingbot import load_lingbot_fixture, replay_variant
 
     data_dir = Path(__file__).parent / "data" / "lingbot"
     model = load_lingbot_dit(data_dir / "tiny_config.json", weights=data_dir / "tiny_weights.safetensors")
-    data = load_file(str(data_dir / "tiny_data.safetensors"))
-    kept, lat_f, _ = frame_counts(len(data["poses"]), 137)
-    cam = camera_embedding(data["poses"].numpy()[:kept], data["intrinsics"].numpy(), lat_f, (32, 64))
-    w = build_writer(MemoryConfig(cache="worldkv", keep_ratio=0.25, top_k=2), 0)
-    w.reset(CacheGeometry(**geometry_fields(model, (4, 8))))
-    w.set_poses(data["poses"][torch.arange(lat_f) * 4].double())  # one pixel frame per latent frame (test only)
-    loop = CausalFastLoop(model, w, data["text_context"], conditioning_y(data["vae_latent"]), cam,
-                          OfficialNoise(0, lat_f, (4, 8)))
-    latents = loop.run()
-    assert torch.isfinite(latents).all() and latents.shape[2] == lat_f
+    inputs, _ = load_lingbot_fixture(data_dir)
+    _, latents, w = replay_variant(model, inputs, 18, 6, memory=MemoryConfig(cache="worldkv", keep_ratio=0.25, top_k=2))
+    lat_f = latents.shape[1]
+    assert torch.isfinite(latents).all() and lat_f == 32
     assert w.describe()["bank"]["entries"] == lat_f // 4 and w.recent_chunks == 2

@@ -9,7 +9,7 @@ look-ups (§8), then the context pass at t = 0 whose canonical K/V the writer co
 
 Noise: chunk c draws from ``chunk_generator(seed, c)`` (its initial noise, then three re-noising
 draws), so a resumed run continues with the same numbers; the official pipeline's single
-sequential generator is :class:`~worldtrace_cli.model.lingbot.loop.OfficialNoise`, which the parity
+sequential generator is :class:`~worldtrace_cli.model.lingbot.sampler.OfficialNoise`, which the parity
 replay passes as ``noise``.
 """
 

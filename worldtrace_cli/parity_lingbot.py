@@ -82,9 +82,19 @@ def load_lingbot_fixture(folder: str | Path) -> tuple[dict, dict]:
     return inputs, variants
 
 
-def replay_variant(model, inputs: dict, local_attn_size: int, sink_size: int, device: str = "cpu"):
-    """One fixture rollout through :class:`LingbotRollout`; returns (x0 per ``"c{c}_s{s}_x0"``, latents
-    [16, lat_f, lh, lw]) on the CPU."""
+def replay_variant(model, inputs: dict, local_attn_size: int, sink_size: int, device: str = "cpu",
+                   memory=None, noise=None):
+    """One fixture rollout through the product's :class:`LingbotRollout`.
+
+    Args:
+        model: a :class:`~worldtrace_cli.model.lingbot.dit.LingbotDiT`; inputs: of :func:`load_lingbot_fixture`.
+        local_attn_size, sink_size: the official run's cache (the window of the records; the writer
+            unless ``memory`` is given: :func:`~worldtrace_cli.model.lingbot.config.official_memory`).
+        memory: another :class:`~worldtrace_cli.config.MemoryConfig` to run the same inputs through.
+        noise: ``noise(chunk, draw, shape)``; default the fixture's stored draws.
+    Returns:
+        (x0 per ``"c{c}_s{s}_x0"`` [16, 4, lh, lw], latents [16, lat_f, lh, lw]) on the CPU, and the writer.
+    """
     from .lingbot_rollout import LingbotRollout
     from .memory import MemoryConfig, build_writer
     from .model.conditioning import ConditioningLatents
@@ -95,20 +105,19 @@ def replay_variant(model, inputs: dict, local_attn_size: int, sink_size: int, de
     lh, lw = lat.shape[2:]
     kept, lat_f, _ = frame_counts(len(inputs["poses"]), inputs["frame_num"])
     track = CameraTrack(inputs["poses"].numpy()[:kept], inputs["intrinsics"].numpy(), lat_f, (8 * lh, 8 * lw))
-    writer = build_writer(MemoryConfig(**official_memory(local_attn_size, sink_size)), 0,
-                          local_attn_size if local_attn_size > 0 else 18)
-    noise, draws = inputs["noise"], inputs["add_noise_draws"]
+    window = local_attn_size if local_attn_size > 0 else 18
+    writer = build_writer(memory or MemoryConfig(**official_memory(local_attn_size, sink_size)), 0, window)
+    initial, draws = inputs["noise"], inputs["add_noise_draws"]
 
     def stored(c, s, shape):
-        return noise[None, :, 4 * c:4 * c + 4] if s == 0 else draws[c, s - 1][None]
+        return initial[None, :, 4 * c:4 * c + 4] if s == 0 else draws[c, s - 1][None]
 
     x0s = {}
     rollout = LingbotRollout(model, writer, ConditioningLatents(lat[None, :, :lat_f]), inputs["text_context"], track,
-                             0, torch.device(device), (lh, lw), window=local_attn_size if local_attn_size > 0 else 18,
-                             noise=stored, on_step=lambda c, s, x0: x0s.__setitem__(f"c{c}_s{s}_x0", x0[0].cpu()),
+                             0, torch.device(device), (lh, lw), window=window, noise=noise or stored, on_step=lambda c, s, x0: x0s.__setitem__(f"c{c}_s{s}_x0", x0[0].cpu()),
                              poses=torch.from_numpy(track.latent_poses))
     latents = torch.cat([rollout.step().latents for _ in range(lat_f // 4)], dim=2)[0].cpu()
-    return x0s, latents
+    return x0s, latents, writer
 
 
 def compare_lingbot(folder: str | Path, rope_precision: str = "float32", device: str = "cpu",
@@ -131,7 +140,7 @@ def compare_lingbot(folder: str | Path, rope_precision: str = "float32", device:
     inputs, variants = load_lingbot_fixture(folder)
     diffs = {}
     for name, (window, sink, want) in variants.items():
-        x0s, latents = replay_variant(model, inputs, window, sink, device)
+        x0s, latents, _ = replay_variant(model, inputs, window, sink, device)
         missing = sorted(set(k for k in want if k != "output_latents") - set(x0s))
         if missing:
             raise InputError(f"{folder}: variant {name} expects calls this replay did not make: {', '.join(missing[:4])}")

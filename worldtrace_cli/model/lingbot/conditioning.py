@@ -4,7 +4,8 @@ The image is squashed (no crop: the aspect ratio is only approximately kept) to 
 interpolation without antialiasing and scaled to [-1, 1]. The VAE input is that frame followed by
 F_vid - 1 all-zero (mid-grey) frames, encoded by the Wan2.1 VAE (posterior mean, normalised) -- the
 same video MG2 encodes, so :func:`worldtrace_cli.model.vae.encode_conditioning_latents` does it; y is
-then :func:`worldtrace_cli.model.lingbot.loop.conditioning_y` of the latents.
+then :meth:`~worldtrace_cli.model.conditioning.ConditioningLatents.cond_concat` of the latents (4 mask
+channels, ones at latent frame 0, then the 16 latent channels).
 """
 
 from __future__ import annotations

@@ -75,6 +75,27 @@ class CausalFastSchedule:
         return torch.from_numpy(sig[self.add_noise_rows()].copy())
 
 
+class OfficialNoise:
+    """The official pipeline's draws (spec §9.1) from one generator seeded with ``seed``: the whole
+    rollout's initial noise [16, lat_f, lh, lw] first, then three [16, F, lh, lw] re-noising draws per
+    chunk, in order. On the CPU this reproduces the official CPU run's draws exactly; CUDA generators
+    draw different numbers. Use as the ``noise`` of
+    :class:`~worldtrace_cli.lingbot_rollout.LingbotRollout` (chunks in order only; the product draws
+    per chunk instead, so a resumed run continues with the same numbers)."""
+
+    def __init__(self, seed: int, latent_frames: int, latent_hw: tuple[int, int], device="cpu"):
+        self.gen = torch.Generator(device=device).manual_seed(seed)
+        self.initial = torch.randn(16, latent_frames, *latent_hw, generator=self.gen, device=device)
+
+    def __call__(self, chunk: int, draw: int, shape: tuple[int, ...]) -> torch.Tensor:
+        """Draw 0: chunk ``chunk``'s slice of the initial noise [1, 16, F, lh, lw]; draw s > 0: the
+        next re-noising draw of ``shape`` [1, 16, F, lh, lw] from the one generator."""
+        if draw == 0:
+            f = shape[2]
+            return self.initial[None, :, chunk * f:(chunk + 1) * f]
+        return torch.randn(shape[1:], generator=self.gen, device=self.initial.device)[None]
+
+
 def flow_to_x0(x_t: torch.Tensor, flow: torch.Tensor, sigma: float | torch.Tensor) -> torch.Tensor:
     """``x0 = x_t - sigma v`` in float64, returned as float32 (spec §8). Shapes: any, equal."""
     sigma = torch.as_tensor(sigma, dtype=torch.float64)
