@@ -251,7 +251,8 @@ def test_missing_or_wrong_checkpoint_files_are_one_line_errors(tmp_path):
     assert "needs --checkpoint DIR" in line
     line = one_line_error(invoke("generate", "--preset", "lingbot-fast", ABA, "--checkpoint", tmp_path,
                                  "-o", tmp_path / "b"), 3)
-    assert "missing transformers, Wan2.1_VAE.pth, text_encoder, google/umt5-xxl" in line
+    assert ("missing transformers, Wan2.1_VAE.pth, models_t5_umt5-xxl-enc-bf16.pth (or text_encoder/), "
+            "google/umt5-xxl" in line)
     (tmp_path / "transformers").mkdir()
     shutil.copy(DATA / "tiny_config.json", tmp_path / "transformers" / "config.json")
     shutil.copy(DATA / "tiny_weights.safetensors", tmp_path / "transformers")
@@ -261,3 +262,16 @@ def test_missing_or_wrong_checkpoint_files_are_one_line_errors(tmp_path):
     line = one_line_error(invoke("generate", "--preset", "lingbot-fast", ABA, "--checkpoint", tmp_path,
                                  "-o", tmp_path / "c"), 3)
     assert "transformers/config.json: does not describe preset lingbot-fast's model" in line
+
+
+def test_checkpoint_folder_takes_the_release_pth_or_an_hf_text_encoder_folder(tmp_path):
+    """The release's umT5 .pth is the preset's file; a diffusers-style text_encoder/ stands in for it."""
+    from worldtrace_cli.model.lingbot.world import checkpoint_paths
+
+    preset = load_preset("lingbot-fast")
+    for rel in ("transformers", "google/umt5-xxl", "text_encoder"):
+        (tmp_path / rel).mkdir(parents=True)
+    (tmp_path / "Wan2.1_VAE.pth").write_bytes(b"")
+    assert checkpoint_paths(preset, tmp_path)["text_encoder"] == tmp_path / "text_encoder"
+    (tmp_path / "models_t5_umt5-xxl-enc-bf16.pth").write_bytes(b"")
+    assert checkpoint_paths(preset, tmp_path)["text_encoder"] == tmp_path / "models_t5_umt5-xxl-enc-bf16.pth"

@@ -2,10 +2,9 @@
 
 Checkpoint folder (``--checkpoint``, spec §13, relative paths from the preset's ``files``):
 ``transformers/`` (the DiT as a diffusers folder: ``config.json`` + safetensors), ``Wan2.1_VAE.pth``,
-``text_encoder/`` (umT5-XXL encoder in Hugging Face format) and ``google/umt5-xxl/`` (tokenizer).
-The official ``models_t5_umt5-xxl-enc-bf16.pth`` uses Wan's own module names, which this tool
-does not read; the same encoder in Hugging Face format is what diffusers' Wan2.1-I2V repositories
-ship as ``text_encoder/``. A CLIP file (MG2's / Wan2.1's) is optional: LingBot has no image
+``models_t5_umt5-xxl-enc-bf16.pth`` (the umT5-XXL encoder in Wan's module names) and
+``google/umt5-xxl/`` (tokenizer). Instead of the ``.pth``, a ``text_encoder/`` folder may hold the same
+encoder in Hugging Face format (what diffusers' Wan2.1-I2V repositories ship). A CLIP file (MG2's / Wan2.1's) is optional: LingBot has no image
 encoder, the tower only feeds ``--metrics all`` (Scene Drift, PAC).
 
 Random weights (``lingbot-tiny``, ``--random-weights``): the DiT is built on the meta device, made
@@ -29,6 +28,7 @@ from .dit import LingbotDiT
 from .text import ByteTokenizer, UMT5TextEncoder, tiny_umt5
 
 OPTIONAL_ROLES = ("clip",)
+ALTERNATIVES = {"text_encoder": "text_encoder"}  # role -> path used when the preset's file is absent (HF-format umT5)
 
 
 class LingbotWorld(WorldModel):
@@ -50,7 +50,11 @@ def checkpoint_paths(preset, folder: str | Path) -> dict[str, Path]:
     if not folder.is_dir():
         raise CheckpointError(f"--checkpoint {folder}: not a folder")
     paths = {role: folder / rel for role, rel in preset.files.items()}
-    missing = [rel for role, rel in preset.files.items() if role not in OPTIONAL_ROLES and not paths[role].exists()]
+    for role, alternative in ALTERNATIVES.items():
+        if role in paths and not paths[role].exists() and (folder / alternative).exists():
+            paths[role] = folder / alternative
+    missing = [rel + (f" (or {ALTERNATIVES[role]}/)" if role in ALTERNATIVES else "")
+               for role, rel in preset.files.items() if role not in OPTIONAL_ROLES and not paths[role].exists()]
     if missing:
         raise CheckpointError(f"--checkpoint {folder}: missing {', '.join(missing)} (preset {preset.name} expects: "
                               f"{', '.join(v for k, v in preset.files.items() if k not in OPTIONAL_ROLES)})")
@@ -102,11 +106,15 @@ def load_lingbot_world(preset, checkpoint: str | Path | None, random_weights: bo
     dit.cfg = preset.dit
     dit.requires_grad_(False)
     vae = build_wan_vae(preset.vae, paths["vae"], device=device, dtype=dtype)
-    text = UMT5TextEncoder.from_pretrained(paths["text_encoder"], paths["tokenizer"], dtype=dtype, device=device)
+    if paths["text_encoder"].is_file():  # the release's .pth in Wan's names
+        text = UMT5TextEncoder.from_wan_checkpoint(paths["text_encoder"], paths["tokenizer"], dtype=dtype, device=device)
+    else:
+        text = UMT5TextEncoder.from_pretrained(paths["text_encoder"], paths["tokenizer"], dtype=dtype, device=device)
     width = text.model.config.d_model
     if width != 4096:
         raise CheckpointError(f"{paths['text_encoder']}: umT5 width {width}, the DiT reads 4096 (umT5-XXL)")
     clip = build_clip_tower(preset.clip, paths["clip"], device=device, dtype=dtype) if "clip" in paths else None
     files = [{"role": "dit", **file_identity(f, full_hash)} for f in weight_files(paths["dit"])]
-    files += [{"role": role, **file_identity(paths[role], full_hash)} for role in ("vae", "clip") if role in paths]
+    files += [{"role": role, **file_identity(paths[role], full_hash)} for role in ("vae", "text_encoder", "clip")
+              if role in paths and paths[role].is_file()]
     return LingbotWorld(dit, vae, clip, text, files)
