@@ -146,6 +146,44 @@ def test_dit_training_lowers_the_loss_and_resumes(tmp_path, data, one_thread):
         train_dit(folder, data, preset, s, batch=3, progress=False)
 
 
+def test_target_chunk_shares():
+    """choose_target: the shipped draws at the default share; --start-share moves chunk 0's share of
+    rollout-start clips, never of late clips (which hold no chunk 0)."""
+    from worldtrace_cli.train.dit import START_SHARE, choose_target
+
+    old, new = np.random.default_rng(5), np.random.default_rng(5)
+    assert [choose_target(new, True) for _ in range(20)] == [int(old.choice([0, 1, 2, 2, 2, 2])) for _ in range(20)]
+
+    def share(early, start_share):
+        rng = np.random.default_rng(0)
+        return np.mean([choose_target(rng, early, start_share) == 0 for _ in range(3000)])
+
+    assert abs(share(True, START_SHARE) - 1 / 6) < 0.03 and abs(share(True, 0.5) - 0.5) < 0.03
+    assert share(True, 1.0) == 1.0 and share(True, 0.0) == 0.0 and share(False, 1.0) == 0.0
+
+
+def test_dit_training_starts_from_init_weights(tmp_path, data, one_thread):
+    """--init warm-starts a run (a new folder, e.g. with another --start-share) from earlier weights;
+    a file of another model is a one-line CheckpointError."""
+    from safetensors.torch import load_file, save_file
+
+    from worldtrace_cli.errors import CheckpointError
+    from worldtrace_cli.train.dit import build_dit, train_dit
+
+    preset = _tiny_preset()
+    start = build_dit(preset, 7)
+    save_file({k: v.contiguous() for k, v in start.state_dict().items()}, str(tmp_path / "start.safetensors"))
+    s = LoopSettings(steps=1, warmup=1, lr=1e-9, log_every=1, save_every=1)
+    train_dit(tmp_path / "a", data, preset, s, batch=1, progress=False, start_share=1.0,
+              init=tmp_path / "start.safetensors")
+    got = load_file(str(tmp_path / "a" / "dit.safetensors"))
+    assert all(torch.allclose(got[k], v, atol=1e-6) for k, v in start.state_dict().items())  # lr 1e-9: barely moved
+    assert json.loads((tmp_path / "a" / "settings.json").read_text())["start_share"] == 1.0
+    save_file({"patch_embedding.weight": torch.zeros(1)}, str(tmp_path / "other.safetensors"))
+    with pytest.raises(CheckpointError, match="other.safetensors: not preset"):
+        train_dit(tmp_path / "b", data, preset, s, batch=1, progress=False, init=tmp_path / "other.safetensors")
+
+
 def test_memory_test_and_bundle(tmp_path, data, vae_file, one_thread):
     from safetensors.torch import save_file
 

@@ -136,17 +136,23 @@ def train_encode_cmd(vae_weights, output, shards, seed, late, loop, max_angle, t
 @click.option("--batch", type=click.IntRange(1), default=4, show_default=True, help="Clips per optimiser step.")
 @click.option("--return-weight", type=click.FloatRange(1), default=3.0, show_default=True,
               help="Loss weight of the latent frame where a loop returns to its first pose.")
+@click.option("--start-share", type=click.FloatRange(0, 1), default=None,
+              help="Probability that a clip from a rollout's start trains its chunk 0 (the start image's "
+                   "chunk) rather than chunk 1 or 2. Default 1/6 (the shipped model).")
+@click.option("--init", type=click.Path(exists=True, dir_okay=False, path_type=Path), default=None,
+              help="Start from these DiT weights (an earlier run's dit.safetensors) instead of random ones.")
 def train_dit_cmd(data, preset, output, steps, minutes, lr, warmup, seed, threads, save_every, no_progress, batch,
-                  return_weight):
+                  return_weight, start_share, init):
     """Train the DiT on encoded clips through MG2's sliding cache; writes DIR/dit.safetensors."""
     from ..config import load_preset
-    from ..train.dit import train_dit
+    from ..train.dit import START_SHARE, train_dit
 
     stop = _StopFlag()
 
     def job():
         r = train_dit(output, data, load_preset(preset), _settings(steps, minutes, lr, warmup, seed, threads, save_every),
-                      batch=batch, return_weight=return_weight, progress=not no_progress, stop=stop)
+                      batch=batch, return_weight=return_weight, progress=not no_progress, stop=stop,
+                      start_share=START_SHARE if start_share is None else start_share, init=init)
         click.echo(f"worldtrace: DiT step {r['step']} ({r['minutes']:.1f} min this run), loss {r['loss']} -> {r['file']}",
                    err=True)
 

@@ -11,7 +11,9 @@ target chunk is noised, ``x_t = (1 - sigma) x0 + sigma eps``, and the model's fl
 regressed on ``eps - x0`` (MG2 spec §10; :mod:`~worldtrace_cli.model.sampler`). sigma is one of the
 sampler's own steps (shift 5.0: 1.0, 0.909, 0.714 for 1000/666/333) with probability
 ``sampler_sigma_prob``, else drawn from the shifted uniform schedule. The latent frame at which a
-loop returns to its first pose gets ``return_weight`` times the loss weight.
+loop returns to its first pose gets ``return_weight`` times the loss weight. In a clip taken at a
+rollout's start, the target is chunk 0 (the chunk whose first latent frame the start image
+conditions) with probability ``start_share`` (default 1/6), else chunk 1 or 2 (1:4).
 """
 
 from __future__ import annotations
@@ -130,13 +132,24 @@ def sample_sigma(rng: np.random.Generator, schedule: FlowMatchSchedule, sampler_
     return float(schedule.shift * s / (1 + (schedule.shift - 1) * s))
 
 
+START_SHARE = 1 / 6  # the shipped model's share of chunk-0 targets in a rollout-start clip
+
+
+def choose_target(rng: np.random.Generator, early: bool, start_share: float = START_SHARE) -> int:
+    """The target chunk (0-2) of a clip: a rollout-start clip (``early``) trains chunk 0 with
+    probability ``start_share``, else chunk 1 or 2 (1:4); a late clip chunk 1 or 2 (1:3). At the
+    default share the draws are the shipped model's (``rng.choice([0, 1, 2, 2, 2, 2])``)."""
+    if not early:
+        return int(rng.choice([1, 2, 2, 2]))
+    if start_share == START_SHARE:
+        return int(rng.choice([0, 1, 2, 2, 2, 2]))
+    return 0 if rng.random() < start_share else int(rng.choice([1, 2, 2, 2, 2]))
+
+
 def clip_loss(dit, clip: EncodedClip, late_cond, rng: np.random.Generator, schedule: FlowMatchSchedule,
-              sampler_prob: float, return_weight: float) -> torch.Tensor:
+              sampler_prob: float, return_weight: float, start_share: float = START_SHARE) -> torch.Tensor:
     """Flow-matching loss of one clip's target chunk (see the module docstring): scalar float32."""
-    if clip.frame_start == 0:
-        target = int(rng.choice([0, 1, 2, 2, 2, 2]))
-    else:
-        target = int(rng.choice([1, 2, 2, 2]))
+    target = choose_target(rng, clip.frame_start == 0, start_share)
     state, writer, rows = context_state(dit, clip, late_cond, target)
     chunk, cond = target_chunk_inputs(dit, clip, late_cond, target, state, writer, rows)
     x0 = clip.latents[None, :, 3 * target:3 * target + 3]
@@ -164,28 +177,42 @@ def build_dit(preset: Preset, seed: int) -> CausalWanDiT:
 
 def train_dit(folder: Path, data: Path, preset: Preset, s: LoopSettings, batch: int = 4,
               sampler_prob: float = 0.75, return_weight: float = 3.0, progress: bool = True,
-              stop=lambda: False) -> dict:
+              stop=lambda: False, start_share: float = START_SHARE, init: Path | None = None) -> dict:
     """Train (or continue training) the DiT of ``preset`` on the clips in ``data``; writes
     ``folder/dit.safetensors`` (float32, official parameter names) at every save and at the end.
 
     Args:
         batch: clips per optimiser step (gradient accumulation: the DiT runs batch 1).
+        start_share: probability that a rollout-start clip trains chunk 0 (:func:`choose_target`).
+        init: start from these DiT weights (a ``dit.safetensors``) instead of random ones.
     Returns: ``{"step", "minutes", "loss", "file"}``.
     Raises:
-        InputError: the folder holds a run with other settings.
+        InputError: the folder holds a run with other settings; CheckpointError: ``init`` is not
+            this preset's DiT.
         FileNotFoundError: no encoded clips in ``data``.
         Interrupted: stopped by ``stop()`` (state saved; rerun to continue).
     """
+    more = {"start_share": start_share} if start_share != START_SHARE else {}  # older folders lack the key
+    if init is not None:
+        more["init"] = str(init)
     prepare_folder(folder, settings_dict(s, kind="dit", data=str(data), preset=preset.to_dict(), batch=batch,
-                                         sampler_prob=sampler_prob, return_weight=return_weight))
+                                         sampler_prob=sampler_prob, return_weight=return_weight, **more))
     torch.manual_seed(s.seed)
     dit = build_dit(preset, s.seed).train()
+    if init is not None:
+        from ..errors import CheckpointError
+        from ..model.weights import read_state_dict
+
+        try:
+            dit.load_state_dict(read_state_dict(init), strict=True)
+        except RuntimeError as exc:
+            raise CheckpointError(f"{init}: not preset {preset.name}'s DiT ({str(exc).splitlines()[0]})") from None
     pool = ClipPool(data)
     schedule = FlowMatchSchedule(tuple(preset.denoising_steps), preset.timestep_shift)
 
     def step_fn(step: int, rng: np.random.Generator) -> dict:
-        losses = [clip_loss(dit, pool.draw(rng), pool.late_cond, rng, schedule, sampler_prob, return_weight)
-                  for _ in range(batch)]
+        losses = [clip_loss(dit, pool.draw(rng), pool.late_cond, rng, schedule, sampler_prob, return_weight,
+                            start_share) for _ in range(batch)]
         return {"loss": torch.stack(losses).mean(), "clips": float(len(pool.clips))}
 
     def write_weights():  # with every saved state, so an interrupted run's weights are current
@@ -197,7 +224,8 @@ def train_dit(folder: Path, data: Path, preset: Preset, s: LoopSettings, batch: 
     return result
 
 
-__all__ = ["CLIP_CHUNKS", "ClipPool", "DIT_FILE", "build_dit", "cache_geometry", "clip_loss", "cond_concat",
+__all__ = ["CLIP_CHUNKS", "ClipPool", "DIT_FILE", "START_SHARE", "build_dit", "cache_geometry", "choose_target",
+           "clip_loss", "cond_concat",
            "context_state", "sample_sigma", "target_chunk_inputs", "train_dit"]
 
 
