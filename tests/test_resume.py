@@ -222,7 +222,14 @@ def test_resume_state_files_follow_the_umask(tmp_path, umask):
 
 
 def _wait_for_orphaned_ffmpeg(out: Path, timeout: float = 30.0) -> None:
-    """A SIGKILLed run's ffmpeg outlives it to finish the video: wait until no process writes into ``out``."""
+    """A SIGKILLed run's ffmpeg outlives it to finish the video (holding the folder's lock): wait until
+    no process writes into ``out`` and the lock is free. Both are needed: an exiting process's
+    cmdline reads empty (its memory is released) a moment before its files, and so its lock, are
+    closed, and a checker that finds the lock held leaves the part alone (the folder is busy)."""
+    from filelock import FileLock, Timeout
+
+    from worldtrace_cli.runs.folder import LOCK
+
     deadline = time.time() + timeout
     while time.time() < deadline:
         writers = []
@@ -233,7 +240,11 @@ def _wait_for_orphaned_ffmpeg(out: Path, timeout: float = 30.0) -> None:
             except OSError:
                 continue
         if not writers:
-            return
+            try:
+                with FileLock(str(out / LOCK), timeout=0):
+                    return
+            except Timeout:
+                pass
         time.sleep(0.05)
     raise AssertionError(f"ffmpeg still writing into {out}")
 
