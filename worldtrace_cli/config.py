@@ -15,7 +15,7 @@ import yaml
 
 from .errors import InputError
 from .model.config import DiTConfig
-from .model.lingbot.config import LingbotConfig
+from .model.lingbot.config import LingbotConfig, trained_window
 
 MODES = ("universal", "gta_drive", "templerun")
 ARCHITECTURES = ("mg2", "lingbot")  # Matrix-Game-2.0 (action module) | LingBot-World causal fast (camera poses)
@@ -112,8 +112,7 @@ class Preset:
     def window(self) -> int:
         """Latent frames the model attends over, current chunk included: ``local_attn_size`` (MG2's 6
         for universal, 4 for gta_drive; LingBot's 18, also for a global cache: its trained window)."""
-        w = self.dit.local_attn_size
-        return w if w > 0 else 18
+        return trained_window(self.dit.local_attn_size)
 
     @property
     def default_budget(self) -> int:

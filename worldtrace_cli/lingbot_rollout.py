@@ -19,11 +19,11 @@ import torch
 
 from .errors import RunError
 from .memory import CacheGeometry, CacheWriter
+from .model.lingbot.config import TRAINED_WINDOW
 from .model.lingbot.dit import LingbotChunk
 from .model.lingbot.sampler import CausalFastSchedule, add_noise, flow_to_x0
 from .rollout import ChunkOutput, _Timer, begin_chunk, chunk_record, noise_draws
 
-TRAINED_WINDOW = 18  # latent frames the release attends over (README setting, spec §2.2): offsets to 17
 
 
 class LingbotRollout:

@@ -99,13 +99,13 @@ def replay_variant(model, inputs: dict, local_attn_size: int, sink_size: int, de
     from .memory import MemoryConfig, build_writer
     from .model.conditioning import ConditioningLatents
     from .model.lingbot.camera import CameraTrack, frame_counts
-    from .model.lingbot.config import official_memory
+    from .model.lingbot.config import official_memory, trained_window
 
     lat = inputs["vae_latent"]
     lh, lw = lat.shape[2:]
     kept, lat_f, _ = frame_counts(len(inputs["poses"]), inputs["frame_num"])
     track = CameraTrack(inputs["poses"].numpy()[:kept], inputs["intrinsics"].numpy(), lat_f, (8 * lh, 8 * lw))
-    window = local_attn_size if local_attn_size > 0 else 18
+    window = trained_window(local_attn_size)
     writer = build_writer(memory or MemoryConfig(**official_memory(local_attn_size, sink_size)), 0, window)
     initial, draws = inputs["noise"], inputs["add_noise_draws"]
 

@@ -81,6 +81,15 @@ class LingbotConfig:
 A14B = LingbotConfig()
 
 
+TRAINED_WINDOW = 18  # latent frames the release attends over (README setting, spec §2.2): offsets up to 17
+
+
+def trained_window(local_attn_size: int) -> int:
+    """Latent frames the model attends over, current chunk included: ``local_attn_size``, or the
+    release's trained window (18) for a global cache (-1, spec §2.2)."""
+    return local_attn_size if local_attn_size > 0 else TRAINED_WINDOW
+
+
 def official_memory(local_attn_size: int, sink_size: int, frames_per_chunk: int = FRAMES_PER_CHUNK) -> dict:
     """``MemoryConfig`` keyword arguments that reproduce the official cache (spec §7, §14).
 
