@@ -144,10 +144,10 @@ def test_dit_training_lowers_the_loss_and_resumes(tmp_path, data, one_thread):
     assert result["step"] == 28 and [r["step"] for r in log][-2:] == [24, 28]
     with pytest.raises(InputError, match="other settings"):
         train_dit(folder, data, preset, s, batch=3, progress=False)
-    # a folder written before presets had an `architecture` key is the same run (mg2 was implied);
-    # a nested difference is named by its dotted key
+    # a folder written before presets had an `architecture` key and before `start_share` existed is
+    # the same run (mg2 and the default share were implied); a nested difference is named by its dotted key
     settings = json.loads((folder / "settings.json").read_text())
-    del settings["preset"]["architecture"]
+    del settings["preset"]["architecture"], settings["start_share"]
     (folder / "settings.json").write_text(json.dumps(settings))
     assert train_dit(folder, data, preset, replace(s, steps=28), batch=2, progress=False)["step"] == 28
     settings["preset"]["dit"]["dim"] += 1

@@ -138,7 +138,7 @@ def train_encode_cmd(vae_weights, output, shards, seed, late, loop, max_angle, t
               help="Loss weight of the latent frame where a loop returns to its first pose.")
 @click.option("--start-share", type=click.FloatRange(0, 1), default=None,
               help="Probability that a clip from a rollout's start trains its chunk 0 (the start image's "
-                   "chunk) rather than chunk 1 or 2. Default 1/6 (the shipped model).")
+                   "chunk) rather than chunk 1 or 2. Default 1/6 (the first 3,965 steps of the shipped DiT; its last 1,900 used 0.5).")
 @click.option("--init", type=click.Path(exists=True, dir_okay=False, path_type=Path), default=None,
               help="Start from these DiT weights (an earlier run's dit.safetensors) instead of random ones.")
 def train_dit_cmd(data, preset, output, steps, minutes, lr, warmup, seed, threads, save_every, no_progress, batch,

@@ -66,31 +66,26 @@ def _atomic_save(obj, path: Path) -> None:
     os.replace(tmp, path)
 
 
-# Settings keys added after training folders already existed, with the value a folder written
-# before the key existed was trained with (dotted paths into settings.json). A folder lacking such a
-# key is the same run as one holding this value.
-IMPLIED_BY_OLDER = {"preset.architecture": "mg2"}
-
-
-def _differing(old: dict, new: dict, prefix: str = "") -> list[str]:
+def _differing(old: dict, new: dict, implied: dict, prefix: str = "") -> list[str]:
     """Dotted keys whose values differ between two settings dicts (nested dicts compared per key; a
-    key absent on one side equals the :data:`IMPLIED_BY_OLDER` value on the other)."""
+    key absent on one side equals its ``implied`` value, keyed by dotted path, on the other)."""
     out = []
     for k in sorted(set(old) | set(new)):
         name = prefix + k
-        a = old.get(k, IMPLIED_BY_OLDER.get(name))
-        b = new.get(k, IMPLIED_BY_OLDER.get(name))
+        a, b = old.get(k, implied.get(name)), new.get(k, implied.get(name))
         if isinstance(a, dict) and isinstance(b, dict):
-            out += _differing(a, b, name + ".")
+            out += _differing(a, b, implied, name + ".")
         elif a != b:
             out.append(name)
     return out
 
 
-def prepare_folder(folder: Path, settings: dict) -> bool:
+def prepare_folder(folder: Path, settings: dict, implied: dict | None = None) -> bool:
     """Create ``folder`` or check that it belongs to a run with the same ``settings``.
 
-    Keys listed in :data:`IMPLIED_BY_OLDER` may be missing from an older folder's settings.json.
+    ``implied``: settings keys added after training folders already existed (dotted paths, e.g.
+    ``preset.architecture``) with the value a folder written before the key existed was trained
+    with; an older settings.json lacking such a key is the same run.
     Returns True when a saved state exists (the run continues).
     Raises:
         InputError: the folder holds a run made with other settings (names the differing keys,
@@ -102,7 +97,7 @@ def prepare_folder(folder: Path, settings: dict) -> bool:
     if path.exists():
         old = json.loads(path.read_text())
         diff = _differing({k: v for k, v in old.items() if k not in ignored},
-                          {k: v for k, v in settings.items() if k not in ignored})
+                          {k: v for k, v in settings.items() if k not in ignored}, implied or {})
         if diff:
             raise InputError(f"{folder}: holds a training run with other settings ({', '.join(diff)}); "
                              f"use another folder")

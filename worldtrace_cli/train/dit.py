@@ -132,13 +132,15 @@ def sample_sigma(rng: np.random.Generator, schedule: FlowMatchSchedule, sampler_
     return float(schedule.shift * s / (1 + (schedule.shift - 1) * s))
 
 
-START_SHARE = 1 / 6  # the shipped model's share of chunk-0 targets in a rollout-start clip
+START_SHARE = 1 / 6  # default share of chunk-0 targets in a rollout-start clip (the first 3,965 steps of the shipped DiT)
+# settings.json keys added after DiT folders existed, with the value those older runs were trained with
+IMPLIED_BY_OLDER = {"preset.architecture": "mg2", "start_share": START_SHARE}
 
 
 def choose_target(rng: np.random.Generator, early: bool, start_share: float = START_SHARE) -> int:
     """The target chunk (0-2) of a clip: a rollout-start clip (``early``) trains chunk 0 with
     probability ``start_share``, else chunk 1 or 2 (1:4); a late clip chunk 1 or 2 (1:3). At the
-    default share the draws are the shipped model's (``rng.choice([0, 1, 2, 2, 2, 2])``)."""
+    default share the draws are those of the shipped DiT's first 3,965 steps (``rng.choice([0, 1, 2, 2, 2, 2])``)."""
     if not early:
         return int(rng.choice([1, 2, 2, 2]))
     if start_share == START_SHARE:
@@ -192,11 +194,9 @@ def train_dit(folder: Path, data: Path, preset: Preset, s: LoopSettings, batch: 
         FileNotFoundError: no encoded clips in ``data``.
         Interrupted: stopped by ``stop()`` (state saved; rerun to continue).
     """
-    more = {"start_share": start_share} if start_share != START_SHARE else {}  # older folders lack the key
-    if init is not None:
-        more["init"] = str(init)
     prepare_folder(folder, settings_dict(s, kind="dit", data=str(data), preset=preset.to_dict(), batch=batch,
-                                         sampler_prob=sampler_prob, return_weight=return_weight, **more))
+                                         sampler_prob=sampler_prob, return_weight=return_weight, start_share=start_share,
+                                         init=None if init is None else str(init)), IMPLIED_BY_OLDER)
     torch.manual_seed(s.seed)
     dit = build_dit(preset, s.seed).train()
     if init is not None:
