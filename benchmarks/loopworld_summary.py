@@ -33,22 +33,25 @@ from scipy import stats
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from worldtrace_cli.loopbench.configs import CONFIGS  # noqa: E402
-from worldtrace_cli.loopbench.report import collect  # noqa: E402
+from worldtrace_cli.loopbench.report import collect, paired_test  # noqa: E402
+from worldtrace_cli.outputs import read_jsonl  # noqa: E402
 
 BASE = "sliding"
 WRITER_ORDER = ("sliding", "full", "field", "field-streaming", "landmark", "mixed:2", "memrope")
 
 
 def other_chunks_psnr(sweep: Path, row: dict) -> float | None:
-    """Mean per-chunk GT-PSNR (dB) of the run's chunks that are not on its return leg."""
+    """Mean per-chunk GT-PSNR (dB) of the run's chunks that are not on its return leg (None if none)."""
     run = sweep / row["run_dir"]
     ret = set((json.loads((run / "summary.json").read_text())["metrics"]["gt"].get("return") or {}).get("chunks") or [])
-    values = [r["metrics"]["gt_psnr"] for r in map(json.loads, (run / "chunks.jsonl").read_text().splitlines())
+    values = [r["metrics"]["gt_psnr"] for r in read_jsonl(run / "chunks.jsonl")
               if r["chunk"] not in ret and r["metrics"].get("gt_psnr") is not None]
     return float(np.mean(values)) if values else None
 
 
 def load(sweep: Path) -> list[dict]:
+    """The sweep's complete runs with ground truth: ``collect`` rows plus ``gt_other_psnr`` (dB).
+    Raises SystemExit when there are none."""
     rows = [r for r in collect(sweep) if r["gt_return_psnr"] is not None]
     if not rows:
         raise SystemExit(f"{sweep}: no complete run with ground truth (loopworld) found")
@@ -58,6 +61,7 @@ def load(sweep: Path) -> list[dict]:
 
 
 def key(r: dict) -> tuple:
+    """What pairs two runs: (configuration, world, seed)."""
     return r["config"], r["image"], r["seed"]
 
 
@@ -71,11 +75,13 @@ def order(rows: list[dict]) -> tuple[list[str], list[str]]:
 
 
 def mean(values) -> float:
+    """Mean of the values that are not None (NaN for none)."""
     values = [v for v in values if v is not None]
     return float(np.mean(values)) if values else float("nan")
 
 
 def summary_table(rows: list[dict]) -> list[str]:
+    """Markdown lines: per (configuration, writer) return / other-chunk GT-PSNR, PAC, wins over sliding."""
     configs, writers = order(rows)
     base = {key(r): r for r in rows if r["cache"] == BASE}
     lines = ["| configuration | writer | runs | GT-PSNR return (dB) | GT-PSNR other chunks (dB) | return - other "
@@ -94,6 +100,7 @@ def summary_table(rows: list[dict]) -> list[str]:
 
 
 def pivot(rows: list[dict]) -> list[str]:
+    """Markdown lines: mean return-leg GT-PSNR (dB), writers x configurations."""
     configs, writers = order(rows)
     lines = ["| return-leg GT-PSNR (dB) | " + " | ".join(configs) + " |", "| --- |" + " --- |" * len(configs)]
     for w in writers:
@@ -106,6 +113,7 @@ def pivot(rows: list[dict]) -> list[str]:
 
 
 def pac_agreement(rows: list[dict]) -> list[str]:
+    """One Markdown line: Spearman of PAC vs return GT-PSNR, and sign agreement of both vs sliding."""
     both = [r for r in rows if r["pac"] is not None]
     rho = stats.spearmanr([r["pac"] for r in both], [r["gt_return_psnr"] for r in both]).statistic
     base = {key(r): r for r in both if r["cache"] == BASE}
@@ -117,6 +125,8 @@ def pac_agreement(rows: list[dict]) -> list[str]:
 
 
 def against(rows: list[dict], old: list[dict]) -> list[str]:
+    """Markdown lines: per (configuration, writer), this sweep's return GT-PSNR minus ``old``'s over
+    runs paired on (configuration, world, seed), wins, and the report's paired t-test."""
     configs, writers = order(rows)
     old_by = {(r["cache"],) + key(r): r for r in old}
     lines = ["| configuration | writer | pairs | before: return / all (dB) | now: return / all (dB) "
@@ -128,12 +138,11 @@ def against(rows: list[dict], old: list[dict]) -> list[str]:
             if not pairs:
                 continue
             d = [a["gt_return_psnr"] - b["gt_return_psnr"] for a, b in pairs]
-            p = stats.ttest_rel([a["gt_return_psnr"] for a, _ in pairs], [b["gt_return_psnr"] for _, b in pairs]).pvalue \
-                if len(pairs) > 1 else float("nan")
+            p, _ = paired_test([a for a, _ in pairs], [b for _, b in pairs], "gt_return_psnr")
             lines.append(f"| {c} | {w} | {len(pairs)} | {mean(b['gt_return_psnr'] for _, b in pairs):.2f} / "
                          f"{mean(b['gt_psnr'] for _, b in pairs):.2f} | {mean(a['gt_return_psnr'] for a, _ in pairs):.2f} / "
                          f"{mean(a['gt_psnr'] for a, _ in pairs):.2f} | {np.mean(d):+.2f} ({sum(x > 0 for x in d)}/{len(d)}) "
-                         f"| {p:.3f} |")
+                         f"| {'—' if p is None else f'{p:.3f}'} |")
     return lines
 
 
