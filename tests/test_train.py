@@ -144,10 +144,10 @@ def test_dit_training_lowers_the_loss_and_resumes(tmp_path, data, one_thread):
     assert result["step"] == 28 and [r["step"] for r in log][-2:] == [24, 28]
     with pytest.raises(InputError, match="other settings"):
         train_dit(folder, data, preset, s, batch=3, progress=False)
-    # a folder written before presets had an `architecture` key and before `start_share` existed is
-    # the same run (mg2 and the default share were implied); a nested difference is named by its dotted key
+    # a folder written before presets had an `architecture` key and before `start_share` and
+    # `self_context` existed is the same run (mg2, the default share and clean context were implied); a nested difference is named by its dotted key
     settings = json.loads((folder / "settings.json").read_text())
-    del settings["preset"]["architecture"], settings["start_share"]
+    del settings["preset"]["architecture"], settings["start_share"], settings["self_context"]
     (folder / "settings.json").write_text(json.dumps(settings))
     assert train_dit(folder, data, preset, replace(s, steps=28), batch=2, progress=False)["step"] == 28
     settings["preset"]["dit"]["dim"] += 1
@@ -172,6 +172,37 @@ def test_target_chunk_shares():
     assert share(True, 1.0) == 1.0 and share(True, 0.0) == 0.0 and share(False, 1.0) == 0.0
 
 
+def test_self_generated_context(data, one_thread):
+    """--self-context: the last ``generated`` context chunks are the model's own samples (the product's
+    sampler), committed like any chunk at the same positions, drawn from the trainer's stream; at 0
+    no random draw is taken (older runs keep their streams)."""
+    from worldtrace_cli.train.dit import ClipPool, build_dit, clip_loss, context_state, self_generated_chunks
+
+    dit, pool = build_dit(_tiny_preset(), 0).eval(), ClipPool(data)
+    schedule = FlowMatchSchedule()
+    clip = pool.clips[0]
+
+    def cache(generated, seed=0):
+        _, writer, _ = context_state(dit, clip, pool.late_cond, 2, generated=generated, schedule=schedule,
+                                     rng=np.random.default_rng(seed))
+        writer.begin_chunk(clip.frame_start + 6)
+        return writer.read(0)  # (k, v, positions) of layer 0: the 3 latent frames of chunk 1
+
+    k_clean, _, pos_clean = cache(0)
+    k_gen, _, pos_gen = cache(1)
+    assert torch.equal(pos_clean, pos_gen) and k_clean.shape == k_gen.shape
+    assert not torch.allclose(k_clean, k_gen, atol=1e-3)
+    assert torch.equal(cache(1, seed=3)[0], cache(1, seed=3)[0])  # the trainer's stream decides the draws
+    assert not torch.equal(cache(1, seed=3)[0], cache(1, seed=4)[0])
+    # how many: all context chunks of a rollout-start clip, all but chunk 0 of a late one; none at 0
+    rng = np.random.default_rng(0)
+    assert [self_generated_chunks(rng, True, t, 1.0) for t in (0, 1, 2)] == [0, 1, 2]
+    assert [self_generated_chunks(rng, False, t, 1.0) for t in (1, 2)] == [0, 1]
+    state = np.random.default_rng(1)
+    before = state.bit_generator.state
+    assert self_generated_chunks(state, True, 2, 0.0) == 0 and state.bit_generator.state == before
+
+
 def test_dit_training_starts_from_init_weights(tmp_path, data, one_thread):
     """--init warm-starts a run (a new folder, e.g. with another --start-share) from earlier weights;
     a file of another model is a one-line CheckpointError."""
@@ -185,10 +216,11 @@ def test_dit_training_starts_from_init_weights(tmp_path, data, one_thread):
     save_file({k: v.contiguous() for k, v in start.state_dict().items()}, str(tmp_path / "start.safetensors"))
     s = LoopSettings(steps=1, warmup=1, lr=1e-9, log_every=1, save_every=1)
     train_dit(tmp_path / "a", data, preset, s, batch=1, progress=False, start_share=1.0,
-              init=tmp_path / "start.safetensors")
+              init=tmp_path / "start.safetensors", self_context=1.0)
     got = load_file(str(tmp_path / "a" / "dit.safetensors"))
     assert all(torch.allclose(got[k], v, atol=1e-6) for k, v in start.state_dict().items())  # lr 1e-9: barely moved
-    assert json.loads((tmp_path / "a" / "settings.json").read_text())["start_share"] == 1.0
+    settings = json.loads((tmp_path / "a" / "settings.json").read_text())
+    assert settings["start_share"] == 1.0 and settings["self_context"] == 1.0
     save_file({"patch_embedding.weight": torch.zeros(1)}, str(tmp_path / "other.safetensors"))
     with pytest.raises(CheckpointError, match="other.safetensors: not preset"):
         train_dit(tmp_path / "b", data, preset, s, batch=1, progress=False, init=tmp_path / "other.safetensors")

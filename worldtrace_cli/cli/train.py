@@ -141,8 +141,12 @@ def train_encode_cmd(vae_weights, output, shards, seed, late, loop, max_angle, t
                    "chunk) rather than chunk 1 or 2. Default 1/6 (the first 3,965 steps of the shipped DiT; its last 1,900 used 0.5).")
 @click.option("--init", type=click.Path(exists=True, dir_okay=False, path_type=Path), default=None,
               help="Start from these DiT weights (an earlier run's dit.safetensors) instead of random ones.")
+@click.option("--self-context", type=click.FloatRange(0, 1), default=0.0, show_default=True,
+              help="Probability that a clip's context chunks are the model's own samples (the product's sampler) "
+                   "instead of the clean latents, so it learns to continue from its own output (exposure bias); "
+                   "about 2x the time per clip.")
 def train_dit_cmd(data, preset, output, steps, minutes, lr, warmup, seed, threads, save_every, no_progress, batch,
-                  return_weight, start_share, init):
+                  return_weight, start_share, init, self_context):
     """Train the DiT on encoded clips through MG2's sliding cache; writes DIR/dit.safetensors."""
     from ..config import load_preset
     from ..train.dit import START_SHARE, train_dit
@@ -152,7 +156,8 @@ def train_dit_cmd(data, preset, output, steps, minutes, lr, warmup, seed, thread
     def job():
         r = train_dit(output, data, load_preset(preset), _settings(steps, minutes, lr, warmup, seed, threads, save_every),
                       batch=batch, return_weight=return_weight, progress=not no_progress, stop=stop,
-                      start_share=START_SHARE if start_share is None else start_share, init=init)
+                      start_share=START_SHARE if start_share is None else start_share, init=init,
+                      self_context=self_context)
         click.echo(f"worldtrace: DiT step {r['step']} ({r['minutes']:.1f} min this run), loss {r['loss']} -> {r['file']}",
                    err=True)
 

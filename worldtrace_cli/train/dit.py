@@ -3,10 +3,12 @@ action module, through the same cache contract as inference, with flow matching.
 
 One training sample is one encoded clip (:mod:`worldtrace_cli.train.dataset`) of 3 chunks. Exactly
 as :class:`~worldtrace_cli.rollout.Rollout` does at inference, the chunks before the target chunk
-are run as context passes (clean latents, timestep 0, ``commit=True``) whose canonical K/V go into
+are run as context passes (timestep 0, ``commit=True``) whose canonical K/V go into
 MG2's own cache, the ``sliding`` writer with MG2's local window (``local_attn_size`` latent frames
 including the current chunk: 3 past frames for a window of 6), and whose action K/V go into the
-action caches; the context passes run without gradients (teacher forcing on clean context). The
+action caches; the context passes run without gradients, on clean latents (teacher forcing) or,
+with probability ``self_context``, on the model's own samples of those chunks (the product's 3-step
+sampler: the rollout's own input, so the model learns to continue from its output). The
 target chunk is noised, ``x_t = (1 - sigma) x0 + sigma eps``, and the model's flow prediction is
 regressed on ``eps - x0`` (MG2 spec §10; :mod:`~worldtrace_cli.model.sampler`). sigma is one of the
 sampler's own steps (shift 5.0: 1.0, 0.909, 0.714 for 1000/666/333) with probability
@@ -29,7 +31,7 @@ from ..memory import CacheGeometry, MemoryConfig, build_writer
 from ..model.conditioning import MASK_CHANNELS, ConditioningLatents
 from ..model.dit import CausalWanDiT, ChunkInputs, init_random_weights
 from ..rollout import read_past
-from ..model.sampler import NUM_TRAIN_TIMESTEPS, FlowMatchSchedule, add_noise
+from ..model.sampler import NUM_TRAIN_TIMESTEPS, FlowMatchSchedule, add_noise, flow_to_x0
 from .common import LoopSettings, prepare_folder, run_loop, save_safetensors_atomic, settings_dict
 from .dataset import CLIP_CHUNKS, EncodedClip, read_shard, shard_paths
 
@@ -85,10 +87,14 @@ def cache_geometry(dit: CausalWanDiT, latent_hw: tuple[int, int]) -> CacheGeomet
     return CacheGeometry(cfg.num_layers, cfg.num_heads, cfg.head_dim, tokens, 3, cfg.local_attn_size - 1, "cpu", dtype)
 
 
-def context_state(dit: CausalWanDiT, clip: EncodedClip, late_cond, chunks: int, writer=None):
+def context_state(dit: CausalWanDiT, clip: EncodedClip, late_cond, chunks: int, writer=None, generated: int = 0,
+                  schedule: FlowMatchSchedule | None = None, rng: np.random.Generator | None = None):
     """Run the clip's first ``chunks`` chunks as context passes; returns (rollout state, writer, action rows).
 
-    The writer defaults to MG2's own ``sliding`` cache (budget ``local_attn_size - 3``).
+    The writer defaults to MG2's own ``sliding`` cache (budget ``local_attn_size - 3``). The last
+    ``generated`` of those chunks are not the clip's clean latents but the model's own sample of
+    them (the product's sampler, :func:`sample_x0`, with ``schedule`` and noise from ``rng``), read
+    and committed exactly as a rollout does: training on self-generated context (``--self-context``).
     """
     z = clip.latents[None]
     kb, ms = clip.action_rows()
@@ -103,10 +109,33 @@ def context_state(dit: CausalWanDiT, clip: EncodedClip, late_cond, chunks: int, 
             writer.begin_chunk(sf)
             past = read_past(writer, dit.cfg.num_layers)
             chunk = ChunkInputs(rollout=state, past=past, frame_start=sf, keyboard=kb, mouse=ms, visual_context=visual)
-            _, committed = dit(z[:, :, 3 * c:3 * c + 3], torch.zeros(1, 3), cond_concat(clip, late_cond, sf, 3), chunk,
-                               commit=True)
+            cond = cond_concat(clip, late_cond, sf, 3)
+            x0 = z[:, :, 3 * c:3 * c + 3]
+            if c >= chunks - generated:
+                x0 = sample_x0(dit, x0.shape, cond, chunk, schedule, _numpy_draws(rng))
+            _, committed = dit(x0, torch.zeros(1, 3), cond, chunk, commit=True)
             writer.commit(committed, list(range(sf, sf + 3)))
     return state, writer, (kb, ms, visual)
+
+
+def _numpy_draws(rng: np.random.Generator):
+    """``draw(shape)``: float32 standard normal noise from a numpy generator (the trainer's stream)."""
+    return lambda shape: torch.from_numpy(rng.standard_normal(shape).astype(np.float32))
+
+
+@torch.no_grad()
+def sample_x0(dit: CausalWanDiT, shape: tuple[int, ...], cond: torch.Tensor, chunk: ChunkInputs,
+              schedule: FlowMatchSchedule, draw) -> torch.Tensor:
+    """The product's sampler (as :meth:`~worldtrace_cli.rollout.Rollout.step`: x0 from the flow at
+    each step, re-noised to the next step's sigma) on one chunk: float32 x0 of ``shape``
+    [1, 16, 3, h, w]. ``draw(shape)`` gives each Gaussian draw (initial noise, then one per re-noising)."""
+    x = draw(shape)
+    timesteps, sigmas = schedule.timesteps(), schedule.sigmas()
+    for s, t in enumerate(timesteps):
+        x0 = flow_to_x0(x, dit(x, t.expand(1, shape[2]), cond, chunk).float(), sigmas[s])
+        if s < len(timesteps) - 1:
+            x = add_noise(x0, draw(shape), sigmas[s + 1])
+    return x0
 
 
 def target_chunk_inputs(dit, clip, late_cond, target: int, state, writer, rows, past_edit=None):
@@ -134,7 +163,7 @@ def sample_sigma(rng: np.random.Generator, schedule: FlowMatchSchedule, sampler_
 
 START_SHARE = 1 / 6  # default share of chunk-0 targets in a rollout-start clip (the first 3,965 steps of the shipped DiT)
 # settings.json keys added after DiT folders existed, with the value those older runs were trained with
-IMPLIED_BY_OLDER = {"preset.architecture": "mg2", "start_share": START_SHARE}
+IMPLIED_BY_OLDER = {"preset.architecture": "mg2", "start_share": START_SHARE, "self_context": 0.0}
 
 
 def choose_target(rng: np.random.Generator, early: bool, start_share: float = START_SHARE) -> int:
@@ -148,11 +177,24 @@ def choose_target(rng: np.random.Generator, early: bool, start_share: float = ST
     return 0 if rng.random() < start_share else int(rng.choice([1, 2, 2, 2, 2]))
 
 
+def self_generated_chunks(rng: np.random.Generator, early: bool, target: int, self_context: float) -> int:
+    """How many context chunks before ``target`` the model generates itself: with probability
+    ``self_context`` all of them in a rollout-start clip (as inference: the start image, then the
+    model's own chunks), all but chunk 0 in a late clip (a late rollout never has an empty cache);
+    else none (clean context). No draw is taken when ``self_context`` is 0 (older runs' streams)."""
+    if self_context <= 0 or rng.random() >= self_context:
+        return 0
+    return target if early else max(target - 1, 0)
+
+
 def clip_loss(dit, clip: EncodedClip, late_cond, rng: np.random.Generator, schedule: FlowMatchSchedule,
-              sampler_prob: float, return_weight: float, start_share: float = START_SHARE) -> torch.Tensor:
+              sampler_prob: float, return_weight: float, start_share: float = START_SHARE,
+              self_context: float = 0.0) -> torch.Tensor:
     """Flow-matching loss of one clip's target chunk (see the module docstring): scalar float32."""
-    target = choose_target(rng, clip.frame_start == 0, start_share)
-    state, writer, rows = context_state(dit, clip, late_cond, target)
+    early = clip.frame_start == 0
+    target = choose_target(rng, early, start_share)
+    generated = self_generated_chunks(rng, early, target, self_context)
+    state, writer, rows = context_state(dit, clip, late_cond, target, generated=generated, schedule=schedule, rng=rng)
     chunk, cond = target_chunk_inputs(dit, clip, late_cond, target, state, writer, rows)
     x0 = clip.latents[None, :, 3 * target:3 * target + 3]
     sigma = sample_sigma(rng, schedule, sampler_prob)
@@ -179,7 +221,8 @@ def build_dit(preset: Preset, seed: int) -> CausalWanDiT:
 
 def train_dit(folder: Path, data: Path, preset: Preset, s: LoopSettings, batch: int = 4,
               sampler_prob: float = 0.75, return_weight: float = 3.0, progress: bool = True,
-              stop=lambda: False, start_share: float = START_SHARE, init: Path | None = None) -> dict:
+              stop=lambda: False, start_share: float = START_SHARE, init: Path | None = None,
+              self_context: float = 0.0) -> dict:
     """Train (or continue training) the DiT of ``preset`` on the clips in ``data``; writes
     ``folder/dit.safetensors`` (float32, official parameter names) at every save and at the end.
 
@@ -187,6 +230,8 @@ def train_dit(folder: Path, data: Path, preset: Preset, s: LoopSettings, batch: 
         batch: clips per optimiser step (gradient accumulation: the DiT runs batch 1).
         start_share: probability that a rollout-start clip trains chunk 0 (:func:`choose_target`).
         init: start from these DiT weights (a ``dit.safetensors``) instead of random ones.
+        self_context: probability that a clip's context chunks are the model's own samples instead of
+            the clean latents (:func:`self_generated_chunks`; against exposure bias).
     Returns: ``{"step", "minutes", "loss", "file"}``.
     Raises:
         InputError: the folder holds a run with other settings; CheckpointError: ``init`` is not
@@ -196,7 +241,8 @@ def train_dit(folder: Path, data: Path, preset: Preset, s: LoopSettings, batch: 
     """
     prepare_folder(folder, settings_dict(s, kind="dit", data=str(data), preset=preset.to_dict(), batch=batch,
                                          sampler_prob=sampler_prob, return_weight=return_weight, start_share=start_share,
-                                         init=None if init is None else str(init)), IMPLIED_BY_OLDER)
+                                         self_context=self_context, init=None if init is None else str(init)),
+                   IMPLIED_BY_OLDER)
     torch.manual_seed(s.seed)
     dit = build_dit(preset, s.seed).train()
     if init is not None:
@@ -212,7 +258,7 @@ def train_dit(folder: Path, data: Path, preset: Preset, s: LoopSettings, batch: 
 
     def step_fn(step: int, rng: np.random.Generator) -> dict:
         losses = [clip_loss(dit, pool.draw(rng), pool.late_cond, rng, schedule, sampler_prob, return_weight,
-                            start_share) for _ in range(batch)]
+                            start_share, self_context) for _ in range(batch)]
         return {"loss": torch.stack(losses).mean(), "clips": float(len(pool.clips))}
 
     def write_weights():  # with every saved state, so an interrupted run's weights are current
@@ -226,7 +272,7 @@ def train_dit(folder: Path, data: Path, preset: Preset, s: LoopSettings, batch: 
 
 __all__ = ["CLIP_CHUNKS", "ClipPool", "DIT_FILE", "START_SHARE", "build_dit", "cache_geometry", "choose_target",
            "clip_loss", "cond_concat",
-           "context_state", "sample_sigma", "target_chunk_inputs", "train_dit"]
+           "context_state", "sample_sigma", "sample_x0", "self_generated_chunks", "target_chunk_inputs", "train_dit"]
 
 
 def export_bundle(dit_weights: Path, vae_weights: Path, output: Path, clip_seed: int = 2) -> dict:

@@ -22,10 +22,10 @@ import numpy as np
 import torch
 
 from ..model.dit import LayerPast
-from ..model.sampler import FlowMatchSchedule, add_noise, flow_to_x0
+from ..model.sampler import FlowMatchSchedule
 from .dataset import ClipMix, EncodedClip, make_clip, make_encoder, read_shard, write_shard
 from ..rollout import read_past
-from .dit import context_state, target_chunk_inputs
+from .dit import context_state, sample_x0, target_chunk_inputs
 
 HELDOUT_FILE = "heldout.safetensors"
 HELDOUT_SEED = 10_000_019  # a data stream the training shards (seeds [seed, i]) never use
@@ -54,14 +54,8 @@ def sample_chunk(dit, clip: EncodedClip, late_cond, target: int, schedule: FlowM
     state, writer, rows = context_state(dit, clip, late_cond, target)
     chunk, cond = target_chunk_inputs(dit, clip, late_cond, target, state, writer, rows, past_edit)
     gen = torch.Generator().manual_seed(seed)
-    shape = (1, 16, 3, *clip.latents.shape[-2:])
-    x = torch.randn(shape, generator=gen)
-    timesteps, sigmas = schedule.timesteps(), schedule.sigmas()
-    for s, t in enumerate(timesteps):
-        x0 = flow_to_x0(x, dit(x, t.expand(1, 3), cond, chunk).float(), sigmas[s])
-        if s < len(timesteps) - 1:
-            x = add_noise(x0, torch.randn(shape, generator=gen), sigmas[s + 1])
-    return x0
+    return sample_x0(dit, (1, 16, 3, *clip.latents.shape[-2:]), cond, chunk, schedule,
+                     lambda shape: torch.randn(shape, generator=gen))
 
 
 def _replace_slot0(donor: list[LayerPast], tokens: int):
