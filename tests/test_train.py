@@ -203,6 +203,30 @@ def test_self_generated_context(data, one_thread):
     assert self_generated_chunks(state, True, 2, 0.0) == 0 and state.bit_generator.state == before
 
 
+def test_drift_test_free_vs_teacher_forced(data, vae_file, one_thread):
+    """The drift test: a free rollout reads the model's own chunks, a teacher-forced one the true
+    chunks; the observe hook sees exactly what is committed; held-out walks are encoded once."""
+    from worldtrace_cli.train.dit import ClipPool, build_dit, context_state
+    from worldtrace_cli.train.evaluate import ROLLOUT_FILE, heldout_rollout_clips, rollout_drift
+
+    walks = heldout_rollout_clips(data, vae_file[0], 2, chunks=3, height=48, width=96)
+    assert len(walks) == 2 and walks[0].latents.shape[:2] == (16, 9) and walks[0].frame_start == 0
+    assert walks[0].return_latent == -1 and walks[0].image_latents.shape[1] == 9
+    again = heldout_rollout_clips(data, vae_file[0], 1, chunks=3, height=48, width=96)  # read back, not re-encoded
+    assert (data / ROLLOUT_FILE.format(chunks=3)).exists() and torch.equal(again[0].latents, walks[0].latents)
+
+    dit, late_cond, schedule = build_dit(_tiny_preset(), 0).eval(), ClipPool(data).late_cond, FlowMatchSchedule()
+    seen = {}
+    context_state(dit, walks[0], late_cond, 3, observe=lambda c, x0: seen.__setitem__(c, x0))
+    assert all(torch.equal(seen[c], walks[0].latents[None, :, 3 * c:3 * c + 3]) for c in range(3))  # clean context
+    out = rollout_drift(dit, walks, late_cond, schedule)
+    assert out["clips"] == 2 and out["chunks"] == 3 and len(out["free"]) == len(out["teacher"]) == 3
+    assert all(v > 0 for v in out["free"] + out["teacher"])
+    assert out["free"][1:] != out["teacher"][1:]  # the free rollout read other context than the truth
+    assert out["free_mean"] == pytest.approx(np.mean(out["free"][1:]), abs=1e-3)
+    assert rollout_drift(dit, walks, late_cond, schedule) == out  # seeded
+
+
 def test_dit_training_starts_from_init_weights(tmp_path, data, one_thread):
     """--init warm-starts a run (a new folder, e.g. with another --start-share) from earlier weights;
     a file of another model is a one-line CheckpointError."""

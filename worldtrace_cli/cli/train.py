@@ -168,10 +168,17 @@ def train_dit_cmd(data, preset, output, steps, minutes, lr, warmup, seed, thread
 @click.argument("dit_dir", type=click.Path(exists=True, file_okay=False, path_type=Path))
 @click.option("--vae", "vae_weights", type=click.Path(exists=True, dir_okay=False, path_type=Path), required=True)
 @click.option("--clips", type=click.IntRange(2), default=64, show_default=True, help="Held-out loop clips.")
+@click.option("--rollouts", type=click.IntRange(0), default=8, show_default=True,
+              help="Held-out random walks for the drift test (0: skip it).")
+@click.option("--rollout-chunks", type=click.IntRange(2), default=8, show_default=True,
+              help="Chunks per drift-test walk.")
 @click.option("--threads", type=click.IntRange(1), default=1, show_default=True)
-def train_eval_cmd(dit_dir, vae_weights, clips, threads):
-    """Memory test of a DiT folder: return-frame latent MSE with the first visit in the cache, removed,
-    or replaced by another world's frame (prints JSON; held-out clips are cached in the data folder)."""
+def train_eval_cmd(dit_dir, vae_weights, clips, rollouts, rollout_chunks, threads):
+    """Memory and drift tests of a DiT folder (prints JSON; held-out clips are cached in the data folder).
+
+    Memory: return-frame latent MSE with the first visit in the cache, removed, or replaced by another
+    world's frame. Drift: per-chunk latent MSE of free rollouts (the model reads its own chunks) vs
+    teacher-forced ones (it reads the true chunks) on held-out walks from a rollout's start."""
     import json
 
 
@@ -183,7 +190,7 @@ def train_eval_cmd(dit_dir, vae_weights, clips, threads):
         from ..model.checkpoint import load_dit_weights
         from ..model.sampler import FlowMatchSchedule
         from ..train.dit import build_dit
-        from ..train.evaluate import heldout_clips, memory_effect
+        from ..train.evaluate import heldout_clips, heldout_rollout_clips, memory_effect, rollout_drift
 
         torch.set_num_threads(threads)
         settings = json.loads((dit_dir / "settings.json").read_text())
@@ -193,7 +200,11 @@ def train_eval_cmd(dit_dir, vae_weights, clips, threads):
         data = Path(settings["data"])
         held = heldout_clips(data, vae_weights, clips)
         late_cond = load_file(str(data / "late_conditioning.safetensors"))["latents"]
-        out = memory_effect(dit, held, late_cond, FlowMatchSchedule(tuple(preset.denoising_steps), preset.timestep_shift))
+        schedule = FlowMatchSchedule(tuple(preset.denoising_steps), preset.timestep_shift)
+        out = memory_effect(dit, held, late_cond, schedule)
+        if rollouts:
+            walks = heldout_rollout_clips(data, vae_weights, rollouts, rollout_chunks)
+            out["drift"] = rollout_drift(dit, walks, late_cond, schedule)
         click.echo(json.dumps(out, indent=2))
 
     run_job(job)

@@ -35,7 +35,6 @@ from .data import loop_actions, random_start_pose, render_clip, walk_actions
 
 LATE_START = 30            # absolute latent frame of a late clip (conditioning constant from ~21 on)
 CLIP_CHUNKS = 3
-CLIP_LATENTS = 3 * CLIP_CHUNKS
 LEAD_ROWS = 8              # action rows before a late clip's first pixel frame (read by its first latents)
 LATE_WARMUP_FRAMES = 16    # pixel frames encoded before a late clip and dropped: the codec's causal caches
                            # take ~5 latent frames to reach their steady state, which is what a late frame sees
@@ -47,13 +46,14 @@ class EncodedClip:
     """One training clip as the DiT trainer reads it.
 
     Attributes:
-        latents: float32 [16, 9, h, w] normalised latents of absolute latent frames a .. a + 8.
+        latents: float32 [16, 9, h, w] normalised latents of absolute latent frames a .. a + 8 (3 chunks;
+            [16, 3 n, h, w] for a clip of n chunks).
         frame_start: a (0 or :data:`LATE_START`).
         keyboard, mouse: float32 [R, 4] / [R, 2] action rows from absolute row ``rows_start``
             (``max(0, 4a - 12)``: the first row latent frame a reads) to the clip's end.
         rows_start: absolute row index of ``keyboard[0]``.
-        image_latents: float32 [16, 9, h, w] conditioning latents of frames 0..8 (early) or None (late:
-            the constant of :func:`late_conditioning`).
+        image_latents: float32 conditioning latents of the same frames (early: they start at frame 0)
+            or None (late: the constant of :func:`late_conditioning`).
         clip_tokens: float32 [257, clip_dim] CLIP conditioning tokens of the start image.
         return_latent: index (0..8) of the latent frame whose last pixel frame returns to the loop's
             first pose, or -1 (walk).
@@ -115,8 +115,9 @@ def _to_video(frames: np.ndarray) -> torch.Tensor:
 
 @torch.no_grad()
 def make_clip(rng: np.random.Generator, vae, clip_tower, late: bool, loop: bool,
-              max_angle_deg: float = 90.0) -> EncodedClip:
-    """Render and encode one clip (see the module docstring). Deterministic given ``rng``'s state."""
+              max_angle_deg: float = 90.0, chunks: int = CLIP_CHUNKS) -> EncodedClip:
+    """Render and encode one clip (see the module docstring) of ``chunks`` chunks (3 for training;
+    longer for the drift test). Deterministic given ``rng``'s state."""
     from ..model.vae import encode_conditioning_latents
 
     height, width = vae_frame_shape(vae)
@@ -125,7 +126,7 @@ def make_clip(rng: np.random.Generator, vae, clip_tower, late: bool, loop: bool,
     start = (0.0, 0.0, 0.0, 0.0) if origin else random_start_pose(rng)
     lead = LEAD_ROWS if late else 0
     warm = LATE_WARMUP_FRAMES if late else 0
-    pixels = frames_for_chunks(CLIP_CHUNKS) + (4 + lead + warm if late else 0)   # 33, or 8 + 16 + 37 for late
+    pixels = frames_for_chunks(chunks) + (4 + lead + warm if late else 0)   # 33, or 8 + 16 + 37 for late
     if loop:
         p_frame = lead + warm + (13 if late else 9)  # first pixel frame of the clip's second chunk
         keyboard, mouse, ret = loop_actions(rng, pixels, p_frame, pixels - 1, max_angle_deg)
@@ -154,10 +155,10 @@ def make_clip(rng: np.random.Generator, vae, clip_tower, late: bool, loop: bool,
     else:
         a = 0
         start_image = clip.frames[0]
-        image_latents = encode_conditioning_latents(vae, _to_video(start_image[None])[:, :, 0], CLIP_LATENTS)[0]
+        image_latents = encode_conditioning_latents(vae, _to_video(start_image[None])[:, :, 0], 3 * chunks)[0]
         rows_start = 0
     tokens = clip_tower.conditioning_tokens(_to_video(start_image[None])[:, :, 0]).float()[0]
-    return_latent = CLIP_LATENTS - 1 if loop else -1
+    return_latent = 3 * chunks - 1 if loop else -1
     return EncodedClip(z.contiguous(), a, torch.as_tensor(keyboard).float(), torch.as_tensor(mouse).float(), rows_start,
                        None if image_latents is None else image_latents.float().contiguous(),
                        tokens.contiguous(), return_latent, world_seed)

@@ -88,13 +88,15 @@ def cache_geometry(dit: CausalWanDiT, latent_hw: tuple[int, int]) -> CacheGeomet
 
 
 def context_state(dit: CausalWanDiT, clip: EncodedClip, late_cond, chunks: int, writer=None, generated: int = 0,
-                  schedule: FlowMatchSchedule | None = None, rng: np.random.Generator | None = None):
+                  schedule: FlowMatchSchedule | None = None, rng: np.random.Generator | None = None,
+                  observe=None):
     """Run the clip's first ``chunks`` chunks as context passes; returns (rollout state, writer, action rows).
 
     The writer defaults to MG2's own ``sliding`` cache (budget ``local_attn_size - 3``). The last
     ``generated`` of those chunks are not the clip's clean latents but the model's own sample of
     them (the product's sampler, :func:`sample_x0`, with ``schedule`` and noise from ``rng``), read
     and committed exactly as a rollout does: training on self-generated context (``--self-context``).
+    ``observe(c, x0)``, when given, sees every context chunk's committed latents [1, 16, 3, h, w].
     """
     z = clip.latents[None]
     kb, ms = clip.action_rows()
@@ -113,6 +115,8 @@ def context_state(dit: CausalWanDiT, clip: EncodedClip, late_cond, chunks: int, 
             x0 = z[:, :, 3 * c:3 * c + 3]
             if c >= chunks - generated:
                 x0 = sample_x0(dit, x0.shape, cond, chunk, schedule, _numpy_draws(rng))
+            if observe is not None:
+                observe(c, x0)
             _, committed = dit(x0, torch.zeros(1, 3), cond, chunk, commit=True)
             writer.commit(committed, list(range(sf, sf + 3)))
     return state, writer, (kb, ms, visual)

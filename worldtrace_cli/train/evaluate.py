@@ -12,6 +12,13 @@ The score is the latent MSE of the return frame against the true latent. A model
 cache is better with ``full`` than ``removed`` (the memory helps) and worse with ``wrong`` (the
 memory is used even when it misleads); the decision rule of the measurements note calls a gap
 (``removed - full``) above ~0.1 latent MSE a clear memory effect.
+
+The drift test (:func:`rollout_drift`) asks the other question a world model must answer: does a
+rollout stay on the world when it reads its *own* output? On held-out random walks of several
+chunks from a rollout's start, each chunk's latent MSE against the truth is taken twice: in a free
+rollout (every chunk sampled after the model's own earlier chunks, as ``generate`` runs) and with
+teacher forcing (the same chunk sampled after the clean true chunks). Free error growing far above
+teacher-forced error is exposure bias (what ``train dit --self-context`` trains against).
 """
 
 from __future__ import annotations
@@ -28,23 +35,71 @@ from ..rollout import read_past
 from .dit import context_state, sample_x0, target_chunk_inputs
 
 HELDOUT_FILE = "heldout.safetensors"
+ROLLOUT_FILE = "heldout-rollouts-{chunks}.safetensors"
 HELDOUT_SEED = 10_000_019  # a data stream the training shards (seeds [seed, i]) never use
 
 
-def heldout_clips(data: Path, vae_weights, count: int, mix: ClipMix = ClipMix(late=1.0, loop=1.0),
-                  clip_seed: int = 2, height: int = 96, width: int = 176) -> list[EncodedClip]:
-    """``count`` held-out loop clips, encoded once and kept in ``data/heldout.safetensors``."""
-    path = Path(data) / HELDOUT_FILE
+def _encoded_once(path: Path, count: int, vae_weights, clip_seed: int, height: int, width: int, make) -> list[EncodedClip]:
+    """The first ``count`` clips stored in ``path``; when it holds fewer, ``make(vae, tower)`` encodes
+    them (a list of :class:`EncodedClip`) and they are stored first. Always the stored (float16-rounded) clips, so a
+    score does not depend on whether the file existed."""
     if path.exists():
         clips = read_shard(path)
         if len(clips) >= count:
             return clips[:count]
     vae, tower = make_encoder(vae_weights, clip_seed, height, width)
-    rng = np.random.default_rng(HELDOUT_SEED)
-    clips = [make_clip(rng, vae, tower, late=rng.random() < mix.late, loop=True, max_angle_deg=mix.max_angle_deg)
-             for _ in range(count)]
-    write_shard(path, clips)
-    return clips
+    write_shard(path, make(vae, tower))
+    return read_shard(path)[:count]
+
+
+def heldout_clips(data: Path, vae_weights, count: int, mix: ClipMix = ClipMix(late=1.0, loop=1.0),
+                  clip_seed: int = 2, height: int = 96, width: int = 176) -> list[EncodedClip]:
+    """``count`` held-out loop clips, encoded once and kept in ``data/heldout.safetensors``."""
+    def make(vae, tower):
+        rng = np.random.default_rng(HELDOUT_SEED)
+        return [make_clip(rng, vae, tower, late=rng.random() < mix.late, loop=True, max_angle_deg=mix.max_angle_deg)
+                for _ in range(count)]
+
+    return _encoded_once(Path(data) / HELDOUT_FILE, count, vae_weights, clip_seed, height, width, make)
+
+
+def heldout_rollout_clips(data: Path, vae_weights, count: int, chunks: int = 8, clip_seed: int = 2,
+                          height: int = 96, width: int = 176) -> list[EncodedClip]:
+    """``count`` held-out random walks of ``chunks`` chunks from a rollout's start (latents
+    [16, 3 chunks, h, w]), encoded once and kept in ``data/heldout-rollouts-<chunks>.safetensors``."""
+    def make(vae, tower):
+        rng = np.random.default_rng([HELDOUT_SEED, chunks])
+        return [make_clip(rng, vae, tower, late=False, loop=False, chunks=chunks) for _ in range(count)]
+
+    return _encoded_once(Path(data) / ROLLOUT_FILE.format(chunks=chunks), count, vae_weights, clip_seed, height,
+                         width, make)
+
+
+@torch.no_grad()
+def rollout_drift(dit, clips: list[EncodedClip], late_cond, schedule: FlowMatchSchedule) -> dict:
+    """Per-chunk latent MSE of free vs teacher-forced rollouts (module docstring).
+
+    Args:
+        clips: rollout-start clips of n chunks (:func:`heldout_rollout_clips`).
+    Returns:
+        ``{"clips": k, "chunks": n, "free": [n], "teacher": [n], "free_mean", "teacher_mean"}``:
+        means over clips of each chunk's latent MSE (all 3 latent frames) against the true latents;
+        the ``*_mean`` values average chunks 1..n-1 (chunk 0 is the same in both).
+    """
+    dit.eval()
+    n = clips[0].latents.shape[1] // 3
+    free, teacher = np.zeros((len(clips), n)), np.zeros((len(clips), n))
+    for i, clip in enumerate(clips):
+        def score(c, x0, row=free[i]):
+            row[c] = float((x0 - clip.latents[None, :, 3 * c:3 * c + 3]).pow(2).mean())
+
+        context_state(dit, clip, late_cond, n, generated=n, schedule=schedule, rng=np.random.default_rng([i, 1]),
+                      observe=score)
+        for c in range(n):
+            score(c, sample_chunk(dit, clip, late_cond, c, schedule, seed=i), teacher[i])
+    return {"clips": len(clips), "chunks": n, "free": free.mean(0).round(4).tolist(),
+            "teacher": teacher.mean(0).round(4).tolist(), "free_mean": float(free[:, 1:].mean()),
+            "teacher_mean": float(teacher[:, 1:].mean())}
 
 
 @torch.no_grad()
@@ -99,4 +154,5 @@ def memory_effect(dit, clips: list[EncodedClip], late_cond, schedule: FlowMatchS
     return out
 
 
-__all__ = ["HELDOUT_FILE", "heldout_clips", "memory_effect", "sample_chunk"]
+__all__ = ["HELDOUT_FILE", "ROLLOUT_FILE", "heldout_clips", "heldout_rollout_clips", "memory_effect", "rollout_drift",
+           "sample_chunk"]
