@@ -277,3 +277,8 @@ def test_memory_test_and_bundle(tmp_path, data, vae_file, one_thread):
     for k, v in dit.state_dict().items():
         assert torch.allclose(world.dit.state_dict()[k], v.half().float()), k
     assert world.files[0]["role"] == "bundle"
+    from safetensors import safe_open
+
+    with safe_open(str(tmp_path / "bundle.safetensors"), "pt") as fh:  # sources by name and hash, no machine path
+        meta = fh.metadata()
+    assert meta["dit"].startswith(f"{tmp_path.name}/dit.safetensors sha256:") and str(tmp_path) not in meta["vae"]

@@ -282,6 +282,7 @@ __all__ = ["CLIP_CHUNKS", "ClipPool", "DIT_FILE", "START_SHARE", "build_dit", "c
 def export_bundle(dit_weights: Path, vae_weights: Path, output: Path, clip_seed: int = 2) -> dict:
     """Write a ``bundled`` preset's weights file: ``dit.*`` (float16: half the size, well within
     the model's own error), ``vae.*`` and ``clip.*`` (the tiny CLIP tower of ``clip_seed``, float32).
+    The file's metadata names the DiT and VAE files it came from (parent folder, name, sha256).
 
     Returns ``{"file", "bytes", "parameters": {"dit", "vae", "clip"}}``.
     Raises:
@@ -289,6 +290,7 @@ def export_bundle(dit_weights: Path, vae_weights: Path, output: Path, clip_seed:
     """
     from ..model.checkpoint import read_state_dict
     from ..model.image_encoder import build_clip_tower
+    from ..model.weights import file_identity
 
     dit = read_state_dict(dit_weights)
     vae = read_state_dict(vae_weights)
@@ -298,8 +300,11 @@ def export_bundle(dit_weights: Path, vae_weights: Path, output: Path, clip_seed:
     tensors.update({f"clip.{k}": v.float().contiguous() for k, v in clip.items() if not k.endswith("position_ids")})
     output = Path(output)
     output.parent.mkdir(parents=True, exist_ok=True)
-    save_safetensors_atomic(tensors, output, metadata={"format": "worldtrace-bundle-1", "dit": str(dit_weights),
-                                                       "vae": str(vae_weights), "clip_seed": str(clip_seed)})
+    meta = {"format": "worldtrace-bundle-1", "clip_seed": str(clip_seed)}
+    for part, path in (("dit", dit_weights), ("vae", vae_weights)):  # name and hash, not this machine's path
+        ident = file_identity(path, full_hash=True)
+        meta[part] = f"{Path(path).parent.name}/{ident['file']} sha256:{ident['sha256']}"
+    save_safetensors_atomic(tensors, output, metadata=meta)
     count = lambda sd: sum(v.numel() for v in sd.values())  # noqa: E731
     return {"file": str(output), "bytes": output.stat().st_size,
             "parameters": {"dit": count(dit), "vae": count(vae), "clip": count(clip)}}
