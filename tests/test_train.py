@@ -145,9 +145,9 @@ def test_dit_training_lowers_the_loss_and_resumes(tmp_path, data, one_thread):
     with pytest.raises(InputError, match="other settings"):
         train_dit(folder, data, preset, s, batch=3, progress=False)
     # a folder written before presets had an `architecture` key and before `start_share` and
-    # `self_context` existed is the same run (mg2, the default share and clean context were implied); a nested difference is named by its dotted key
+    # `self_context` and `ema` existed is the same run (mg2, the default share, clean context, no average implied); a nested difference is named by its dotted key
     settings = json.loads((folder / "settings.json").read_text())
-    del settings["preset"]["architecture"], settings["start_share"], settings["self_context"]
+    del settings["preset"]["architecture"], settings["start_share"], settings["self_context"], settings["ema"]
     (folder / "settings.json").write_text(json.dumps(settings))
     assert train_dit(folder, data, preset, replace(s, steps=28), batch=2, progress=False)["step"] == 28
     settings["preset"]["dit"]["dim"] += 1
@@ -248,6 +248,42 @@ def test_dit_training_starts_from_init_weights(tmp_path, data, one_thread):
     save_file({"patch_embedding.weight": torch.zeros(1)}, str(tmp_path / "other.safetensors"))
     with pytest.raises(CheckpointError, match="other.safetensors: not preset"):
         train_dit(tmp_path / "b", data, preset, s, batch=1, progress=False, init=tmp_path / "other.safetensors")
+
+
+def test_weight_average(tmp_path, data, one_thread):
+    """--ema: the moving average follows Polyak's rule with its warm-up, is saved with the state and
+    continued on resume, and is written beside the weights; folders made before it existed continue."""
+    from safetensors.torch import load_file
+
+    from worldtrace_cli.train.common import WeightAverage
+    from worldtrace_cli.train.dit import DIT_EMA_FILE, DIT_FILE, train_dit
+
+    lin = torch.nn.Linear(2, 2)
+    start = lin.weight.detach().clone()
+    avg = WeightAverage(lin, 0.99)
+    with torch.no_grad():
+        lin.weight.add_(1.0)
+    avg.update(lin)  # d_0 = min(0.99, 1/10)
+    assert torch.allclose(avg.params["weight"], 0.1 * start + 0.9 * (start + 1.0))
+    again = WeightAverage(lin, 0.99)
+    again.load_state_dict(avg.state_dict())
+    assert again.updates == 1 and torch.equal(again.params["weight"], avg.params["weight"])
+    with pytest.raises(ValueError, match="decay"):
+        WeightAverage(lin, 1.0)
+
+    preset, folder = _tiny_preset(), tmp_path / "ema"
+    s = LoopSettings(steps=2, warmup=1, lr=1e-3, log_every=1, save_every=1, ema=0.9)
+    train_dit(folder, data, preset, s, batch=1, progress=False)
+    raw, ema = load_file(str(folder / DIT_FILE)), load_file(str(folder / DIT_EMA_FILE))
+    assert raw.keys() == ema.keys() and any(not torch.equal(raw[k], ema[k]) for k in raw)
+    state = torch.load(folder / "train_state.pt", weights_only=True)
+    assert int(state["ema"]["updates"]) == 2
+    from dataclasses import replace
+
+    train_dit(folder, data, preset, replace(s, steps=3), batch=1, progress=False)
+    assert int(torch.load(folder / "train_state.pt", weights_only=True)["ema"]["updates"]) == 3
+    with pytest.raises(InputError, match=r"other settings \(ema\)"):
+        train_dit(folder, data, preset, replace(s, steps=3, ema=0.5), batch=1, progress=False)
 
 
 def test_memory_test_and_bundle(tmp_path, data, vae_file, one_thread):

@@ -11,11 +11,11 @@ from .common import run_job
 from .options import SEED
 
 
-def _settings(steps, minutes, lr, warmup, seed, threads, save_every):
+def _settings(steps, minutes, lr, warmup, seed, threads, save_every, ema=0.0):
     from ..train.common import LoopSettings
 
     return LoopSettings(steps=steps, minutes=minutes, lr=lr, warmup=warmup, seed=seed, threads=threads,
-                        save_every=save_every)
+                        save_every=save_every, ema=ema)
 
 
 class _StopFlag:
@@ -145,16 +145,20 @@ def train_encode_cmd(vae_weights, output, shards, seed, late, loop, max_angle, t
               help="Probability that a clip's context chunks are the model's own samples (the product's sampler) "
                    "instead of the clean latents, so it learns to continue from its own output (exposure bias); "
                    "about 2x the time per clip.")
+@click.option("--ema", type=click.FloatRange(0, 1, max_open=True), default=0.0, show_default=True,
+              help="Also keep a moving average of the weights with this decay (e.g. 0.999), written to "
+                   "DIR/dit-ema.safetensors beside the weights (0: none).")
 def train_dit_cmd(data, preset, output, steps, minutes, lr, warmup, seed, threads, save_every, no_progress, batch,
-                  return_weight, start_share, init, self_context):
-    """Train the DiT on encoded clips through MG2's sliding cache; writes DIR/dit.safetensors."""
+                  return_weight, start_share, init, self_context, ema):
+    """Train the DiT on encoded clips through MG2's sliding cache; writes DIR/dit.safetensors
+    (and DIR/dit-ema.safetensors with --ema)."""
     from ..config import load_preset
     from ..train.dit import START_SHARE, train_dit
 
     stop = _StopFlag()
 
     def job():
-        r = train_dit(output, data, load_preset(preset), _settings(steps, minutes, lr, warmup, seed, threads, save_every),
+        r = train_dit(output, data, load_preset(preset), _settings(steps, minutes, lr, warmup, seed, threads, save_every, ema),
                       batch=batch, return_weight=return_weight, progress=not no_progress, stop=stop,
                       start_share=START_SHARE if start_share is None else start_share, init=init,
                       self_context=self_context)
@@ -172,8 +176,9 @@ def train_dit_cmd(data, preset, output, steps, minutes, lr, warmup, seed, thread
               help="Held-out random walks for the drift test (0: skip it).")
 @click.option("--rollout-chunks", type=click.IntRange(2), default=8, show_default=True,
               help="Chunks per drift-test walk.")
+@click.option("--ema", "use_ema", is_flag=True, help="Test the weights' moving average (DIR/dit-ema.safetensors).")
 @click.option("--threads", type=click.IntRange(1), default=1, show_default=True)
-def train_eval_cmd(dit_dir, vae_weights, clips, rollouts, rollout_chunks, threads):
+def train_eval_cmd(dit_dir, vae_weights, clips, rollouts, rollout_chunks, use_ema, threads):
     """Memory and drift tests of a DiT folder (prints JSON; held-out clips are cached in the data folder).
 
     Memory: return-frame latent MSE with the first visit in the cache, removed, or replaced by another
@@ -189,14 +194,14 @@ def train_eval_cmd(dit_dir, vae_weights, clips, rollouts, rollout_chunks, thread
         from ..config import Preset
         from ..model.checkpoint import load_dit_weights
         from ..model.sampler import FlowMatchSchedule
-        from ..train.dit import build_dit
+        from ..train.dit import DIT_EMA_FILE, DIT_FILE, build_dit
         from ..train.evaluate import heldout_clips, heldout_rollout_clips, memory_effect, rollout_drift
 
         torch.set_num_threads(threads)
         settings = json.loads((dit_dir / "settings.json").read_text())
         preset = Preset.from_dict(settings["preset"])
         dit = build_dit(preset, 0)
-        load_dit_weights(dit, dit_dir / "dit.safetensors")  # strict, with a clear error for a bad file
+        load_dit_weights(dit, dit_dir / (DIT_EMA_FILE if use_ema else DIT_FILE))  # strict, clear error for a bad file
         data = Path(settings["data"])
         held = heldout_clips(data, vae_weights, clips)
         late_cond = load_file(str(data / "late_conditioning.safetensors"))["latents"]

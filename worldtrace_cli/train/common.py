@@ -40,6 +40,8 @@ class LoopSettings:
             at ``steps``.
         save_every: steps between train-state saves; log_every: steps between loss-log lines.
         seed: seeds data and noise; threads: torch CPU threads (1 is fastest on a loaded 2-core machine).
+        ema: decay of an exponential moving average of the weights kept beside them (0: none), e.g.
+            0.999 (a horizon of ~1,000 steps); see :class:`WeightAverage`.
     """
 
     steps: int = 10000
@@ -50,6 +52,44 @@ class LoopSettings:
     log_every: int = 25
     seed: int = 0
     threads: int = 1
+    ema: float = 0.0
+
+
+# LoopSettings fields added after training folders existed, with the value older runs were trained with
+LOOP_IMPLIED = {"ema": 0.0}
+
+
+class WeightAverage:
+    """An exponential moving average of a model's floating-point parameters (the usual companion of
+    diffusion training: the average of noisy small-batch updates samples better than the last
+    weights). After update n (counted from 0) the average moves by ``1 - d_n`` towards the weights,
+    ``d_n = min(decay, (1 + n) / (10 + n))`` (the warm-up keeps early averages from clinging to the
+    initial weights). Tensors are float32 copies on the CPU, keyed like ``model.state_dict()``.
+    """
+
+    def __init__(self, model: torch.nn.Module, decay: float):
+        if not 0.0 < decay < 1.0:
+            raise ValueError(f"EMA decay must be in (0, 1), got {decay}")
+        self.decay, self.updates = decay, 0
+        self.params = {k: v.detach().float().clone() for k, v in model.state_dict().items() if v.is_floating_point()}
+
+    @torch.no_grad()
+    def update(self, model: torch.nn.Module) -> None:
+        """Move the average towards ``model``'s current weights (call after each optimiser step)."""
+        d = min(self.decay, (1 + self.updates) / (10 + self.updates))
+        current = model.state_dict()
+        for k, avg in self.params.items():
+            avg.mul_(d).add_(current[k].detach().float(), alpha=1 - d)
+        self.updates += 1
+
+    def state_dict(self) -> dict:
+        """The average and its update count (saved in the training state)."""
+        return {"params": self.params, "updates": torch.tensor(self.updates)}
+
+    def load_state_dict(self, state: dict) -> None:
+        """Restore :meth:`state_dict`. Raises KeyError when a parameter is missing."""
+        self.params = {k: state["params"][k].float().clone() for k in self.params}
+        self.updates = int(state["updates"])
 
 
 def learning_rate(step: int, s: LoopSettings) -> float:
@@ -86,6 +126,7 @@ def prepare_folder(folder: Path, settings: dict, implied: dict | None = None) ->
     ``implied``: settings keys added after training folders already existed (dotted paths, e.g.
     ``preset.architecture``) with the value a folder written before the key existed was trained
     with; an older settings.json lacking such a key is the same run.
+    :data:`LOOP_IMPLIED` (keys of :class:`LoopSettings`) is always implied.
     Returns True when a saved state exists (the run continues).
     Raises:
         InputError: the folder holds a run made with other settings (names the differing keys,
@@ -97,7 +138,7 @@ def prepare_folder(folder: Path, settings: dict, implied: dict | None = None) ->
     if path.exists():
         old = json.loads(path.read_text())
         diff = _differing({k: v for k, v in old.items() if k not in ignored},
-                          {k: v for k, v in settings.items() if k not in ignored}, implied or {})
+                          {k: v for k, v in settings.items() if k not in ignored}, {**LOOP_IMPLIED, **(implied or {})})
         if diff:
             raise InputError(f"{folder}: holds a training run with other settings ({', '.join(diff)}); "
                              f"use another folder")
@@ -126,8 +167,10 @@ def run_loop(folder: Path, model: torch.nn.Module, step_fn: Callable[[int, np.ra
     ``step_fn`` returns a dict whose ``loss`` is backpropagated (other entries are floats logged as
     they are). Gradients are clipped to norm 1. Resumes from ``folder/train_state.pt`` if present
     (model, optimiser, step, data RNG, torch RNG, and ``extra_state`` entries that are tensors).
-    The state is saved every ``s.save_every`` steps, on ``stop()`` and at the end; ``on_save()`` is
-    called after each save (e.g. to write the current weights file).
+    With ``s.ema`` a :class:`WeightAverage` of the weights is kept (and saved in the state). The state
+    is saved every ``s.save_every`` steps, on ``stop()`` and at the end; ``on_save(average)`` is
+    called after each save with the averaged weights (a state dict) or None without ``s.ema`` (e.g.
+    to write the current weights files).
 
     Returns:
         ``{"step": last step, "minutes": wall-clock minutes of this invocation, "loss": mean loss of
@@ -142,6 +185,7 @@ def run_loop(folder: Path, model: torch.nn.Module, step_fn: Callable[[int, np.ra
                             weight_decay=0.01)
     rng = np.random.default_rng([s.seed, 1])
     step = 0
+    average = WeightAverage(model, s.ema) if s.ema else None
     state_path = folder / STATE_FILE
     if state_path.exists():
         state = torch.load(state_path, map_location="cpu", weights_only=True)
@@ -150,6 +194,8 @@ def run_loop(folder: Path, model: torch.nn.Module, step_fn: Callable[[int, np.ra
         step = int(state["step"])
         rng.bit_generator.state = json.loads(state["numpy_rng"])
         torch.set_rng_state(state["torch_rng"])
+        if average is not None:
+            average.load_state_dict(state["ema"])
         if extra_state is not None:
             extra_state.update(state.get("extra", {}))
         log.info(f"resuming {folder} at step {step}")
@@ -157,9 +203,9 @@ def run_loop(folder: Path, model: torch.nn.Module, step_fn: Callable[[int, np.ra
     def save():
         _atomic_save({"model": model.state_dict(), "optimizer": opt.state_dict(), "step": step,
                       "numpy_rng": json.dumps(rng.bit_generator.state), "torch_rng": torch.get_rng_state(),
-                      "extra": extra_state or {}}, state_path)
+                      "extra": extra_state or {}, **({"ema": average.state_dict()} if average else {})}, state_path)
         if on_save is not None:
-            on_save()
+            on_save(None if average is None else average.params)
 
     start = time.perf_counter()
     window: dict[str, list[float]] = {}
@@ -184,6 +230,8 @@ def run_loop(folder: Path, model: torch.nn.Module, step_fn: Callable[[int, np.ra
             loss.backward()
             torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
             opt.step()
+            if average is not None:
+                average.update(model)
             step += 1
             for k, v in out.items():
                 window.setdefault(k, []).append(float(v.detach()) if isinstance(v, torch.Tensor) else float(v))
@@ -207,4 +255,4 @@ def settings_dict(s: LoopSettings, **more) -> dict:
     return {**asdict(s), **more}
 
 
-__all__ = ["LoopSettings", "learning_rate", "prepare_folder", "run_loop", "save_safetensors_atomic", "settings_dict"]
+__all__ = ["LOOP_IMPLIED", "LoopSettings", "WeightAverage", "learning_rate", "prepare_folder", "run_loop", "save_safetensors_atomic", "settings_dict"]

@@ -36,6 +36,7 @@ from .common import LoopSettings, prepare_folder, run_loop, save_safetensors_ato
 from .dataset import CLIP_CHUNKS, EncodedClip, read_shard, shard_paths
 
 DIT_FILE = "dit.safetensors"
+DIT_EMA_FILE = "dit-ema.safetensors"  # the weights' moving average, with --ema
 
 
 class ClipPool:
@@ -228,7 +229,8 @@ def train_dit(folder: Path, data: Path, preset: Preset, s: LoopSettings, batch: 
               stop=lambda: False, start_share: float = START_SHARE, init: Path | None = None,
               self_context: float = 0.0) -> dict:
     """Train (or continue training) the DiT of ``preset`` on the clips in ``data``; writes
-    ``folder/dit.safetensors`` (float32, official parameter names) at every save and at the end.
+    ``folder/dit.safetensors`` (float32, official parameter names) at every save and at the end,
+    and with ``s.ema`` the weights' moving average beside it (``dit-ema.safetensors``).
 
     Args:
         batch: clips per optimiser step (gradient accumulation: the DiT runs batch 1).
@@ -265,8 +267,10 @@ def train_dit(folder: Path, data: Path, preset: Preset, s: LoopSettings, batch: 
                             start_share, self_context) for _ in range(batch)]
         return {"loss": torch.stack(losses).mean(), "clips": float(len(pool.clips))}
 
-    def write_weights():  # with every saved state, so an interrupted run's weights are current
+    def write_weights(average):  # with every saved state, so an interrupted run's weights are current
         save_safetensors_atomic(dit.state_dict(), folder / DIT_FILE)
+        if average is not None:
+            save_safetensors_atomic(average, folder / DIT_EMA_FILE)
 
     result = run_loop(folder, dit, step_fn, s, progress=progress, stop=stop, on_save=write_weights)
     result["file"] = str(folder / DIT_FILE)
@@ -274,7 +278,7 @@ def train_dit(folder: Path, data: Path, preset: Preset, s: LoopSettings, batch: 
     return result
 
 
-__all__ = ["CLIP_CHUNKS", "ClipPool", "DIT_FILE", "START_SHARE", "build_dit", "cache_geometry", "choose_target",
+__all__ = ["CLIP_CHUNKS", "ClipPool", "DIT_EMA_FILE", "DIT_FILE", "START_SHARE", "build_dit", "cache_geometry", "choose_target",
            "clip_loss", "cond_concat",
            "context_state", "sample_sigma", "sample_x0", "self_generated_chunks", "target_chunk_inputs", "train_dit"]
 
