@@ -224,7 +224,20 @@ def test_drift_test_free_vs_teacher_forced(data, vae_file, one_thread):
     assert all(v > 0 for v in out["free"] + out["teacher"])
     assert out["free"][1:] != out["teacher"][1:]  # the free rollout read other context than the truth
     assert out["free_mean"] == pytest.approx(np.mean(out["free"][1:]), abs=1e-3)
-    assert rollout_drift(dit, walks, late_cond, schedule) == out  # seeded
+    kept = rollout_drift(dit, walks, late_cond, schedule, keep=1)
+    assert kept.pop("latents") and kept == out  # seeded; keeping latents changes no score
+    one = rollout_drift(dit, walks[:1], late_cond, schedule, keep=1)
+    truth, teacher, free = one["latents"][0]
+    assert torch.equal(truth, walks[0].latents[None].float()) and teacher.shape == free.shape == truth.shape
+    for c in range(3):  # the kept latents are the scored ones
+        for kind, z in (("free", free), ("teacher", teacher)):
+            mse = float((z[:, :, 3 * c:3 * c + 3] - truth[:, :, 3 * c:3 * c + 3]).pow(2).mean())
+            assert one[kind][c] == pytest.approx(mse, abs=1e-4)
+    from worldtrace_cli.model.vae import build_wan_vae
+    from worldtrace_cli.train.evaluate import drift_pictures
+
+    sheet = drift_pictures(build_wan_vae("loopworld", vae_file[0]), [(truth, teacher, free)])
+    assert sheet.size[1] == 14 + 3 * 48 and sheet.size[0] > 3 * 96  # 3 rows of 48 px, 3 chunk columns + labels
 
 
 def test_dit_training_starts_from_init_weights(tmp_path, data, one_thread):

@@ -177,8 +177,10 @@ def train_dit_cmd(data, preset, output, steps, minutes, lr, warmup, seed, thread
 @click.option("--rollout-chunks", type=click.IntRange(2), default=8, show_default=True,
               help="Chunks per drift-test walk.")
 @click.option("--ema", "use_ema", is_flag=True, help="Test the weights' moving average (DIR/dit-ema.safetensors).")
+@click.option("--pictures", type=click.Path(dir_okay=False, path_type=Path), default=None, metavar="PNG",
+              help="Also write the first 2 drift-test walks as a picture: truth, teacher-forced, free rollout.")
 @click.option("--threads", type=click.IntRange(1), default=1, show_default=True)
-def train_eval_cmd(dit_dir, vae_weights, clips, rollouts, rollout_chunks, use_ema, threads):
+def train_eval_cmd(dit_dir, vae_weights, clips, rollouts, rollout_chunks, use_ema, pictures, threads):
     """Memory and drift tests of a DiT folder (prints JSON; held-out clips are cached in the data folder).
 
     Memory: return-frame latent MSE with the first visit in the cache, removed, or replaced by another
@@ -195,7 +197,7 @@ def train_eval_cmd(dit_dir, vae_weights, clips, rollouts, rollout_chunks, use_em
         from ..model.checkpoint import load_dit_weights
         from ..model.sampler import FlowMatchSchedule
         from ..train.dit import DIT_EMA_FILE, DIT_FILE, build_dit
-        from ..train.evaluate import heldout_clips, heldout_rollout_clips, memory_effect, rollout_drift
+        from ..train.evaluate import drift_pictures, heldout_clips, heldout_rollout_clips, memory_effect, rollout_drift
 
         torch.set_num_threads(threads)
         settings = json.loads((dit_dir / "settings.json").read_text())
@@ -209,7 +211,14 @@ def train_eval_cmd(dit_dir, vae_weights, clips, rollouts, rollout_chunks, use_em
         out = memory_effect(dit, held, late_cond, schedule)
         if rollouts:
             walks = heldout_rollout_clips(data, vae_weights, rollouts, rollout_chunks)
-            out["drift"] = rollout_drift(dit, walks, late_cond, schedule)
+            out["drift"] = rollout_drift(dit, walks, late_cond, schedule, keep=2 if pictures else 0)
+            if pictures:
+                from ..model.vae import build_wan_vae
+                from ..outputs import atomic_path
+
+                with atomic_path(pictures) as tmp:
+                    drift_pictures(build_wan_vae("loopworld", vae_weights), out["drift"].pop("latents")).save(tmp, "PNG")
+                out["pictures"] = str(pictures)
         click.echo(json.dumps(out, indent=2))
 
     run_job(job)

@@ -17,6 +17,7 @@ from pathlib import Path
 import numpy as np
 
 from ..schemas import SCHEMA_VERSION
+from ..sheet import font as _sheet_font, frame_sheet
 
 log = logging.getLogger("worldtrace")
 
@@ -26,15 +27,6 @@ MAX_ROW_PANELS = 3  # up to 3 modes side by side; more go on 2 rows
 def grid_shape(modes: int) -> tuple[int, int]:
     """(rows, columns) of the panel grid: 1 x n for n <= 3, else 2 x ceil(n / 2)."""
     return (1, modes) if modes <= MAX_ROW_PANELS else (2, -(-modes // 2))
-
-
-def _font(size: int):
-    from PIL import ImageFont
-
-    try:
-        return ImageFont.load_default(size=size)
-    except TypeError:  # Pillow < 10.1: a fixed-size bitmap font
-        return ImageFont.load_default()
 
 
 def hud_rows(plan) -> list[tuple[list[str], tuple[float, float] | None]]:
@@ -57,7 +49,7 @@ def draw_panel(frame, label: str, hud=None, key_letters: str = ""):
     draw = ImageDraw.Draw(img, "RGBA")
     height = img.height
     unit = max(10, height // 10)  # text and key size scale with the panel (10 px at 96 px high)
-    font = _font(unit)
+    font = _sheet_font(unit)
     box = draw.textbbox((3, 2), label, font=font)
     draw.rectangle((0, 0, box[2] + 3, box[3] + 2), fill=(0, 0, 0, 150))
     draw.text((3, 2), label, fill=(255, 255, 255, 255), font=font)
@@ -71,7 +63,7 @@ def draw_panel(frame, label: str, hud=None, key_letters: str = ""):
         draw.rectangle((x0, y0, x0 + unit, y0 + unit), fill=(255, 255, 255, 220) if on else (0, 0, 0, 120),
                        outline=(255, 255, 255, 200))
         draw.text((x0 + unit / 2, y0 + unit / 2), letter, fill=(0, 0, 0, 255) if on else (255, 255, 255, 200),
-                  font=_font(max(8, unit - 2)), anchor="mm")
+                  font=_sheet_font(max(8, unit - 2)), anchor="mm")
     if mouse is not None:
         radius = unit
         cx, cy = img.width - radius - 4, height - radius - 4
@@ -192,8 +184,6 @@ def write_keyframes(videos: list[Path], labels: list[str], path: Path, plan, col
     frames are decoded. Returns ``{"path": file name, "frames": pixel-frame indices, "chunks": chunk
     indices}``; ``scale`` upscales every frame (nearest neighbour). Raises OutputError when a video
     cannot be read."""
-    from PIL import Image, ImageDraw
-
     from ..outputs import atomic_path, read_video_frames
     from ..trajectory import chunk_rows
 
@@ -202,17 +192,8 @@ def write_keyframes(videos: list[Path], labels: list[str], path: Path, plan, col
     rows = [read_video_frames(v, indices=picks) for v in videos]  # frames of picks, in order
     if scale > 1:
         rows = [r.repeat(scale, axis=1).repeat(scale, axis=2) for r in rows]
-    h, w = rows[0].shape[1:3]
-    label_w, top = 8 * max(len(s) for s in labels) + 10, 14
-    sheet = Image.new("RGB", (label_w + w * len(picks), top + h * len(rows)), (255, 255, 255))
-    draw = ImageDraw.Draw(sheet)
-    font = _font(11)
-    for j, c in enumerate(chunks):
-        draw.text((label_w + j * w + 3, 1), f"chunk {c}", fill=(0, 0, 0), font=font)
-    for i, (frames, label) in enumerate(zip(rows, labels)):
-        draw.text((3, top + i * h + h // 2 - 6), label, fill=(0, 0, 0), font=font)
-        for j, frame in enumerate(frames):  # a shorter (interrupted) video lacks the last picks
-            sheet.paste(Image.fromarray(frame), (label_w + j * w, top + i * h))
+    # a shorter (interrupted) video lacks the last picks: its row ends early
+    sheet = frame_sheet(rows, labels, [f"chunk {c}" for c in chunks])
     with atomic_path(path) as tmp:
         sheet.save(tmp)
     return {"path": path.name, "frames": picks, "chunks": chunks}

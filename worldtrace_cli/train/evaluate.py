@@ -76,30 +76,58 @@ def heldout_rollout_clips(data: Path, vae_weights, count: int, chunks: int = 8, 
 
 
 @torch.no_grad()
-def rollout_drift(dit, clips: list[EncodedClip], late_cond, schedule: FlowMatchSchedule) -> dict:
+def rollout_drift(dit, clips: list[EncodedClip], late_cond, schedule: FlowMatchSchedule, keep: int = 0) -> dict:
     """Per-chunk latent MSE of free vs teacher-forced rollouts (module docstring).
 
     Args:
         clips: rollout-start clips of n chunks (:func:`heldout_rollout_clips`).
+        keep: also return the latents of the first ``keep`` clips (for :func:`drift_pictures`).
     Returns:
         ``{"clips": k, "chunks": n, "free": [n], "teacher": [n], "free_mean", "teacher_mean"}``:
         means over clips of each chunk's latent MSE (all 3 latent frames) against the true latents;
-        the ``*_mean`` values average chunks 1..n-1 (chunk 0 is the same in both).
+        the ``*_mean`` values average chunks 1..n-1 (chunk 0 has no context in either). With
+        ``keep``, ``"latents"``: per kept clip ``(truth, teacher, free)``, float32 [1, 16, 3 n, h, w] each.
     """
     dit.eval()
     n = clips[0].latents.shape[1] // 3
     free, teacher = np.zeros((len(clips), n)), np.zeros((len(clips), n))
+    kept = []
     for i, clip in enumerate(clips):
-        def score(c, x0, row=free[i]):
-            row[c] = float((x0 - clip.latents[None, :, 3 * c:3 * c + 3]).pow(2).mean())
+        chunks = {"free": [None] * n, "teacher": [None] * n}
+
+        def score(c, x0, kind):
+            chunks[kind][c] = x0.float()
+            (free if kind == "free" else teacher)[i, c] = float((x0 - clip.latents[None, :, 3 * c:3 * c + 3]).pow(2).mean())
 
         context_state(dit, clip, late_cond, n, generated=n, schedule=schedule, rng=np.random.default_rng([i, 1]),
-                      observe=score)
+                      observe=lambda c, x0: score(c, x0, "free"))
         for c in range(n):
-            score(c, sample_chunk(dit, clip, late_cond, c, schedule, seed=i), teacher[i])
-    return {"clips": len(clips), "chunks": n, "free": free.mean(0).round(4).tolist(),
-            "teacher": teacher.mean(0).round(4).tolist(), "free_mean": float(free[:, 1:].mean()),
-            "teacher_mean": float(teacher[:, 1:].mean())}
+            score(c, sample_chunk(dit, clip, late_cond, c, schedule, seed=i), "teacher")
+        if i < keep:
+            kept.append((clip.latents[None].float(), torch.cat(chunks["teacher"], 2), torch.cat(chunks["free"], 2)))
+    out = {"clips": len(clips), "chunks": n, "free": free.mean(0).round(4).tolist(),
+           "teacher": teacher.mean(0).round(4).tolist(), "free_mean": float(free[:, 1:].mean()),
+           "teacher_mean": float(teacher[:, 1:].mean())}
+    if keep:
+        out["latents"] = kept
+    return out
+
+
+def drift_pictures(vae, kept: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]]):
+    """A labelled sheet of :func:`rollout_drift`'s kept latents: per walk the truth (through the
+    codec), the teacher-forced and the free rollout, each chunk's last pixel frame decoded with the
+    product's streaming decoder. Returns a PIL image."""
+    from ..model.vae import StreamingDecoder
+    from ..sheet import frame_sheet
+
+    rows, labels = [], []
+    for w, triple in enumerate(kept):
+        for name, z in zip(("truth", "teacher-forced", "free"), triple):
+            decoder = StreamingDecoder(vae)
+            frames = [decoder.decode(z[:, :, c:c + 3])[-1].numpy() for c in range(0, z.shape[2], 3)]
+            rows.append(np.stack(frames))
+            labels.append(f"walk {w} {name}")
+    return frame_sheet(rows, labels, [f"chunk {c}" for c in range(len(rows[0]))])
 
 
 @torch.no_grad()
@@ -154,5 +182,5 @@ def memory_effect(dit, clips: list[EncodedClip], late_cond, schedule: FlowMatchS
     return out
 
 
-__all__ = ["HELDOUT_FILE", "ROLLOUT_FILE", "heldout_clips", "heldout_rollout_clips", "memory_effect", "rollout_drift",
+__all__ = ["HELDOUT_FILE", "ROLLOUT_FILE", "drift_pictures", "heldout_clips", "heldout_rollout_clips", "memory_effect", "rollout_drift",
            "sample_chunk"]
