@@ -14,7 +14,9 @@ Writes Markdown:
   GT-PSNR agree on the sign of a writer's difference to ``sliding`` (paired runs);
 - with ``--against``: per (configuration, writer), the paired difference of return GT-PSNR
   (this sweep minus the other; pairs matched on world and seed), wins, and a two-sided paired
-  t-test (scipy ``ttest_rel``).
+  t-test (scipy ``ttest_rel``). The other sweep is its folder or the ``report.json`` that
+  ``worldtrace loopbench report`` wrote of it (its ``rows``: the committed reports pair without
+  the run folders).
 
 Unlike ``worldtrace loopbench report`` (scene-level means with CIs, the product's report), this is
 the run-level reading docs/loopworld.md quotes. Errors: SystemExit with a one-line message for a
@@ -57,6 +59,17 @@ def load(sweep: Path) -> list[dict]:
         raise SystemExit(f"{sweep}: no complete run with ground truth (loopworld) found")
     for r in rows:
         r["gt_other_psnr"] = other_chunks_psnr(sweep, r)
+    return rows
+
+
+def load_against(path: Path) -> list[dict]:
+    """The other sweep's runs with ground truth: from its folder (:func:`load`) or from a report.json's
+    ``rows``. Raises SystemExit when there are none."""
+    if path.is_dir():
+        return load(path)
+    rows = [r for r in json.loads(path.read_text())["rows"] if r.get("gt_return_psnr") is not None]
+    if not rows:
+        raise SystemExit(f"{path}: no run with ground truth (loopworld) in its rows")
     return rows
 
 
@@ -149,15 +162,16 @@ def against(rows: list[dict], old: list[dict]) -> list[str]:
 def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("sweep", type=Path)
-    ap.add_argument("--against", type=Path, help="the same sweep on other weights: paired differences")
+    ap.add_argument("--against", type=Path,
+                    help="the same sweep on other weights (its folder or report.json): paired differences")
     ap.add_argument("-o", "--output", type=Path, help="Markdown file (default: stdout)")
     ap.add_argument("--title", default="Return-leg GT-PSNR vs the rest of the run, per configuration and writer")
     args = ap.parse_args(argv)
     rows = load(args.sweep)
     out = [f"# {args.title}", "", *summary_table(rows), "", *pivot(rows), "", *pac_agreement(rows)]
     if args.against:
-        out += ["", f"## Paired with `{args.against.name}` (this sweep minus that one, matched on world and seed)", "",
-                *against(rows, load(args.against))]
+        out += ["", f"## Paired with `{args.against}` (this sweep minus that one, matched on world and seed)", "",
+                *against(rows, load_against(args.against))]
     text = "\n".join(out) + "\n"
     if args.output:
         args.output.write_text(text)
