@@ -233,6 +233,15 @@ def test_drift_test_free_vs_teacher_forced(data, vae_file, one_thread):
         for kind, z in (("free", free), ("teacher", teacher)):
             mse = float((z[:, :, 3 * c:3 * c + 3] - truth[:, :, 3 * c:3 * c + 3]).pow(2).mean())
             assert one[kind][c] == pytest.approx(mse, abs=1e-4)
+    # the action test: borrowing identical actions changes nothing; another walk's actions change the loss
+    from worldtrace_cli.train.evaluate import action_effect
+
+    same = action_effect(dit, [walks[0], walks[0]], late_cond, sigmas=(1.0,))
+    assert same["gap"] == 0.0 and same["own"] > 0
+    mixed = action_effect(dit, walks, late_cond, sigmas=(1.0,))
+    assert mixed["clips"] == 2 and mixed["gap"] != 0.0 and mixed["gap"] == pytest.approx(mixed["other"] - mixed["own"])
+    with pytest.raises(ValueError, match="at least 2"):
+        action_effect(dit, walks[:1], late_cond)
     from worldtrace_cli.model.vae import build_wan_vae
     from worldtrace_cli.train.evaluate import drift_pictures
 

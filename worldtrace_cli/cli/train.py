@@ -185,7 +185,9 @@ def train_eval_cmd(dit_dir, vae_weights, clips, rollouts, rollout_chunks, use_em
 
     Memory: return-frame latent MSE with the first visit in the cache, removed, or replaced by another
     world's frame. Drift: per-chunk latent MSE of free rollouts (the model reads its own chunks) vs
-    teacher-forced ones (it reads the true chunks) on held-out walks from a rollout's start."""
+    teacher-forced ones (it reads the true chunks) on held-out walks from a rollout's start.
+    Actions: flow-matching loss on those walks with their own actions vs another walk's (gap > 0:
+    the model follows the keyboard and mouse)."""
     import json
 
 
@@ -197,7 +199,8 @@ def train_eval_cmd(dit_dir, vae_weights, clips, rollouts, rollout_chunks, use_em
         from ..model.checkpoint import load_dit_weights
         from ..model.sampler import FlowMatchSchedule
         from ..train.dit import DIT_EMA_FILE, DIT_FILE, build_dit
-        from ..train.evaluate import drift_pictures, heldout_clips, heldout_rollout_clips, memory_effect, rollout_drift
+        from ..train.evaluate import (action_effect, drift_pictures, heldout_clips, heldout_rollout_clips, memory_effect,
+                                      rollout_drift)
 
         torch.set_num_threads(threads)
         settings = json.loads((dit_dir / "settings.json").read_text())
@@ -212,6 +215,8 @@ def train_eval_cmd(dit_dir, vae_weights, clips, rollouts, rollout_chunks, use_em
         if rollouts:
             walks = heldout_rollout_clips(data, vae_weights, rollouts, rollout_chunks)
             out["drift"] = rollout_drift(dit, walks, late_cond, schedule, keep=2 if pictures else 0)
+            if len(walks) >= 2:
+                out["actions"] = action_effect(dit, walks, late_cond)
             if pictures:
                 from ..model.vae import build_wan_vae
                 from ..outputs import atomic_path

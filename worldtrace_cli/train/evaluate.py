@@ -19,6 +19,12 @@ chunks from a rollout's start, each chunk's latent MSE against the truth is take
 rollout (every chunk sampled after the model's own earlier chunks, as ``generate`` runs) and with
 teacher forcing (the same chunk sampled after the clean true chunks). Free error growing far above
 teacher-forced error is exposure bias (what ``train dit --self-context`` trains against).
+
+The action test (:func:`action_effect`) asks whether the model follows the keyboard and mouse at
+all: on the same walks, the flow-matching loss of chunks 1..n-1 (clean context, fixed noise) with
+the walk's own actions and with the actions of another walk. A model that moves the camera as told
+has a clearly lower loss with its own actions (``gap`` > 0); a model whose loss does not care
+predicts the average of all motions, which is a blur.
 """
 
 from __future__ import annotations
@@ -131,6 +137,45 @@ def drift_pictures(vae, kept: list[tuple[torch.Tensor, torch.Tensor, torch.Tenso
 
 
 @torch.no_grad()
+def action_effect(dit, clips: list[EncodedClip], late_cond, sigmas=(1.0, 0.714)) -> dict:
+    """Flow-matching loss with a walk's own actions vs another walk's (module docstring).
+
+    Args:
+        clips: rollout-start walks of n >= 2 chunks (:func:`heldout_rollout_clips`); walk i borrows
+            the keyboard and mouse rows of walk i + 1 (same absolute rows: both start at frame 0).
+        sigmas: noise levels at which the loss is taken (each chunk, each sigma, fixed noise).
+    Returns:
+        ``{"clips": k, "own": loss, "other": loss, "gap": other - own}``: MSE between the predicted
+        and the true flow ``eps - x0``, mean over chunks 1..n-1, sigmas and clips (float).
+    Raises:
+        ValueError: fewer than 2 clips (nothing to borrow from).
+    """
+    from dataclasses import replace
+
+    from ..model.sampler import NUM_TRAIN_TIMESTEPS, add_noise
+
+    if len(clips) < 2:
+        raise ValueError("the action test needs at least 2 walks")
+    dit.eval()
+    n = clips[0].latents.shape[1] // 3
+    own, other = [], []
+    for i, clip in enumerate(clips):
+        donor = clips[(i + 1) % len(clips)]
+        swapped = replace(clip, keyboard=donor.keyboard, mouse=donor.mouse, rows_start=donor.rows_start)
+        for c in range(1, n):
+            x0 = clip.latents[None, :, 3 * c:3 * c + 3].float()
+            for j, sigma in enumerate(sigmas):
+                eps = torch.randn(x0.shape, generator=torch.Generator().manual_seed(1000 * i + 10 * c + j))
+                xt, t = add_noise(x0, eps, sigma), torch.full((1, 3), sigma * NUM_TRAIN_TIMESTEPS)
+                for scores, variant in ((own, clip), (other, swapped)):
+                    state, writer, rows = context_state(dit, variant, late_cond, c)
+                    chunk, cond = target_chunk_inputs(dit, variant, late_cond, c, state, writer, rows)
+                    scores.append(float((dit(xt, t, cond, chunk).float() - (eps - x0)).pow(2).mean()))
+    return {"clips": len(clips), "own": float(np.mean(own)), "other": float(np.mean(other)),
+            "gap": float(np.mean(other) - np.mean(own))}
+
+
+@torch.no_grad()
 def sample_chunk(dit, clip: EncodedClip, late_cond, target: int, schedule: FlowMatchSchedule, seed: int,
                  past_edit=None) -> torch.Tensor:
     """The product's sampler on the clip's chunk ``target`` after clean context: x0 [1, 16, 3, h, w]."""
@@ -182,5 +227,5 @@ def memory_effect(dit, clips: list[EncodedClip], late_cond, schedule: FlowMatchS
     return out
 
 
-__all__ = ["HELDOUT_FILE", "ROLLOUT_FILE", "drift_pictures", "heldout_clips", "heldout_rollout_clips", "memory_effect", "rollout_drift",
+__all__ = ["HELDOUT_FILE", "ROLLOUT_FILE", "action_effect", "drift_pictures", "heldout_clips", "heldout_rollout_clips", "memory_effect", "rollout_drift",
            "sample_chunk"]
