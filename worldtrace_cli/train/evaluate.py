@@ -47,8 +47,8 @@ HELDOUT_SEED = 10_000_019  # a data stream the training shards (seeds [seed, i])
 
 def _encoded_once(path: Path, count: int, vae_weights, clip_seed: int, height: int, width: int, make) -> list[EncodedClip]:
     """The first ``count`` clips stored in ``path``; when it holds fewer, ``make(vae, tower)`` encodes
-    them (a list of :class:`EncodedClip`) and they are stored first. Always the stored (float16-rounded) clips, so a
-    score does not depend on whether the file existed."""
+    them (a list of :class:`EncodedClip`) and they are stored first. Always the stored (float16-rounded)
+    clips, so a score does not depend on whether the file existed."""
     if path.exists():
         clips = read_shard(path)
         if len(clips) >= count:
