@@ -73,32 +73,51 @@ def test_it_draws_the_world_it_walks(tmp_path, one_thread):
     assert again["world_seed"] == 3 and abs(again["psnr"] - gt["psnr"]) < 1.5
 
 
-def return_psnr(tmp_path, trajectory, cache, last_chunk):
-    _, summary = generate(tmp_path, cache, trajectory, "--world-seed", 2, "--seed", 0, "--cache", cache)
+def return_psnr(tmp_path, trajectory, cache, last_chunk, world, *flags):
+    _, summary = generate(tmp_path, cache, trajectory, "--world-seed", world, "--seed", 0, "--cache", cache, *flags)
     ret = summary["metrics"]["gt"]["return"]
     assert ret["chunks"] and ret["chunks"][-1] == last_chunk  # the return leg, to the last chunk
     return ret["psnr"]
 
 
-def test_landmark_remembers_the_start_of_an_abca_loop_better_than_sliding(tmp_path, one_thread):
-    """The paper's claim on the shipped model, against ground truth: in world 2 (noise seed 0) walk
+def test_field_remembers_the_start_of_an_abca_loop_better_than_sliding(tmp_path, one_thread):
+    """The paper's claim on the shipped model, against ground truth: in world 1 (noise seed 0) walk
     A -> B -> C and back to A (LoopBench's abca, 17 chunks). MG2's sliding window has forgotten A by
-    the return leg; landmark keeps A's frames as frozen canonical keys read at slot-rank positions,
-    and its return chunks are closer to the true frames (LoopBench's sweep: +1.6 dB on average,
-    16 of 16 runs; this run +1.7 dB)."""
+    the return leg; Field keeps A's canonical keys averaged in its summary slots, read at slot-rank
+    positions, and its return chunks are closer to the true frames (LoopBench's sweep: +1.9 dB on
+    average, 14 of 16 runs, p < 0.001; this run +3.2 dB)."""
     abca = ROOT / "trajectories" / "loopbench" / "abca.yaml"
-    scores = {cache: return_psnr(tmp_path / "abca", abca, cache, 16) for cache in ("sliding", "landmark")}
-    assert scores["landmark"] > scores["sliding"] + 1.0, scores
+    scores = {cache: return_psnr(tmp_path / "abca", abca, cache, 16, 1) for cache in ("sliding", "field")}
+    assert scores["field"] > scores["sliding"] + 1.0, scores
 
 
 def test_field_remembers_a_place_that_is_not_the_start_view(tmp_path, one_thread):
-    """look_back: turn to B, look away for 8 chunks, look back at B (world 2, noise seed 0). The
+    """look_back: turn to B, look away for 8 chunks, look back at B (world 7, noise seed 0). The
     start image cannot answer this revisit (it shows A); Field's summary slots keep B's canonical
-    keys and its return chunks are far closer to the truth than sliding's (LoopBench: +3.5 dB on
-    average, 8 of 8 worlds; this run +4.3 dB)."""
+    keys and its return chunks are closer to the truth than sliding's (LoopBench: +0.7 dB on
+    average, 8 of 8 worlds, p = 0.007; this run +1.3 dB)."""
     look_back = ROOT / "trajectories" / "look_back.yaml"
-    scores = {cache: return_psnr(tmp_path / "look_back", look_back, cache, 14) for cache in ("sliding", "field")}
-    assert scores["field"] > scores["sliding"] + 2.0, scores
+    scores = {cache: return_psnr(tmp_path / "look_back", look_back, cache, 14, 7) for cache in ("sliding", "field")}
+    assert scores["field"] > scores["sliding"] + 0.5, scores
+
+
+def test_landmark_needs_tau_calibrated_for_the_model(tmp_path, one_thread):
+    """Landmark at the paper's tau 0.1 on look_back (world 7, noise seed 0): this model's detector
+    distances are far below 0.1, so only one frame per rollout becomes a landmark, the summary slots
+    hold copies of the start view and the return to B is drawn wrong. At tau 0.0047 (the 90 %
+    quantile of this model's logged distances, `worldtrace bench tau`) it detects several scene
+    entries and the return leg is far closer to the truth (LoopBench: +2.5 dB, 8 of 8 worlds,
+    p < 0.001; this run +2.7 dB)."""
+    look_back = ROOT / "trajectories" / "look_back.yaml"
+    default = return_psnr(tmp_path / "default", look_back, "landmark", 14, 7)
+    calibrated = return_psnr(tmp_path / "calibrated", look_back, "landmark", 14, 7, "--landmark-threshold", 0.0047)
+
+    def landmarks(run):
+        return sum(e["landmark"] for r in read_jsonl(run / "chunks.jsonl") for e in r["cache"]["events"]
+                   if e["type"] == "landmark_test")
+
+    assert landmarks(tmp_path / "calibrated" / "landmark") > landmarks(tmp_path / "default" / "landmark") >= 1
+    assert calibrated > default + 1.5, (calibrated, default)
 
 
 def test_compare_shows_the_truth_first_and_a_keyframe_sheet(tmp_path, one_thread):
