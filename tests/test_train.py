@@ -110,6 +110,35 @@ def test_encoded_clips(data, vae_file):
         encode_clips(data, vae_file[0], 2, mix=ClipMix(late=0.1), height=48, width=96, progress=False, shard_clips=2)
 
 
+def test_loops_that_return_anywhere(data, vae_file):
+    """--vary-return: a loop comes back at a random latent frame from 5 on, to a pose of an earlier
+    chunk (after looking away), and walks on; a data folder written before the option continues."""
+    from worldtrace_cli.train.dataset import ClipMix, encode_clips, make_clip, make_encoder
+
+    vae, tower = make_encoder(vae_file[0], 2, 48, 96)
+    rng = np.random.default_rng(3)
+    returns = set()
+    for i in range(8):
+        c = make_clip(rng, vae, tower, late=i % 2 == 1, loop=True, vary_return=True)
+        j = c.return_latent
+        assert 5 <= j <= 8 and c.latents.shape[1] == 9
+        returns.add(j)
+        poses = frame_poses("universal", c.keyboard, c.mouse)
+        last = 4 * (c.frame_start + j) - c.rows_start              # the return latent's last pixel frame
+        first_of_chunk = 4 * (c.frame_start + 3 * (j // 3)) - 3 - c.rows_start
+        earlier = [k for k in range(first_of_chunk) if torch.allclose(poses[k], poses[last], atol=1e-9)
+                   and (poses[k:last, 2] - poses[k, 2]).abs().max() >= 29.0]
+        assert earlier, f"clip {i}: the return pose is not a pose of an earlier chunk"
+    assert len(returns) >= 3   # the place of the return varies
+    info = data / "data.json"
+    settings = json.loads(info.read_text())
+    del settings["mix"]["vary_return"]
+    info.write_text(json.dumps(settings))
+    encode_clips(data, vae_file[0], shards=2, mix=ClipMix(late=0.5, loop=1.0), height=48, width=96,
+                 progress=False, shard_clips=2)
+    assert json.loads(info.read_text())["mix"]["vary_return"] is False
+
+
 def _tiny_preset():
     return load_preset("tiny")  # the DiT of the golden fixtures: 2 layers, fast
 

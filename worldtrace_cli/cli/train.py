@@ -111,16 +111,20 @@ def train_vae_cmd(output, steps, minutes, lr, warmup, seed, threads, save_every,
               help="Share of look-away-and-back clips (the rest are random walks).")
 @click.option("--max-angle", type=click.FloatRange(30, 180), default=90.0, show_default=True,
               help="Largest turn of a loop clip in degrees.")
+@click.option("--vary-return", is_flag=True,
+              help="Loops come back at a random latent frame from chunk 1's last on (to a pose of an earlier "
+                   "chunk) and walk on, instead of always at the clip's last latent frame: the return can "
+                   "then only be placed by reading the actions.")
 @click.option("--threads", type=click.IntRange(1), default=1, show_default=True)
 @click.option("--no-progress", is_flag=True)
-def train_encode_cmd(vae_weights, output, shards, seed, late, loop, max_angle, threads, no_progress):
+def train_encode_cmd(vae_weights, output, shards, seed, late, loop, max_angle, vary_return, threads, no_progress):
     """Render and encode training clips for `train dit` (can run while it trains)."""
     from ..train.dataset import ClipMix, encode_clips
 
     stop = _StopFlag()
 
     def job():
-        r = encode_clips(output, vae_weights, shards, seed, ClipMix(late, loop, max_angle), threads=threads,
+        r = encode_clips(output, vae_weights, shards, seed, ClipMix(late, loop, max_angle, vary_return), threads=threads,
                          progress=not no_progress, stop=stop)
         click.echo(f"worldtrace: {r['clips']} clips in {output}", err=True)
 

@@ -17,7 +17,8 @@ A clip is 3 chunks = 9 latent frames of a rollout at absolute latent frames ``a 
 
 Most clips are loops (look away and back: :func:`~worldtrace_cli.train.data.loop_actions`) placed
 so that the pose at the first frame of the second chunk is reached again at the clip's last pixel
-frame; the rest are random walks.
+frame (or, with ``ClipMix.vary_return``, a pose of an earlier chunk at a random later latent frame);
+the rest are random walks.
 """
 
 from __future__ import annotations
@@ -115,9 +116,15 @@ def _to_video(frames: np.ndarray) -> torch.Tensor:
 
 @torch.no_grad()
 def make_clip(rng: np.random.Generator, vae, clip_tower, late: bool, loop: bool,
-              max_angle_deg: float = 90.0, chunks: int = CLIP_CHUNKS) -> EncodedClip:
+              max_angle_deg: float = 90.0, chunks: int = CLIP_CHUNKS, vary_return: bool = False) -> EncodedClip:
     """Render and encode one clip (see the module docstring) of ``chunks`` chunks (3 for training;
-    longer for the drift test). Deterministic given ``rng``'s state."""
+    longer for the drift test). Deterministic given ``rng``'s state.
+
+    A loop comes back at the clip's last latent frame (``return_latent`` 3C - 1) from the first pixel
+    frame of chunk 1, or, with ``vary_return``, at a random latent frame from 5 (chunk 1's last) to
+    3C - 1 from a random pose of an earlier chunk (at least 12 pixel frames before), and walks on
+    after it: the return is then placeable only by reading the actions, not by its place in the clip.
+    """
     from ..model.vae import encode_conditioning_latents
 
     height, width = vae_frame_shape(vae)
@@ -127,9 +134,19 @@ def make_clip(rng: np.random.Generator, vae, clip_tower, late: bool, loop: bool,
     lead = LEAD_ROWS if late else 0
     warm = LATE_WARMUP_FRAMES if late else 0
     pixels = frames_for_chunks(chunks) + (4 + lead + warm if late else 0)   # 33, or 8 + 16 + 37 for late
+    return_latent = -1
     if loop:
-        p_frame = lead + warm + (13 if late else 9)  # first pixel frame of the clip's second chunk
-        keyboard, mouse, ret = loop_actions(rng, pixels, p_frame, pixels - 1, max_angle_deg)
+        off = lead + warm + (4 if late else 0)       # latent frame j of the clip ends at pixel frame off + 4j
+        if vary_return:
+            return_latent = int(rng.integers(5, 3 * chunks))          # chunk 1's last latent .. the clip's last
+            end = off + 4 * return_latent
+            latest = min(end - 12, off + 4 * (3 * (return_latent // 3) - 1))   # a pose of an earlier chunk
+            p_frame = int(rng.integers(off + 1, latest + 1))
+        else:
+            return_latent = 3 * chunks - 1
+            end = pixels - 1
+            p_frame = off + 9                        # first pixel frame of the clip's second chunk
+        keyboard, mouse, ret = loop_actions(rng, pixels, p_frame, end, max_angle_deg)
     else:
         keyboard, mouse = walk_actions(rng, pixels)
     clip = render_clip(world_seed, keyboard, mouse, height, width, start)
@@ -158,7 +175,6 @@ def make_clip(rng: np.random.Generator, vae, clip_tower, late: bool, loop: bool,
         image_latents = encode_conditioning_latents(vae, _to_video(start_image[None])[:, :, 0], 3 * chunks)[0]
         rows_start = 0
     tokens = clip_tower.conditioning_tokens(_to_video(start_image[None])[:, :, 0]).float()[0]
-    return_latent = 3 * chunks - 1 if loop else -1
     return EncodedClip(z.contiguous(), a, torch.as_tensor(keyboard).float(), torch.as_tensor(mouse).float(), rows_start,
                        None if image_latents is None else image_latents.float().contiguous(),
                        tokens.contiguous(), return_latent, world_seed)
@@ -203,11 +219,20 @@ def shard_paths(folder: Path) -> list[Path]:
 @dataclass(frozen=True)
 class ClipMix:
     """Proportions of clip kinds: ``late`` (vs early) and ``loop`` (vs walk); loops turn up to
-    ``max_angle_deg`` degrees."""
+    ``max_angle_deg`` degrees and come back at the clip's last latent frame or, with ``vary_return``,
+    anywhere from chunk 1's last latent frame on (:func:`make_clip`)."""
 
     late: float = 0.7
     loop: float = 0.85
     max_angle_deg: float = 90.0
+    vary_return: bool = False
+
+
+def _with_defaults(settings: dict) -> dict:
+    """A data.json's settings with ClipMix fields added since it was written at their defaults."""
+    if isinstance(settings.get("mix"), dict):
+        settings["mix"] = {**asdict(ClipMix()), **settings["mix"]}
+    return settings
 
 
 def encode_clips(folder: Path, vae_weights, shards: int, seed: int = 0, mix: ClipMix = ClipMix(),
@@ -235,7 +260,7 @@ def encode_clips(folder: Path, vae_weights, shards: int, seed: int = 0, mix: Cli
                 "late_start": LATE_START, "late_warmup_frames": LATE_WARMUP_FRAMES, "clip_chunks": CLIP_CHUNKS,
                 "shard_clips": shard_clips}
     info = folder / "data.json"
-    if info.exists() and json.loads(info.read_text()) != settings:
+    if info.exists() and _with_defaults(json.loads(info.read_text())) != settings:
         raise InputError(f"{folder}: holds clips made with other settings or another VAE; use another folder")
     info.write_text(json.dumps(settings, indent=2) + "\n")
     vae, tower = make_encoder(vae_weights, clip_seed, height, width)
@@ -251,7 +276,7 @@ def encode_clips(folder: Path, vae_weights, shards: int, seed: int = 0, mix: Cli
             if stop():
                 raise Interrupted(f"encoding stopped with {i} shards; run the same command to continue")
             clips.append(make_clip(rng, vae, tower, late=rng.random() < mix.late, loop=rng.random() < mix.loop,
-                                   max_angle_deg=mix.max_angle_deg))
+                                   max_angle_deg=mix.max_angle_deg, vary_return=mix.vary_return))
         write_shard(folder / f"clips-{i:05d}.safetensors", clips)
         bar.update(1)
     bar.close()
