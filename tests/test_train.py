@@ -110,6 +110,27 @@ def test_encoded_clips(data, vae_file):
         encode_clips(data, vae_file[0], 2, mix=ClipMix(late=0.1), height=48, width=96, progress=False, shard_clips=2)
 
 
+def test_vae_decoder_only_keeps_the_latents(tmp_path, vae_file, one_thread):
+    """--decoder-only: the encoder (and quant_conv) of --init come out bit-identical, the decoder
+    trained; without --init it is refused."""
+    from safetensors.torch import load_file
+
+    from worldtrace_cli.train.vae import train_vae
+
+    settings = LoopSettings(steps=2, warmup=1, log_every=1, save_every=1, lr=1e-2)
+    result = train_vae(tmp_path / "dec", settings, height=48, width=96, progress=False, init=vae_file[0],
+                       decoder_only=True)
+    before, after = load_file(vae_file[0]), load_file(result["file"])
+    assert before.keys() == after.keys() and result["latent_stats"] is None
+    encoder = [k for k in before if k.startswith(("encoder.", "quant_conv."))]
+    decoder = [k for k in before if k.startswith(("decoder.", "post_quant_conv."))]
+    assert encoder and decoder and len(encoder) + len(decoder) == len(before)
+    assert all(torch.equal(before[k], after[k]) for k in encoder)
+    assert sum(not torch.equal(before[k], after[k]) for k in decoder) > len(decoder) // 2
+    with pytest.raises(InputError, match="--init"):
+        train_vae(tmp_path / "bad", settings, height=48, width=96, progress=False, decoder_only=True)
+
+
 def test_loops_that_return_anywhere(data, vae_file):
     """--vary-return: a loop comes back at a random latent frame from 5 on, to a pose of an earlier
     chunk (after looking away), and walks on; a data folder written before the option continues."""

@@ -78,8 +78,11 @@ def train():
               help="Pixel frames per clip (1 + 4k): 9 for the first stage, 33 for the long-video stage.")
 @click.option("--init", type=click.Path(exists=True, dir_okay=False, path_type=Path), default=None,
               help="Start from an earlier stage's vae.safetensors.")
+@click.option("--decoder-only", is_flag=True,
+              help="Train only the decoder of --init: its latents stay bit-identical, so encoded clips and a "
+                   "DiT trained on them stay valid (sharper pictures from the same latents).")
 def train_vae_cmd(output, steps, minutes, lr, warmup, seed, threads, save_every, no_progress, batch, clip_frames,
-                  init):
+                  init, decoder_only):
     """Train the loopworld VAE on rendered clips; writes DIR/vae.safetensors (normalisation folded in)."""
     from ..train.vae import train_vae
 
@@ -91,7 +94,8 @@ def train_vae_cmd(output, steps, minutes, lr, warmup, seed, threads, save_every,
 
             raise InputError(f"--clip-frames: must be 1 + 4k (5, 9, 13, ...), got {clip_frames}")
         r = train_vae(output, _settings(steps, minutes, lr, warmup, seed, threads, save_every), batch=batch,
-                      progress=not no_progress, stop=stop, clip_frames=clip_frames, init=init)
+                      progress=not no_progress, stop=stop, clip_frames=clip_frames, init=init,
+                      decoder_only=decoder_only)
         click.echo(f"worldtrace: VAE step {r['step']} ({r['minutes']:.1f} min this run), held-out "
                    f"reconstruction {r['psnr_db']:.2f} dB PSNR -> {r['file']}", err=True)
 

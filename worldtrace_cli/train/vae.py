@@ -113,7 +113,7 @@ def init_for_training(vae) -> None:
 
 def train_vae(folder: Path, s: LoopSettings, batch: int = 4, height: int = 96, width: int = 176,
               progress: bool = True, stop=lambda: False, clip_frames: int = CLIP_FRAMES,
-              init: Path | None = None) -> dict:
+              init: Path | None = None, decoder_only: bool = False) -> dict:
     """Train (or continue training) the loopworld VAE in ``folder``; writes ``folder/vae.safetensors``.
 
     Args:
@@ -126,18 +126,27 @@ def train_vae(folder: Path, s: LoopSettings, batch: int = 4, height: int = 96, w
             fell from 21 to 11 dB PSNR by frame 30); a second stage on 33-frame clips fixes that.
         init: start from these weights (a ``vae.safetensors`` of an earlier stage) instead of the
             variance-preserving initialisation.
+        decoder_only: train only the decoder (``decoder`` and ``post_quant_conv``) of ``init``; the
+            encoder runs without gradients and the normalisation is not folded again, so its latents
+            stay bit-identical: clips already encoded and a DiT trained on them stay valid, and only
+            the pictures made from latents change.
     Returns:
         ``{"step", "minutes", "loss", "psnr_db" (held-out full-frame reconstruction), "file"}``.
     Raises:
-        InputError: the folder holds a run with other settings.
+        InputError: the folder holds a run with other settings, or ``decoder_only`` without ``init``.
         Interrupted: stopped by ``stop()`` (state saved; rerun to continue).
     """
     from pytorch_msssim import ssim
+
+    from ..errors import InputError
+    if decoder_only and init is None:
+        raise InputError("--decoder-only trains the decoder of an existing VAE: give it with --init")
     if clip_frames < 5 or clip_frames % 4 != 1:
         raise ValueError(f"clip_frames must be 1 + 4k with k >= 1, got {clip_frames}")
     prepare_folder(folder, settings_dict(s, kind="vae", batch=batch, height=height, width=width,
                                          crop=list(CROP), clip_frames=clip_frames,
-                                         init=None if init is None else str(init)))
+                                         init=None if init is None else str(init),
+                                         **({"decoder_only": True} if decoder_only else {})))
     torch.manual_seed(s.seed)
     if init is None:
         vae = build_wan_vae("loopworld", None, seed=s.seed)
@@ -145,6 +154,10 @@ def train_vae(folder: Path, s: LoopSettings, batch: int = 4, height: int = 96, w
     else:
         vae = build_wan_vae("loopworld", init)
     vae.requires_grad_(True).train()
+    if decoder_only:
+        vae.requires_grad_(False)
+        vae.decoder.requires_grad_(True)
+        vae.post_quant_conv.requires_grad_(True)
     gen = torch.Generator().manual_seed(s.seed)
 
     def step_fn(step: int, rng: np.random.Generator) -> dict:
@@ -154,7 +167,8 @@ def train_vae(folder: Path, s: LoopSettings, batch: int = 4, height: int = 96, w
             x = rendered_batch(rng, batch, clip_frames, height, width, CROP)
         else:
             x = rendered_batch(rng, IMAGE_BATCH, 1, height, width, CROP)
-        mu = vae.encode(x).latent_dist.mode()
+        with torch.set_grad_enabled(not decoder_only):
+            mu = vae.encode(x).latent_dist.mode()
         # deterministic codes (a posterior sample with the initial unit variance drowns them early
         # on); a little noise relative to their own scale keeps the decoder robust to the DiT's errors
         z = mu + LATENT_NOISE * mu.detach().std() * torch.randn(mu.shape, generator=gen)
@@ -171,7 +185,7 @@ def train_vae(folder: Path, s: LoopSettings, batch: int = 4, height: int = 96, w
     with torch.no_grad():
         x = rendered_batch(rng, 8, 33, height, width)
         mu = vae.encode(x).latent_dist.mode()
-        stats = fold_normalisation(vae, mu)
+        stats = None if decoder_only else fold_normalisation(vae, mu)
         y = vae.decode(vae.encode(x).latent_dist.mode()).sample.clamp(-1, 1)
         mse = ((y - x) / 2).pow(2).mean().item()
     save_safetensors_atomic(vae.state_dict(), folder / VAE_FILE)
