@@ -131,7 +131,8 @@ def train_vae(folder: Path, s: LoopSettings, batch: int = 4, height: int = 96, w
             stay bit-identical: clips already encoded and a DiT trained on them stay valid, and only
             the pictures made from latents change.
     Returns:
-        ``{"step", "minutes", "loss", "psnr_db" (held-out full-frame reconstruction), "file"}``.
+        ``{"step", "minutes", "loss", "psnr_db" (held-out full-frame reconstruction), "latent_stats"
+        (the folded normalisation; None with ``decoder_only``), "file"}``.
     Raises:
         InputError: the folder holds a run with other settings, or ``decoder_only`` without ``init``.
         Interrupted: stopped by ``stop()`` (state saved; rerun to continue).
