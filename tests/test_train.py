@@ -206,6 +206,42 @@ def test_dit_training_lowers_the_loss_and_resumes(tmp_path, data, one_thread):
         train_dit(folder, data, preset, replace(s, steps=28), batch=2, progress=False)
 
 
+def test_dit_training_device_option(tmp_path, data):
+    """`train dit --device cuda` without a CUDA device is a one-line error, not a traceback."""
+    from click.testing import CliRunner
+
+    from worldtrace_cli.cli import main
+
+    if torch.cuda.is_available():
+        pytest.skip("a CUDA device is present: the GPU test below covers --device cuda")
+    r = CliRunner().invoke(main, ["train", "dit", "--data", str(data), "-o", str(tmp_path / "d"), "--preset", "tiny",
+                                  "--steps", "1", "--device", "cuda", "--no-progress"])
+    assert r.exit_code != 0 and "no CUDA device" in r.output and "Traceback" not in r.output
+
+
+@pytest.mark.gpu
+def test_dit_training_on_cuda_matches_cpu(tmp_path, data):
+    """The trainer on CUDA: the same numpy noise stream and clips give the CPU's first losses (float32,
+    TF32 off) and a CPU-loadable weights file; the moving average stays on the CPU."""
+    from safetensors.torch import load_file
+
+    from worldtrace_cli.train.dit import train_dit
+
+    if not torch.cuda.is_available():
+        pytest.skip("needs CUDA")
+    torch.backends.cuda.matmul.allow_tf32 = False
+    torch.backends.cudnn.allow_tf32 = False
+    s = LoopSettings(steps=2, warmup=1, lr=1e-3, log_every=1, save_every=2, ema=0.9)
+    losses = {}
+    for device in ("cpu", "cuda"):
+        r = train_dit(tmp_path / device, data, _tiny_preset(), s, batch=2, progress=False, device=device)
+        assert r["device"] == device
+        losses[device] = [json.loads(line)["loss"] for line in (tmp_path / device / "loss.jsonl").read_text().splitlines()]
+        weights = load_file(str(tmp_path / device / "dit.safetensors"))
+        assert all(v.device.type == "cpu" and torch.isfinite(v).all() for v in weights.values())
+    assert losses["cuda"][0] == pytest.approx(losses["cpu"][0], rel=1e-3)
+
+
 def test_target_chunk_shares():
     """choose_target: the shipped draws at the default share; --start-share moves chunk 0's share of
     rollout-start clips, never of late clips (which hold no chunk 0)."""

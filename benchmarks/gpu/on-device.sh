@@ -3,6 +3,7 @@
 #   bash benchmarks/gpu/on-device.sh check            # GPU tests + CUDA parity, eager and compiled (~3 min)
 #   bash benchmarks/gpu/on-device.sh ratio [EXTRA]    # sliding, field, landmark interleaved 3 times, 64 chunks: s/chunk ratios
 #   bash benchmarks/gpu/on-device.sh bench CACHE [EXTRA]  # one writer at 64,256,512 chunks: peak memory vs N
+#   bash benchmarks/gpu/on-device.sh train encode|dit # loopworld's DiT on the GPU (see the train) case below)
 # EXTRA, e.g. "--compile reduce-overhead --warmup 4 --overlap-decode" or "--budget 6".
 # Results go to $OUT (returned by the device tool); copy them into benchmarks/results/.
 # Smoke test on a CPU machine: DEVICE=cpu PRESET=tiny CHUNKS=2,3 RATIO_CHUNKS=6 OUT=/tmp/o bash benchmarks/gpu/on-device.sh ratio
@@ -36,5 +37,37 @@ case "${1:-check}" in
     python3 -m worldtrace_cli bench speed --preset "$PRESET" --random-weights --device "$DEVICE" \
         --caches "$cache" --chunks "$CHUNKS" $extra -o "$OUT" --name "$stem" 2>&1 | tee "$OUT/$stem.log"
     ;;
-  *) echo "usage: $0 check | ratio [EXTRA_ARGS] | bench CACHE [EXTRA_ARGS]"; exit 2 ;;
+  train)
+    # loopworld's DiT trained on the GPU from the shipped weights (issue 11), in calls of < 10 min:
+    #   bash benchmarks/gpu/on-device.sh train encode   # clips on the CPU cores (ENCODERS x SHARDS shards)
+    #   bash benchmarks/gpu/on-device.sh train dit      # TRAIN_MINUTES more; rerun to continue (state in train-gpu/)
+    # train-gpu/ is git-ignored (kept between calls while the machine stays warm); dit.safetensors and
+    # loss.jsonl come back in $OUT. Then here: worldtrace train export --dit ... and a LoopBench subset.
+    T=train-gpu; mkdir -p "$T"
+    [ -f "$T/vae.safetensors" ] || python3 -c "
+from safetensors.torch import load_file, save_file
+b = load_file('worldtrace_cli/presets/loopworld.safetensors')
+for part in ('vae', 'dit'):
+    save_file({k[len(part) + 1:]: v.float().contiguous() for k, v in b.items() if k.startswith(part + '.')}, '$T/' + part + '.safetensors')"
+    case "${2:-dit}" in
+      encode)
+        for i in $(seq 1 "${ENCODERS:-12}"); do
+          OMP_NUM_THREADS=1 python3 -m worldtrace_cli train encode --vae "$T/vae.safetensors" -o "$T/data-$i" \
+              --shards "${SHARDS:-4}" --seed $((100 + i)) ${ENCODE_ARGS:-} --no-progress > "$T/encode-$i.log" 2>&1 &
+        done; wait
+        mkdir -p "$T/data"; n=0
+        cp "$T/data-1/late_conditioning.safetensors" "$T/data/"
+        for f in "$T"/data-*/clips-*.safetensors; do ln -sf "$PWD/$f" "$T/data/$(printf clips-%05d.safetensors $n)"; n=$((n + 1)); done
+        echo "$n shards in $T/data" | tee "$OUT/train-encode.log"
+        ;;
+      dit)
+        python3 -m worldtrace_cli train dit --data "$T/data" -o "$T/dit" --init "$T/dit.safetensors" --preset "${TRAIN_PRESET:-loopworld}" \
+            --device "$DEVICE" --start-share 0.5 --ema 0.999 --steps "${TRAIN_STEPS:-30000}" --lr 5e-4 --warmup 50 \
+            --minutes "${TRAIN_MINUTES:-8}" --no-progress 2>&1 | tail -3 | tee "$OUT/train-dit.log"
+        cp "$T/dit/dit.safetensors" "$T/dit/loss.jsonl" "$T/dit/settings.json" "$OUT/"
+        ;;
+      *) echo "usage: $0 train encode|dit"; exit 2 ;;
+    esac
+    ;;
+  *) echo "usage: $0 check | ratio [EXTRA_ARGS] | bench CACHE [EXTRA_ARGS] | train encode|dit"; exit 2 ;;
 esac

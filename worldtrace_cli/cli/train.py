@@ -156,11 +156,14 @@ def train_encode_cmd(vae_weights, output, shards, seed, late, loop, max_angle, v
 @click.option("--ema", type=click.FloatRange(0, 1, max_open=True), default=0.0, show_default=True,
               help="Also keep a moving average of the weights with this decay (e.g. 0.999), written to "
                    "DIR/dit-ema.safetensors beside the weights (0: none).")
+@click.option("--device", type=click.Choice(["auto", "cuda", "cpu"]), default="cpu", show_default=True,
+              help="Where the DiT trains (auto: CUDA when available). A run may be continued on another device.")
 def train_dit_cmd(data, preset, output, steps, minutes, lr, warmup, seed, threads, save_every, no_progress, batch,
-                  return_weight, start_share, init, self_context, ema):
+                  return_weight, start_share, init, self_context, ema, device):
     """Train the DiT on encoded clips through MG2's sliding cache; writes DIR/dit.safetensors
     (and DIR/dit-ema.safetensors with --ema)."""
     from ..config import load_preset
+    from ..runtime import resolve_device
     from ..train.dit import START_SHARE, train_dit
 
     stop = _StopFlag()
@@ -169,7 +172,7 @@ def train_dit_cmd(data, preset, output, steps, minutes, lr, warmup, seed, thread
         r = train_dit(output, data, load_preset(preset), _settings(steps, minutes, lr, warmup, seed, threads, save_every, ema),
                       batch=batch, return_weight=return_weight, progress=not no_progress, stop=stop,
                       start_share=START_SHARE if start_share is None else start_share, init=init,
-                      self_context=self_context)
+                      self_context=self_context, device=str(resolve_device(device)))
         click.echo(f"worldtrace: DiT step {r['step']} ({r['minutes']:.1f} min this run), loss {r['loss']} -> {r['file']}",
                    err=True)
 

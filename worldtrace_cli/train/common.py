@@ -71,7 +71,8 @@ class WeightAverage:
         if not 0.0 < decay < 1.0:
             raise ValueError(f"EMA decay must be in (0, 1), got {decay}")
         self.decay, self.updates = decay, 0
-        self.params = {k: v.detach().float().clone() for k, v in model.state_dict().items() if v.is_floating_point()}
+        self.params = {k: v.detach().to("cpu", torch.float32, copy=True) for k, v in model.state_dict().items()
+                       if v.is_floating_point()}
 
     @torch.no_grad()
     def update(self, model: torch.nn.Module) -> None:
@@ -79,7 +80,7 @@ class WeightAverage:
         d = min(self.decay, (1 + self.updates) / (10 + self.updates))
         current = model.state_dict()
         for k, avg in self.params.items():
-            avg.mul_(d).add_(current[k].detach().float(), alpha=1 - d)
+            avg.mul_(d).add_(current[k].detach().to("cpu", torch.float32), alpha=1 - d)
         self.updates += 1
 
     def state_dict(self) -> dict:

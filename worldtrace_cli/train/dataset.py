@@ -73,11 +73,19 @@ class EncodedClip:
 
     def action_rows(self) -> tuple[torch.Tensor, torch.Tensor]:
         """Keyboard [1, R_abs, 4] and mouse [1, R_abs, 2] indexed by absolute row (zeros before
-        ``rows_start``, which no latent frame of the clip reads)."""
+        ``rows_start``, which no latent frame of the clip reads), on the rows' device."""
         pad = self.rows_start
-        kb = torch.cat([torch.zeros(pad, 4), self.keyboard])[None]
-        ms = torch.cat([torch.zeros(pad, 2), self.mouse])[None]
+        kb = torch.cat([self.keyboard.new_zeros(pad, 4), self.keyboard])[None]
+        ms = torch.cat([self.mouse.new_zeros(pad, 2), self.mouse])[None]
         return kb, ms
+
+    def to(self, device: torch.device | str) -> "EncodedClip":
+        """A copy with every tensor on ``device`` (the clip itself when they already are)."""
+        if self.latents.device == torch.device(device):
+            return self
+        move = lambda t: None if t is None else t.to(device)  # noqa: E731
+        return EncodedClip(move(self.latents), self.frame_start, move(self.keyboard), move(self.mouse), self.rows_start,
+                           move(self.image_latents), move(self.clip_tokens), self.return_latent, self.world_seed)
 
 
 @torch.no_grad()

@@ -77,15 +77,16 @@ def cond_concat(clip: EncodedClip, late_cond: torch.Tensor, start: int, count: i
     if clip.image_latents is not None:
         return ConditioningLatents(clip.image_latents[None]).cond_concat(start, count)
     lat = late_cond.expand(-1, -1, count, -1, -1)
-    return torch.cat([torch.zeros(1, MASK_CHANNELS, *lat.shape[2:]), lat], dim=1)
+    return torch.cat([lat.new_zeros(1, MASK_CHANNELS, *lat.shape[2:]), lat], dim=1)
 
 
 def cache_geometry(dit: CausalWanDiT, latent_hw: tuple[int, int]) -> CacheGeometry:
     """The cache geometry a rollout of ``dit`` at latent size ``latent_hw`` uses (as :class:`Rollout`)."""
     cfg = dit.cfg
     tokens = (latent_hw[0] // 2) * (latent_hw[1] // 2)
-    dtype = next(dit.parameters()).dtype
-    return CacheGeometry(cfg.num_layers, cfg.num_heads, cfg.head_dim, tokens, 3, cfg.local_attn_size - 1, "cpu", dtype)
+    param = next(dit.parameters())
+    return CacheGeometry(cfg.num_layers, cfg.num_heads, cfg.head_dim, tokens, 3, cfg.local_attn_size - 1,
+                         str(param.device), param.dtype)
 
 
 def context_state(dit: CausalWanDiT, clip: EncodedClip, late_cond, chunks: int, writer=None, generated: int = 0,
@@ -115,17 +116,18 @@ def context_state(dit: CausalWanDiT, clip: EncodedClip, late_cond, chunks: int, 
             cond = cond_concat(clip, late_cond, sf, 3)
             x0 = z[:, :, 3 * c:3 * c + 3]
             if c >= chunks - generated:
-                x0 = sample_x0(dit, x0.shape, cond, chunk, schedule, _numpy_draws(rng))
+                x0 = sample_x0(dit, x0.shape, cond, chunk, schedule, _numpy_draws(rng, z.device))
             if observe is not None:
                 observe(c, x0)
-            _, committed = dit(x0, torch.zeros(1, 3), cond, chunk, commit=True)
+            _, committed = dit(x0, z.new_zeros(1, 3), cond, chunk, commit=True)
             writer.commit(committed, list(range(sf, sf + 3)))
     return state, writer, (kb, ms, visual)
 
 
-def _numpy_draws(rng: np.random.Generator):
-    """``draw(shape)``: float32 standard normal noise from a numpy generator (the trainer's stream)."""
-    return lambda shape: torch.from_numpy(rng.standard_normal(shape).astype(np.float32))
+def _numpy_draws(rng: np.random.Generator, device: torch.device | str = "cpu"):
+    """``draw(shape)``: float32 standard normal noise from a numpy generator (the trainer's stream,
+    the same numbers on every device), on ``device``."""
+    return lambda shape: torch.from_numpy(rng.standard_normal(shape).astype(np.float32)).to(device)
 
 
 @torch.no_grad()
@@ -203,12 +205,12 @@ def clip_loss(dit, clip: EncodedClip, late_cond, rng: np.random.Generator, sched
     chunk, cond = target_chunk_inputs(dit, clip, late_cond, target, state, writer, rows)
     x0 = clip.latents[None, :, 3 * target:3 * target + 3]
     sigma = sample_sigma(rng, schedule, sampler_prob)
-    eps = torch.from_numpy(rng.standard_normal(x0.shape).astype(np.float32))
+    eps = torch.from_numpy(rng.standard_normal(x0.shape).astype(np.float32)).to(x0.device)
     xt = add_noise(x0, eps, sigma)
-    t = torch.full((1, 3), sigma * NUM_TRAIN_TIMESTEPS)
+    t = torch.full((1, 3), sigma * NUM_TRAIN_TIMESTEPS, device=x0.device)
     flow = dit(xt, t, cond, chunk).float()
     err = (flow - (eps - x0)).pow(2).mean(dim=(0, 1, 3, 4))  # per latent frame [3]
-    weights = torch.ones(3)
+    weights = torch.ones(3, device=err.device)
     if clip.return_latent >= 0 and clip.return_latent // 3 == target:
         weights[clip.return_latent % 3] = return_weight
     return (err * weights).sum() / weights.sum()
@@ -227,7 +229,7 @@ def build_dit(preset: Preset, seed: int) -> CausalWanDiT:
 def train_dit(folder: Path, data: Path, preset: Preset, s: LoopSettings, batch: int = 4,
               sampler_prob: float = 0.75, return_weight: float = 3.0, progress: bool = True,
               stop=lambda: False, start_share: float = START_SHARE, init: Path | None = None,
-              self_context: float = 0.0) -> dict:
+              self_context: float = 0.0, device: str = "cpu") -> dict:
     """Train (or continue training) the DiT of ``preset`` on the clips in ``data``; writes
     ``folder/dit.safetensors`` (float32, official parameter names) at every save and at the end,
     and with ``s.ema`` the weights' moving average beside it (``dit-ema.safetensors``).
@@ -238,7 +240,11 @@ def train_dit(folder: Path, data: Path, preset: Preset, s: LoopSettings, batch: 
         init: start from these DiT weights (a ``dit.safetensors``) instead of random ones.
         self_context: probability that a clip's context chunks are the model's own samples instead of
             the clean latents (:func:`self_generated_chunks`; against exposure bias).
-    Returns: ``{"step", "minutes", "loss", "file"}``.
+        device: where the DiT trains (``"cpu"``, ``"cuda"``, ``"cuda:1"``); clips move there as they
+            are drawn, the noise comes from the same numpy stream on every device, the weights files
+            and the moving average stay float32 on the CPU. Not part of the run's settings: a run may
+            be continued on another device.
+    Returns: ``{"step", "minutes", "loss", "file", "device"}``.
     Raises:
         InputError: the folder holds a run with other settings; CheckpointError: ``init`` is not
             this preset's DiT.
@@ -259,21 +265,23 @@ def train_dit(folder: Path, data: Path, preset: Preset, s: LoopSettings, batch: 
             dit.load_state_dict(read_state_dict(init), strict=True)
         except RuntimeError as exc:
             raise CheckpointError(f"{init}: not preset {preset.name}'s DiT ({str(exc).splitlines()[0]})") from None
+    dit.to(device)
     pool = ClipPool(data)
+    late_cond = pool.late_cond.to(device)
     schedule = FlowMatchSchedule(tuple(preset.denoising_steps), preset.timestep_shift)
 
     def step_fn(step: int, rng: np.random.Generator) -> dict:
-        losses = [clip_loss(dit, pool.draw(rng), pool.late_cond, rng, schedule, sampler_prob, return_weight,
+        losses = [clip_loss(dit, pool.draw(rng).to(device), late_cond, rng, schedule, sampler_prob, return_weight,
                             start_share, self_context) for _ in range(batch)]
         return {"loss": torch.stack(losses).mean(), "clips": float(len(pool.clips))}
 
     def write_weights(average):  # with every saved state, so an interrupted run's weights are current
-        save_safetensors_atomic(dit.state_dict(), folder / DIT_FILE)
+        save_safetensors_atomic({k: v.cpu() for k, v in dit.state_dict().items()}, folder / DIT_FILE)
         if average is not None:
             save_safetensors_atomic(average, folder / DIT_EMA_FILE)
 
     result = run_loop(folder, dit, step_fn, s, progress=progress, stop=stop, on_save=write_weights)
-    result["file"] = str(folder / DIT_FILE)
+    result.update(file=str(folder / DIT_FILE), device=str(device))
     (folder / "result.json").write_text(json.dumps(result, indent=2) + "\n")
     return result
 
