@@ -234,7 +234,8 @@ def test_dit_training_on_cuda_matches_cpu(tmp_path, data):
     s = LoopSettings(steps=2, warmup=1, lr=1e-3, log_every=1, save_every=2, ema=0.9)
     losses = {}
     for device in ("cpu", "cuda"):
-        r = train_dit(tmp_path / device, data, _tiny_preset(), s, batch=2, progress=False, device=device)
+        r = train_dit(tmp_path / device, data, _tiny_preset(), s, batch=2, progress=False, device=device,
+                      self_context=0.5)   # the model's own samples as context too (the sampler on the device)
         assert r["device"] == device
         losses[device] = [json.loads(line)["loss"] for line in (tmp_path / device / "loss.jsonl").read_text().splitlines()]
         weights = load_file(str(tmp_path / device / "dit.safetensors"))

@@ -139,7 +139,7 @@ def sample_x0(dit: CausalWanDiT, shape: tuple[int, ...], cond: torch.Tensor, chu
     x = draw(shape)
     timesteps, sigmas = schedule.timesteps(), schedule.sigmas()
     for s, t in enumerate(timesteps):
-        x0 = flow_to_x0(x, dit(x, t.expand(1, shape[2]), cond, chunk).float(), sigmas[s])
+        x0 = flow_to_x0(x, dit(x, t.expand(1, shape[2]).to(x.device), cond, chunk).float(), sigmas[s])
         if s < len(timesteps) - 1:
             x = add_noise(x0, draw(shape), sigmas[s + 1])
     return x0
