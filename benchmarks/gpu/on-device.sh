@@ -46,9 +46,11 @@ case "${1:-check}" in
     T=train-gpu; mkdir -p "$T"
     [ -f "$T/vae.safetensors" ] || python3 -c "
 from safetensors.torch import load_file, save_file
-b = load_file('worldtrace_cli/presets/loopworld.safetensors')
+from worldtrace_cli.model.checkpoint import split_bundle
+b = 'worldtrace_cli/presets/loopworld.safetensors'
+parts = split_bundle(load_file(b), b)
 for part in ('vae', 'dit'):
-    save_file({k[len(part) + 1:]: v.float().contiguous() for k, v in b.items() if k.startswith(part + '.')}, '$T/' + part + '.safetensors')"
+    save_file({k: v.float().contiguous() for k, v in parts[part].items()}, '$T/' + part + '.safetensors')"
     case "${2:-dit}" in
       encode)
         for i in $(seq 1 "${ENCODERS:-12}"); do

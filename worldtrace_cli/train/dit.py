@@ -205,7 +205,7 @@ def clip_loss(dit, clip: EncodedClip, late_cond, rng: np.random.Generator, sched
     chunk, cond = target_chunk_inputs(dit, clip, late_cond, target, state, writer, rows)
     x0 = clip.latents[None, :, 3 * target:3 * target + 3]
     sigma = sample_sigma(rng, schedule, sampler_prob)
-    eps = torch.from_numpy(rng.standard_normal(x0.shape).astype(np.float32)).to(x0.device)
+    eps = _numpy_draws(rng, x0.device)(x0.shape)
     xt = add_noise(x0, eps, sigma)
     t = torch.full((1, 3), sigma * NUM_TRAIN_TIMESTEPS, device=x0.device)
     flow = dit(xt, t, cond, chunk).float()
