@@ -150,6 +150,7 @@ def test_any_preset_file_loads_or_is_a_one_line_error(doc, base):
     ({"denoising_steps": 5}, "denoising_steps: must be a non-empty list"),  # was a TypeError traceback
     ({"weights": "bundled", "bundle": 5}, "bundle: must be a string"),  # was a TypeError traceback
     ({"fps": "abc"}, "fps: must be a finite number > 0"),  # was accepted, then failed in the run
+    ({"landmark_threshold": 3}, "landmark_threshold: must be a cosine distance in (0, 2], got 3"),
     ({"dit": {**yaml.safe_load((ROOT / "worldtrace_cli" / "presets" / "tiny.yaml").read_text())["dit"],
               "num_layers": "4"}}, "dit: num_layers: must be an integer >= 1, got '4'"),
 ])

@@ -104,21 +104,23 @@ def test_field_remembers_a_place_that_is_not_the_start_view(tmp_path, one_thread
 def test_landmark_needs_tau_calibrated_for_the_model(tmp_path, one_thread):
     """Landmark at the paper's tau 0.1 on look_back (world 7, noise seed 0): this model's detector
     distances are far below 0.1, so only one frame per rollout becomes a landmark, the summary slots
-    hold copies of the start view and the return to B is drawn wrong. At tau 0.0047 (the 90 %
-    quantile of this model's logged distances, `worldtrace bench tau`) it detects several scene
-    entries and the return leg is far closer to the truth (LoopBench: +2.5 dB, 8 of 8 worlds,
-    p < 0.001; this run +2.7 dB)."""
+    hold copies of the start view and the return to B is drawn wrong. At the preset's own tau
+    0.0047 (the 90 % quantile of this model's logged distances, `worldtrace bench tau`), the default
+    when --landmark-threshold is not given, it detects several scene entries and the return leg is
+    far closer to the truth (LoopBench: +2.5 dB, 8 of 8 worlds, p < 0.001; this run +2.7 dB)."""
     look_back = ROOT / "trajectories" / "look_back.yaml"
-    default = return_psnr(tmp_path / "default", look_back, "landmark", 14, 7)
-    calibrated = return_psnr(tmp_path / "calibrated", look_back, "landmark", 14, 7, "--landmark-threshold", 0.0047)
+    paper = return_psnr(tmp_path / "paper", look_back, "landmark", 14, 7, "--landmark-threshold", 0.1)
+    calibrated = return_psnr(tmp_path / "calibrated", look_back, "landmark", 14, 7)
+    summary = json.loads((tmp_path / "calibrated" / "landmark" / "summary.json").read_text())
+    assert summary["config"]["memory"]["landmark_threshold"] == 0.0047
 
     from worldtrace_cli.calibrate import detector_events
 
     def scene_entries(run):  # landmarks after the first frame (which always is one)
         return sum(e["landmark"] for e in detector_events(run))
 
-    assert scene_entries(tmp_path / "calibrated" / "landmark") > scene_entries(tmp_path / "default" / "landmark") == 0
-    assert calibrated > default + 1.5, (calibrated, default)
+    assert scene_entries(tmp_path / "calibrated" / "landmark") > scene_entries(tmp_path / "paper" / "landmark") == 0
+    assert calibrated > paper + 1.5, (calibrated, paper)
 
 
 def test_compare_shows_the_truth_first_and_a_keyframe_sheet(tmp_path, one_thread):

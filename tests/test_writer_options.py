@@ -114,3 +114,33 @@ def test_writer_errors_come_from_a_process_that_never_imports_torch(tmp_path, ca
     lines = proc.stderr.strip().splitlines()
     assert lines[-1] == "exit 2 False" and lines[-2].startswith("worldtrace: error: " + message), proc.stderr
     assert not (tmp_path / "run").exists()
+
+
+def test_landmark_tau_defaults_to_the_presets_calibrated_one():
+    """A preset may carry the tau calibrated for its model (loopworld: 0.0047, `worldtrace bench
+    tau`); an explicit --landmark-threshold wins, presets without one keep the paper's 0.1. The key
+    is only a default: a run recorded before it existed is still the same run."""
+    from dataclasses import replace
+
+    from worldtrace_cli.config import LANDMARK_TAU, RunConfig, memory_config
+    from worldtrace_cli.runs.resume import differences
+
+    loopworld, tiny = load_preset("loopworld"), load_preset("tiny")
+    assert loopworld.landmark_threshold == 0.0047 and tiny.landmark_threshold is None and LANDMARK_TAU == 0.1
+    assert memory_config("landmark", preset=loopworld).landmark_threshold == 0.0047
+    assert memory_config("mixed:2", preset=loopworld, landmark_threshold=None).landmark_threshold == 0.0047
+    assert memory_config("landmark", preset=loopworld, landmark_threshold=0.2).landmark_threshold == 0.2
+    assert memory_config("landmark", preset=tiny).landmark_threshold == 0.1
+    assert memory_config("landmark").landmark_threshold == MemoryConfig().landmark_threshold == 0.1
+
+    from worldtrace_cli.runs.resume import absolute
+
+    cfg = absolute(RunConfig(preset=loopworld, trajectory="t.yaml", output="o",
+                             memory=memory_config("landmark", preset=loopworld)))
+    old = cfg.to_dict()
+    del old["preset"]["landmark_threshold"]  # a summary written before presets had the key
+    assert differences(old, cfg) == []
+    old["memory"]["landmark_threshold"] = 0.1  # ... but a run at another tau is another run
+    assert differences(old, cfg) == ["memory.landmark_threshold 0.1 (now 0.0047)"]
+    assert differences(cfg.to_dict(), replace(cfg, preset=replace(loopworld, timestep_shift=3.0))) == [
+        "preset.timestep_shift 5.0 (now 3.0)"]

@@ -20,8 +20,10 @@ from .model.lingbot.config import LingbotConfig, trained_window
 MODES = ("universal", "gta_drive", "templerun")
 ARCHITECTURES = ("mg2", "lingbot")  # Matrix-Game-2.0 (action module) | LingBot-World causal fast (camera poses)
 _PRESET_KEYS = {"description", "mode", "height", "width", "fps", "denoising_steps", "timestep_shift",
-                "weights", "vae", "clip", "files", "dit", "frames_per_chunk", "bundle", "world", "architecture"}
+                "weights", "vae", "clip", "files", "dit", "frames_per_chunk", "bundle", "world", "architecture",
+                "landmark_threshold"}
 _FILE_ROLES = ("dit", "vae", "clip", "text_encoder", "tokenizer")
+LANDMARK_TAU = 0.1  # the landmark detector's threshold without a calibrated one (the paper's, set for MG2)
 
 
 @dataclass(frozen=True)
@@ -36,7 +38,7 @@ class MemoryConfig:
     budget: int | None = None
     summary_slots: int | None = None
     recent_slots: int | None = None
-    landmark_threshold: float = 0.1   # tau: cosine distance of consecutive frame descriptors
+    landmark_threshold: float = LANDMARK_TAU  # tau: cosine distance of consecutive frame descriptors
     sink_frames: int = 1              # sink: first k latent frames kept
     max_cache_gb: float = 16.0        # full / yarn: refuse before the cache exceeds this
     spill_dir: str | None = None      # field: keep evicted frames on disk here instead of host RAM
@@ -77,6 +79,10 @@ class Preset:
             the presets folder (or beside a preset YAML).
         world: ``procedural`` for a model of the procedural world (start image rendered from the
             world, ground-truth metrics), else None.
+        landmark_threshold: the landmark detector's tau calibrated for this model (a cosine
+            distance in (0, 2]; ``worldtrace bench tau``), used when ``--landmark-threshold`` is not
+            given; None: :data:`LANDMARK_TAU` (0.1, the paper's). Only a default: the value a run
+            uses is its ``memory.landmark_threshold`` (:func:`memory_config`).
     """
 
     name: str
@@ -96,6 +102,7 @@ class Preset:
     bundle: str | None = None
     world: str | None = None
     architecture: str = "mg2"
+    landmark_threshold: float | None = None
 
     @property
     def is_lingbot(self) -> bool:
@@ -229,6 +236,7 @@ def _check_preset_values(raw: dict, source: str) -> None:
              "frames_per_chunk": (integer, "an integer >= 1"),
              "denoising_steps": (lambda v: isinstance(v, list) and v and all(integer(x, 0) and x <= 1000 for x in v),
                                  "a non-empty list of integer timesteps in [0, 1000]"),
+             "landmark_threshold": (lambda v: number(v) and v <= 2, "a cosine distance in (0, 2]"),
              **{k: (lambda v: isinstance(v, str), "a string") for k in ("description", "vae", "clip", "bundle")},
              "files": (lambda v: v is None or (isinstance(v, dict) and all(isinstance(x, str) for x in v.values())),
                        "a mapping of roles to file names")}
@@ -316,9 +324,14 @@ def default_cache(preset: Preset) -> dict:
     return official_memory(preset.dit.local_attn_size, preset.dit.sink_size, preset.frames_per_chunk)
 
 
-def memory_config(cache: str, spill_dir=None, **options):
+def memory_config(cache: str, spill_dir=None, preset: Preset | None = None, **options) -> MemoryConfig:
     """:func:`~worldtrace_cli.cli.options.memory_options` values (``positions``, ``budget``, ``summary_slots``, ``recent_slots``,
     ``landmark_threshold``, ``sink_frames``, ``max_cache_gb``, ``spill_dir``, ``top_k``,
     ``retrieval_budget``, ``keep_ratio``, ``bank_device``) and a writer spec as a
-    MemoryConfig (defaults: MemoryConfig's own). Raises TypeError for an unknown option name."""
+    MemoryConfig (defaults: MemoryConfig's own). ``landmark_threshold`` None (or absent) is the
+    ``preset``'s calibrated tau when it has one (:attr:`Preset.landmark_threshold`: loopworld
+    0.0047), else :data:`LANDMARK_TAU`. Raises TypeError for an unknown option name."""
+    if options.get("landmark_threshold") is None:
+        options["landmark_threshold"] = (preset.landmark_threshold if preset is not None
+                                         and preset.landmark_threshold is not None else LANDMARK_TAU)
     return MemoryConfig(cache=cache, spill_dir=None if spill_dir is None else str(spill_dir), **options)

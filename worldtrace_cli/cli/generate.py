@@ -117,7 +117,7 @@ def generate(trajectory, preset, checkpoint, prompt, poses, intrinsics, random_w
         cfg = RunConfig(preset=resolved, trajectory=trajectory, output=out, image=image, chunks=chunks,
                         world_seed=world_seed, prompt=prompt, poses=poses, intrinsics=intrinsics,
                         seed=seed, device=device, dtype=dtype, checkpoint=checkpoint, random_weights=random_weights,
-                        memory=memory_config(**options),
+                        memory=memory_config(preset=resolved, **options),
                         overwrite=overwrite, progress=not no_progress, hash_checkpoint=hash_checkpoint,
                         metrics=metrics, save_every=save_every,
                         **speed_config(rope_precision, compile_mode, overlap_decode))

@@ -91,10 +91,11 @@ def memory_options(command):
         click.option("--summary-slots", type=click.IntRange(0), default=None,
                      help="N_s summary slots (WorldTrace writers; default window - 2: 4, gta_drive 2)."),
         click.option("--recent-slots", type=click.IntRange(1), default=None, help="N_r verbatim recent slots (default 2)."),
-        click.option("--landmark-threshold", type=click.FloatRange(0, 2, min_open=True), default=0.1, show_default=True,
+        click.option("--landmark-threshold", type=click.FloatRange(0, 2, min_open=True), default=None,
                      callback=_finite,
                      help="tau: cosine distance (0-2) between consecutive frame descriptors that marks a scene entry "
-                          "(`worldtrace bench tau` calibrates it)."),
+                          "(default: the preset's calibrated tau, loopworld 0.0047, else the paper's 0.1; "
+                          "`worldtrace bench tau` calibrates it)."),
         click.option("--sink-frames", type=click.IntRange(1), default=1, show_default=True,
                      help="sink and memrope: first latent frames kept (attention sink)."),
         click.option("--max-cache-gb", type=click.FloatRange(0, min_open=True), default=16.0, show_default=True,

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import torch
 
-from ..memory import MemoryConfig
+from ..config import memory_config
 
 
 def speed_benchmark(preset_name: str = "tiny", caches: tuple[str, ...] = ("sliding", "field", "landmark"),
@@ -75,7 +75,7 @@ def speed_benchmark(preset_name: str = "tiny", caches: tuple[str, ...] = ("slidi
             torch.cuda.synchronize(dev)
 
     def measure(cache: str, repeat: int) -> list[dict]:
-        writer = pipe.build_writer(MemoryConfig(cache=cache, budget=budget))
+        writer = pipe.build_writer(memory_config(cache, preset=preset, budget=budget))  # the preset's tau
         sync()
         if dev.type == "cuda":
             torch.cuda.reset_peak_memory_stats(dev)

@@ -251,7 +251,7 @@ def run_compare(trajectory: str | Path, caches: list[str], out_dir: str | Path, 
     preset_obj = load_preset(preset or default_preset_name(traj.mode, checkpoint))
     configs = [RunConfig(preset=preset_obj, trajectory=trajectory, output=out_dir / folder, image=image,
                          chunks=chunks, seed=seed, device=device, dtype=dtype, checkpoint=checkpoint,
-                         random_weights=random_weights, memory=memory_config(cache, **(memory or {})),
+                         random_weights=random_weights, memory=memory_config(cache, preset=preset_obj, **(memory or {})),
                          overwrite=overwrite, progress=progress, metrics=metrics, world_seed=world_seed,
                          **(speed or {}))
                for cache, folder in zip(caches, folders)]

@@ -42,7 +42,7 @@ def check_jobs(jobs: Sequence[Job], preset, chunks: int | None = None, memory: d
     for trajectory, image in sorted({(j.trajectory, j.image) for j in jobs}, key=str):
         cfg = RunConfig(preset=preset, trajectory=trajectory, output=Path("."), image=image, chunks=chunks)
         parsed[trajectory] = check_inputs(cfg, parsed.get(trajectory))
-    check_writers([memory_config(c, **(memory or {})) for c in sorted({j.cache for j in jobs})], preset, "--caches")
+    check_writers([memory_config(c, preset=preset, **(memory or {})) for c in sorted({j.cache for j in jobs})], preset, "--caches")
 
 
 
@@ -119,7 +119,7 @@ def run_jobs(jobs: Sequence[Job], out_dir: str | Path, preset: str = "tiny", dev
             cfg = RunConfig(preset=preset_obj, trajectory=job.trajectory, output=folder, image=job.image,
                             world_seed=job.world or 0, chunks=chunks, seed=job.seed, device=device, dtype=dtype,
                             checkpoint=checkpoint, random_weights=random_weights,
-                            memory=memory_config(job.cache, **(memory or {})), progress=progress, metrics=metrics,
+                            memory=memory_config(job.cache, preset=preset_obj, **(memory or {})), progress=progress, metrics=metrics,
                             **(speed or {}))
             step, what = next_step(folder, cfg)
             if step == "reuse":

@@ -93,6 +93,9 @@ def resume_config(run_dir: str | Path):
 
 
 VOLATILE = ("output", "progress", "overwrite", "save_every", "overlap_decode")  # settings that do not change the video
+# preset keys that are only defaults of other settings (the tau a run uses is memory.landmark_threshold),
+# so runs recorded before the key existed stay the same run
+PRESET_DEFAULTS = ("landmark_threshold",)
 
 
 def resumable(folder: str | Path, cfg):
@@ -127,7 +130,9 @@ def differences(saved: dict, cfg) -> list[str]:
             continue
         a, b = saved.get(key), now.get(key)
         if isinstance(a, dict) and isinstance(b, dict):
-            out += [f"{key}.{k} {a.get(k)!r} (now {b.get(k)!r})" for k in sorted(set(a) | set(b)) if a.get(k) != b.get(k)]
+            skip = PRESET_DEFAULTS if key == "preset" else ()
+            out += [f"{key}.{k} {a.get(k)!r} (now {b.get(k)!r})" for k in sorted(set(a) | set(b))
+                    if a.get(k) != b.get(k) and k not in skip]
         else:
             out.append(f"{key} {a!r} (now {b!r})")
     return out
