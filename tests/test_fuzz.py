@@ -151,6 +151,7 @@ def test_any_preset_file_loads_or_is_a_one_line_error(doc, base):
     ({"weights": "bundled", "bundle": 5}, "bundle: must be a string"),  # was a TypeError traceback
     ({"fps": "abc"}, "fps: must be a finite number > 0"),  # was accepted, then failed in the run
     ({"landmark_threshold": 3}, "landmark_threshold: must be a cosine distance in (0, 2], got 3"),
+    ({"sampler": "ddim"}, "sampler: must be one of renoise, euler, got 'ddim'"),
     ({"dit": {**yaml.safe_load((ROOT / "worldtrace_cli" / "presets" / "tiny.yaml").read_text())["dit"],
               "num_layers": "4"}}, "dit: num_layers: must be an integer >= 1, got '4'"),
 ])
@@ -162,6 +163,40 @@ def test_preset_values_are_checked_when_loaded(tmp_path, change, message):
         load_preset(str(path))
     one_line_user_error(err.value)
     assert str(err.value).startswith(str(path)) and message in str(err.value), str(err.value)
+
+
+def test_a_lingbot_preset_refuses_the_euler_sampler(tmp_path):
+    base = yaml.safe_load((ROOT / "worldtrace_cli" / "presets" / "lingbot-tiny.yaml").read_text())
+    path = tmp_path / "p.yaml"
+    path.write_text(yaml.safe_dump({**base, "sampler": "euler"}))
+    with pytest.raises(WorldtraceError) as err:
+        load_preset(str(path))
+    one_line_user_error(err.value)
+    assert str(err.value).startswith(f"{path}: sampler: LingBot presets use LingBot's own sampler"), str(err.value)
+
+
+def test_a_preset_extends_a_built_in_one(tmp_path):
+    """``extends: NAME`` takes the built-in preset's keys, replaces the ones given, keeps the base's
+    bundle (the packaged file, not one beside the extending YAML); bad bases are one-line errors."""
+    from worldtrace_cli.model.checkpoint import bundle_path
+
+    path = tmp_path / "mine.yaml"
+    path.write_text("extends: loopworld\nlandmark_threshold: 0.01\ndenoising_steps: [1000, 500]\n")
+    mine, base = load_preset(str(path)), load_preset("loopworld")
+    assert mine.name == "mine" and mine.dit == base.dit and mine.world == "procedural"
+    assert (mine.landmark_threshold, mine.denoising_steps, mine.sampler) == (0.01, (1000, 500), "renoise")
+    assert bundle_path(mine) == bundle_path(base) and bundle_path(mine).is_file()
+    shipped = load_preset("loopworld-euler")
+    assert shipped.sampler == "euler" and len(shipped.denoising_steps) == 10 and shipped.dit == base.dit
+    for text, message in (("extends: nothing\n", "extends: must name a built-in preset"),
+                          ("extends: [loopworld]\n", "extends: must name a built-in preset"),
+                          ("extends: loopworld-euler\n", "extends another preset itself"),
+                          ("extends: loopworld\nsampler: ode\n", "sampler: must be one of renoise, euler")):
+        path.write_text(text)
+        with pytest.raises(WorldtraceError) as err:
+            load_preset(str(path))
+        one_line_user_error(err.value)
+        assert str(err.value).startswith(f"{path}: ") and message in str(err.value), str(err.value)
 
 
 # --------------------------------------------------------------------------- CLI options

@@ -26,7 +26,7 @@ class ConstantConditioning:
         return torch.cat([mask, self.latent.expand(-1, -1, count, -1, -1)], dim=1)
 
 
-def make_rollout(dit, chunks, seed=0, keyboard=None, cache="sliding"):
+def make_rollout(dit, chunks, seed=0, keyboard=None, cache="sliding", schedule=FlowMatchSchedule(), noise=None):
     rows = 12 * chunks - 3
     gen = torch.Generator().manual_seed(11)
     if keyboard is None:
@@ -34,8 +34,8 @@ def make_rollout(dit, chunks, seed=0, keyboard=None, cache="sliding"):
     mouse = torch.zeros(1, rows, 2)
     ctx = torch.randn(1, 257, 1280, generator=gen)
     writer = build_writer(MemoryConfig(cache=cache), dit.cfg.local_attn_size - 3)
-    return Rollout(dit, writer, ConstantConditioning(), ctx, keyboard, mouse, FlowMatchSchedule(), seed,
-                   torch.device("cpu"), LATENT_HW)
+    return Rollout(dit, writer, ConstantConditioning(), ctx, keyboard, mouse, schedule, seed,
+                   torch.device("cpu"), LATENT_HW, noise=noise)
 
 
 def test_400_chunks_past_mg2_rope_table(dit):
@@ -77,6 +77,23 @@ def test_same_seed_same_video_other_seed_differs(dit):
         assert torch.equal(x1, x2)
         assert not torch.allclose(x1, x3)
     assert torch.equal(a[0], make_rollout(dit, 3, seed=5).step().latents)
+
+
+def test_the_euler_sampler_draws_only_the_initial_noise(dit):
+    """``euler`` (a preset's ``sampler``): each chunk depends on its initial noise only; MG2's
+    ``renoise`` also on the fresh noise of every later step. Same initial noise, other later draws."""
+    def noise(later_scale):
+        def draw(chunk, i, shape):
+            gen = torch.Generator().manual_seed(100 * chunk + i)
+            return torch.randn(shape, generator=gen) * (1.0 if i == 0 else later_scale)
+        return draw
+
+    for sampler, same in (("euler", True), ("renoise", False)):
+        schedule = FlowMatchSchedule((1000, 750, 500, 250), 2.0, sampler)
+        a, b = (make_rollout(dit, 2, schedule=schedule, noise=noise(k)) for k in (1.0, -1.0))
+        for _ in range(2):
+            xa, xb = a.step().latents, b.step().latents
+            assert torch.isfinite(xa).all() and torch.equal(xa, xb) == same, sampler
 
 
 def test_actions_change_the_video_only_from_where_they_are_read(dit):

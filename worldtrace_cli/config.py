@@ -21,8 +21,9 @@ MODES = ("universal", "gta_drive", "templerun")
 ARCHITECTURES = ("mg2", "lingbot")  # Matrix-Game-2.0 (action module) | LingBot-World causal fast (camera poses)
 _PRESET_KEYS = {"description", "mode", "height", "width", "fps", "denoising_steps", "timestep_shift",
                 "weights", "vae", "clip", "files", "dit", "frames_per_chunk", "bundle", "world", "architecture",
-                "landmark_threshold"}
+                "landmark_threshold", "sampler", "extends"}
 _FILE_ROLES = ("dit", "vae", "clip", "text_encoder", "tokenizer")
+SAMPLERS = ("renoise", "euler")  # MG2's x0-then-fresh-noise step | the deterministic flow-ODE (Euler) step
 LANDMARK_TAU = 0.1  # the landmark detector's threshold without a calibrated one (the paper's, set for MG2)
 
 
@@ -69,6 +70,9 @@ class Preset:
             ``sink_size`` are the official run's cache, 18 / 6; ``frames_per_chunk`` 4).
         height, width: pixel resolution of generated frames (multiples of 16).
         denoising_steps: nominal steps (warped by the sampler); ``timestep_shift`` 5.0.
+        sampler: ``renoise`` (MG2's: x0 at each step, re-noised with fresh noise) or ``euler`` (the
+            deterministic flow-ODE step; :func:`~worldtrace_cli.model.sampler.next_x`); MG2
+            architecture only (LingBot has its own sampler).
         weights: ``random`` (seeded random weights, e.g. ``tiny``), ``checkpoint`` (an official
             folder) or ``bundled`` (one safetensors file shipped with the presets: ``bundle``).
         vae, clip: variant names of the shipped VAE / CLIP configs.
@@ -103,6 +107,7 @@ class Preset:
     world: str | None = None
     architecture: str = "mg2"
     landmark_threshold: float | None = None
+    sampler: str = "renoise"
 
     @property
     def is_lingbot(self) -> bool:
@@ -127,10 +132,14 @@ class Preset:
         LingBot 18 - 4)."""
         return self.window - self.frames_per_chunk
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self, training: bool = False) -> dict[str, Any]:
+        """JSON-able fields; ``training=True`` leaves out the inference-only defaults
+        (``landmark_threshold``), which do not change what a trainer does."""
         d = asdict(self)
         d["dit"] = self.dit.to_dict()
         d["denoising_steps"] = list(self.denoising_steps)
+        if training:
+            del d["landmark_threshold"]
         return d
 
     @classmethod
@@ -158,6 +167,10 @@ def default_preset_name(mode: str, checkpoint) -> str:
 def load_preset(name_or_path: str) -> Preset:
     """Load a built-in preset by name (``tiny``, ``mg2-universal``, ...) or a preset YAML file.
 
+    A preset with ``extends: NAME`` starts from the built-in preset NAME's keys and replaces those
+    it gives (whole values: a ``dit`` given replaces the base's); an inherited ``bundle`` stays the
+    base's file. One level: the base may not extend another.
+
     Raises:
         InputError: unknown preset, malformed YAML, unknown keys or bad values (message names the file).
     """
@@ -181,6 +194,9 @@ def load_preset(name_or_path: str) -> Preset:
     unknown = sorted(set(raw) - _PRESET_KEYS)
     if unknown:
         raise InputError(f"{source}: unknown keys: {', '.join(unknown)}")
+    own_bundle = "bundle" in raw
+    if "extends" in raw:
+        raw = {**_base_preset(raw.pop("extends"), source), **raw}
     missing = [k for k in ("mode", "height", "width", "dit") if k not in raw]
     if missing:
         raise InputError(f"{source}: missing keys: {', '.join(missing)}")
@@ -210,6 +226,9 @@ def load_preset(name_or_path: str) -> Preset:
         raise InputError(f"{source}: files: unknown roles {sorted(set(files) - set(_FILE_ROLES))}")
     if "denoising_steps" in raw:
         raw["denoising_steps"] = tuple(raw["denoising_steps"])
+    if raw.get("architecture") == "lingbot" and raw.get("sampler", "renoise") != "renoise":
+        raise InputError(f"{source}: sampler: LingBot presets use LingBot's own sampler; only MG2-architecture "
+                         f"presets take 'euler'")
     if raw.get("architecture") == "lingbot":
         from .model.lingbot.config import official_memory
 
@@ -217,9 +236,21 @@ def load_preset(name_or_path: str) -> Preset:
             official_memory(dit.local_attn_size, dit.sink_size, raw.get("frames_per_chunk", 3))
         except ValueError as exc:
             raise InputError(f"{source}: dit: {exc}") from None
-    if raw.get("bundle") and path.suffix in (".yaml", ".yml") and path.is_file():
+    if own_bundle and raw.get("bundle") and path.suffix in (".yaml", ".yml") and path.is_file():
         raw["bundle"] = str((path.parent / raw["bundle"]).resolve())  # a preset file's bundle lies beside it
     return Preset(name=name, dit=dit, files=dict(files), **raw)
+
+
+def _base_preset(base, source: str) -> dict:
+    """The keys of the built-in preset ``base`` that a preset ``extends`` (``source`` names the
+    extending file in errors). Raises InputError: not a built-in name, or a base that extends."""
+    names = preset_names()
+    if not isinstance(base, str) or base not in names:
+        raise InputError(f"{source}: extends: must name a built-in preset ({', '.join(names)}), got {base!r}"[:300])
+    raw = yaml.safe_load(resources.files("worldtrace_cli.presets").joinpath(f"{base}.yaml").read_text())
+    if "extends" in raw:
+        raise InputError(f"{source}: extends: preset {base} extends another preset itself (one level only)")
+    return raw
 
 
 def _check_preset_values(raw: dict, source: str) -> None:
@@ -237,6 +268,7 @@ def _check_preset_values(raw: dict, source: str) -> None:
              "denoising_steps": (lambda v: isinstance(v, list) and v and all(integer(x, 0) and x <= 1000 for x in v),
                                  "a non-empty list of integer timesteps in [0, 1000]"),
              "landmark_threshold": (lambda v: number(v) and v <= 2, "a cosine distance in (0, 2]"),
+             "sampler": (lambda v: v in SAMPLERS, f"one of {', '.join(SAMPLERS)}"),
              **{k: (lambda v: isinstance(v, str), "a string") for k in ("description", "vae", "clip", "bundle")},
              "files": (lambda v: v is None or (isinstance(v, dict) and all(isinstance(x, str) for x in v.values())),
                        "a mapping of roles to file names")}

@@ -87,7 +87,7 @@ class MG2Pipeline(PipelineBase):
         from .model.sampler import FlowMatchSchedule
         from .rollout import Rollout
 
-        schedule = FlowMatchSchedule(self.preset.denoising_steps, self.preset.timestep_shift)
+        schedule = FlowMatchSchedule(self.preset.denoising_steps, self.preset.timestep_shift, self.preset.sampler)
         return Rollout(self.world.dit, writer, conditioned.latents, conditioned.visual_context, keyboard, mouse,
                        schedule, seed, self.device, self.latent_hw, self.frames_per_chunk, noise=noise,
                        on_step=on_step, poses=self.latent_poses(keyboard, mouse))

@@ -21,7 +21,7 @@ from .runs.records import slot_records
 from .schemas import SCHEMA_VERSION
 from .memory import CacheGeometry, CacheWriter
 from .model.dit import ChunkInputs, LayerPast
-from .model.sampler import FlowMatchSchedule, add_noise, chunk_generator, flow_to_x0
+from .model.sampler import FlowMatchSchedule, chunk_generator, flow_to_x0, next_x
 
 log = logging.getLogger("worldtrace")
 
@@ -99,6 +99,7 @@ class Rollout:
         self.keyboard = keyboard.to(device, self.dtype)
         self.mouse = None if mouse is None else mouse.to(device, self.dtype)
         self.timesteps, self.sigmas = schedule.timesteps(), schedule.sigmas()
+        self.sampler = schedule.sampler
         self.latent_hw = latent_hw
         cfg = dit.cfg
         tokens = dit.tokens_per_frame(latent_hw)
@@ -152,7 +153,7 @@ class Rollout:
                 if self.on_step is not None:
                     self.on_step(c, s, x0)
                 if s < len(self.timesteps) - 1:
-                    x = add_noise(x0, draw(s + 1).to(self.device), self.sigmas[s + 1])
+                    x = next_x(x0, flow.float(), self.sigmas[s + 1], self.sampler, lambda: draw(s + 1))
         if not torch.isfinite(x0).all():
             raise RunError(f"chunk {c}: the denoised latents contain NaN or inf")
         with timer.phase("context"):

@@ -221,7 +221,7 @@ def train_eval_cmd(dit_dir, vae_weights, clips, rollouts, rollout_chunks, use_em
         data = Path(settings["data"])
         held = heldout_clips(data, vae_weights, clips)
         late_cond = load_file(str(data / "late_conditioning.safetensors"))["latents"]
-        schedule = FlowMatchSchedule(tuple(preset.denoising_steps), preset.timestep_shift)
+        schedule = FlowMatchSchedule(tuple(preset.denoising_steps), preset.timestep_shift, preset.sampler)
         out = memory_effect(dit, held, late_cond, schedule)
         if rollouts:
             walks = heldout_rollout_clips(data, vae_weights, rollouts, rollout_chunks)

@@ -5,6 +5,13 @@ Flow matching with ``x_t = (1 - sigma) x0 + sigma * eps`` and a model that predi
 re-noise it to the next step's sigma with fresh noise (an LCM-style step, not an Euler step).
 The schedule is short enough to state here; ``tests/test_sampler.py`` cross-checks it against
 diffusers' ``FlowMatchEulerDiscreteScheduler``.
+
+A preset may instead ask for the deterministic ``euler`` step on the same schedule: re-noise x0 with
+the model's own predicted noise ``x0 + v`` instead of fresh noise, which is exactly an Euler step
+of the flow ODE, ``x_{s+1} = x_s + (sigma_{s+1} - sigma_s) v`` (DDIM with eta 0; diffusers'
+``FlowMatchEulerDiscreteScheduler.step``). An undistilled model (``loopworld``) sampled this way in
+10 steps keeps the structure that the re-noising sampler averages away
+(benchmarks/results/loopworld-sampler/).
 """
 
 from __future__ import annotations
@@ -13,6 +20,8 @@ from dataclasses import dataclass
 
 import numpy as np
 import torch
+
+from ..config import SAMPLERS  # noqa: F401  (the names a preset's ``sampler`` takes)
 
 NUM_TRAIN_TIMESTEPS = 1000
 
@@ -24,10 +33,13 @@ class FlowMatchSchedule:
     Args:
         denoising_steps: the nominal step list, e.g. ``(1000, 666, 333)`` or ``(1000, 750, 500, 250)``.
         shift: timestep shift (5.0 for every MG2 mode).
+        sampler: how x moves from one step's sigma to the next (:data:`SAMPLERS`; :func:`next_x`):
+            ``renoise`` (MG2's, fresh noise) or ``euler`` (deterministic).
     """
 
     denoising_steps: tuple[int, ...] = (1000, 666, 333)
     shift: float = 5.0
+    sampler: str = "renoise"
 
     def table(self) -> tuple[torch.Tensor, torch.Tensor]:
         """(sigmas, timesteps), float32 [1000]: ``s_i = 1 - i/1000``, ``sigma = shift*s/(1+(shift-1)*s)``."""
@@ -58,6 +70,19 @@ def add_noise(x0: torch.Tensor, noise: torch.Tensor, sigma: float | torch.Tensor
     """Forward process ``(1 - sigma) x0 + sigma * noise`` (same dtype as x0)."""
     sigma = torch.as_tensor(sigma, device=x0.device).to(x0.dtype)
     return (1 - sigma) * x0 + sigma * noise
+
+
+def next_x(x0: torch.Tensor, flow: torch.Tensor, sigma_next: float | torch.Tensor, sampler: str, draw) -> torch.Tensor:
+    """The sampler's input at the next step, from this step's x0 and flow (both [B, C, F, H, W], x0's
+    dtype): ``renoise`` (MG2 spec §10) ``add_noise(x0, draw(), sigma_next)`` with a fresh Gaussian
+    draw; ``euler`` ``add_noise(x0, x0 + flow, sigma_next)``, the noise the model predicts, which
+    equals the Euler step ``x + (sigma_next - sigma) flow`` of the flow ODE (``draw`` is not called:
+    no randomness after the initial noise). Raises ValueError for another ``sampler``."""
+    if sampler == "renoise":
+        return add_noise(x0, draw().to(x0.device), sigma_next)
+    if sampler == "euler":
+        return add_noise(x0, x0 + flow.to(x0.dtype), sigma_next)
+    raise ValueError(f"unknown sampler {sampler!r} (expected one of {', '.join(SAMPLERS)})")
 
 
 def chunk_generator(seed: int, chunk: int) -> torch.Generator:

@@ -31,7 +31,7 @@ from ..memory import CacheGeometry, MemoryConfig, build_writer
 from ..model.conditioning import MASK_CHANNELS, ConditioningLatents
 from ..model.dit import CausalWanDiT, ChunkInputs, init_random_weights
 from ..rollout import read_past
-from ..model.sampler import NUM_TRAIN_TIMESTEPS, FlowMatchSchedule, add_noise, flow_to_x0
+from ..model.sampler import NUM_TRAIN_TIMESTEPS, FlowMatchSchedule, add_noise, flow_to_x0, next_x
 from .common import LoopSettings, prepare_folder, run_loop, save_safetensors_atomic, settings_dict
 from .dataset import CLIP_CHUNKS, EncodedClip, read_shard, shard_paths
 
@@ -134,14 +134,16 @@ def _numpy_draws(rng: np.random.Generator, device: torch.device | str = "cpu"):
 def sample_x0(dit: CausalWanDiT, shape: tuple[int, ...], cond: torch.Tensor, chunk: ChunkInputs,
               schedule: FlowMatchSchedule, draw) -> torch.Tensor:
     """The product's sampler (as :meth:`~worldtrace_cli.rollout.Rollout.step`: x0 from the flow at
-    each step, re-noised to the next step's sigma) on one chunk: float32 x0 of ``shape``
-    [1, 16, 3, h, w]. ``draw(shape)`` gives each Gaussian draw (initial noise, then one per re-noising)."""
+    each step, moved to the next step's sigma by ``schedule.sampler``, :func:`~worldtrace_cli.model.sampler.next_x`)
+    on one chunk: float32 x0 of ``shape`` [1, 16, 3, h, w]. ``draw(shape)`` gives each Gaussian draw
+    (initial noise, then one per re-noising; ``euler`` draws only the initial noise)."""
     x = draw(shape)
     timesteps, sigmas = schedule.timesteps(), schedule.sigmas()
     for s, t in enumerate(timesteps):
-        x0 = flow_to_x0(x, dit(x, t.expand(1, shape[2]).to(x.device), cond, chunk).float(), sigmas[s])
+        flow = dit(x, t.expand(1, shape[2]).to(x.device), cond, chunk).float()
+        x0 = flow_to_x0(x, flow, sigmas[s])
         if s < len(timesteps) - 1:
-            x = add_noise(x0, draw(shape), sigmas[s + 1])
+            x = next_x(x0, flow, sigmas[s + 1], schedule.sampler, lambda: draw(shape))
     return x0
 
 
@@ -170,7 +172,8 @@ def sample_sigma(rng: np.random.Generator, schedule: FlowMatchSchedule, sampler_
 
 START_SHARE = 1 / 6  # default share of chunk-0 targets in a rollout-start clip (the first 3,965 steps of the shipped DiT)
 # settings.json keys added after DiT folders existed, with the value those older runs were trained with
-IMPLIED_BY_OLDER = {"preset.architecture": "mg2", "start_share": START_SHARE, "self_context": 0.0}
+IMPLIED_BY_OLDER = {"preset.architecture": "mg2", "preset.sampler": "renoise", "start_share": START_SHARE,
+                    "self_context": 0.0}
 
 
 def choose_target(rng: np.random.Generator, early: bool, start_share: float = START_SHARE) -> int:
@@ -251,7 +254,7 @@ def train_dit(folder: Path, data: Path, preset: Preset, s: LoopSettings, batch: 
         FileNotFoundError: no encoded clips in ``data``.
         Interrupted: stopped by ``stop()`` (state saved; rerun to continue).
     """
-    prepare_folder(folder, settings_dict(s, kind="dit", data=str(data), preset=preset.to_dict(), batch=batch,
+    prepare_folder(folder, settings_dict(s, kind="dit", data=str(data), preset=preset.to_dict(training=True), batch=batch,
                                          sampler_prob=sampler_prob, return_weight=return_weight, start_share=start_share,
                                          self_context=self_context, init=None if init is None else str(init)),
                    IMPLIED_BY_OLDER)
@@ -268,7 +271,7 @@ def train_dit(folder: Path, data: Path, preset: Preset, s: LoopSettings, batch: 
     dit.to(device)
     pool = ClipPool(data)
     late_cond = pool.late_cond.to(device)
-    schedule = FlowMatchSchedule(tuple(preset.denoising_steps), preset.timestep_shift)
+    schedule = FlowMatchSchedule(tuple(preset.denoising_steps), preset.timestep_shift, preset.sampler)
 
     def step_fn(step: int, rng: np.random.Generator) -> dict:
         losses = [clip_loss(dit, pool.draw(rng).to(device), late_cond, rng, schedule, sampler_prob, return_weight,
