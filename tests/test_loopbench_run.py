@@ -108,6 +108,15 @@ def test_sweep_is_idempotent_and_resumable(tmp_path, fake_generate):
     assert fake_generate == ["pan_90/landmark/mg2_universal_0000/seed0"] and "1 done, 35 skipped" in result.output
     assert not (victim / "video.mp4").exists()  # overwrite removed the stale run files
 
+    # Another tau is refused for the complete landmark runs only (a writer without the detector is the
+    # same run); rerun at the old settings, a refused job's failed.json is history again.
+    fake_generate.clear()
+    result = lb("run", *MATRIX, "--landmark-threshold", "0.3", "-o", out)
+    assert fake_generate == [] and "0 done, 24 skipped, 12 failed" in result.output
+    assert (victim / "failed.json").is_file() and "landmark_threshold 0.0047 (now 0.3)" in (victim / "failed.json").read_text()
+    result = lb("run", *MATRIX, "-o", out)
+    assert result.exit_code == 0 and "0 done, 36 skipped" in result.output and not list(out.rglob("failed.json"))
+
 
 def test_speed_options_reach_every_job(tmp_path, fake_generate):
     out = tmp_path / "lb"

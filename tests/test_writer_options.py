@@ -138,9 +138,16 @@ def test_landmark_tau_defaults_to_the_presets_calibrated_one():
     cfg = absolute(RunConfig(preset=loopworld, trajectory="t.yaml", output="o",
                              memory=memory_config("landmark", preset=loopworld)))
     old = cfg.to_dict()
-    del old["preset"]["landmark_threshold"]  # a summary written before presets had the key
+    del old["preset"]["landmark_threshold"]  # a summary written before presets had the keys
+    del old["preset"]["sampler"]
     assert differences(old, cfg) == []
+    assert differences(old, replace(cfg, preset=replace(loopworld, sampler="euler"))) == [
+        "preset.sampler 'renoise' (now 'euler')"]
     old["memory"]["landmark_threshold"] = 0.1  # ... but a run at another tau is another run
     assert differences(old, cfg) == ["memory.landmark_threshold 0.1 (now 0.0047)"]
+    sliding = absolute(replace(cfg, memory=memory_config("sliding", preset=loopworld)))
+    old = sliding.to_dict()
+    old["memory"]["landmark_threshold"] = 0.1  # a writer without the detector: tau changes nothing
+    assert differences(old, sliding) == []
     assert differences(cfg.to_dict(), replace(cfg, preset=replace(loopworld, timestep_shift=3.0))) == [
         "preset.timestep_shift 5.0 (now 3.0)"]

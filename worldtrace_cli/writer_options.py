@@ -30,6 +30,8 @@ SLOT_FIELDS = ("budget", "summary_slots", "recent_slots")
 # worldtrace_cli.memory.SCHEMES, named here so --help and the early checks do not import torch (a test keeps them equal)
 POSITION_SCHEMES = ("actual", "block_relative", "centroid_linear", "rank", "slot_rank")
 SIZES = ("budget", "slots", "sink", "memrope", "unbounded")
+# the writers that read --landmark-threshold (the landmark detector: landmark.py, and mixed's landmark slots)
+TAU_WRITERS = frozenset({"landmark", "mixed"})
 DEFAULT_WINDOW = 6  # MG2 universal local_attn_size: a writer built without its model's window assumes it
 
 

@@ -124,6 +124,7 @@ def run_jobs(jobs: Sequence[Job], out_dir: str | Path, preset: str = "tiny", dev
             step, what = next_step(folder, cfg)
             if step == "reuse":
                 skipped += 1
+                (folder / FAILED_NAME).unlink(missing_ok=True)  # a refusal of other settings is history now
                 log.info(f"{tag}: complete, skipped")
                 continue
             if step == "resume":

@@ -16,6 +16,7 @@ from dataclasses import replace
 from pathlib import Path
 
 from ..errors import InputError
+from ..writer_options import TAU_WRITERS
 from .folder import RunFolder
 
 STATE_VERSION = 2
@@ -96,6 +97,8 @@ VOLATILE = ("output", "progress", "overwrite", "save_every", "overlap_decode")  
 # preset keys that are only defaults of other settings (the tau a run uses is memory.landmark_threshold),
 # so runs recorded before the key existed stay the same run
 PRESET_DEFAULTS = ("landmark_threshold",)
+# preset keys added later, with the value a run recorded before they existed was made with
+PRESET_IMPLIED = {"sampler": "renoise"}
 
 
 def resumable(folder: str | Path, cfg):
@@ -130,9 +133,12 @@ def differences(saved: dict, cfg) -> list[str]:
             continue
         a, b = saved.get(key), now.get(key)
         if isinstance(a, dict) and isinstance(b, dict):
-            skip = PRESET_DEFAULTS if key == "preset" else ()
-            out += [f"{key}.{k} {a.get(k)!r} (now {b.get(k)!r})" for k in sorted(set(a) | set(b))
-                    if a.get(k) != b.get(k) and k not in skip]
+            skip, implied = (PRESET_DEFAULTS, PRESET_IMPLIED) if key == "preset" else ((), {})
+            if key == "memory" and str(b.get("cache", "")).split(":", 1)[0] not in TAU_WRITERS:
+                skip = ("landmark_threshold",)  # a writer without the detector: tau changes nothing
+            out += [f"{key}.{k} {a.get(k, implied.get(k))!r} (now {b.get(k, implied.get(k))!r})"
+                    for k in sorted(set(a) | set(b))
+                    if a.get(k, implied.get(k)) != b.get(k, implied.get(k)) and k not in skip]
         else:
             out.append(f"{key} {a!r} (now {b!r})")
     return out
