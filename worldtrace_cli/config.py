@@ -25,6 +25,11 @@ _PRESET_KEYS = {"description", "mode", "height", "width", "fps", "denoising_step
 _FILE_ROLES = ("dit", "vae", "clip", "text_encoder", "tokenizer")
 SAMPLERS = ("renoise", "euler")  # MG2's x0-then-fresh-noise step | the deterministic flow-ODE (Euler) step
 LANDMARK_TAU = 0.1  # the landmark detector's threshold without a calibrated one (the paper's, set for MG2)
+# Preset keys that are only defaults of run settings (the tau a run uses is memory.landmark_threshold): not
+# part of what a training run or a generated video is made with
+PRESET_DEFAULTS_ONLY = ("landmark_threshold",)
+# Preset keys added after runs and training folders were recorded, with the value those were made with
+PRESET_ADDED = {"architecture": "mg2", "sampler": "renoise"}
 
 
 @dataclass(frozen=True)
@@ -133,14 +138,12 @@ class Preset:
         return self.window - self.frames_per_chunk
 
     def to_dict(self, training: bool = False) -> dict[str, Any]:
-        """JSON-able fields; ``training=True`` leaves out the inference-only defaults
-        (``landmark_threshold``), which do not change what a trainer does."""
+        """JSON-able fields; ``training=True`` leaves out :data:`PRESET_DEFAULTS_ONLY` (defaults of
+        inference flags, which do not change what a trainer does)."""
         d = asdict(self)
         d["dit"] = self.dit.to_dict()
         d["denoising_steps"] = list(self.denoising_steps)
-        if training:
-            del d["landmark_threshold"]
-        return d
+        return {k: v for k, v in d.items() if k not in PRESET_DEFAULTS_ONLY} if training else d
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> "Preset":

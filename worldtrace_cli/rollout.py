@@ -148,12 +148,12 @@ class Rollout:
         x = draw(0).to(self.device)
         with timer.phase("denoise"):
             for s, t in enumerate(self.timesteps):
-                flow = self._dit(x, t.expand(1, f).to(self.device), cond, chunk)
-                x0 = flow_to_x0(x, flow.float(), self.sigmas[s])
+                flow = self._dit(x, t.expand(1, f).to(self.device), cond, chunk).float()
+                x0 = flow_to_x0(x, flow, self.sigmas[s])
                 if self.on_step is not None:
                     self.on_step(c, s, x0)
                 if s < len(self.timesteps) - 1:
-                    x = next_x(x0, flow.float(), self.sigmas[s + 1], self.sampler, lambda: draw(s + 1))
+                    x = next_x(x0, flow, self.sigmas[s + 1], self.sampler, lambda: draw(s + 1))
         if not torch.isfinite(x0).all():
             raise RunError(f"chunk {c}: the denoised latents contain NaN or inf")
         with timer.phase("context"):

@@ -15,6 +15,7 @@ from __future__ import annotations
 from dataclasses import replace
 from pathlib import Path
 
+from ..config import PRESET_ADDED, PRESET_DEFAULTS_ONLY
 from ..errors import InputError
 from ..writer_options import TAU_WRITERS
 from .folder import RunFolder
@@ -94,11 +95,6 @@ def resume_config(run_dir: str | Path):
 
 
 VOLATILE = ("output", "progress", "overwrite", "save_every", "overlap_decode")  # settings that do not change the video
-# preset keys that are only defaults of other settings (the tau a run uses is memory.landmark_threshold),
-# so runs recorded before the key existed stay the same run
-PRESET_DEFAULTS = ("landmark_threshold",)
-# preset keys added later, with the value a run recorded before they existed was made with
-PRESET_IMPLIED = {"sampler": "renoise"}
 
 
 def resumable(folder: str | Path, cfg):
@@ -123,22 +119,33 @@ def absolute(cfg):
                    checkpoint=None if cfg.checkpoint is None else Path(cfg.checkpoint).resolve())
 
 
+def _video_settings(d: dict) -> dict:
+    """A RunConfig dict reduced to what makes its video, on one footing for runs of every version:
+    preset keys added later take the value older runs were made with
+    (:data:`~worldtrace_cli.config.PRESET_ADDED`), the preset's defaults-only keys are dropped
+    (:data:`~worldtrace_cli.config.PRESET_DEFAULTS_ONLY`: the value used is in ``memory``), and so is
+    ``memory.landmark_threshold`` for a writer without the landmark detector (not in
+    :data:`~worldtrace_cli.writer_options.TAU_WRITERS`)."""
+    d = {k: v for k, v in d.items() if k not in VOLATILE}
+    if isinstance(d.get("preset"), dict):
+        d["preset"] = {k: v for k, v in {**PRESET_ADDED, **d["preset"]}.items() if k not in PRESET_DEFAULTS_ONLY}
+    memory = d.get("memory")
+    if isinstance(memory, dict) and str(memory.get("cache", "")).split(":", 1)[0] not in TAU_WRITERS:
+        d["memory"] = {k: v for k, v in memory.items() if k != "landmark_threshold"}
+    return d
+
+
 def differences(saved: dict, cfg) -> list[str]:
     """The settings that change the video and differ between a saved config dict and ``cfg``
-    (``name saved (now new)``); empty when it is the same run."""
-    now = absolute(cfg).to_dict()
+    (``name saved (now new)``; :func:`_video_settings`); empty when it is the same run."""
+    saved, now = _video_settings(saved), _video_settings(absolute(cfg).to_dict())
     out = []
     for key in sorted(set(saved) | set(now)):
-        if key in VOLATILE or saved.get(key) == now.get(key):
+        if saved.get(key) == now.get(key):
             continue
         a, b = saved.get(key), now.get(key)
         if isinstance(a, dict) and isinstance(b, dict):
-            skip, implied = (PRESET_DEFAULTS, PRESET_IMPLIED) if key == "preset" else ((), {})
-            if key == "memory" and str(b.get("cache", "")).split(":", 1)[0] not in TAU_WRITERS:
-                skip = ("landmark_threshold",)  # a writer without the detector: tau changes nothing
-            out += [f"{key}.{k} {a.get(k, implied.get(k))!r} (now {b.get(k, implied.get(k))!r})"
-                    for k in sorted(set(a) | set(b))
-                    if a.get(k, implied.get(k)) != b.get(k, implied.get(k)) and k not in skip]
+            out += [f"{key}.{k} {a.get(k)!r} (now {b.get(k)!r})" for k in sorted(set(a) | set(b)) if a.get(k) != b.get(k)]
         else:
             out.append(f"{key} {a!r} (now {b!r})")
     return out

@@ -26,7 +26,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from ..config import Preset
+from ..config import PRESET_ADDED, Preset
 from ..memory import CacheGeometry, MemoryConfig, build_writer
 from ..model.conditioning import MASK_CHANNELS, ConditioningLatents
 from ..model.dit import CausalWanDiT, ChunkInputs, init_random_weights
@@ -172,7 +172,7 @@ def sample_sigma(rng: np.random.Generator, schedule: FlowMatchSchedule, sampler_
 
 START_SHARE = 1 / 6  # default share of chunk-0 targets in a rollout-start clip (the first 3,965 steps of the shipped DiT)
 # settings.json keys added after DiT folders existed, with the value those older runs were trained with
-IMPLIED_BY_OLDER = {"preset.architecture": "mg2", "preset.sampler": "renoise", "start_share": START_SHARE,
+IMPLIED_BY_OLDER = {**{f"preset.{k}": v for k, v in PRESET_ADDED.items()}, "start_share": START_SHARE,
                     "self_context": 0.0}
 
 
