@@ -198,12 +198,69 @@ def test_dit_training_lowers_the_loss_and_resumes(tmp_path, data, one_thread):
     # `self_context` and `ema` existed is the same run (mg2, the default share, clean context, no average implied); a nested difference is named by its dotted key
     settings = json.loads((folder / "settings.json").read_text())
     del settings["preset"]["architecture"], settings["start_share"], settings["self_context"], settings["ema"]
+    del settings["batched"]
     (folder / "settings.json").write_text(json.dumps(settings))
     assert train_dit(folder, data, preset, replace(s, steps=28), batch=2, progress=False)["step"] == 28
     settings["preset"]["dit"]["dim"] += 1
     (folder / "settings.json").write_text(json.dumps(settings))
     with pytest.raises(InputError, match=r"other settings \(preset.dit.dim\)"):
         train_dit(folder, data, preset, replace(s, steps=28), batch=2, progress=False)
+
+
+def test_batched_clips_give_each_clips_own_loss(data, one_thread):
+    """A ClipBatch runs B clips through the context passes (their own caches and action rows) and the
+    target chunk in one DiT call per chunk: every clip's loss is the loss it has alone, on every target
+    chunk, early and late clips alike; clips at other latent frames are not stacked."""
+    from worldtrace_cli.train.dit import ClipBatch, ClipPool, build_dit, context_state, target_losses
+
+    preset, pool = _tiny_preset(), ClipPool(data)
+    dit = build_dit(preset, 3)
+    groups = {}
+    for c in pool.clips:
+        groups.setdefault(c.frame_start, []).append(c)
+    largest = max(groups.values(), key=len)
+    assert len(largest) >= 2 and len(groups) == 2  # the fixture holds early and late clips
+    gen = torch.Generator().manual_seed(0)
+    for target in (0, 1, 2):
+        batch = ClipBatch.of(largest)
+        eps = torch.randn(len(batch), *largest[0].latents[:, :3].shape, generator=gen)
+        sigmas = [0.3 + 0.2 * i for i in range(len(batch))]
+        together = target_losses(dit, batch, pool.late_cond, target, *context_state(dit, batch, pool.late_cond, target),
+                                 sigmas, eps, 3.0)
+        alone = torch.cat([target_losses(dit, ClipBatch.of(c), pool.late_cond, target,
+                                         *context_state(dit, c, pool.late_cond, target), [sigmas[i]], eps[i:i + 1], 3.0)
+                           for i, c in enumerate(largest)])
+        assert together.shape == (len(batch),) and torch.allclose(together, alone, rtol=1e-5, atol=1e-6)
+        assert together.std() > 0  # different clips, different losses
+    with pytest.raises(ValueError, match="same latent frames"):
+        ClipBatch.of([groups[0][0], groups[max(groups)][0]])
+
+
+def test_batched_training_lowers_the_loss(tmp_path, data, one_thread):
+    """`train dit --batched`: the grouped steps (with self-generated context on half the clips) lower
+    the loss as the clip-at-a-time steps do; the setting is part of the run (a folder trained one way
+    is not continued the other way)."""
+    from safetensors.torch import load_file
+
+    from worldtrace_cli.train.dit import ClipPool, build_dit, clip_loss, train_dit
+
+    preset, pool = _tiny_preset(), ClipPool(data)
+
+    def fixed_loss(dit):
+        with torch.no_grad():
+            return float(np.mean([clip_loss(dit, clip, pool.late_cond, np.random.default_rng(i), FlowMatchSchedule(),
+                                            1.0, 1.0) for i, clip in enumerate(pool.clips)]))
+
+    before = fixed_loss(build_dit(preset, 0))
+    folder = tmp_path / "batched"
+    s = LoopSettings(steps=24, warmup=2, lr=2e-3, log_every=4, save_every=8)
+    result = train_dit(folder, data, preset, s, batch=4, progress=False, batched=True, self_context=0.5)
+    assert result["step"] == 24 and json.loads((folder / "settings.json").read_text())["batched"] is True
+    dit = build_dit(preset, 0)
+    dit.load_state_dict(load_file(str(folder / "dit.safetensors")))
+    assert fixed_loss(dit) < 0.9 * before
+    with pytest.raises(InputError, match=r"other settings \(batched\)"):
+        train_dit(folder, data, preset, s, batch=4, progress=False, self_context=0.5)
 
 
 def test_dit_training_device_option(tmp_path, data):
@@ -241,6 +298,29 @@ def test_dit_training_on_cuda_matches_cpu(tmp_path, data):
         weights = load_file(str(tmp_path / device / "dit.safetensors"))
         assert all(v.device.type == "cpu" and torch.isfinite(v).all() for v in weights.values())
     assert losses["cuda"][0] == pytest.approx(losses["cpu"][0], rel=1e-3)
+    for device in ("cpu", "cuda"):  # the batched path (what a GPU run uses) too
+        train_dit(tmp_path / f"b-{device}", data, _tiny_preset(), s, batch=4, progress=False, device=device,
+                  batched=True, self_context=0.5)
+        losses[device] = [json.loads(line)["loss"] for line in (tmp_path / f"b-{device}" / "loss.jsonl").read_text().splitlines()]
+    assert losses["cuda"][0] == pytest.approx(losses["cpu"][0], rel=1e-3)
+
+
+@pytest.mark.gpu
+def test_clips_encoded_on_cuda_match_the_cpu(tmp_path, vae_file):
+    """`train encode --device cuda`: the same clips (rendered on the CPU) as on the CPU, to float
+    tolerance, written as CPU tensors."""
+    from worldtrace_cli.train.dataset import ClipMix, encode_clips, read_shard, shard_paths
+
+    if not torch.cuda.is_available():
+        pytest.skip("needs CUDA")
+    clips = {}
+    for device in ("cpu", "cuda"):
+        encode_clips(tmp_path / device, vae_file[0], shards=1, mix=ClipMix(late=0.5, loop=1.0), height=48, width=96,
+                     progress=False, shard_clips=2, device=device)
+        clips[device] = read_shard(shard_paths(tmp_path / device)[0])
+    for a, b in zip(clips["cpu"], clips["cuda"]):
+        assert a.world_seed == b.world_seed and b.latents.device.type == "cpu"
+        assert torch.allclose(a.latents, b.latents, atol=2e-2) and torch.allclose(a.clip_tokens, b.clip_tokens, atol=2e-2)
 
 
 def test_target_chunk_shares():

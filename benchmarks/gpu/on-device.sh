@@ -1,5 +1,9 @@
 #!/usr/bin/env bash
-# Run ON THE GPU MACHINE (device tool), in the repository root, with .whl carried:
+# Run ON THE GPU MACHINE (device tool), in the repository root, with .whl carried.
+# A session has 15 device-minutes in all (start included): two calls, in this order (benchmarks/README.md):
+#   bash benchmarks/gpu/on-device.sh quick            # the runbook in one call, every step time-boxed (<= 7 min)
+#   bash benchmarks/gpu/on-device.sh train all        # clips encoded on the GPU + batched DiT training (<= 5.5 min)
+# Longer steps, for a session with more device time:
 #   bash benchmarks/gpu/on-device.sh check            # GPU tests + CUDA parity, eager and compiled (~3 min)
 #   bash benchmarks/gpu/on-device.sh ratio [EXTRA]    # sliding, field, landmark interleaved 3 times, 64 chunks: s/chunk ratios
 #   bash benchmarks/gpu/on-device.sh bench CACHE [EXTRA]  # one writer at 64,256,512 chunks: peak memory vs N
@@ -7,14 +11,40 @@
 # EXTRA, e.g. "--compile reduce-overhead --warmup 4 --overlap-decode" or "--budget 6".
 # Results go to $OUT (returned by the device tool); copy them into benchmarks/results/.
 # Smoke test on a CPU machine: DEVICE=cpu PRESET=tiny CHUNKS=2,3 RATIO_CHUNKS=6 OUT=/tmp/o bash benchmarks/gpu/on-device.sh ratio
+#   DEVICE=cpu PRESET=tiny OUT=/tmp/o bash benchmarks/gpu/on-device.sh quick
+#   DEVICE=cpu ENCODERS=2 ENCODE_SECONDS=60 TRAIN_BATCH=4 TRAIN_MINUTES=0.5 OUT=/tmp/o bash benchmarks/gpu/on-device.sh train all
 set -uo pipefail
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit 1
 export PYTHONPATH="/tmp/site:$PWD" PYTHONUNBUFFERED=1
 OUT="${OUT:-/tmp/out}"; mkdir -p "$OUT"
 DEVICE="${DEVICE:-cuda}" PRESET="${PRESET:-mg2-universal}" CHUNKS="${CHUNKS:-64,256,512}"
+step() {  # step SECONDS CMD...: run CMD time-boxed, say how it ended (a step that hangs cannot eat the session)
+  local limit=$1; shift; local t0=$SECONDS
+  echo "== $* (limit ${limit} s)"; timeout "$limit" "$@"; local rc=$?
+  echo "== rc $rc after $((SECONDS - t0)) s$([ $rc = 124 ] && echo ': TIMED OUT')"
+}
+half() {  # half SRC DST: a float16 copy of a weights file (files coming back are limited to 16 MiB)
+  python3 -c "import sys; from safetensors.torch import load_file, save_file
+save_file({k: v.half().contiguous() for k, v in load_file(sys.argv[1]).items()}, sys.argv[2])" "$1" "$2"
+}
+FIXTURES="tests/data/fixtures tests/data/fixtures/templerun tests/data/fixtures/universal_la4"
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv 2>/dev/null | tee "$OUT/gpu.txt"
 python3 -c "import torch, diffusers, transformers; print('torch', torch.__version__, 'cuda', torch.version.cuda, 'diffusers', diffusers.__version__, 'transformers', transformers.__version__)" | tee -a "$OUT/gpu.txt"
 case "${1:-check}" in
+  quick)
+    # ~7 minutes at most: GPU tests, CUDA parity (eager on every fixture; float32 RoPE + CUDA graphs on
+    # one), the writers' s/chunk ratios and fps at 32 chunks, and field's peak memory at 32 and 128 chunks.
+    { step 150 python3 -m pytest -q -m gpu tests -p no:cacheprovider; } 2>&1 | tee "$OUT/gpu-tests.log"
+    { for f in $FIXTURES; do step 40 python3 -m worldtrace_cli.parity "$f" --device "$DEVICE"; done
+      step 90 python3 -m worldtrace_cli.parity tests/data/fixtures --device "$DEVICE" --rope-precision float32 \
+          --compile reduce-overhead; } 2>&1 | grep -E "^==|^max_abs_diff|Error|error" | tee "$OUT/parity-cuda.log"
+    step 130 python3 -m worldtrace_cli bench speed --preset "$PRESET" --random-weights --device "$DEVICE" \
+        --caches sliding,field,landmark --chunks "${QUICK_CHUNKS:-32}" --repeats 2 --warmup 4 -o "$OUT" \
+        --name "speed-$PRESET-ratio-quick" 2>&1 | tee "$OUT/speed-$PRESET-ratio-quick.log"
+    step 90 python3 -m worldtrace_cli bench speed --preset "$PRESET" --random-weights --device "$DEVICE" \
+        --caches field --chunks "${MEMORY_CHUNKS:-32,128}" -o "$OUT" --name "speed-$PRESET-field-memory" 2>&1 \
+        | tee "$OUT/speed-$PRESET-field-memory.log"
+    ;;
   check)
     python3 -m pytest -q -m gpu tests 2>&1 | tee "$OUT/gpu-tests.log"
     for args in "" "--rope-precision float32" "--rope-precision float32 --compile default" \
@@ -66,10 +96,38 @@ for part in ('vae', 'dit'):
         python3 -m worldtrace_cli train dit --data "$T/data" -o "$T/dit" --init "$T/dit.safetensors" --preset "${TRAIN_PRESET:-loopworld}" \
             --device "$DEVICE" --start-share 0.5 --ema 0.999 --steps "${TRAIN_STEPS:-30000}" --lr 5e-4 --warmup 50 \
             --minutes "${TRAIN_MINUTES:-8}" --no-progress 2>&1 | tail -3 | tee "$OUT/train-dit.log"
-        cp "$T/dit/dit.safetensors" "$T/dit/loss.jsonl" "$T/dit/settings.json" "$OUT/"
+        half "$T/dit/dit.safetensors" "$OUT/dit-fp16.safetensors"
+        cp "$T/dit/loss.jsonl" "$T/dit/settings.json" "$OUT/"
         ;;
-      *) echo "usage: $0 train encode|dit"; exit 2 ;;
+      all)
+        # ~5.5 minutes at most: ENCODERS processes render clips on the CPU cores and encode them on the
+        # GPU for ENCODE_SECONDS (finished shards count), then TRAIN_MINUTES of batched training
+        # (--batched --batch TRAIN_BATCH) from the shipped DiT. Back in $OUT: the weights and their
+        # moving average in float16, loss.jsonl, settings.json, result.json, the encoders' log.
+        for i in $(seq 1 "${ENCODERS:-12}"); do
+          OMP_NUM_THREADS=1 timeout "${ENCODE_SECONDS:-80}" python3 -m worldtrace_cli train encode \
+              --vae "$T/vae.safetensors" -o "$T/all-data-$i" --shards 1000 --seed $((200 + i)) --device "$DEVICE" \
+              ${ENCODE_ARGS:-} --no-progress > "$T/all-encode-$i.log" 2>&1 &
+        done; wait
+        mkdir -p "$T/all-data"; n=0
+        cp "$T/all-data-1/late_conditioning.safetensors" "$T/all-data/"
+        for f in "$T"/all-data-*/clips-*.safetensors; do
+          ln -sf "$PWD/$f" "$T/all-data/$(printf clips-%05d.safetensors $n)"; n=$((n + 1))
+        done
+        echo "$n shards of 32 clips encoded in ${ENCODE_SECONDS:-80} s by ${ENCODERS:-12} processes" | tee "$OUT/train-all.log"
+        tail -n 3 "$T/all-encode-1.log" >> "$OUT/train-all.log"
+        step "${TRAIN_LIMIT:-300}" python3 -m worldtrace_cli train dit --data "$T/all-data" -o "$T/all-dit" \
+            --init "$T/dit.safetensors" --preset "${TRAIN_PRESET:-loopworld}" --device "$DEVICE" --batched \
+            --batch "${TRAIN_BATCH:-64}" --start-share 0.5 --ema 0.999 --steps "${TRAIN_STEPS:-100000}" \
+            --lr "${TRAIN_LR:-5e-4}" --warmup 50 --save-every 100 --minutes "${TRAIN_MINUTES:-3.5}" --no-progress \
+            2>&1 | tail -n 4 | tee -a "$OUT/train-all.log"
+        half "$T/all-dit/dit.safetensors" "$OUT/dit-fp16.safetensors"
+        [ -f "$T/all-dit/dit-ema.safetensors" ] && half "$T/all-dit/dit-ema.safetensors" "$OUT/dit-ema-fp16.safetensors"
+        cp "$T/all-dit/loss.jsonl" "$T/all-dit/settings.json" "$OUT/"
+        [ -f "$T/all-dit/result.json" ] && cp "$T/all-dit/result.json" "$OUT/"
+        ;;
+      *) echo "usage: $0 train encode|dit|all"; exit 2 ;;
     esac
     ;;
-  *) echo "usage: $0 check | ratio [EXTRA_ARGS] | bench CACHE [EXTRA_ARGS] | train encode|dit"; exit 2 ;;
+  *) echo "usage: $0 quick | check | ratio [EXTRA_ARGS] | bench CACHE [EXTRA_ARGS] | train encode|dit|all"; exit 2 ;;
 esac

@@ -120,16 +120,19 @@ def train_vae_cmd(output, steps, minutes, lr, warmup, seed, threads, save_every,
                    "chunk) and walk on, instead of always at the clip's last latent frame: the return can "
                    "then only be placed by reading the actions.")
 @click.option("--threads", type=click.IntRange(1), default=1, show_default=True)
+@click.option("--device", type=click.Choice(["auto", "cuda", "cpu"]), default="cpu", show_default=True,
+              help="Where the VAE encodes (auto: CUDA when available); frames are rendered on the CPU.")
 @click.option("--no-progress", is_flag=True)
-def train_encode_cmd(vae_weights, output, shards, seed, late, loop, max_angle, vary_return, threads, no_progress):
+def train_encode_cmd(vae_weights, output, shards, seed, late, loop, max_angle, vary_return, threads, device, no_progress):
     """Render and encode training clips for `train dit` (can run while it trains)."""
+    from ..runtime import resolve_device
     from ..train.dataset import ClipMix, encode_clips
 
     stop = _StopFlag()
 
     def job():
         r = encode_clips(output, vae_weights, shards, seed, ClipMix(late, loop, max_angle, vary_return), threads=threads,
-                         progress=not no_progress, stop=stop)
+                         progress=not no_progress, stop=stop, device=str(resolve_device(device)))
         click.echo(f"worldtrace: {r['clips']} clips in {output}", err=True)
 
     run_job(job)
@@ -158,8 +161,12 @@ def train_encode_cmd(vae_weights, output, shards, seed, late, loop, max_angle, v
                    "DIR/dit-ema.safetensors beside the weights (0: none).")
 @click.option("--device", type=click.Choice(["auto", "cuda", "cpu"]), default="cpu", show_default=True,
               help="Where the DiT trains (auto: CUDA when available). A run may be continued on another device.")
+@click.option("--batched", is_flag=True,
+              help="Run a step's --batch clips together, one DiT call per chunk for the clips that share a target "
+                   "chunk, instead of one clip at a time (same loss, another random stream): 15-20 % faster per "
+                   "clip on a CPU; on a GPU use it with a large --batch (e.g. 64).")
 def train_dit_cmd(data, preset, output, steps, minutes, lr, warmup, seed, threads, save_every, no_progress, batch,
-                  return_weight, start_share, init, self_context, ema, device):
+                  return_weight, start_share, init, self_context, ema, device, batched):
     """Train the DiT on encoded clips through MG2's sliding cache; writes DIR/dit.safetensors
     (and DIR/dit-ema.safetensors with --ema)."""
     from ..config import load_preset
@@ -172,7 +179,7 @@ def train_dit_cmd(data, preset, output, steps, minutes, lr, warmup, seed, thread
         r = train_dit(output, data, load_preset(preset), _settings(steps, minutes, lr, warmup, seed, threads, save_every, ema),
                       batch=batch, return_weight=return_weight, progress=not no_progress, stop=stop,
                       start_share=START_SHARE if start_share is None else start_share, init=init,
-                      self_context=self_context, device=str(resolve_device(device)))
+                      self_context=self_context, device=str(resolve_device(device)), batched=batched)
         click.echo(f"worldtrace: DiT step {r['step']} ({r['minutes']:.1f} min this run), loss {r['loss']} -> {r['file']}",
                    err=True)
 

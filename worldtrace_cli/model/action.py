@@ -3,7 +3,8 @@
 The action caches hold canonical keys (action RoPE not applied) and are rotated at read time at
 positions relative to the current chunk, so they work at any horizon; otherwise they behave as
 MG2's: a window of ``local_attn_size`` latent frames including the current chunk.
-Batch size must be 1 (the keyboard cache is shared by all spatial tokens, spec §16.3).
+Inference runs batch 1 (spec §16.3); training may stack B clips that share their chunk's latent
+frames (same ``frame_start``): every clip then has its own action rows and caches.
 """
 
 from __future__ import annotations
@@ -28,8 +29,9 @@ def _rms(x: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
 class ActionKV:
     """Past (committed) canonical keys and values of one action branch of one block.
 
-    ``k``/``v``: [N, P, H_a, d_a] with N = spatial tokens (mouse) or 1 (keyboard) and P <= window - F
-    past latent frames; ``None`` before the first chunk is committed.
+    ``k``/``v``: [N, P, H_a, d_a] with N = B * spatial tokens (mouse) or B (keyboard), clip-major,
+    for a batch of B clips (B = 1 at inference), and P <= window - F past latent frames; ``None``
+    before the first chunk is committed.
     """
 
     k: torch.Tensor | None = None
@@ -43,9 +45,10 @@ class ActionKV:
 def _window_attention(q, k_cur, v_cur, past_k, past_v, tables):
     """Attend F query frames to [past | current] frames.
 
-    q [N, F, H, d]; k_cur/v_cur [G, F, H, d] with G = N (mouse: one key set per query row) or G = 1
-    (keyboard: one key set shared by every row, attended once for all N*F queries instead of being
-    copied N times; attention has no mask, so this is the same result); ``past_k``/``past_v``
+    q [N, F, H, d]; k_cur/v_cur [G, F, H, d] with G = N (mouse: one key set per query row) or G = B
+    (keyboard: one key set per clip shared by the clip's N/B rows, which are consecutive, attended
+    once for all of them instead of being copied; attention has no mask, so this is the same
+    result); ``past_k``/``past_v``
     [G, P, H, d] canonical (rotated here) or None; ``tables`` = (cos, sin) [F, 4] of the current
     offsets 0..F-1 and (cos, sin) [P, 4] of the past offsets -P..-1 (:func:`action_rope_tables`).
     Returns [N, F, H, d].
@@ -110,32 +113,33 @@ class ActionModule(nn.Module):
         Args:
             frame_start: absolute latent-frame index of the chunk's first frame.
             num_frames: F, latent frames in the chunk.
-            keyboard: [1, R, keyboard_dim_in] action rows (pixel frames) covering at least the rows
+            keyboard: [B, R, keyboard_dim_in] action rows (pixel frames) covering at least the rows
                 this chunk reads (rows < 4*(frame_start+F) - 1 ... any longer prefix works).
-            mouse: [1, R, 2] or None (keyboard-only models).
+            mouse: [B, R, 2] or None (keyboard-only models).
         Returns:
-            (mouse rows [F, 24] or None when the mouse branch is off, keyboard rows [F, 12, kd]) in ``dtype``.
+            (mouse rows [B, F, 24] or None when the mouse branch is off, keyboard rows
+            [B, F, 12, kd]) in ``dtype``.
         """
         idx = self._row_index(frame_start, num_frames, keyboard.device)  # [F, 12]
         mouse_rows = None
         if self.cfg.enable_mouse and mouse is not None:
-            mouse_rows = mouse[0, idx].reshape(num_frames, -1).to(dtype)
-        return mouse_rows, keyboard[0, idx].to(dtype)
+            mouse_rows = mouse[:, idx].reshape(mouse.shape[0], num_frames, -1).to(dtype)
+        return mouse_rows, keyboard[:, idx].to(dtype)
 
     def forward(self, x: torch.Tensor, rows: tuple[torch.Tensor | None, torch.Tensor], mouse_kv: ActionKV,
                 keyboard_kv: ActionKV, commit: bool = False) -> torch.Tensor:
         """Add the mouse and keyboard terms to the block's tokens.
 
         Args:
-            x: [1, F*S, D] tokens in (frame, row, col) order.
+            x: [B, F*S, D] tokens in (frame, row, col) order (B = 1 at inference).
             rows: :meth:`select_rows` of this chunk.
             mouse_kv, keyboard_kv: this block's committed action caches; updated in place when ``commit``.
             commit: push this call's keys/values into the caches (the context pass).
         Returns:
-            [1, F*S, D]: ``x + proj_mouse(mouse attn) + proj_keyboard(keyboard attn)``.
+            [B, F*S, D]: ``x + proj_mouse(mouse attn) + proj_keyboard(keyboard attn)``.
         """
         mouse_rows, keyboard_rows = rows
-        f = keyboard_rows.shape[0]
+        f = keyboard_rows.shape[1]
         keep = self.window_frames - f
         if mouse_rows is not None:
             x, k, v = self.mouse_part(x, mouse_rows, mouse_kv.k, mouse_kv.v, _tables(f, mouse_kv.frames, x.device))
@@ -148,33 +152,33 @@ class ActionModule(nn.Module):
         return x
 
     def mouse_part(self, x, rows, past_k, past_v, tables):
-        """Pure: the mouse term. x [1, F*S, D], rows [F, 24] (the mouse rows each frame reads),
-        past_k/past_v [S, P, H, d] or None -> (x + proj_mouse(attn), k, v), k/v [S, F, H, d] canonical."""
-        _, n, d = x.shape
-        f = rows.shape[0]
+        """Pure: the mouse term. x [B, F*S, D], rows [B, F, 24] (the mouse rows each frame reads),
+        past_k/past_v [B*S, P, H, d] or None -> (x + proj_mouse(attn), k, v), k/v [B*S, F, H, d] canonical."""
+        b, n, d = x.shape
+        f = rows.shape[1]
         s = n // f
         h = self.heads
-        feat = torch.cat([x.view(f, s, d), rows[:, None, :].expand(f, s, -1)], dim=-1)
-        feat = self.mouse_mlp(feat.transpose(0, 1))                        # [S, F, C]
-        q, k, v = self.t_qkv(feat).view(s, f, 3, h, -1).unbind(2)          # [S, F, H, d]
+        feat = torch.cat([x.view(b, f, s, d), rows[:, :, None, :].expand(b, f, s, -1)], dim=-1)
+        feat = self.mouse_mlp(feat.transpose(1, 2).reshape(b * s, f, -1))  # [B*S, F, C]
+        q, k, v = self.t_qkv(feat).view(b * s, f, 3, h, -1).unbind(2)      # [B*S, F, H, d]
         q, k = _rms(q), _rms(k)
-        out = _window_attention(q, k, v, past_k, past_v, tables)           # [S, F, H, d]
-        return x + self.proj_mouse(out.transpose(0, 1).reshape(1, n, -1)), k, v
+        out = _window_attention(q, k, v, past_k, past_v, tables)           # [B*S, F, H, d]
+        return x + self.proj_mouse(out.view(b, s, f, -1).transpose(1, 2).reshape(b, n, -1)), k, v
 
     def keyboard_part(self, x, rows, past_k, past_v, tables):
-        """Pure: the keyboard term. x [1, F*S, D], rows [F, 12, keyboard_dim_in], past_k/past_v
-        [1, P, H, d] or None -> (x + proj_keyboard(attn), k, v), k/v [1, F, H, d] canonical."""
-        _, n, _ = x.shape
-        f = rows.shape[0]
+        """Pure: the keyboard term. x [B, F*S, D], rows [B, F, 12, keyboard_dim_in], past_k/past_v
+        [B, P, H, d] or None -> (x + proj_keyboard(attn), k, v), k/v [B, F, H, d] canonical."""
+        b, n, _ = x.shape
+        f = rows.shape[1]
         s = n // f
         h = self.heads
-        emb = self.keyboard_embed(rows)                                        # [F, 12, hidden]
-        kv = self.keyboard_attn_kv(emb.reshape(1, f, -1))                      # [1, F, 2C]
-        k, v = kv.view(1, f, 2, h, -1).unbind(2)
+        emb = self.keyboard_embed(rows)                                        # [B, F, 12, hidden]
+        kv = self.keyboard_attn_kv(emb.reshape(b, f, -1))                      # [B, F, 2C]
+        k, v = kv.view(b, f, 2, h, -1).unbind(2)
         k = _rms(k)
-        q = _rms(self.mouse_attn_q(x).view(f, s, h, -1)).transpose(0, 1)       # [S, F, H, d]
-        out = _window_attention(q, k, v, past_k, past_v, tables)              # keys shared by all S rows
-        return x + self.proj_keyboard(out.transpose(0, 1).reshape(1, n, -1)), k, v
+        q = _rms(self.mouse_attn_q(x).view(b, f, s, h, -1)).transpose(1, 2).reshape(b * s, f, h, -1)  # [B*S, F, H, d]
+        out = _window_attention(q, k, v, past_k, past_v, tables)              # a clip's keys shared by its S rows
+        return x + self.proj_keyboard(out.view(b, s, f, -1).transpose(1, 2).reshape(b, n, -1)), k, v
 
 
 def _push(cache: ActionKV, k: torch.Tensor, v: torch.Tensor, keep: int) -> None:

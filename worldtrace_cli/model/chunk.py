@@ -22,8 +22,9 @@ class LayerPast:
 
     Attributes:
         k: canonical keys [1, N, H, D] (spatial RoPE applied, temporal not): S slots of T tokens
-            (N = S*T), or with ``counts`` slots of ``counts[s]`` tokens each, in slot order.
-        v: values [1, N, H, D].
+            (N = S*T), or with ``counts`` slots of ``counts[s]`` tokens each, in slot order
+            ([B, N, H, D] when training stacks B clips at the same positions).
+        v: values [1, N, H, D] (or [B, N, H, D]).
         positions: [S] virtual temporal position of each slot in latent frames, relative to the first
             frame of the current chunk (so the newest past frame of MG2's sliding window is at -1).
         counts: None (every slot one latent frame of T tokens) or int64 [S] tokens of each slot in
@@ -61,12 +62,17 @@ class CacheView:
             self._tables = rope.chunk_tables(frames, height, width, self.temporal_freq_scale, device)
         return self._tables
 
-    def kv_buffer(self, layer: int, rope: MainRope, current_tokens: int, dtype) -> tuple[torch.Tensor, torch.Tensor]:
+    def kv_buffer(self, layer: int, rope: MainRope, current_tokens: int, dtype,
+                  batch: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         """[past slots rotated to their positions | room for the current chunk] K and V buffers
-        [1, L+n, H, D] in ``dtype``, made once per chunk and layer (read by ``SelfAttention.attend``)."""
+        [B, L+n, H, D] in ``dtype``, made once per chunk and layer (read by ``SelfAttention.attend``).
+
+        ``batch``: B, the current chunk's batch (default: the past's; an empty past [1, 0, H, D] serves
+        any batch). Inference runs B = 1; training may stack clips (then the past is [B, L, H, D])."""
         if layer not in self._buffers:
             p = self.past[layer]
             b, length, h, d = p.k.shape
+            b = b if batch is None else batch
             kbuf = p.k.new_empty((b, length + current_tokens, h, d), dtype=dtype)
             vbuf = torch.empty_like(kbuf)
             if length:

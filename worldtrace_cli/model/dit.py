@@ -59,9 +59,10 @@ class ChunkInputs(CacheView):
         rollout: the rollout's :class:`RolloutState`.
         past: per layer the :class:`LayerPast` the writer returned for this chunk.
         frame_start: absolute latent-frame index of the chunk's first frame (selects action rows).
-        keyboard: [1, R, keyboard_dim] action rows (pixel frames), R >= 4*(frame_start+F)-3.
-        mouse: [1, R, 2] or None.
-        visual_context: [1, 257, clip_dim] CLIP tokens.
+        keyboard: [B, R, keyboard_dim] action rows (pixel frames), R >= 4*(frame_start+F)-3.
+        mouse: [B, R, 2] or None.
+        visual_context: [B, 257, clip_dim] CLIP tokens.
+        (B = 1 at inference; training may stack B clips of the same latent frames.)
         temporal_freq_scale: optional [t_ch/2] multipliers of the temporal RoPE frequencies for
             this chunk's queries and keys (YaRN); None = MG2's frequencies.
     """
@@ -145,7 +146,7 @@ class SelfAttention(_Projections):
         current chunk's rotated k and its v are copied into its tail.
         """
         b, n, h, d = q.shape
-        kbuf, vbuf = chunk.kv_buffer(layer, rope, n, k.dtype)
+        kbuf, vbuf = chunk.kv_buffer(layer, rope, n, k.dtype, b)
         kbuf[:, -n:] = k
         vbuf[:, -n:] = v
         out = F.scaled_dot_product_attention(q.transpose(1, 2), kbuf.transpose(1, 2), vbuf.transpose(1, 2))
@@ -283,7 +284,9 @@ class CausalWanDiT(nn.Module):
     """MG2's CausalWanModel for chunked inference (spec §3, §5).
 
     Args:
-        cfg: :class:`DiTConfig`. Batch size is 1 (spec §16.3).
+        cfg: :class:`DiTConfig`. Inference runs batch 1 (spec §16.3); training may stack B clips
+            whose chunks sit at the same latent frames (one ``frame_start``, past slots at the same
+            positions): every tensor below is then [B, ...] instead of [1, ...].
     """
 
     def __init__(self, cfg: DiTConfig):

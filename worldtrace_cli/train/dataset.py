@@ -158,12 +158,12 @@ def make_clip(rng: np.random.Generator, vae, clip_tower, late: bool, loop: bool,
     else:
         keyboard, mouse = walk_actions(rng, pixels)
     clip = render_clip(world_seed, keyboard, mouse, height, width, start)
-    video = _to_video(clip.frames[lead:])
+    video = _to_video(clip.frames[lead:]).to(next(vae.parameters()).device)   # rendered on the CPU, encoded where the VAE is
     mu = vae.encode(video).latent_dist.mode()
     from ..model.vae import _norm_stats
 
     mean, std = _norm_stats(mu.device)
-    z = ((mu.float() - mean) / std)[0]
+    z = ((mu.float() - mean) / std)[0].cpu()
     if late:
         z = z[:, 1 + warm // 4:]                     # drop the lone causal first frame and the warm-up
         a = LATE_START
@@ -180,9 +180,9 @@ def make_clip(rng: np.random.Generator, vae, clip_tower, late: bool, loop: bool,
     else:
         a = 0
         start_image = clip.frames[0]
-        image_latents = encode_conditioning_latents(vae, _to_video(start_image[None])[:, :, 0], 3 * chunks)[0]
+        image_latents = encode_conditioning_latents(vae, _to_video(start_image[None])[:, :, 0], 3 * chunks)[0].cpu()
         rows_start = 0
-    tokens = clip_tower.conditioning_tokens(_to_video(start_image[None])[:, :, 0]).float()[0]
+    tokens = clip_tower.conditioning_tokens(_to_video(start_image[None])[:, :, 0]).float()[0].cpu()
     return EncodedClip(z.contiguous(), a, torch.as_tensor(keyboard).float(), torch.as_tensor(mouse).float(), rows_start,
                        None if image_latents is None else image_latents.float().contiguous(),
                        tokens.contiguous(), return_latent, world_seed)
@@ -245,13 +245,15 @@ def _with_defaults(settings: dict) -> dict:
 
 def encode_clips(folder: Path, vae_weights, shards: int, seed: int = 0, mix: ClipMix = ClipMix(),
                  height: int = 96, width: int = 176, clip_seed: int = 2, threads: int = 1,
-                 progress: bool = True, stop=lambda: False, shard_clips: int = SHARD_CLIPS) -> dict:
+                 progress: bool = True, stop=lambda: False, shard_clips: int = SHARD_CLIPS, device: str = "cpu") -> dict:
     """Write shards ``folder/clips-NNNNN.safetensors`` of ``shard_clips`` clips each, until
     ``shards`` exist (existing ones are kept: rerun to continue). Shard i draws from
     ``default_rng([seed, i])``, so the data do not depend on how often the command was stopped.
 
     Also writes ``folder/late_conditioning.safetensors`` (:func:`late_conditioning`) and
-    ``folder/data.json`` (settings). Returns ``{"shards": n, "clips": n * shard_clips}``.
+    ``folder/data.json`` (settings). ``device``: where the VAE and the CLIP tower encode (rendering
+    stays on the CPU; not a setting: a folder may be continued on another device). Returns
+    ``{"shards": n, "clips": n * shard_clips}``.
     Raises:
         InputError: the folder holds shards made with other settings or another VAE file.
     """
@@ -272,6 +274,8 @@ def encode_clips(folder: Path, vae_weights, shards: int, seed: int = 0, mix: Cli
         raise InputError(f"{folder}: holds clips made with other settings or another VAE; use another folder")
     info.write_text(json.dumps(settings, indent=2) + "\n")
     vae, tower = make_encoder(vae_weights, clip_seed, height, width)
+    vae.to(device)
+    tower.to(device)
     cond = folder / "late_conditioning.safetensors"
     if not cond.exists():
         save_safetensors_atomic({"latents": late_conditioning(vae)}, cond)
