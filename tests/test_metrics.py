@@ -327,3 +327,27 @@ def test_online_metrics_equal_whole_video_metrics():
     assert summary["latent_diff"] == pytest.approx(whole_ld["mean"], abs=1e-12)
     assert [r["temp_ssim"] for r in recs] == pytest.approx(whole_ssim["per_chunk"], abs=1e-9)
     assert OnlineMetrics("none").add_chunk(latents, frames) == {}
+
+
+def test_online_gt_detail_and_resume_from_an_older_state():
+    """With ground truth every chunk record carries gt_detail (and gt_psnr, gt_ssim); a resume state
+    saved before GT detail existed restores it as unknown for the chunks before the resume, so the
+    run's detail covers the chunks after it."""
+    from worldtrace_cli.metrics import OnlineMetrics
+    from worldtrace_cli.trajectory import parse_trajectory, plan_actions
+    from worldtrace_cli.world.truth import GroundTruth
+
+    plan = plan_actions(parse_trajectory("mode: universal\nsegments:\n  - {action: camera_r, chunks: 3}\n"))
+    truth = GroundTruth(1, plan, 48, 88)
+    latents = torch.zeros(1, 16, 3, 6, 11)
+    online = OnlineMetrics("fast", truth=truth)
+    rec = online.add_chunk(latents, truth.frames(0, 9))
+    assert rec["gt_detail"] == pytest.approx(1.0) and rec["gt_psnr"] == 100.0
+    state = online.state_dict()
+    del state["gt_detail"]                       # as written before the entry existed
+    resumed = OnlineMetrics("fast", truth=truth)
+    resumed.load_state_dict(state)
+    flat = np.full((12, 48, 88, 3), 128, np.uint8)
+    assert resumed.add_chunk(latents, flat)["gt_detail"] == 0.0
+    summary = resumed.summary()["gt"]
+    assert summary["detail"] == 0.0 and summary["psnr"] < 100.0

@@ -507,3 +507,28 @@ def test_memory_test_and_bundle(tmp_path, data, vae_file, one_thread):
     with safe_open(str(tmp_path / "bundle.safetensors"), "pt") as fh:  # sources by name and hash, no machine path
         meta = fh.metadata()
     assert meta["dit"].startswith(f"{tmp_path.name}/dit.safetensors sha256:") and str(tmp_path) not in meta["vae"]
+
+
+def test_eval_of_a_bare_weights_folder(tmp_path, vae_file, one_thread):
+    """`train eval` of a folder holding only dit.safetensors (weights trained elsewhere, e.g. on a GPU):
+    without --preset a one-line error; with it the tests run, the held-out clips and the late
+    conditioning (computed from --vae) cached in the folder."""
+    from click.testing import CliRunner
+    from safetensors.torch import save_file
+
+    from worldtrace_cli.cli import main
+    from worldtrace_cli.train.dit import build_dit
+
+    folder = tmp_path / "weights"
+    folder.mkdir()
+    save_file({k: v.contiguous() for k, v in build_dit(_tiny_preset(), 0).state_dict().items()},
+              str(folder / "dit.safetensors"))
+    args = ["train", "eval", str(folder), "--vae", str(vae_file[0]), "--clips", "2", "--rollouts", "2",
+            "--rollout-chunks", "2"]
+    r = CliRunner().invoke(main, args)
+    assert r.exit_code != 0 and "pass --preset" in r.output and "Traceback" not in r.output
+    r = CliRunner().invoke(main, args + ["--preset", "tiny"])
+    assert r.exit_code == 0, r.output
+    out = json.loads(r.output[r.output.index("{"):])
+    assert out["clips"] == 2 and np.isfinite(out["full"]) and len(out["drift"]["free"]) == 2
+    assert (folder / "late_conditioning.safetensors").is_file() and (folder / "heldout.safetensors").is_file()

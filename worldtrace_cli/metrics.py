@@ -40,7 +40,7 @@ def summarise_run(run_dir: str | Path, tower=None, level: str = "fast",
     the frames the video holds (a killed run's last chunk may be partial).
 
     A run of a procedural-world preset (``summary.json`` names its world seed) also gets ``gt``:
-    GT-PSNR / GT-SSIM of the video's frames against the world rendered at the same poses, per chunk,
+    GT-PSNR / GT-SSIM / GT detail of the video's frames against the world rendered at the same poses, per chunk,
     overall and on the return chunks (:func:`gt_summary`); from the lossy MP4, so a little below the
     values ``generate`` records on the decoded frames.
 
@@ -82,15 +82,16 @@ def summarise_run(run_dir: str | Path, tower=None, level: str = "fast",
         cfg = summary["config"]
         plan = plan_actions(load_trajectory(trajectory or cfg["trajectory"]), summary["resolved"]["chunks"], fpc)
         truth = GroundTruth(world_seed, plan, frames.shape[1], frames.shape[2])
-        psnr, ssim_ = [], []
+        psnr, ssim_, detail = [], [], []
         for c in range(num_chunks):
             start, end = chunk_rows(c, fpc)
             end = min(end, t_frames)
             scores = gt_scores(frames[start:end], truth.frames(start, end))
             psnr.append(_mean(scores["psnr"]))
             ssim_.append(_mean(scores["ssim"]))
-        out["gt"] = {"world_seed": world_seed, "source": "video.mp4 (lossy H.264)", **gt_summary(psnr, ssim_, plan),
-                     "per_chunk": {"psnr": psnr, "ssim": ssim_}}
+            detail.append(_mean(scores["detail"]))
+        out["gt"] = {"world_seed": world_seed, "source": "video.mp4 (lossy H.264)",
+                     **gt_summary(psnr, ssim_, plan, detail), "per_chunk": {"psnr": psnr, "ssim": ssim_, "detail": detail}}
     if level == "fast" or not t_frames:
         return out
 
@@ -118,7 +119,7 @@ class OnlineMetrics:
     """Per-chunk metrics computed while a run generates (``worldtrace generate --metrics``).
 
     ``level``: ``none`` (nothing), ``fast`` (TempSSIM and LatentDiff, including the pair across
-    each chunk boundary, and GT-PSNR/GT-SSIM per chunk when ``truth``, a
+    each chunk boundary, and GT-PSNR/GT-SSIM/GT detail per chunk when ``truth``, a
     :class:`~worldtrace_cli.world.truth.GroundTruth`, is given) or ``all`` (also Local Scene Drift, and PAC over the trajectory's revisit
     pairs at the end; needs the CLIP ``tower``, one forward per pixel frame). State is the previous
     chunk's last pixel frame, last latent frame and mean CLIP embedding, plus the per-frame CLIP
@@ -133,6 +134,7 @@ class OnlineMetrics:
         self.level, self.tower, self.truth = level, tower, truth
         self._gt_psnr: list[float] = []
         self._gt_ssim: list[float] = []
+        self._gt_detail: list[float | None] = []
         self._last_frame = self._last_latent = self._last_embed = None
         self._embeds: list[torch.Tensor] = []
         self._ssim: list[float] = []
@@ -142,7 +144,7 @@ class OnlineMetrics:
     def add_chunk(self, latents: torch.Tensor, frames) -> dict:
         """Score one chunk: latents [1, 16, F, h, w], frames uint8 [T, H, W, 3]. Returns the
         chunk's record entries (``temp_ssim``, ``latent_diff``, ``scene_drift``; with ground truth
-        ``gt_psnr`` in dB and ``gt_ssim``; None where undefined)."""
+        ``gt_psnr`` in dB, ``gt_ssim`` and ``gt_detail``, :func:`gt_scores`; None where undefined)."""
         if self.level == "none":
             return {}
         frames = _frames_tensor(frames)
@@ -152,7 +154,8 @@ class OnlineMetrics:
             scores = gt_scores(frames, self.truth.frames(start, end))
             self._gt_psnr.append(_mean(scores["psnr"]))
             self._gt_ssim.append(_mean(scores["ssim"]))
-            rec["gt_psnr"], rec["gt_ssim"] = self._gt_psnr[-1], self._gt_ssim[-1]
+            self._gt_detail.append(_mean(scores["detail"]))
+            rec["gt_psnr"], rec["gt_ssim"], rec["gt_detail"] = self._gt_psnr[-1], self._gt_ssim[-1], self._gt_detail[-1]
         seq = frames if self._last_frame is None else torch.cat([self._last_frame[None], frames])
         pairs = temp_ssim(seq)["pairs"]
         self._ssim += pairs
@@ -175,13 +178,18 @@ class OnlineMetrics:
         return rec
 
     _STATE = ("gt_psnr", "gt_ssim", "last_frame", "last_latent", "last_embed", "embeds", "ssim", "ldiff", "drift")
+    # entries added after resume states existed, and what an older state stands for
+    _ADDED_STATE = {"gt_detail": lambda state: [None] * len(state["gt_psnr"])}
 
     def state_dict(self) -> dict:
         """The accumulators (lists of floats, tensors or None; CPU tensors) for a resume state."""
-        return {"level": self.level, **{k: getattr(self, "_" + k) for k in self._STATE}}
+        return {"level": self.level, **{k: getattr(self, "_" + k) for k in (*self._STATE, *self._ADDED_STATE)}}
 
     def load_state_dict(self, state: dict) -> None:
         """Restore :meth:`state_dict` into an accumulator of the same level.
+
+        A state saved before an entry of :attr:`_ADDED_STATE` existed restores it as unknown (None per
+        chunk so far: the run's GT detail then covers the chunks generated after the resume).
 
         Raises:
             ValueError: a state of another level, or missing entries.
@@ -190,6 +198,8 @@ class OnlineMetrics:
             raise ValueError(f"metrics state of level {state.get('level')!r} cannot restore level {self.level!r}")
         for k in self._STATE:
             setattr(self, "_" + k, state[k])
+        for k, implied in self._ADDED_STATE.items():
+            setattr(self, "_" + k, state[k] if k in state else implied(state))
 
     def summary(self, plan=None) -> dict:
         """Run-level means (and PAC over ``plan``'s revisit pairs with level ``all``)."""
@@ -197,7 +207,8 @@ class OnlineMetrics:
             return {"level": "none"}
         out = {"level": self.level, "temp_ssim": _mean(self._ssim), "latent_diff": _mean(self._ldiff)}
         if self.truth is not None:
-            out["gt"] = {"world_seed": self.truth.world_seed, **gt_summary(self._gt_psnr, self._gt_ssim, plan)}
+            out["gt"] = {"world_seed": self.truth.world_seed,
+                         **gt_summary(self._gt_psnr, self._gt_ssim, plan, self._gt_detail)}
         if self.level == "all":
             out["scene_drift"] = _mean(self._drift)
             out["pac"] = None

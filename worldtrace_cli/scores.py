@@ -131,17 +131,20 @@ PSNR_CAP_DB = 100.0  # PSNR of identical frames (MSE 0) is reported as this
 
 
 def gt_scores(frames, truth) -> dict:
-    """GT-PSNR and GT-SSIM of generated pixel frames against the true frames at the same poses
-    (procedural-world presets; :class:`~worldtrace_cli.world.truth.GroundTruth`). Up is better.
+    """GT-PSNR, GT-SSIM and GT detail of generated pixel frames against the true frames at the same
+    poses (procedural-world presets; :class:`~worldtrace_cli.world.truth.GroundTruth`).
 
     PSNR per frame: ``10 log10(255^2 / MSE)`` over all pixels and channels of uint8 frames (capped at
     :data:`PSNR_CAP_DB`); SSIM per frame: ``pytorch_msssim.ssim`` on [0, 1] frames with
-    ``data_range=1`` (as TempSSIM).
+    ``data_range=1`` (as TempSSIM); up is better for both. Detail per frame: the frame's
+    :func:`detail` divided by the true frame's (1 = as much fine structure as the truth, below 1
+    blurred, above 1 noisier; None where the true frame is flat). PSNR rewards a blurred average of
+    what may be there, so detail says what PSNR hides: how much of the picture is left.
 
     Args:
         frames, truth: uint8 RGB ``[T, H, W, 3]`` (numpy or torch) of the same shape.
     Returns:
-        ``{"psnr": [T floats], "ssim": [T floats]}``.
+        ``{"psnr": [T floats], "ssim": [T floats], "detail": [T floats or None]}``.
     Raises:
         ValueError: shapes differ or are not uint8 [T, H, W, 3].
     """
@@ -156,18 +159,39 @@ def gt_scores(frames, truth) -> dict:
                        dtype=torch.float64)).clamp(max=PSNR_CAP_DB)
     with torch.no_grad():
         s = ssim(af / 255.0, bf / 255.0, data_range=1.0, size_average=False)
-    return {"psnr": psnr.tolist(), "ssim": s.double().tolist()}
+    mine, true = detail(a), detail(b)
+    ratio = [None if t == 0 else m / t for m, t in zip(mine.tolist(), true.tolist())]
+    return {"psnr": psnr.tolist(), "ssim": s.double().tolist(), "detail": ratio}
 
 
-def gt_summary(per_chunk_psnr: list, per_chunk_ssim: list, plan=None) -> dict:
+def detail(frames) -> torch.Tensor:
+    """Fine structure of pixel frames: per frame the mean absolute difference between neighbouring
+    pixels, horizontally and vertically (summed), over all channels, in uint8 grey levels: float64 [T].
+
+    Args:
+        frames: uint8 RGB ``[T, H, W, 3]`` (numpy or torch), H and W >= 2.
+    Raises:
+        ValueError: not uint8 [T, H, W, 3].
+    """
+    x = _frames_tensor(frames).double()
+    return ((x[:, :, 1:] - x[:, :, :-1]).abs().flatten(1).mean(1)
+            + (x[:, 1:] - x[:, :-1]).abs().flatten(1).mean(1))
+
+
+def gt_summary(per_chunk_psnr: list, per_chunk_ssim: list, plan=None, per_chunk_detail: list | None = None) -> dict:
     """Run-level GT means: over all chunks, and over the return chunks of the plan's revisit pairs
-    (:func:`revisit_pairs`; ``return`` None without revisits). Inputs are per-chunk means (None allowed)."""
+    (:func:`revisit_pairs`; ``return`` None without revisits). Inputs are per-chunk means (None allowed);
+    ``per_chunk_detail`` (GT detail, :func:`gt_scores`) adds ``detail`` to both when given."""
     out = {"psnr": _mean(per_chunk_psnr), "ssim": _mean(per_chunk_ssim), "return": None}
+    if per_chunk_detail is not None:
+        out["detail"] = _mean(per_chunk_detail)
     if plan is not None:
         returns = sorted({b for _, b in revisit_pairs(plan)["chunk_pairs"] if b < len(per_chunk_psnr)})
         if returns:
             out["return"] = {"chunks": returns, "psnr": _mean([per_chunk_psnr[c] for c in returns]),
                              "ssim": _mean([per_chunk_ssim[c] for c in returns])}
+            if per_chunk_detail is not None:
+                out["return"]["detail"] = _mean([per_chunk_detail[c] for c in returns if c < len(per_chunk_detail)])
     return out
 
 

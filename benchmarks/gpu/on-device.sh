@@ -12,7 +12,7 @@
 # Results go to $OUT (returned by the device tool); copy them into benchmarks/results/.
 # Smoke test on a CPU machine: DEVICE=cpu PRESET=tiny CHUNKS=2,3 RATIO_CHUNKS=6 OUT=/tmp/o bash benchmarks/gpu/on-device.sh ratio
 #   DEVICE=cpu PRESET=tiny OUT=/tmp/o bash benchmarks/gpu/on-device.sh quick
-#   DEVICE=cpu ENCODERS=2 ENCODE_SECONDS=60 TRAIN_BATCH=4 TRAIN_MINUTES=0.5 OUT=/tmp/o bash benchmarks/gpu/on-device.sh train all
+#   DEVICE=cpu ENCODERS=2 ENCODE_SECONDS=45 TRAIN_BATCH=4 TRAIN_MINUTES=1 OUT=/tmp/o bash benchmarks/gpu/on-device.sh train all
 set -uo pipefail
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit 1
 export PYTHONPATH="/tmp/site:$PWD" PYTHONUNBUFFERED=1
@@ -101,26 +101,35 @@ for part in ('vae', 'dit'):
         ;;
       all)
         # ~5.5 minutes at most: ENCODERS processes render clips on the CPU cores and encode them on the
-        # GPU for ENCODE_SECONDS (finished shards count), then TRAIN_MINUTES of batched training
-        # (--batched --batch TRAIN_BATCH) from the shipped DiT. Back in $OUT: the weights and their
-        # moving average in float16, loss.jsonl, settings.json, result.json, the encoders' log.
+        # GPU, ENCODE_SECONDS before training starts and on while it trains (every 10 s their finished
+        # shards are linked into all-data/, which the trainer re-scans), then TRAIN_MINUTES of batched
+        # training (--batched --batch TRAIN_BATCH) from the shipped DiT. Back in $OUT: the weights and
+        # their moving average in float16, loss.jsonl, settings.json, result.json, train-all.log.
+        lead="${ENCODE_SECONDS:-60}"; minutes="${TRAIN_MINUTES:-3.5}"
         for i in $(seq 1 "${ENCODERS:-12}"); do
-          OMP_NUM_THREADS=1 timeout "${ENCODE_SECONDS:-80}" python3 -m worldtrace_cli train encode \
-              --vae "$T/vae.safetensors" -o "$T/all-data-$i" --shards 1000 --seed $((200 + i)) --device "$DEVICE" \
-              ${ENCODE_ARGS:-} --no-progress > "$T/all-encode-$i.log" 2>&1 &
-        done; wait
-        mkdir -p "$T/all-data"; n=0
-        cp "$T/all-data-1/late_conditioning.safetensors" "$T/all-data/"
-        for f in "$T"/all-data-*/clips-*.safetensors; do
-          ln -sf "$PWD/$f" "$T/all-data/$(printf clips-%05d.safetensors $n)"; n=$((n + 1))
+          OMP_NUM_THREADS=1 timeout "$(python3 -c "print(int($lead + 60 * $minutes + 60))")" python3 -m worldtrace_cli \
+              train encode --vae "$T/vae.safetensors" -o "$T/all-data-$i" --shards 1000 --seed $((200 + i)) \
+              --device "$DEVICE" ${ENCODE_ARGS:-} --no-progress > "$T/all-encode-$i.log" 2>&1 &
         done
-        echo "$n shards of 32 clips encoded in ${ENCODE_SECONDS:-80} s by ${ENCODERS:-12} processes" | tee "$OUT/train-all.log"
-        tail -n 3 "$T/all-encode-1.log" >> "$OUT/train-all.log"
+        mkdir -p "$T/all-data"
+        link() {  # stable names (encoder, shard): the trainer loads each name once
+          for f in "$T"/all-data-*/clips-*.safetensors; do
+            [ -e "$f" ] || continue
+            i="${f#"$T"/all-data-}"; i="${i%%/*}"
+            ln -sf "$PWD/$f" "$T/all-data/clips-$(printf %02d "$i")-$(basename "$f" .safetensors | sed 's/clips-//').safetensors"
+          done
+          [ -f "$T/all-data/late_conditioning.safetensors" ] || cp "$T"/all-data-1/late_conditioning.safetensors "$T/all-data/" 2>/dev/null
+        }
+        sleep "$lead"; link
+        ( while pgrep -f "train encode --vae $T/vae" > /dev/null; do sleep 10; link; done ) &
+        echo "$(ls "$T"/all-data/clips-* 2>/dev/null | wc -l) shards of 32 clips after ${lead} s (${ENCODERS:-12} encoders)" | tee "$OUT/train-all.log"
         step "${TRAIN_LIMIT:-300}" python3 -m worldtrace_cli train dit --data "$T/all-data" -o "$T/all-dit" \
             --init "$T/dit.safetensors" --preset "${TRAIN_PRESET:-loopworld}" --device "$DEVICE" --batched \
             --batch "${TRAIN_BATCH:-64}" --start-share 0.5 --ema 0.999 --steps "${TRAIN_STEPS:-100000}" \
-            --lr "${TRAIN_LR:-5e-4}" --warmup 50 --save-every 100 --minutes "${TRAIN_MINUTES:-3.5}" --no-progress \
+            --lr "${TRAIN_LR:-5e-4}" --warmup 50 --save-every 100 --minutes "$minutes" --no-progress \
             2>&1 | tail -n 4 | tee -a "$OUT/train-all.log"
+        pkill -f "train encode --vae $T/vae"; wait; link
+        echo "$(ls "$T"/all-data/clips-* | wc -l) shards of 32 clips encoded in all (the last ones after training)" | tee -a "$OUT/train-all.log"
         half "$T/all-dit/dit.safetensors" "$OUT/dit-fp16.safetensors"
         [ -f "$T/all-dit/dit-ema.safetensors" ] && half "$T/all-dit/dit-ema.safetensors" "$OUT/dit-ema-fp16.safetensors"
         cp "$T/all-dit/loss.jsonl" "$T/all-dit/settings.json" "$OUT/"

@@ -189,6 +189,12 @@ def train_dit_cmd(data, preset, output, steps, minutes, lr, warmup, seed, thread
 @train.command("eval")
 @click.argument("dit_dir", type=click.Path(exists=True, file_okay=False, path_type=Path))
 @click.option("--vae", "vae_weights", type=click.Path(exists=True, dir_okay=False, path_type=Path), required=True)
+@click.option("--preset", default=None, metavar="NAME|FILE",
+              help="Preset of the DiT's configuration (default: the one DIT_DIR/settings.json names; needed for a "
+                   "folder holding only dit.safetensors, e.g. weights trained elsewhere).")
+@click.option("--data", type=click.Path(file_okay=False, path_type=Path), default=None, metavar="DIR",
+              help="Folder where the held-out clips are cached (default: the run's data folder, else DIT_DIR); "
+                   "its late conditioning is computed from --vae when it has none.")
 @click.option("--clips", type=click.IntRange(2), default=64, show_default=True, help="Held-out loop clips.")
 @click.option("--rollouts", type=click.IntRange(0), default=8, show_default=True,
               help="Held-out random walks for the drift test (0: skip it).")
@@ -198,7 +204,7 @@ def train_dit_cmd(data, preset, output, steps, minutes, lr, warmup, seed, thread
 @click.option("--pictures", type=click.Path(dir_okay=False, path_type=Path), default=None, metavar="PNG",
               help="Also write the first 2 drift-test walks as a picture: truth, teacher-forced, free rollout.")
 @click.option("--threads", type=click.IntRange(1), default=1, show_default=True)
-def train_eval_cmd(dit_dir, vae_weights, clips, rollouts, rollout_chunks, use_ema, pictures, threads):
+def train_eval_cmd(dit_dir, vae_weights, preset, data, clips, rollouts, rollout_chunks, use_ema, pictures, threads):
     """Memory and drift tests of a DiT folder (prints JSON; held-out clips are cached in the data folder).
 
     Memory: return-frame latent MSE with the first visit in the cache, removed, or replaced by another
@@ -208,30 +214,32 @@ def train_eval_cmd(dit_dir, vae_weights, clips, rollouts, rollout_chunks, use_em
     the model follows the keyboard and mouse)."""
     import json
 
-
     def job():
         import torch
-        from safetensors.torch import load_file
 
-        from ..config import Preset
+        from ..config import Preset, load_preset
+        from ..errors import InputError
         from ..model.checkpoint import load_dit_weights
         from ..model.sampler import FlowMatchSchedule
         from ..train.dit import DIT_EMA_FILE, DIT_FILE, build_dit
-        from ..train.evaluate import (action_effect, drift_pictures, heldout_clips, heldout_rollout_clips, memory_effect,
-                                      rollout_drift)
+        from ..train.evaluate import (action_effect, drift_pictures, heldout_clips, heldout_rollout_clips,
+                                      late_conditioning_of, memory_effect, rollout_drift)
 
         torch.set_num_threads(threads)
-        settings = json.loads((dit_dir / "settings.json").read_text())
-        preset = Preset.from_dict(settings["preset"])
-        dit = build_dit(preset, 0)
+        info = dit_dir / "settings.json"
+        settings = json.loads(info.read_text()) if info.exists() else {}
+        if preset is None and "preset" not in settings:
+            raise InputError(f"{dit_dir}: no settings.json (not a `train dit` folder): pass --preset (e.g. loopworld)")
+        dit_preset = load_preset(preset) if preset is not None else Preset.from_dict(settings["preset"])
+        dit = build_dit(dit_preset, 0)
         load_dit_weights(dit, dit_dir / (DIT_EMA_FILE if use_ema else DIT_FILE))  # strict, clear error for a bad file
-        data = Path(settings["data"])
-        held = heldout_clips(data, vae_weights, clips)
-        late_cond = load_file(str(data / "late_conditioning.safetensors"))["latents"]
-        schedule = FlowMatchSchedule(tuple(preset.denoising_steps), preset.timestep_shift, preset.sampler)
+        folder = data if data is not None else Path(settings["data"]) if "data" in settings else dit_dir
+        held = heldout_clips(folder, vae_weights, clips)
+        late_cond = late_conditioning_of(folder, vae_weights)
+        schedule = FlowMatchSchedule(tuple(dit_preset.denoising_steps), dit_preset.timestep_shift, dit_preset.sampler)
         out = memory_effect(dit, held, late_cond, schedule)
         if rollouts:
-            walks = heldout_rollout_clips(data, vae_weights, rollouts, rollout_chunks)
+            walks = heldout_rollout_clips(folder, vae_weights, rollouts, rollout_chunks)
             out["drift"] = rollout_drift(dit, walks, late_cond, schedule, keep=2 if pictures else 0)
             if len(walks) >= 2:
                 out["actions"] = action_effect(dit, walks, late_cond)

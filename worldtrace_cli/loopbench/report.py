@@ -26,7 +26,8 @@ from .plots import plot_pac_vs_chunks, plot_tiers
 from .plan import FAILED_NAME
 
 ROW_FIELDS = ("config", "tier", "cache", "image", "seed", "chunks", "pac", "temp_ssim", "scene_drift",
-              "latent_diff", "gt_psnr", "gt_ssim", "gt_return_psnr", "gt_return_ssim", "s_per_chunk", "kv_bytes",
+              "latent_diff", "gt_psnr", "gt_ssim", "gt_detail", "gt_return_psnr", "gt_return_ssim", "gt_return_detail",
+              "s_per_chunk", "kv_bytes",
               "peak_rss_bytes", "gpu_peak_bytes", "run_dir")
 
 
@@ -66,7 +67,8 @@ def _row(out_dir: Path, summary_path: Path) -> dict | None:
             "pac": pac.get("mean") if isinstance(pac, dict) else None,
             "temp_ssim": metrics.get("temp_ssim"), "scene_drift": metrics.get("scene_drift"),
             "latent_diff": metrics.get("latent_diff"), "gt_psnr": gt.get("psnr"), "gt_ssim": gt.get("ssim"),
-            "gt_return_psnr": ret.get("psnr"), "gt_return_ssim": ret.get("ssim"),
+            "gt_detail": gt.get("detail"), "gt_return_psnr": ret.get("psnr"), "gt_return_ssim": ret.get("ssim"),
+            "gt_return_detail": ret.get("detail"),
             "s_per_chunk": totals.get("seconds_per_chunk"),
             "kv_bytes": summary.get("cache", {}).get("kv_bytes"), "peak_rss_bytes": totals.get("peak_rss_bytes"),
             "gpu_peak_bytes": totals.get("gpu_peak_bytes"), "run_dir": str(rel)}

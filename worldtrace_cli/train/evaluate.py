@@ -58,6 +58,23 @@ def _encoded_once(path: Path, count: int, vae_weights, clip_seed: int, height: i
     return read_shard(path)[:count]
 
 
+def late_conditioning_of(data: Path, vae_weights, height: int = 96, width: int = 176) -> torch.Tensor:
+    """The late conditioning latents [1, 16, 1, h, w] (:func:`~worldtrace_cli.train.dataset.late_conditioning`)
+    stored in ``data/late_conditioning.safetensors``; computed with the VAE ``vae_weights`` and stored
+    there first when the folder has none (a folder that only caches held-out clips)."""
+    from safetensors.torch import load_file
+
+    from .common import save_safetensors_atomic
+    from .dataset import late_conditioning
+
+    path = Path(data) / "late_conditioning.safetensors"
+    if not path.exists():
+        vae, _ = make_encoder(vae_weights, 2, height, width)
+        Path(data).mkdir(parents=True, exist_ok=True)
+        save_safetensors_atomic({"latents": late_conditioning(vae)}, path)
+    return load_file(str(path))["latents"]
+
+
 def heldout_clips(data: Path, vae_weights, count: int, mix: ClipMix = ClipMix(late=1.0, loop=1.0),
                   clip_seed: int = 2, height: int = 96, width: int = 176) -> list[EncodedClip]:
     """``count`` held-out loop clips, encoded once and kept in ``data/heldout.safetensors``."""
