@@ -16,6 +16,10 @@ sampler's own steps (shift 5.0: 1.0, 0.909, 0.714 for 1000/666/333) with probabi
 loop returns to its first pose gets ``return_weight`` times the loss weight. In a clip taken at a
 rollout's start, the target is chunk 0 (the chunk whose first latent frame the start image
 conditions) with probability ``start_share`` (default 1/6), else chunk 1 or 2 (1:4).
+
+A step's clips run one at a time (:func:`clip_loss`) or, with ``train dit --batched``, as batches
+of the clips that share their latent frames and target chunk (:class:`ClipBatch`,
+:func:`grouped_loss`): the same loss, one DiT call per chunk and group (what a GPU needs).
 """
 
 from __future__ import annotations
