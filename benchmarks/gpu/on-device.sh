@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Run ON THE GPU MACHINE (device tool), in the repository root, with .whl carried.
 # A session has 15 device-minutes in all (start included): two calls, in this order (benchmarks/README.md):
-#   bash benchmarks/gpu/on-device.sh quick            # the runbook in one call, every step time-boxed (<= 7 min)
-#   bash benchmarks/gpu/on-device.sh train all        # clips encoded on the GPU + batched DiT training (<= 5.5 min)
+#   bash benchmarks/gpu/on-device.sh quick            # the runbook in one call, every step time-boxed (<= 7.5 min)
+#   bash benchmarks/gpu/on-device.sh train all        # clips encoded on the GPU + batched DiT training (<= 4.5 min)
 # Longer steps, for a session with more device time:
 #   bash benchmarks/gpu/on-device.sh check            # GPU tests + CUDA parity, eager and compiled (~3 min)
 #   bash benchmarks/gpu/on-device.sh ratio [EXTRA]    # sliding, field, landmark interleaved 3 times, 64 chunks: s/chunk ratios
@@ -32,18 +32,19 @@ nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv 2>/dev/null
 python3 -c "import torch, diffusers, transformers; print('torch', torch.__version__, 'cuda', torch.version.cuda, 'diffusers', diffusers.__version__, 'transformers', transformers.__version__)" | tee -a "$OUT/gpu.txt"
 case "${1:-check}" in
   quick)
-    # ~7 minutes at most: GPU tests, CUDA parity (eager on every fixture; float32 RoPE + CUDA graphs on
-    # one), the writers' s/chunk ratios and fps at 32 chunks, and field's peak memory at 32 and 128 chunks.
+    # ~7.5 minutes at most (each step time-boxed; typical runs end well before): GPU tests, CUDA parity
+    # (eager on every fixture; float32 RoPE + CUDA graphs on one), the writers' s/chunk ratios and fps
+    # (QUICK_CHUNKS chunks, 2 interleaved repeats) and field's peak memory at MEMORY_CHUNKS (no decode).
     { step 150 python3 -m pytest -q -m gpu tests -p no:cacheprovider; } 2>&1 | tee "$OUT/gpu-tests.log"
-    { for f in $FIXTURES; do step 40 python3 -m worldtrace_cli.parity "$f" --device "$DEVICE"; done
-      step 90 python3 -m worldtrace_cli.parity tests/data/fixtures --device "$DEVICE" --rope-precision float32 \
+    { for f in $FIXTURES; do step 30 python3 -m worldtrace_cli.parity "$f" --device "$DEVICE"; done
+      step 60 python3 -m worldtrace_cli.parity tests/data/fixtures --device "$DEVICE" --rope-precision float32 \
           --compile reduce-overhead; } 2>&1 | grep -E "^==|^max_abs_diff|Error|error" | tee "$OUT/parity-cuda.log"
-    step 130 python3 -m worldtrace_cli bench speed --preset "$PRESET" --random-weights --device "$DEVICE" \
-        --caches sliding,field,landmark --chunks "${QUICK_CHUNKS:-32}" --repeats 2 --warmup 4 -o "$OUT" \
+    step 100 python3 -m worldtrace_cli bench speed --preset "$PRESET" --random-weights --device "$DEVICE" \
+        --caches sliding,field,landmark --chunks "${QUICK_CHUNKS:-12}" --repeats 2 --warmup 4 -o "$OUT" \
         --name "speed-$PRESET-ratio-quick" 2>&1 | tee "$OUT/speed-$PRESET-ratio-quick.log"
-    step 90 python3 -m worldtrace_cli bench speed --preset "$PRESET" --random-weights --device "$DEVICE" \
-        --caches field --chunks "${MEMORY_CHUNKS:-32,128}" -o "$OUT" --name "speed-$PRESET-field-memory" 2>&1 \
-        | tee "$OUT/speed-$PRESET-field-memory.log"
+    step 60 python3 -m worldtrace_cli bench speed --preset "$PRESET" --random-weights --device "$DEVICE" \
+        --caches field --chunks "${MEMORY_CHUNKS:-12,48}" --no-decode -o "$OUT" --name "speed-$PRESET-field-memory" \
+        2>&1 | tee "$OUT/speed-$PRESET-field-memory.log"
     ;;
   check)
     python3 -m pytest -q -m gpu tests 2>&1 | tee "$OUT/gpu-tests.log"
@@ -100,12 +101,12 @@ for part in ('vae', 'dit'):
         cp "$T/dit/loss.jsonl" "$T/dit/settings.json" "$OUT/"
         ;;
       all)
-        # ~5.5 minutes at most: ENCODERS processes render clips on the CPU cores and encode them on the
+        # ~4.5 minutes at most: ENCODERS processes render clips on the CPU cores and encode them on the
         # GPU, ENCODE_SECONDS before training starts and on while it trains (every 10 s their finished
         # shards are linked into all-data/, which the trainer re-scans), then TRAIN_MINUTES of batched
         # training (--batched --batch TRAIN_BATCH) from the shipped DiT. Back in $OUT: the weights and
         # their moving average in float16, loss.jsonl, settings.json, result.json, train-all.log.
-        lead="${ENCODE_SECONDS:-60}"; minutes="${TRAIN_MINUTES:-3.5}"
+        lead="${ENCODE_SECONDS:-45}"; minutes="${TRAIN_MINUTES:-3}"
         for i in $(seq 1 "${ENCODERS:-12}"); do
           OMP_NUM_THREADS=1 timeout "$(python3 -c "print(int($lead + 60 * $minutes + 60))")" python3 -m worldtrace_cli \
               train encode --vae "$T/vae.safetensors" -o "$T/all-data-$i" --shards 1000 --seed $((200 + i)) \
@@ -123,7 +124,7 @@ for part in ('vae', 'dit'):
         sleep "$lead"; link
         ( while pgrep -f "train encode --vae $T/vae" > /dev/null; do sleep 10; link; done ) &
         echo "$(ls "$T"/all-data/clips-* 2>/dev/null | wc -l) shards of 32 clips after ${lead} s (${ENCODERS:-12} encoders)" | tee "$OUT/train-all.log"
-        step "${TRAIN_LIMIT:-300}" python3 -m worldtrace_cli train dit --data "$T/all-data" -o "$T/all-dit" \
+        step "${TRAIN_LIMIT:-240}" python3 -m worldtrace_cli train dit --data "$T/all-data" -o "$T/all-dit" \
             --init "$T/dit.safetensors" --preset "${TRAIN_PRESET:-loopworld}" --device "$DEVICE" --batched \
             --batch "${TRAIN_BATCH:-64}" --start-share 0.5 --ema 0.999 --steps "${TRAIN_STEPS:-100000}" \
             --lr "${TRAIN_LR:-5e-4}" --warmup 50 --save-every 100 --minutes "$minutes" --no-progress \
