@@ -113,32 +113,37 @@ def test_ground_truth_and_gt_scores():
     summary = gt_summary([30.0, 20.0, 10.0, 40.0], [0.9, 0.8, 0.7, 0.6], plan)
     assert summary["psnr"] == pytest.approx(25.0) and "detail" not in summary
     assert summary["return"]["chunks"] == [2, 3] and summary["return"]["psnr"] == pytest.approx(25.0)
-    summary = gt_summary([30.0, 20.0, 10.0, 40.0], [0.9, 0.8, 0.7, 0.6], plan, [1.0, 0.5, None, 0.2])
-    assert summary["detail"] == pytest.approx(1.7 / 3) and summary["return"]["detail"] == pytest.approx(0.2)
+    sums = [(4.0, 4.0), (1.0, 2.0), None, (0.3, 0.1)]  # (generated, true) detail per chunk; chunk 3 faces a wall
+    summary = gt_summary([30.0, 20.0, 10.0, 40.0], [0.9, 0.8, 0.7, 0.6], plan, sums)
+    assert summary["detail"] == pytest.approx(5.3 / 6.1)        # a ratio of sums: the wall weighs little
+    assert summary["return"]["detail"] == pytest.approx(3.0)    # return chunks 2 (unknown) and 3
 
 
 def test_gt_detail_says_how_much_of_the_picture_is_left():
-    """GT detail: 1 for the truth itself, below 1 for a blurred copy, above 1
-    for added noise, ~0 for a flat frame; exact on a known pattern; None against a flat truth."""
-    from worldtrace_cli.scores import detail
+    """GT detail: 1 for the truth itself, below 1 for a blurred copy, above 1 for added noise, 0 for
+    a flat frame; detail exact on a known pattern; None against a flat truth."""
+    from worldtrace_cli.scores import detail, detail_ratio
 
     plan = plan_of("{label: A, action: camera_r, chunks: 1}")
     frames = GroundTruth(3, plan, 48, 88).frames(0, 5)
-    assert gt_scores(frames, frames)["detail"] == pytest.approx([1.0] * 5)
+
+    def ratio(x):
+        scores = gt_scores(x, frames)
+        return detail_ratio([(sum(scores["detail"]), sum(scores["detail_true"]))])
+
     blurred = torch.nn.functional.avg_pool2d(torch.from_numpy(frames).permute(0, 3, 1, 2).float(), 5, 1, 2,
                                              count_include_pad=False)
     blurred = blurred.round().clamp(0, 255).byte().permute(0, 2, 3, 1).contiguous().numpy()
     flat = np.broadcast_to(frames.reshape(5, -1, 3).mean(1).astype(np.uint8)[:, None, None], frames.shape).copy()
     rng = np.random.default_rng(0)
     noisy = np.clip(frames + rng.normal(0, 20, frames.shape), 0, 255).astype(np.uint8)
-    b, f, n = (gt_scores(x, frames) for x in (blurred, flat, noisy))
-    assert all(0.2 < d < 0.8 for d in b["detail"]) and all(d == 0 for d in f["detail"])
-    assert all(d > 1.5 for d in n["detail"])
-    assert np.mean(b["psnr"]) > np.mean(f["psnr"])  # PSNR prefers the blurred copy to the flat frame, detail says why
+    assert ratio(frames) == pytest.approx(1.0) and 0.2 < ratio(blurred) < 0.8
+    assert ratio(flat) == 0 and ratio(noisy) > 1.5
+    assert np.mean(gt_scores(blurred, frames)["psnr"]) > np.mean(gt_scores(flat, frames)["psnr"])
     stripes = np.zeros((1, 4, 6, 3), np.uint8)
     stripes[:, :, ::2] = 90  # columns 0, 2, 4: 5 horizontal steps of 90 in every row, no vertical ones
     assert detail(stripes).tolist() == [pytest.approx(90.0)]
-    assert gt_scores(stripes, np.zeros_like(stripes))["detail"] == [None]
+    assert detail_ratio([(1.0, 0.0)]) is None and detail_ratio([None]) is None
 
 
 def test_world_render_command(tmp_path):

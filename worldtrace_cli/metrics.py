@@ -20,8 +20,8 @@ import torch
 
 from .actions import chunk_rows, chunks_for_frames
 from .revisit import dead_reckon, pairs_from_poses, pairs_from_waypoints, revisit_pairs
-from .scores import (PSNR_CAP_DB, SSIM_BATCH_BYTES, SSIM_WINDOW, _frames_tensor, _mean, clip_embeddings, gt_scores,
-                     gt_summary, latent_diff, pac, scene_drift, temp_ssim)
+from .scores import (PSNR_CAP_DB, SSIM_BATCH_BYTES, SSIM_WINDOW, _frames_tensor, _mean, clip_embeddings, detail_ratio,
+                     gt_scores, gt_summary, latent_diff, pac, scene_drift, temp_ssim)
 
 
 # --------------------------------------------------------------------------- run folders
@@ -89,9 +89,10 @@ def summarise_run(run_dir: str | Path, tower=None, level: str = "fast",
             scores = gt_scores(frames[start:end], truth.frames(start, end))
             psnr.append(_mean(scores["psnr"]))
             ssim_.append(_mean(scores["ssim"]))
-            detail.append(_mean(scores["detail"]))
+            detail.append((sum(scores["detail"]), sum(scores["detail_true"])))
         out["gt"] = {"world_seed": world_seed, "source": "video.mp4 (lossy H.264)",
-                     **gt_summary(psnr, ssim_, plan, detail), "per_chunk": {"psnr": psnr, "ssim": ssim_, "detail": detail}}
+                     **gt_summary(psnr, ssim_, plan, detail),
+                     "per_chunk": {"psnr": psnr, "ssim": ssim_, "detail": [detail_ratio([d]) for d in detail]}}
     if level == "fast" or not t_frames:
         return out
 
@@ -134,7 +135,7 @@ class OnlineMetrics:
         self.level, self.tower, self.truth = level, tower, truth
         self._gt_psnr: list[float] = []
         self._gt_ssim: list[float] = []
-        self._gt_detail: list[float | None] = []
+        self._gt_detail: list[list[float] | None] = []  # per chunk [generated, true] sums of detail()
         self._last_frame = self._last_latent = self._last_embed = None
         self._embeds: list[torch.Tensor] = []
         self._ssim: list[float] = []
@@ -154,8 +155,9 @@ class OnlineMetrics:
             scores = gt_scores(frames, self.truth.frames(start, end))
             self._gt_psnr.append(_mean(scores["psnr"]))
             self._gt_ssim.append(_mean(scores["ssim"]))
-            self._gt_detail.append(_mean(scores["detail"]))
-            rec["gt_psnr"], rec["gt_ssim"], rec["gt_detail"] = self._gt_psnr[-1], self._gt_ssim[-1], self._gt_detail[-1]
+            self._gt_detail.append([sum(scores["detail"]), sum(scores["detail_true"])])
+            rec["gt_psnr"], rec["gt_ssim"] = self._gt_psnr[-1], self._gt_ssim[-1]
+            rec["gt_detail"] = detail_ratio(self._gt_detail[-1:])
         seq = frames if self._last_frame is None else torch.cat([self._last_frame[None], frames])
         pairs = temp_ssim(seq)["pairs"]
         self._ssim += pairs

@@ -136,15 +136,15 @@ def gt_scores(frames, truth) -> dict:
 
     PSNR per frame: ``10 log10(255^2 / MSE)`` over all pixels and channels of uint8 frames (capped at
     :data:`PSNR_CAP_DB`); SSIM per frame: ``pytorch_msssim.ssim`` on [0, 1] frames with
-    ``data_range=1`` (as TempSSIM); up is better for both. Detail per frame: the frame's
-    :func:`detail` divided by the true frame's (1 = as much fine structure as the truth, below 1
-    blurred, above 1 noisier; None where the true frame is flat). PSNR rewards a blurred average of
+    ``data_range=1`` (as TempSSIM); up is better for both. Detail: each frame's :func:`detail`
+    and the true frame's; :func:`detail_ratio` of sums of them is GT detail (1 = as much fine
+    structure as the truth, below 1 blurred, above 1 noisier). PSNR rewards a blurred average of
     what may be there, so detail says what PSNR hides: how much of the picture is left.
 
     Args:
         frames, truth: uint8 RGB ``[T, H, W, 3]`` (numpy or torch) of the same shape.
     Returns:
-        ``{"psnr": [T floats], "ssim": [T floats], "detail": [T floats or None]}``.
+        ``{"psnr": [T floats], "ssim": [T floats], "detail": [T floats], "detail_true": [T floats]}``.
     Raises:
         ValueError: shapes differ or are not uint8 [T, H, W, 3].
     """
@@ -159,9 +159,8 @@ def gt_scores(frames, truth) -> dict:
                        dtype=torch.float64)).clamp(max=PSNR_CAP_DB)
     with torch.no_grad():
         s = ssim(af / 255.0, bf / 255.0, data_range=1.0, size_average=False)
-    mine, true = detail(a), detail(b)
-    ratio = [None if t == 0 else m / t for m, t in zip(mine.tolist(), true.tolist())]
-    return {"psnr": psnr.tolist(), "ssim": s.double().tolist(), "detail": ratio}
+    return {"psnr": psnr.tolist(), "ssim": s.double().tolist(), "detail": detail(a).tolist(),
+            "detail_true": detail(b).tolist()}
 
 
 def detail(frames) -> torch.Tensor:
@@ -178,20 +177,32 @@ def detail(frames) -> torch.Tensor:
             + (x[:, 1:] - x[:, :-1]).abs().flatten(1).mean(1))
 
 
+def detail_ratio(sums) -> float | None:
+    """GT detail of frames taken together: the sum of the generated frames' :func:`detail` over the
+    sum of the true frames' (``sums``: ``(generated, true)`` pairs, e.g. per chunk; None entries are
+    skipped). A ratio of sums, not a mean of ratios: a view of a plain wall (little true detail)
+    weighs little instead of blowing the mean up. None when nothing is left or the truth is flat."""
+    pairs = [p for p in sums if p is not None]
+    true = sum(t for _, t in pairs)
+    return float(sum(g for g, _ in pairs) / true) if pairs and true > 0 else None
+
+
 def gt_summary(per_chunk_psnr: list, per_chunk_ssim: list, plan=None, per_chunk_detail: list | None = None) -> dict:
     """Run-level GT means: over all chunks, and over the return chunks of the plan's revisit pairs
     (:func:`revisit_pairs`; ``return`` None without revisits). Inputs are per-chunk means (None allowed);
-    ``per_chunk_detail`` (GT detail, :func:`gt_scores`) adds ``detail`` to both when given."""
+    ``per_chunk_detail`` (per chunk the ``(generated, true)`` sums of :func:`detail` over its frames,
+    or None) adds GT ``detail`` (:func:`detail_ratio`) to both when given."""
     out = {"psnr": _mean(per_chunk_psnr), "ssim": _mean(per_chunk_ssim), "return": None}
     if per_chunk_detail is not None:
-        out["detail"] = _mean(per_chunk_detail)
+        out["detail"] = detail_ratio(per_chunk_detail)
     if plan is not None:
         returns = sorted({b for _, b in revisit_pairs(plan)["chunk_pairs"] if b < len(per_chunk_psnr)})
         if returns:
             out["return"] = {"chunks": returns, "psnr": _mean([per_chunk_psnr[c] for c in returns]),
                              "ssim": _mean([per_chunk_ssim[c] for c in returns])}
             if per_chunk_detail is not None:
-                out["return"]["detail"] = _mean([per_chunk_detail[c] for c in returns if c < len(per_chunk_detail)])
+                out["return"]["detail"] = detail_ratio([per_chunk_detail[c] for c in returns
+                                                        if c < len(per_chunk_detail)])
     return out
 
 
