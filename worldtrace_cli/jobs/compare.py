@@ -171,7 +171,7 @@ def compare_markdown(result: dict) -> str:
         lines.append(f"| {m['cache']} | {f(m['s_per_chunk'])} | {mib(m['kv_bytes'])} | {mib(m['peak_rss_bytes'])} | "
                      f"{mib(m['gpu_peak_bytes'])} | {f(x['temp_ssim'])} | {f(x['latent_diff'])} | "
                      f"{f(x['scene_drift'])} | {f(x['pac'])} |"
-                     + (f" {f(x['gt_psnr'], '.2f')} | {f(x['gt_ssim'])} | {f(x.get('gt_detail'), '.2f')} | "
+                     + (f" {f(x['gt_psnr'], '.2f')} | {f(x['gt_ssim'])} | {f(x['gt_detail'], '.2f')} | "
                         f"{f(x['gt_return_psnr'], '.2f')} |" if gt else ""))
     if gt:
         lines += ["", f"GT: generated vs true frames of world {result['world_seed']} at the same poses "

@@ -45,7 +45,8 @@ class ActionKV:
 def _window_attention(q, k_cur, v_cur, past_k, past_v, tables):
     """Attend F query frames to [past | current] frames.
 
-    q [N, F, H, d]; k_cur/v_cur [G, F, H, d] with G = N (mouse: one key set per query row) or G = B
+    q [N, F, H, d] (or any [..., F, H, d] whose leading dims flatten to N: a transposed view is
+    fine, the rotation makes it contiguous); k_cur/v_cur [G, F, H, d] with G = N (mouse: one key set per query row) or G = B
     (keyboard: one key set per clip shared by the clip's N/B rows, which are consecutive, attended
     once for all of them instead of being copied; attention has no mask, so this is the same
     result); ``past_k``/``past_v``
@@ -54,7 +55,7 @@ def _window_attention(q, k_cur, v_cur, past_k, past_v, tables):
     Returns [N, F, H, d].
     """
     cos_c, sin_c, cos_p, sin_p = tables
-    q = apply_action_rope(q, cos_c, sin_c)
+    q = apply_action_rope(q, cos_c, sin_c).flatten(0, -4)  # [N, F, H, d], contiguous after the rotation
     k_all, v_all = apply_action_rope(k_cur, cos_c, sin_c), v_cur
     if past_k is not None:
         k_all = torch.cat([apply_action_rope(past_k, cos_p, sin_p), k_all], dim=1)
@@ -159,7 +160,7 @@ class ActionModule(nn.Module):
         s = n // f
         h = self.heads
         feat = torch.cat([x.view(b, f, s, d), rows[:, :, None, :].expand(b, f, s, -1)], dim=-1)
-        feat = self.mouse_mlp(feat.transpose(1, 2).reshape(b * s, f, -1))  # [B*S, F, C]
+        feat = self.mouse_mlp(feat.transpose(1, 2)).flatten(0, 1)         # [B*S, F, C]: the MLP's output is contiguous
         q, k, v = self.t_qkv(feat).view(b * s, f, 3, h, -1).unbind(2)      # [B*S, F, H, d]
         q, k = _rms(q), _rms(k)
         out = _window_attention(q, k, v, past_k, past_v, tables)           # [B*S, F, H, d]
@@ -176,7 +177,7 @@ class ActionModule(nn.Module):
         kv = self.keyboard_attn_kv(emb.reshape(b, f, -1))                      # [B, F, 2C]
         k, v = kv.view(b, f, 2, h, -1).unbind(2)
         k = _rms(k)
-        q = _rms(self.mouse_attn_q(x).view(b, f, s, h, -1)).transpose(1, 2).reshape(b * s, f, h, -1)  # [B*S, F, H, d]
+        q = _rms(self.mouse_attn_q(x).view(b, f, s, h, -1)).transpose(1, 2)  # [B, S, F, H, d] (a view)
         out = _window_attention(q, k, v, past_k, past_v, tables)              # a clip's keys shared by its S rows
         return x + self.proj_keyboard(out.view(b, s, f, -1).transpose(1, 2).reshape(b, n, -1)), k, v
 

@@ -101,6 +101,19 @@ def late_conditioning(vae) -> torch.Tensor:
     return lat[:, :, -1:].float().cpu().contiguous()
 
 
+LATE_CONDITIONING_FILE = "late_conditioning.safetensors"
+
+
+def store_late_conditioning(folder: Path, vae) -> Path:
+    """``folder/late_conditioning.safetensors`` (:func:`late_conditioning` of ``vae`` under the key
+    ``latents``), written atomically when the folder has none yet; returns its path."""
+    path = Path(folder) / LATE_CONDITIONING_FILE
+    if not path.exists():
+        path.parent.mkdir(parents=True, exist_ok=True)
+        save_safetensors_atomic({"latents": late_conditioning(vae)}, path)
+    return path
+
+
 def vae_frame_shape(vae) -> tuple[int, int]:
     """(height, width) in pixels the trainer renders at (attached by :func:`make_encoder`)."""
     return vae._loopworld_frame_shape
@@ -276,9 +289,7 @@ def encode_clips(folder: Path, vae_weights, shards: int, seed: int = 0, mix: Cli
     vae, tower = make_encoder(vae_weights, clip_seed, height, width)
     vae.to(device)
     tower.to(device)
-    cond = folder / "late_conditioning.safetensors"
-    if not cond.exists():
-        save_safetensors_atomic({"latents": late_conditioning(vae)}, cond)
+    store_late_conditioning(folder, vae)
     done = len(shard_paths(folder))
     bar = tqdm(total=shards, initial=done, disable=not progress, unit="shard", dynamic_ncols=True)
     for i in range(done, shards):

@@ -39,7 +39,7 @@ from ..model.dit import CausalWanDiT, ChunkInputs, init_random_weights
 from ..rollout import read_past
 from ..model.sampler import NUM_TRAIN_TIMESTEPS, FlowMatchSchedule, add_noise, flow_to_x0, next_x
 from .common import LoopSettings, prepare_folder, run_loop, save_safetensors_atomic, settings_dict
-from .dataset import CLIP_CHUNKS, EncodedClip, read_shard, shard_paths
+from .dataset import CLIP_CHUNKS, LATE_CONDITIONING_FILE, EncodedClip, read_shard, shard_paths
 
 DIT_FILE = "dit.safetensors"
 DIT_EMA_FILE = "dit-ema.safetensors"  # the weights' moving average, with --ema
@@ -56,7 +56,7 @@ class ClipPool:
         self.clips: list[EncodedClip] = []
         self._loaded: set[Path] = set()
         self._draws = 0
-        self.late_cond = load_file(str(self.folder / "late_conditioning.safetensors"))["latents"]
+        self.late_cond = load_file(str(self.folder / LATE_CONDITIONING_FILE))["latents"]
         self.refresh()
 
     def refresh(self) -> None:
@@ -257,10 +257,11 @@ def clip_loss(dit, clip: EncodedClip, late_cond, rng: np.random.Generator, sched
     early = clip.frame_start == 0
     target = choose_target(rng, early, start_share)
     generated = self_generated_chunks(rng, early, target, self_context)
-    state, writer, rows = context_state(dit, clip, late_cond, target, generated=generated, schedule=schedule, rng=rng)
+    batch = ClipBatch.of(clip)
+    state, writer, rows = context_state(dit, batch, late_cond, target, generated=generated, schedule=schedule, rng=rng)
     sigma = sample_sigma(rng, schedule, sampler_prob)
-    eps = _numpy_draws(rng, clip.latents.device)((1, *clip.latents[:, :3].shape))
-    return target_losses(dit, ClipBatch.of(clip), late_cond, target, state, writer, rows, [sigma], eps, return_weight)[0]
+    eps = _numpy_draws(rng, clip.latents.device)(tuple(batch.latents[:, :, :3].shape))
+    return target_losses(dit, batch, late_cond, target, state, writer, rows, [sigma], eps, return_weight)[0]
 
 
 def target_losses(dit, batch: ClipBatch, late_cond, target: int, state, writer, rows, sigmas: list[float],

@@ -36,7 +36,8 @@ import torch
 
 from ..model.dit import LayerPast
 from ..model.sampler import FlowMatchSchedule
-from .dataset import ClipMix, EncodedClip, make_clip, make_encoder, read_shard, write_shard
+from .dataset import (LATE_CONDITIONING_FILE, ClipMix, EncodedClip, make_clip, make_encoder, read_shard,
+                      store_late_conditioning, write_shard)
 from ..rollout import read_past
 from .dit import context_state, sample_x0, target_chunk_inputs
 
@@ -59,19 +60,14 @@ def _encoded_once(path: Path, count: int, vae_weights, clip_seed: int, height: i
 
 
 def late_conditioning_of(data: Path, vae_weights, height: int = 96, width: int = 176) -> torch.Tensor:
-    """The late conditioning latents [1, 16, 1, h, w] (:func:`~worldtrace_cli.train.dataset.late_conditioning`)
-    stored in ``data/late_conditioning.safetensors``; computed with the VAE ``vae_weights`` and stored
-    there first when the folder has none (a folder that only caches held-out clips)."""
+    """The late conditioning latents [1, 16, 1, h, w] float32 of ``data`` (:func:`store_late_conditioning`:
+    computed with the VAE ``vae_weights`` and stored first when the folder has none, e.g. one that
+    only caches held-out clips)."""
     from safetensors.torch import load_file
 
-    from .common import save_safetensors_atomic
-    from .dataset import late_conditioning
-
-    path = Path(data) / "late_conditioning.safetensors"
+    path = Path(data) / LATE_CONDITIONING_FILE
     if not path.exists():
-        vae, _ = make_encoder(vae_weights, 2, height, width)
-        Path(data).mkdir(parents=True, exist_ok=True)
-        save_safetensors_atomic({"latents": late_conditioning(vae)}, path)
+        store_late_conditioning(data, make_encoder(vae_weights, 2, height, width)[0])
     return load_file(str(path))["latents"]
 
 
