@@ -296,7 +296,7 @@ def summaries_only(monkeypatch):
     monkeypatch.setattr(RunFolder, "check", lambda self, frames_for_chunks: {})
 
 
-def write_run(out, config, cache, image, seed, pac, temp_ssim, chunks=16, gt=None):
+def write_run(out, config, cache, image, seed, pac, temp_ssim, chunks=16, gt=None, detail=None):
     folder = out / config / cache.replace(":", "-") / image / f"seed{seed}"
     folder.mkdir(parents=True)
     write_json_atomic(folder / "summary.json", {
@@ -305,7 +305,8 @@ def write_run(out, config, cache, image, seed, pac, temp_ssim, chunks=16, gt=Non
         "metrics": {"temp_ssim": temp_ssim, "latent_diff": 0.2, "scene_drift": 0.05,
                     "pac": None if pac is None else {"mean": pac, "pairs": 3},
                     **({} if gt is None else {"gt": {"psnr": gt + 1, "ssim": 0.5,
-                                                     "return": {"chunks": [9], "psnr": gt, "ssim": 0.4}}})},
+                                                     "return": {"chunks": [9], "psnr": gt, "ssim": 0.4,
+                                                                "detail": detail}}})},
         "totals": {"chunks": chunks, "seconds_per_chunk": 1.5, "peak_rss_bytes": 10 * 2**20, "gpu_peak_bytes": None}})
 
 
@@ -455,22 +456,38 @@ def test_world_jobs_reach_the_run(tmp_path, fake_generate):
 
 
 def test_report_has_a_ground_truth_column(tmp_path, summaries_only):
-    """Runs with ground truth (procedural worlds) add return-leg GT-PSNR beside PAC / TempSSIM, with
-    CIs over scenes and a paired test against sliding."""
+    """Runs with ground truth (procedural worlds) add return-leg GT-PSNR and GT detail beside PAC /
+    TempSSIM, with CIs over scenes and a paired test against sliding."""
     out = tmp_path / "gt"
-    for scene, (s_gt, l_gt) in {"world0": (14.0, 16.0), "world1": (15.0, 16.5), "world2": (13.0, 15.2)}.items():
-        write_run(out, "aba", "sliding", scene, 0, 0.7, 0.8, gt=s_gt)
-        write_run(out, "aba", "landmark", scene, 0, 0.8, 0.8, gt=l_gt)
+    runs = {"world0": ((14.0, 0.20), (16.0, 0.30)), "world1": ((15.0, 0.25), (16.5, 0.28)),
+            "world2": ((13.0, 0.10), (15.2, 0.26))}
+    for scene, ((s_gt, s_detail), (l_gt, l_detail)) in runs.items():
+        write_run(out, "aba", "sliding", scene, 0, 0.7, 0.8, gt=s_gt, detail=s_detail)
+        write_run(out, "aba", "landmark", scene, 0, 0.8, 0.8, gt=l_gt, detail=l_detail)
     report(out)
     rows = list(csv.DictReader((out / "report.csv").open()))
     assert {float(r["gt_return_psnr"]) for r in rows if r["cache"] == "landmark"} == {16.0, 16.5, 15.2}
     md = (out / "report.md").read_text()
-    assert "GT-PSNR on return legs" in md
+    assert "GT-PSNR on return legs (dB) / GT detail on return legs" in md and "nearer 1" in md
     line = next(ln for ln in md.splitlines() if ln.startswith("| landmark |"))
-    assert "15.900 ±" in line  # mean of 16.0, 16.5, 15.2
+    assert "15.900 ±" in line and "0.280 ±" in line  # means of 16.0, 16.5, 15.2 and 0.30, 0.28, 0.26
     data = json.loads((out / "report.json").read_text())
     cell = next(c for c in data["by_config"] if c["writer"] == "landmark")
     assert cell["gt_return_psnr"]["p"] == pytest.approx(hand_paired_p([16.0, 16.5, 15.2], [14.0, 15.0, 13.0]))
+    assert cell["gt_return_detail"]["p"] == pytest.approx(hand_paired_p([0.30, 0.28, 0.26], [0.20, 0.25, 0.10]))
+    assert cell["gt_return_detail"]["mean"] == pytest.approx(0.28) and cell["gt_return_detail"]["scenes"] == 3
+
+
+def test_report_of_runs_before_gt_detail_has_no_detail_entry(tmp_path, summaries_only):
+    """Runs scored before GT detail existed (no return-leg detail) keep the three entries: no column
+    of dashes."""
+    out = tmp_path / "old"
+    for scene, value in {"world0": 14.0, "world1": 15.0}.items():
+        write_run(out, "aba", "sliding", scene, 0, 0.7, 0.8, gt=value)
+    report(out)
+    md = (out / "report.md").read_text()
+    assert "GT-PSNR on return legs" in md and "GT detail" not in md
+    assert "gt_return_detail" not in json.loads((out / "report.json").read_text())["by_config"][0]
 
 
 def test_plots_name_tiers_and_scale_to_the_data():

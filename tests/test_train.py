@@ -370,7 +370,17 @@ def test_self_generated_context(data, one_thread):
     assert self_generated_chunks(state, True, 2, 0.0) == 0 and state.bit_generator.state == before
 
 
-def test_drift_test_free_vs_teacher_forced(data, vae_file, one_thread):
+def _other_encoder(vae_path, dest):
+    """A copy of the VAE file whose encoder's weights are scaled by 1.1: other latents."""
+    from safetensors.torch import load_file, save_file
+
+    weights = load_file(str(vae_path))
+    save_file({k: v * 1.1 if k.startswith("encoder.") and v.is_floating_point() else v for k, v in weights.items()},
+              str(dest))
+    return dest
+
+
+def test_drift_test_free_vs_teacher_forced(data, vae_file, one_thread, tmp_path_factory):
     """The drift test: a free rollout reads the model's own chunks, a teacher-forced one the true
     chunks; the observe hook sees exactly what is committed; held-out walks are encoded once."""
     from worldtrace_cli.train.dit import ClipPool, build_dit, context_state
@@ -381,6 +391,12 @@ def test_drift_test_free_vs_teacher_forced(data, vae_file, one_thread):
     assert walks[0].return_latent == -1 and walks[0].image_latents.shape[1] == 9
     again = heldout_rollout_clips(data, vae_file[0], 1, chunks=3, height=48, width=96)  # read back, not re-encoded
     assert (data / ROLLOUT_FILE.format(chunks=3)).exists() and torch.equal(again[0].latents, walks[0].latents)
+    other = _other_encoder(vae_file[0], tmp_path_factory.mktemp("other-vae") / "vae.safetensors")
+    moved = heldout_rollout_clips(data, other, 1, chunks=3, height=48, width=96)  # another VAE: encoded again
+    assert not torch.equal(moved[0].latents, walks[0].latents)
+    assert torch.equal(moved[0].keyboard, walks[0].keyboard)  # the same held-out walk, other latents
+    back = heldout_rollout_clips(data, vae_file[0], 1, chunks=3, height=48, width=96)
+    assert torch.equal(back[0].latents, walks[0].latents)  # and back to the first VAE's latents
 
     dit, late_cond, schedule = build_dit(_tiny_preset(), 0).eval(), ClipPool(data).late_cond, FlowMatchSchedule()
     seen = {}

@@ -205,7 +205,8 @@ def train_dit_cmd(data, preset, output, steps, minutes, lr, warmup, seed, thread
               help="Also write the first 2 drift-test walks as a picture: truth, teacher-forced, free rollout.")
 @click.option("--threads", type=click.IntRange(1), default=1, show_default=True)
 def train_eval_cmd(dit_dir, vae_weights, preset, data, clips, rollouts, rollout_chunks, use_ema, pictures, threads):
-    """Memory and drift tests of a DiT folder (prints JSON; held-out clips are cached in the data folder).
+    """Memory and drift tests of a DiT folder (prints JSON; held-out clips are cached in the data folder
+    and encoded again when --vae is another file than the one that encoded them).
 
     Memory: return-frame latent MSE with the first visit in the cache, removed, or replaced by another
     world's frame. Drift: per-chunk latent MSE of free rollouts (the model reads its own chunks) vs

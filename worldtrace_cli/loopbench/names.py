@@ -4,9 +4,12 @@ paper's tiers and their titles (leaf module)."""
 from __future__ import annotations
 
 BASELINE = "sliding"
-METRICS = ("pac", "temp_ssim")  # the table's entries: PAC / TempSSIM (+ return-leg GT-PSNR for world scenes)
+METRICS = ("pac", "temp_ssim")  # the table's entries: PAC / TempSSIM (+ the return-leg GT metrics for world scenes)
 GT_METRIC = "gt_return_psnr"
-METRIC_NAMES = {"pac": "PAC", "temp_ssim": "TempSSIM", GT_METRIC: "GT-PSNR on return legs (dB)"}
+GT_DETAIL = "gt_return_detail"  # generated over true neighbouring-pixel differences (scores.detail_ratio)
+GT_METRICS = (GT_METRIC, GT_DETAIL)
+METRIC_NAMES = {"pac": "PAC", "temp_ssim": "TempSSIM", GT_METRIC: "GT-PSNR on return legs (dB)",
+                GT_DETAIL: "GT detail on return legs"}
 
 TIER_TITLES = {1: "Tier 1: topology", 2: "Tier 2: rollout length (ABA)", 3: "Tier 3: camera orientation",
                4: "Tier 4: multi-revisit", "sweep": "ABA sweep", "custom": "Custom trajectories"}
@@ -18,4 +21,4 @@ def writers_of(rows: list[dict]) -> list[str]:
     return sorted({r["cache"] for r in rows}, key=lambda w: (w != BASELINE, w))
 
 
-__all__ = ["BASELINE", "GT_METRIC", "METRICS", "METRIC_NAMES", "TIER_ORDER", "TIER_TITLES", "writers_of"]
+__all__ = ["BASELINE", "GT_DETAIL", "GT_METRIC", "GT_METRICS", "METRICS", "METRIC_NAMES", "TIER_ORDER", "TIER_TITLES", "writers_of"]

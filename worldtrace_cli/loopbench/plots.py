@@ -8,7 +8,7 @@ import math
 import textwrap
 from pathlib import Path
 
-from .names import GT_METRIC, TIER_ORDER, TIER_TITLES, writers_of
+from .names import GT_DETAIL, GT_METRIC, TIER_ORDER, TIER_TITLES, writers_of
 
 
 def tier_label(tier) -> str:
@@ -58,8 +58,8 @@ def plot_pac_vs_chunks(agg: dict, path: Path) -> None:
 
 
 def plot_tiers(agg: dict, path: Path) -> None:
-    """Grouped bars per tier: PAC, TempSSIM and, with ground truth, return-leg GT-PSNR (mean ± CI over
-    scenes) of each writer."""
+    """Grouped bars per tier: PAC, TempSSIM and, with ground truth, return-leg GT-PSNR and GT detail
+    (mean ± CI over scenes) of each writer."""
     from matplotlib.figure import Figure
 
     cells = agg["by_tier"]
@@ -69,6 +69,8 @@ def plot_tiers(agg: dict, path: Path) -> None:
     panels = [("pac", "PAC"), ("temp_ssim", "TempSSIM")]
     if any(GT_METRIC in c for c in cells):
         panels.append((GT_METRIC, "GT-PSNR, return (dB)"))
+    if any(GT_DETAIL in c for c in cells):
+        panels.append((GT_DETAIL, "GT detail, return"))
     fig = Figure(figsize=(max(6, 1.6 * len(tiers) + 2), 3.25 * len(panels)), dpi=120, layout="constrained")
     width = 0.8 / max(1, len(writers))
     for k, (metric, label) in enumerate(panels):

@@ -21,7 +21,7 @@ from ..runs import RunFolder
 from ..schemas import SCHEMA_VERSION
 from ..trajectory import frames_for_chunks
 from .configs import CONFIGS
-from .names import BASELINE, GT_METRIC, METRIC_NAMES, METRICS, TIER_ORDER, TIER_TITLES, writers_of
+from .names import BASELINE, GT_DETAIL, GT_METRIC, GT_METRICS, METRIC_NAMES, METRICS, TIER_ORDER, TIER_TITLES, writers_of
 from .plots import plot_pac_vs_chunks, plot_tiers
 from .plan import FAILED_NAME
 
@@ -32,8 +32,9 @@ ROW_FIELDS = ("config", "tier", "cache", "image", "seed", "chunks", "pac", "temp
 
 
 def metrics_of(rows: list[dict]) -> tuple[str, ...]:
-    """The table's entries: PAC / TempSSIM, plus return-leg GT-PSNR when any run has ground truth."""
-    return METRICS + ((GT_METRIC,) if any(r.get(GT_METRIC) is not None for r in rows) else ())
+    """The table's entries: PAC / TempSSIM, plus each return-leg ground-truth metric (GT-PSNR, GT
+    detail) that any run has (runs of a procedural world; GT detail since 2026-11-26)."""
+    return METRICS + tuple(m for m in GT_METRICS if any(r.get(m) is not None for r in rows))
 
 
 def tier_of(config: str) -> int | str:
@@ -264,11 +265,16 @@ def markdown(rows: list[dict], agg: dict, failed: list[dict], out_dir: Path) -> 
         + ("" if len(rows) == len(configs) * len(writers) * scenes * seeds else ", not every combination")
         + ")" + (f"; {len(failed)} failed (see `failures.jsonl`)." if failed else "."),
         "",
-        f"Entries: {names} (all higher is better), mean ± 95% CI half-width over scenes (each scene "
+        f"Entries: {names} ("
+        + ("higher is better; GT detail: nearer 1 is better" if GT_DETAIL in metrics else "all higher is better")
+        + "), mean ± 95% CI half-width over scenes (each scene "
         "averaged over its seeds first; t-distribution; no CI with one scene). p vs sliding: paired t-test "
         f"over runs matched on (configuration, scene, seed), in the same order; — with fewer than 2 pairs."
         + (" GT-PSNR: generated vs true frames (the world rendered at the same poses), over the chunks that "
-           "return to a place seen before." if GT_METRIC in metrics else ""),
+           "return to a place seen before." if GT_METRIC in metrics else "")
+        + (" GT detail: over the same chunks, the generated frames' neighbouring-pixel differences over the "
+           "true frames' (1 = as much fine structure as the truth, below 1 blurred, above 1 noisier)."
+           if GT_DETAIL in metrics else ""),
         "", "## By tier", "",
     ]
     tiers = [t for t in TIER_ORDER if any(r["tier"] == t for r in rows)]

@@ -201,8 +201,9 @@ def make_clip(rng: np.random.Generator, vae, clip_tower, late: bool, loop: bool,
                        tokens.contiguous(), return_latent, world_seed)
 
 
-def write_shard(path: Path, clips: list[EncodedClip]) -> None:
-    """Write clips to one safetensors file (float16 latents and tokens, float32 actions), atomically."""
+def write_shard(path: Path, clips: list[EncodedClip], metadata: dict[str, str] | None = None) -> None:
+    """Write clips to one safetensors file (float16 latents and tokens, float32 actions), atomically;
+    ``metadata``: more string entries of the file's header (:func:`shard_metadata`)."""
     tensors, meta = {}, []
     for i, c in enumerate(clips):
         tensors[f"{i}.latents"] = c.latents.half()
@@ -213,7 +214,15 @@ def write_shard(path: Path, clips: list[EncodedClip]) -> None:
             tensors[f"{i}.image_latents"] = c.image_latents.half()
         meta.append({"frame_start": c.frame_start, "rows_start": c.rows_start, "return_latent": c.return_latent,
                      "world_seed": c.world_seed})
-    save_safetensors_atomic(tensors, path, metadata={"clips": json.dumps(meta)})
+    save_safetensors_atomic(tensors, path, metadata={**(metadata or {}), "clips": json.dumps(meta)})
+
+
+def shard_metadata(path: Path) -> dict[str, str]:
+    """The header entries of a shard (:func:`write_shard`), ``clips`` included."""
+    from safetensors import safe_open
+
+    with safe_open(str(path), "pt") as fh:
+        return dict(fh.metadata() or {})
 
 
 def read_shard(path: Path) -> list[EncodedClip]:

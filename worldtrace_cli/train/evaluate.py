@@ -37,7 +37,7 @@ import torch
 from ..model.dit import LayerPast
 from ..model.sampler import FlowMatchSchedule
 from .dataset import (LATE_CONDITIONING_FILE, ClipMix, EncodedClip, make_clip, make_encoder, read_shard,
-                      store_late_conditioning, write_shard)
+                      shard_metadata, store_late_conditioning, write_shard)
 from ..rollout import read_past
 from .dit import context_state, sample_x0, target_chunk_inputs
 
@@ -47,15 +47,20 @@ HELDOUT_SEED = 10_000_019  # a data stream the training shards (seeds [seed, i])
 
 
 def _encoded_once(path: Path, count: int, vae_weights, clip_seed: int, height: int, width: int, make) -> list[EncodedClip]:
-    """The first ``count`` clips stored in ``path``; when it holds fewer, ``make(vae, tower)`` encodes
-    them (a list of :class:`EncodedClip`) and they are stored first. Always the stored (float16-rounded)
+    """The first ``count`` clips stored in ``path``; when it holds fewer, or was encoded with another
+    VAE file (the header's ``vae``: the sha256 of the whole VAE file; files cached before 2026-11-26
+    have none and are encoded again), ``make(vae, tower)`` encodes them (a
+    list of :class:`EncodedClip`) and they are stored first. Always the stored (float16-rounded)
     clips, so a score does not depend on whether the file existed."""
-    if path.exists():
+    from ..model.checkpoint import file_identity
+
+    vae_id = file_identity(vae_weights, full_hash=True)["sha256"]
+    if path.exists() and shard_metadata(path).get("vae") == vae_id:
         clips = read_shard(path)
         if len(clips) >= count:
             return clips[:count]
     vae, tower = make_encoder(vae_weights, clip_seed, height, width)
-    write_shard(path, make(vae, tower))
+    write_shard(path, make(vae, tower), metadata={"vae": vae_id})
     return read_shard(path)[:count]
 
 
