@@ -187,3 +187,30 @@ def test_bench_tau_calibrates_on_logged_distances(tmp_path, one_thread):
     sliding, _ = generate(tmp_path, "sl", ROOT / "trajectories" / "look_back.yaml", "--chunks", 2)
     bad = CliRunner().invoke(main, ["bench", "tau", str(sliding)])
     assert bad.exit_code == 2 and "no landmark_test events" in bad.output
+
+
+def test_world_identification_benchmark_finds_the_true_world(tmp_path, one_thread):
+    """benchmarks/world_identification.py: a run folder whose video is the true render of its own world
+    is identified in every chunk (rank 0, a clear PSNR margin over the decoys); the generated run it
+    was copied from gets a rank per chunk, and its start-view control identifies its first chunks."""
+    import shutil
+    import sys
+
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    import world_identification as wid
+
+    aba = ROOT / "trajectories" / "aba.yaml"
+    out, _ = generate(tmp_path, "gen", aba, "--chunks", 4, "--world-seed", 3, "--seed", 0, "--metrics", "fast")
+    true_run = tmp_path / "true"
+    shutil.copytree(out, true_run)
+    result = CliRunner().invoke(main, ["world", "render", str(aba), "--world-seed", 3, "--chunks", 4,
+                                       "-o", str(tmp_path / "render")])
+    assert result.exit_code == 0, result.output
+    shutil.copy(tmp_path / "render" / "video.mp4", true_run / "video.mp4")
+    rows = {Path(r["run_dir"]).name: r for r in wid.identify(wid.find_runs([tmp_path]), wid.parse_range("100-103"))}
+    assert set(rows) == {"gen", "true"}
+    assert rows["true"]["rank"] == [0, 0, 0, 0] and min(rows["true"]["margin"]) > 3.0, rows["true"]
+    assert len(rows["gen"]["rank"]) == 4 and all(0 <= r <= 4 for r in rows["gen"]["rank"])
+    assert rows["gen"]["start_rank"][0] == 0  # the start view is nearest its own world's first chunk
+    text = wid.markdown(list(rows.values()), [100, 101, 102, 103])
+    assert "chance 20 %" in text and "| aba | sliding | 2 |" in text
