@@ -14,6 +14,9 @@
 #                                          at tau 0.1 so every run pairs with the shipped sweep's
 #   paired.md                              run-level return-leg GT-PSNR, paired with the shipped sweep
 #                                          (benchmarks/results/loopbench-loopworld/report.json)
+#   identification.md                      is it this world? the subset's chunks matched against 16 decoy
+#                                          worlds, paired run by run with the shipped weights' (the committed
+#                                          benchmarks/results/loopworld-identification/shipped-sweep.json)
 #   look_back.png                          `worldtrace compare` on look_back, world 7 (the README's picture)
 # A candidate worth shipping then needs the whole evidence re-run (benchmarks/README.md, issue 11).
 set -euo pipefail
@@ -49,4 +52,7 @@ done
 wait
 python3 benchmarks/loopworld_summary.py "$out/sweep" --against benchmarks/results/loopbench-loopworld/report.json \
     -o "$out/paired.md" --title "Candidate $(basename "$dit") vs the shipped DiT: return-leg GT-PSNR"
-echo "candidate: $out/paired.md, $out/eval.json, $out/drift.png, $out/look_back.png"
+python3 benchmarks/world_identification.py "$out/sweep" \
+    --against benchmarks/results/loopworld-identification/shipped-sweep.json \
+    --json "$out/identification.json" -o "$out/identification.md" 2> "$out/identification.log"
+echo "candidate: $out/paired.md, $out/identification.md, $out/eval.json, $out/drift.png, $out/look_back.png"

@@ -1,6 +1,7 @@
 """Is it *this* world? Identify the world of loopworld runs from their generated frames.
 
     python benchmarks/world_identification.py RUNS... [--decoys 100-115] [-o ident.md] [--json ident.json]
+        [--against OTHER.json]
 
 RUNS: run folders of ``worldtrace generate`` / ``compare`` / ``loopbench run`` on a procedural-world
 preset (``loopworld``), or folders holding them (searched for ``summary.json``). For every chunk of
@@ -15,9 +16,14 @@ Control (the start-image leak): the same test with the start view (pixel frame 0
 conditions every chunk) standing in for every frame of the run. A model that identifies no better
 than its start image shows nothing beyond its conditioning.
 
+What it measures: nearest in mean squared pixel error is mostly a matter of colours and their rough
+layout (a blurred frame of the right colours passes). *Structure only* repeats the test on the
+frames minus their 8 x 8-pixel block means (the latent grid): edges, stripes and checkers without
+the colours, the part a person needs to tell *these* buildings from others of the same hues.
+
 Writes Markdown (per configuration and writer: runs, chunks identified on the return leg and on the
-other chunks, with the start-view control beside them, and the mean rank of the own world, 0 =
-nearest) and optionally JSON (per run, per chunk: the own world's rank and its PSNR margin over the
+other chunks, with the start-view control and the structure-only test beside them, and the mean
+rank of the own world, 0 = nearest) and optionally JSON (per run, per chunk: the own world's rank and its PSNR margin over the
 nearest decoy, dB). Errors: SystemExit with a one-line message for folders without runs of a
 procedural world.
 """
@@ -62,21 +68,34 @@ def find_runs(paths: list[Path]) -> list[Path]:
     return sorted(runs)
 
 
-def chunk_mse(frames: np.ndarray, truth: np.ndarray, fpc: int, num_chunks: int) -> np.ndarray:
-    """Per chunk, the mean squared error (0-255 scale) of ``frames`` against ``truth`` (uint8 [T, H, W, 3])."""
+def structure(frames: np.ndarray, block: int = 8) -> np.ndarray:
+    """float32 [T, H, W, 3]: the frames minus their mean over ``block`` x ``block`` pixel blocks (the
+    latent grid): edges, stripes and checkers without the colours (H and W multiples of ``block``)."""
+    x = frames.astype(np.float32)
+    t, h, w, c = x.shape
+    low = x.reshape(t, h // block, block, w // block, block, c).mean((2, 4), keepdims=True)
+    return (x.reshape(t, h // block, block, w // block, block, c) - low).reshape(t, h, w, c)
+
+
+def chunk_mse(frames: np.ndarray, truth: np.ndarray, fpc: int, num_chunks: int, transform=None) -> np.ndarray:
+    """Per chunk, the mean squared error (0-255 scale) of ``frames`` against ``truth`` (uint8 [T, H, W, 3]),
+    after ``transform`` (e.g. :func:`structure`) of both when given."""
     out = np.empty(num_chunks)
     for c in range(num_chunks):
         start, end = chunk_rows(c, fpc)
         end = min(end, len(frames))
-        diff = frames[start:end].astype(np.float32) - truth[start:end].astype(np.float32)
-        out[c] = float(np.mean(diff * diff))
+        a, b = frames[start:end], truth[start:end]
+        a, b = (transform(a), transform(b)) if transform is not None else (a.astype(np.float32), b.astype(np.float32))
+        out[c] = float(np.mean((a - b) ** 2))
     return out
 
 
 def identify(runs: list[Path], decoys: list[int]) -> list[dict]:
-    """Per run: config, writer, world, seed, the return chunks, and per chunk the own world's rank
+    """Per run: config (the trajectory's stem), writer (the cache, ``@tau`` when a landmark threshold
+    was given, with the preset when it is not ``loopworld``), world, seed, the return chunks, and per chunk the own world's rank
     among own + decoys (0 = nearest) and PSNR margin over the nearest decoy (dB), for the generated
-    frames (``rank`` / ``margin``) and for the start-view control (``start_rank``)."""
+    frames (``rank`` / ``margin``), for the start-view control (``start_rank``) and for the frames'
+    structure alone (``structure_rank``: :func:`structure` of both sides, colours removed)."""
     from tqdm import tqdm
 
     truths: dict = {}  # (trajectory, chunks, fpc, H, W, world) -> true frames; renders shared by writers and seeds
@@ -93,22 +112,31 @@ def identify(runs: list[Path], decoys: list[int]) -> list[dict]:
         key = (str(cfg["trajectory"]), resolved["chunks"], fpc, frames.shape[1], frames.shape[2])
         if truths and next(iter(truths))[:5] != key:
             truths.clear()  # runs come sorted by folder: one trajectory's renders at a time
-        mse, start_mse = [], []
+        mse, start_mse, struct_mse = [], [], []
         for w in candidates:
             if key + (w,) not in truths:
                 truths[key + (w,)] = GroundTruth(w, plan, frames.shape[1], frames.shape[2]).frames(0, len(frames))
             truth = truths[key + (w,)]
             mse.append(chunk_mse(frames, truth, fpc, num_chunks))
             start_mse.append(chunk_mse(np.broadcast_to(truths[key + (own,)][:1], truth.shape), truth, fpc, num_chunks))
-        mse, start_mse = np.stack(mse), np.stack(start_mse)  # [candidates, chunks]; row 0 = own world
+            struct_mse.append(chunk_mse(frames, truth, fpc, num_chunks, structure))
+        # [candidates, chunks]; row 0 = own world
+        mse, start_mse, struct_mse = np.stack(mse), np.stack(start_mse), np.stack(struct_mse)
         rank = (mse[1:] < mse[0]).sum(0)
         start_rank = (start_mse[1:] < start_mse[0]).sum(0)
+        structure_rank = (struct_mse[1:] < struct_mse[0]).sum(0)
         margin = 10 * np.log10(mse[1:].min(0) / np.maximum(mse[0], 1e-6))
         ret = ((summary.get("metrics") or {}).get("gt") or {}).get("return") or {}
-        out.append({"run_dir": str(run), "config": Path(cfg["trajectory"]).stem, "writer":
-                    (cfg.get("memory") or {}).get("cache", "?"), "world": own, "seed": resolved.get("seed"),
+        memory = cfg.get("memory") or {}
+        writer, preset = memory.get("cache", "?"), (cfg.get("preset") or {}).get("name")
+        if writer.startswith(("landmark", "mixed")) and memory.get("landmark_threshold") is not None:
+            writer += f"@{memory['landmark_threshold']:g}"  # tau given on the command line: part of the name
+        out.append({"run_dir": str(run), "config": Path(cfg["trajectory"]).stem,
+                    "writer": writer if preset in (None, "loopworld") else f"{writer} ({preset})",
+                    "world": own, "seed": resolved.get("seed"),
                     "return_chunks": [c for c in (ret.get("chunks") or []) if c < num_chunks],
-                    "rank": rank.tolist(), "start_rank": start_rank.tolist(), "margin": margin.round(3).tolist()})
+                    "rank": rank.tolist(), "start_rank": start_rank.tolist(), "structure_rank": structure_rank.tolist(),
+                    "margin": margin.round(3).tolist()})
     return out
 
 
@@ -116,10 +144,53 @@ def _share(ranks: list[int]) -> str:
     return "—" if not ranks else f"{sum(r == 0 for r in ranks)}/{len(ranks)} ({100 * np.mean([r == 0 for r in ranks]):.0f} %)"
 
 
-def markdown(rows: list[dict], decoys: list[int]) -> str:
+def _returns(run: dict, key: str = "rank") -> list[int]:
+    back = set(run["return_chunks"])
+    return [r for c, r in enumerate(run[key]) if c in back and c > 0]
+
+
+def _base(writer: str) -> str:
+    """The writer without its preset (``"field (loopworld-euler)"`` -> ``"field"``)."""
+    return writer.split(" (")[0]
+
+
+def _paired(members: list[dict], base: list[dict]) -> list[dict]:
+    """``base``'s runs of the same (configuration, writer, world, seed) as ``members``'."""
+    index = {(r["config"], _base(r["writer"]), r["world"], r["seed"]): r for r in base}
+    return [index[k] for r in members if (k := (r["config"], _base(r["writer"]), r["world"], r["seed"])) in index]
+
+
+def versus(members: list[dict], base: list[dict], same_writer: bool = False) -> str:
+    """Runs paired on (configuration, world, seed) (and writer with ``same_writer``) with ``base``'s:
+    in how many the return leg is identified in more / fewer chunks, and the two-sided sign test's
+    p (ties dropped); "—" without a pair that differs."""
+    from scipy import stats
+
+    def key(r):
+        return (r["config"], r["world"], r["seed"]) + ((_base(r["writer"]),) if same_writer else ())
+
+    index = {key(r): r for r in base}
+    more = fewer = 0
+    for r in members:
+        other = index.get(key(r))
+        if other is None or other is r:
+            continue
+        mine, theirs = sum(x == 0 for x in _returns(r)), sum(x == 0 for x in _returns(other))
+        more, fewer = more + (mine > theirs), fewer + (mine < theirs)
+    if more + fewer == 0:
+        return "—"
+    p = stats.binomtest(more, more + fewer, 0.5).pvalue
+    return f"{more} / {fewer} ({'p < 0.001' if p < 0.001 else f'p = {p:.3f}'})"
+
+
+def markdown(rows: list[dict], decoys: list[int], reference: list[dict] | None = None) -> str:
     """Per (configuration, writer): identified chunks on the return leg and elsewhere (generated /
-    start-view control), mean rank of the own world; then the binomial test of each writer's return
-    leg against sliding's (paired chunk counts pooled per configuration)."""
+    start-view control; chunk 0, which holds the start image, left out), the mean rank of the own
+    world on the return leg, the binomial test of the return leg against chance, and the runs whose
+    return leg is identified more / less often than sliding's (paired, sign test); with ``reference``
+    (the runs of another model or preset, e.g. the committed JSON of the shipped weights), its return
+    leg over the paired runs and the runs identified more / less often than the reference's same run
+    (configuration, writer without its preset, world, seed)."""
     from scipy import stats
 
     groups: dict = defaultdict(list)
@@ -128,26 +199,31 @@ def markdown(rows: list[dict], decoys: list[int]) -> str:
     chance = 1 / (1 + len(decoys))
     lines = [f"World identification: own world vs {len(decoys)} decoy worlds ({decoys[0]}-{decoys[-1]}) at the same "
              f"poses; chance {100 * chance:.0f} %. A chunk is identified when its own world's truth is the "
-             "nearest (mean squared pixel error over the chunk's frames). Control: the start view in place of "
-             "every frame.", "",
-             "| configuration | writer | runs | return leg: identified | control | other chunks: identified | "
-             "control | mean rank, return (0 = nearest) | p vs chance, return |",
-             "|---|---|---|---|---|---|---|---|---|"]
+             "nearest (mean squared pixel error over the chunk's frames); chunk 0 (the start image) is left "
+             "out. Control: the start view in place of every frame. Structure only: the same test on the frames "
+             "minus their 8 x 8-pixel block means (edges, stripes, checkers; no colours).", "",
+             "| configuration | writer | runs | return leg: identified | control | structure only | other chunks: identified | "
+             "control | mean rank, return (0 = nearest) | p vs chance, return | runs more / fewer than sliding |"
+             + (" reference: return leg identified | runs more / fewer than the reference |" if reference is not None else ""),
+             "|---|---|---|---|---|---|---|---|---|---|---|" + ("---|---|" if reference is not None else "")]
     order = {w: i for i, w in enumerate(WRITER_ORDER)}
-    for (config, writer), members in sorted(groups.items(), key=lambda kv: (kv[0][0], order.get(kv[0][1], 99), kv[0][1])):
-        ret, ret_c, other, other_c = [], [], [], []
-        for r in members:
-            back = set(r["return_chunks"])
-            for c, (rank, start) in enumerate(zip(r["rank"], r["start_rank"])):
-                if c == 0:
-                    continue  # chunk 0 holds the start image itself
-                (ret if c in back else other).append(rank)
-                (ret_c if c in back else other_c).append(start)
+    for (config, writer), members in sorted(groups.items(),
+                                            key=lambda kv: (kv[0][0], order.get(_base(kv[0][1]).split("@")[0], 99), kv[0][1])):
+        ret = [x for r in members for x in _returns(r)]
+        ret_c = [x for r in members for x in _returns(r, "start_rank")]
+        ret_s = [x for r in members if "structure_rank" in r for x in _returns(r, "structure_rank")]
+        other = [x for r in members for c, x in enumerate(r["rank"]) if c > 0 and c not in set(r["return_chunks"])]
+        other_c = [x for r in members for c, x in enumerate(r["start_rank"])
+                   if c > 0 and c not in set(r["return_chunks"])]
         p = (stats.binomtest(sum(x == 0 for x in ret), len(ret), chance, alternative="greater").pvalue
              if ret else math.nan)
-        lines.append(f"| {config} | {writer} | {len(members)} | {_share(ret)} | {_share(ret_c)} | {_share(other)} | "
+        base_name = "sliding" + writer[len(_base(writer)):]  # the same preset's sliding runs
+        vs = "—" if writer == base_name else versus(members, groups.get((config, base_name), []))
+        lines.append(f"| {config} | {writer} | {len(members)} | {_share(ret)} | {_share(ret_c)} | {_share(ret_s)} | {_share(other)} | "
                      f"{_share(other_c)} | {np.mean(ret) if ret else math.nan:.2f} | "
-                     f"{'—' if math.isnan(p) else ('<0.001' if p < 0.001 else f'{p:.3f}')} |")
+                     f"{'—' if math.isnan(p) else ('<0.001' if p < 0.001 else f'{p:.3f}')} | {vs} |"
+                     + (f" {_share([x for r in _paired(members, reference) for x in _returns(r)])} | "
+                        f"{versus(members, reference, same_writer=True)} |" if reference is not None else ""))
     return "\n".join(lines) + "\n"
 
 
@@ -157,15 +233,23 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--decoys", default="100-115", help="decoy world seeds (default 100-115)")
     parser.add_argument("-o", "--output", type=Path, default=None, help="Markdown file (default: stdout)")
     parser.add_argument("--json", type=Path, default=None, help="per-run, per-chunk ranks and margins")
+    parser.add_argument("--against", type=Path, default=None,
+                        help="a JSON this script wrote of other weights' runs (same decoys): pair the runs with it")
     args = parser.parse_args(argv)
     runs = find_runs(args.runs)
     if not runs:
         raise SystemExit(f"{', '.join(map(str, args.runs))}: no complete run of a procedural world (loopworld) found")
     decoys = parse_range(args.decoys)
+    reference = None
+    if args.against is not None:
+        ref = json.loads(args.against.read_text())
+        if ref["decoys"] != decoys:
+            raise SystemExit(f"{args.against}: made with decoys {ref['decoys']}, not {decoys}")
+        reference = ref["runs"]
     rows = identify(runs, decoys)
-    text = markdown(rows, decoys)
+    text = markdown(rows, decoys, reference)
     if args.json:
-        args.json.write_text(json.dumps({"decoys": decoys, "runs": rows}, indent=1) + "\n")
+        args.json.write_text(json.dumps({"decoys": decoys, "runs": rows}, separators=(",", ":")) + "\n")
     if args.output:
         args.output.write_text(text)
     else:

@@ -210,7 +210,20 @@ def test_world_identification_benchmark_finds_the_true_world(tmp_path, one_threa
     rows = {Path(r["run_dir"]).name: r for r in wid.identify(wid.find_runs([tmp_path]), wid.parse_range("100-103"))}
     assert set(rows) == {"gen", "true"}
     assert rows["true"]["rank"] == [0, 0, 0, 0] and min(rows["true"]["margin"]) > 3.0, rows["true"]
+    assert rows["true"]["structure_rank"] == [0, 0, 0, 0]  # its edges and patterns are its world's too
     assert len(rows["gen"]["rank"]) == 4 and all(0 <= r <= 4 for r in rows["gen"]["rank"])
     assert rows["gen"]["start_rank"][0] == 0  # the start view is nearest its own world's first chunk
     text = wid.markdown(list(rows.values()), [100, 101, 102, 103])
     assert "chance 20 %" in text and "| aba | sliding | 2 |" in text
+
+    def run(writer, world, ranks):
+        return {"config": "abca", "writer": writer, "world": world, "seed": 0, "return_chunks": [2, 3],
+                "rank": ranks, "start_rank": [0, 0, 0, 0]}
+
+    mine = [run("field", 0, [0, 3, 0, 0]), run("field", 1, [0, 0, 2, 1]), run("field", 2, [0, 1, 1, 0])]
+    theirs = [run("field", 0, [0, 0, 5, 5]), run("field", 1, [0, 0, 0, 0]), run("field", 2, [0, 1, 1, 0]),
+              run("sliding", 0, [0, 0, 0, 0])]
+    assert wid.versus(mine, theirs, same_writer=True) == "1 / 1 (p = 1.000)"  # world 2 ties: dropped
+    assert wid.versus(mine, theirs[3:]) == "—"  # world 0 ties with sliding, the others have no pair
+    line = wid.markdown(mine, [100, 101, 102, 103], theirs).splitlines()[-1]
+    assert line.startswith("| abca | field | 3 | 3/6 (50 %) |") and "| 3/6 (50 %) | 1 / 1 (p = 1.000) |" in line
