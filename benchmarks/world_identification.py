@@ -73,19 +73,23 @@ def structure(frames: np.ndarray, block: int = 8) -> np.ndarray:
     latent grid): edges, stripes and checkers without the colours (H and W multiples of ``block``)."""
     x = frames.astype(np.float32)
     t, h, w, c = x.shape
-    low = x.reshape(t, h // block, block, w // block, block, c).mean((2, 4), keepdims=True)
-    return (x.reshape(t, h // block, block, w // block, block, c) - low).reshape(t, h, w, c)
+    low = x.reshape(t * h // block, block, w // block, block, c).mean(1).mean(2)  # [T H/b, W/b, c]
+    return x - np.repeat(np.repeat(low.reshape(t, h // block, w // block, c), block, 1), block, 2)
 
 
-def chunk_mse(frames: np.ndarray, truth: np.ndarray, fpc: int, num_chunks: int, transform=None) -> np.ndarray:
-    """Per chunk, the mean squared error (0-255 scale) of ``frames`` against ``truth`` (uint8 [T, H, W, 3]),
-    after ``transform`` (e.g. :func:`structure`) of both when given."""
+def chunk_mse(frames, truth: np.ndarray, fpc: int, num_chunks: int, transform=None) -> np.ndarray:
+    """Per chunk, the mean squared error (0-255 scale) of ``frames`` against ``truth`` (uint8 [T, H, W, 3]).
+    With ``transform`` (e.g. :func:`structure`), ``frames`` is the list of the transformed generated
+    chunks and ``truth``'s chunks are transformed before the comparison."""
     out = np.empty(num_chunks)
     for c in range(num_chunks):
         start, end = chunk_rows(c, fpc)
-        end = min(end, len(frames))
-        a, b = frames[start:end], truth[start:end]
-        a, b = (transform(a), transform(b)) if transform is not None else (a.astype(np.float32), b.astype(np.float32))
+        if transform is None:
+            end = min(end, len(frames))
+            a, b = frames[start:end].astype(np.float32), truth[start:end].astype(np.float32)
+        else:
+            a = frames[c]
+            b = transform(truth[start:start + len(a)])
         out[c] = float(np.mean((a - b) ** 2))
     return out
 
@@ -113,13 +117,15 @@ def identify(runs: list[Path], decoys: list[int]) -> list[dict]:
         if truths and next(iter(truths))[:5] != key:
             truths.clear()  # runs come sorted by folder: one trajectory's renders at a time
         mse, start_mse, struct_mse = [], [], []
+        gen_structure = [structure(frames[start:min(end, len(frames))])
+                         for start, end in (chunk_rows(c, fpc) for c in range(num_chunks))]
         for w in candidates:
             if key + (w,) not in truths:
                 truths[key + (w,)] = GroundTruth(w, plan, frames.shape[1], frames.shape[2]).frames(0, len(frames))
             truth = truths[key + (w,)]
             mse.append(chunk_mse(frames, truth, fpc, num_chunks))
             start_mse.append(chunk_mse(np.broadcast_to(truths[key + (own,)][:1], truth.shape), truth, fpc, num_chunks))
-            struct_mse.append(chunk_mse(frames, truth, fpc, num_chunks, structure))
+            struct_mse.append(chunk_mse(gen_structure, truth, fpc, num_chunks, structure))
         # [candidates, chunks]; row 0 = own world
         mse, start_mse, struct_mse = np.stack(mse), np.stack(start_mse), np.stack(struct_mse)
         rank = (mse[1:] < mse[0]).sum(0)
