@@ -17,9 +17,10 @@ conditions every chunk) standing in for every frame of the run. A model that ide
 than its start image shows nothing beyond its conditioning.
 
 What it measures: nearest in mean squared pixel error is mostly a matter of colours and their rough
-layout (a blurred frame of the right colours passes). *Structure only* repeats the test on the
-frames minus their 8 x 8-pixel block means (the latent grid): edges, stripes and checkers without
-the colours, the part a person needs to tell *these* buildings from others of the same hues.
+layout (a blurred frame of the right colours passes). *Structure only* ranks the candidates by the
+correlation of the frames minus their 8 x 8-pixel block means (the latent grid): edges, stripes and
+checkers without the colours, the part a person needs to tell *these* buildings from others of the
+same hues.
 
 Writes Markdown (per configuration and writer: runs, chunks identified on the return leg and on the
 other chunks, with the start-view control and the structure-only test beside them, and the mean
@@ -77,20 +78,26 @@ def structure(frames: np.ndarray, block: int = 8) -> np.ndarray:
     return x - np.repeat(np.repeat(low.reshape(t, h // block, w // block, c), block, 1), block, 2)
 
 
-def chunk_mse(frames, truth: np.ndarray, fpc: int, num_chunks: int, transform=None) -> np.ndarray:
-    """Per chunk, the mean squared error (0-255 scale) of ``frames`` against ``truth`` (uint8 [T, H, W, 3]).
-    With ``transform`` (e.g. :func:`structure`), ``frames`` is the list of the transformed generated
-    chunks and ``truth``'s chunks are transformed before the comparison."""
+def chunk_mse(frames: np.ndarray, truth: np.ndarray, fpc: int, num_chunks: int) -> np.ndarray:
+    """Per chunk, the mean squared error (0-255 scale) of ``frames`` against ``truth`` (uint8 [T, H, W, 3])."""
     out = np.empty(num_chunks)
     for c in range(num_chunks):
         start, end = chunk_rows(c, fpc)
-        if transform is None:
-            end = min(end, len(frames))
-            a, b = frames[start:end].astype(np.float32), truth[start:end].astype(np.float32)
-        else:
-            a = frames[c]
-            b = transform(truth[start:start + len(a)])
-        out[c] = float(np.mean((a - b) ** 2))
+        end = min(end, len(frames))
+        out[c] = float(np.mean((frames[start:end].astype(np.float32) - truth[start:end].astype(np.float32)) ** 2))
+    return out
+
+
+def chunk_structure_distance(structures: list[np.ndarray], truth: np.ndarray, fpc: int) -> np.ndarray:
+    """Per chunk, 1 - the correlation (cosine) of the generated chunk's :func:`structure` (``structures[c]``)
+    with that of ``truth``'s chunk. A correlation, not a squared error: with a squared error, frames
+    whose structure matches none of the candidates would be "nearest" the least detailed one, the same
+    for every model."""
+    out = np.empty(len(structures))
+    for c, a in enumerate(structures):
+        start = chunk_rows(c, fpc)[0]
+        b = structure(truth[start:start + len(a)])
+        out[c] = 1.0 - float(np.sum(a * b) / max(np.sqrt(np.sum(a * a) * np.sum(b * b)), 1e-6))
     return out
 
 
@@ -99,7 +106,7 @@ def identify(runs: list[Path], decoys: list[int]) -> list[dict]:
     was given, with the preset when it is not ``loopworld``), world, seed, the return chunks, and per chunk the own world's rank
     among own + decoys (0 = nearest) and PSNR margin over the nearest decoy (dB), for the generated
     frames (``rank`` / ``margin``), for the start-view control (``start_rank``) and for the frames'
-    structure alone (``structure_rank``: :func:`structure` of both sides, colours removed)."""
+    structure alone (``structure_rank``: by :func:`chunk_structure_distance`, colours removed)."""
     from tqdm import tqdm
 
     truths: dict = {}  # (trajectory, chunks, fpc, H, W, world) -> true frames; renders shared by writers and seeds
@@ -125,7 +132,7 @@ def identify(runs: list[Path], decoys: list[int]) -> list[dict]:
             truth = truths[key + (w,)]
             mse.append(chunk_mse(frames, truth, fpc, num_chunks))
             start_mse.append(chunk_mse(np.broadcast_to(truths[key + (own,)][:1], truth.shape), truth, fpc, num_chunks))
-            struct_mse.append(chunk_mse(gen_structure, truth, fpc, num_chunks, structure))
+            struct_mse.append(chunk_structure_distance(gen_structure, truth, fpc))
         # [candidates, chunks]; row 0 = own world
         mse, start_mse, struct_mse = np.stack(mse), np.stack(start_mse), np.stack(struct_mse)
         rank = (mse[1:] < mse[0]).sum(0)
@@ -206,8 +213,9 @@ def markdown(rows: list[dict], decoys: list[int], reference: list[dict] | None =
     lines = [f"World identification: own world vs {len(decoys)} decoy worlds ({decoys[0]}-{decoys[-1]}) at the same "
              f"poses; chance {100 * chance:.0f} %. A chunk is identified when its own world's truth is the "
              "nearest (mean squared pixel error over the chunk's frames); chunk 0 (the start image) is left "
-             "out. Control: the start view in place of every frame. Structure only: the same test on the frames "
-             "minus their 8 x 8-pixel block means (edges, stripes, checkers; no colours).", "",
+             "out. Control: the start view in place of every frame. Structure only: the candidates ranked by the "
+             "correlation of the frames minus their 8 x 8-pixel block means (edges, stripes, checkers; no "
+             "colours).", "",
              "| configuration | writer | runs | return leg: identified | control | structure only | other chunks: identified | "
              "control | mean rank, return (0 = nearest) | p vs chance, return | runs more / fewer than sliding |"
              + (" reference: return leg identified | runs more / fewer than the reference |" if reference is not None else ""),
