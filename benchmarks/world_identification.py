@@ -102,8 +102,8 @@ def chunk_structure_distance(structures: list[np.ndarray], truth: np.ndarray, fp
 
 
 def identify(runs: list[Path], decoys: list[int]) -> list[dict]:
-    """Per run: config (the trajectory's stem), writer (the cache, ``@tau`` when a landmark threshold
-    was given, with the preset when it is not ``loopworld``), world, seed, the return chunks, and per chunk the own world's rank
+    """Per run: config (the trajectory's stem), writer (the cache, ``@tau`` for landmark and mixed
+    writers, with the preset when it is not ``loopworld``), world, seed, the return chunks, and per chunk the own world's rank
     among own + decoys (0 = nearest) and PSNR margin over the nearest decoy (dB), for the generated
     frames (``rank`` / ``margin``), for the start-view control (``start_rank``) and for the frames'
     structure alone (``structure_rank``: by :func:`chunk_structure_distance`, colours removed)."""
@@ -119,7 +119,9 @@ def identify(runs: list[Path], decoys: list[int]) -> list[dict]:
         num_chunks = chunks_for_frames(len(frames), fpc)
         plan = plan_actions(load_trajectory(cfg["trajectory"]), resolved["chunks"], fpc)
         own = int(resolved["world_seed"])
-        candidates = [own] + [w for w in decoys if w != own]
+        if own in decoys:
+            raise SystemExit(f"{run}: its world {own} is one of the decoys; pick decoys no run uses (--decoys)")
+        candidates = [own] + decoys
         key = (str(cfg["trajectory"]), resolved["chunks"], fpc, frames.shape[1], frames.shape[2])
         if truths and next(iter(truths))[:5] != key:
             truths.clear()  # runs come sorted by folder: one trajectory's renders at a time
@@ -135,15 +137,16 @@ def identify(runs: list[Path], decoys: list[int]) -> list[dict]:
             struct_mse.append(chunk_structure_distance(gen_structure, truth, fpc))
         # [candidates, chunks]; row 0 = own world
         mse, start_mse, struct_mse = np.stack(mse), np.stack(start_mse), np.stack(struct_mse)
-        rank = (mse[1:] < mse[0]).sum(0)
-        start_rank = (start_mse[1:] < start_mse[0]).sum(0)
-        structure_rank = (struct_mse[1:] < struct_mse[0]).sum(0)
+        # a tie counts against the own world (a flat chunk's structure ties with every candidate)
+        rank = (mse[1:] <= mse[0]).sum(0)
+        start_rank = (start_mse[1:] <= start_mse[0]).sum(0)
+        structure_rank = (struct_mse[1:] <= struct_mse[0]).sum(0)
         margin = 10 * np.log10(mse[1:].min(0) / np.maximum(mse[0], 1e-6))
         ret = ((summary.get("metrics") or {}).get("gt") or {}).get("return") or {}
         memory = cfg.get("memory") or {}
         writer, preset = memory.get("cache", "?"), (cfg.get("preset") or {}).get("name")
         if writer.startswith(("landmark", "mixed")) and memory.get("landmark_threshold") is not None:
-            writer += f"@{memory['landmark_threshold']:g}"  # tau given on the command line: part of the name
+            writer += f"@{memory['landmark_threshold']:g}"  # the run's tau (given or the preset's) is part of the name
         out.append({"run_dir": str(run), "config": Path(cfg["trajectory"]).stem,
                     "writer": writer if preset in (None, "loopworld") else f"{writer} ({preset})",
                     "world": own, "seed": resolved.get("seed"),
@@ -215,7 +218,8 @@ def markdown(rows: list[dict], decoys: list[int], reference: list[dict] | None =
              "nearest (mean squared pixel error over the chunk's frames); chunk 0 (the start image) is left "
              "out. Control: the start view in place of every frame. Structure only: the candidates ranked by the "
              "correlation of the frames minus their 8 x 8-pixel block means (edges, stripes, checkers; no "
-             "colours).", "",
+             "colours). p vs chance: binomial over chunks, which are not independent within a run (read it as "
+             "descriptive); the paired comparisons are sign tests over runs.", "",
              "| configuration | writer | runs | return leg: identified | control | structure only | other chunks: identified | "
              "control | mean rank, return (0 = nearest) | p vs chance, return | runs more / fewer than sliding |"
              + (" reference: return leg identified | runs more / fewer than the reference |" if reference is not None else ""),

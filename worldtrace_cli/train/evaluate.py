@@ -67,7 +67,9 @@ def _encoded_once(path: Path, count: int, vae_weights, clip_seed: int, height: i
 def late_conditioning_of(data: Path, vae_weights, height: int = 96, width: int = 176) -> torch.Tensor:
     """The late conditioning latents [1, 16, 1, h, w] float32 of ``data`` (:func:`store_late_conditioning`:
     computed with the VAE ``vae_weights`` and stored first when the folder has none, e.g. one that
-    only caches held-out clips)."""
+    only caches held-out clips). A folder that has one keeps it whatever ``vae_weights`` is: a training
+    data folder's is the one its DiT was trained with (made by the data's VAE); unlike the held-out
+    clips it is not encoded again for another VAE file, so that no evaluation rewrites training data."""
     from safetensors.torch import load_file
 
     path = Path(data) / LATE_CONDITIONING_FILE
