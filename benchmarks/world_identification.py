@@ -42,20 +42,13 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from worldtrace_cli.actions import chunk_rows, chunks_for_frames  # noqa: E402
+from worldtrace_cli.errors import InputError  # noqa: E402
+from worldtrace_cli.loopbench.plan import parse_worlds  # noqa: E402
 from worldtrace_cli.outputs import read_video_frames  # noqa: E402
 from worldtrace_cli.trajectory import load_trajectory, plan_actions  # noqa: E402
 from worldtrace_cli.world.truth import GroundTruth  # noqa: E402
 
 WRITER_ORDER = ("sliding", "full", "field", "field-streaming", "landmark", "mixed:2", "memrope")
-
-
-def parse_range(text: str) -> list[int]:
-    """``"100-115"`` or ``"3,5,9"`` -> list of ints."""
-    out = []
-    for part in text.split(","):
-        lo, _, hi = part.partition("-")
-        out += list(range(int(lo), int(hi or lo) + 1))
-    return out
 
 
 def find_runs(paths: list[Path]) -> list[Path]:
@@ -160,9 +153,11 @@ def _share(ranks: list[int]) -> str:
     return "—" if not ranks else f"{sum(r == 0 for r in ranks)}/{len(ranks)} ({100 * np.mean([r == 0 for r in ranks]):.0f} %)"
 
 
-def _returns(run: dict, key: str = "rank") -> list[int]:
+def _returns(run: dict, key: str = "rank", on_return: bool = True) -> list[int]:
+    """The run's ``key`` ranks of its return chunks (or, ``on_return=False``, of its other chunks);
+    chunk 0, which holds the start image, in neither."""
     back = set(run["return_chunks"])
-    return [r for c, r in enumerate(run[key]) if c in back and c > 0]
+    return [r for c, r in enumerate(run.get(key, [])) if c > 0 and (c in back) == on_return]
 
 
 def _base(writer: str) -> str:
@@ -229,10 +224,9 @@ def markdown(rows: list[dict], decoys: list[int], reference: list[dict] | None =
                                             key=lambda kv: (kv[0][0], order.get(_base(kv[0][1]).split("@")[0], 99), kv[0][1])):
         ret = [x for r in members for x in _returns(r)]
         ret_c = [x for r in members for x in _returns(r, "start_rank")]
-        ret_s = [x for r in members if "structure_rank" in r for x in _returns(r, "structure_rank")]
-        other = [x for r in members for c, x in enumerate(r["rank"]) if c > 0 and c not in set(r["return_chunks"])]
-        other_c = [x for r in members for c, x in enumerate(r["start_rank"])
-                   if c > 0 and c not in set(r["return_chunks"])]
+        ret_s = [x for r in members for x in _returns(r, "structure_rank")]
+        other = [x for r in members for x in _returns(r, on_return=False)]
+        other_c = [x for r in members for x in _returns(r, "start_rank", on_return=False)]
         p = (stats.binomtest(sum(x == 0 for x in ret), len(ret), chance, alternative="greater").pvalue
              if ret else math.nan)
         base_name = "sliding" + writer[len(_base(writer)):]  # the same preset's sliding runs
@@ -246,6 +240,8 @@ def markdown(rows: list[dict], decoys: list[int], reference: list[dict] | None =
 
 
 def main(argv: list[str] | None = None) -> None:
+    """The command line (module docstring). Raises SystemExit with a one-line message for bad
+    --decoys, folders without procedural-world runs, or an --against JSON made with other decoys."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("runs", nargs="+", type=Path, help="run folders or folders holding them")
     parser.add_argument("--decoys", default="100-115", help="decoy world seeds (default 100-115)")
@@ -254,10 +250,13 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--against", type=Path, default=None,
                         help="a JSON this script wrote of other weights' runs (same decoys): pair the runs with it")
     args = parser.parse_args(argv)
+    try:
+        decoys = parse_worlds(args.decoys)
+    except InputError as err:
+        raise SystemExit(f"--decoys: {err}".replace("--worlds: ", "")) from None
     runs = find_runs(args.runs)
     if not runs:
         raise SystemExit(f"{', '.join(map(str, args.runs))}: no complete run of a procedural world (loopworld) found")
-    decoys = parse_range(args.decoys)
     reference = None
     if args.against is not None:
         ref = json.loads(args.against.read_text())

@@ -207,7 +207,7 @@ def test_world_identification_benchmark_finds_the_true_world(tmp_path, one_threa
                                        "-o", str(tmp_path / "render")])
     assert result.exit_code == 0, result.output
     shutil.copy(tmp_path / "render" / "video.mp4", true_run / "video.mp4")
-    rows = {Path(r["run_dir"]).name: r for r in wid.identify(wid.find_runs([tmp_path]), wid.parse_range("100-103"))}
+    rows = {Path(r["run_dir"]).name: r for r in wid.identify(wid.find_runs([tmp_path]), [100, 101, 102, 103])}
     assert set(rows) == {"gen", "true"}
     assert rows["true"]["rank"] == [0, 0, 0, 0] and min(rows["true"]["margin"]) > 3.0, rows["true"]
     assert rows["true"]["structure_rank"] == [0, 0, 0, 0]  # its edges and patterns are its world's too
