@@ -109,3 +109,22 @@ def test_compiled_blocks_with_float32_rope_replay_the_official_rollout():
 def test_parity_cli_refuses_bad_arguments():
     assert _parity(str(FIXTURES), "--compile", "fastest")[0] == 2
     assert _parity()[0] == 2
+
+
+def test_replay_turns_tf32_off_and_restores_the_callers_settings(monkeypatch):
+    """compare() replays in IEEE float32 (TF32 moved an H200's CUDA replay by 6.9e-4, off: 2.9e-6):
+    inside the replay both TF32 switches are off; afterwards, also after an error, the caller's
+    settings are back."""
+    seen = []
+    monkeypatch.setattr(torch.backends.cudnn, "allow_tf32", True)
+    monkeypatch.setattr(torch.backends.cuda.matmul, "allow_tf32", True)
+
+    def spy(*args, **kwargs):
+        seen.append((torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32))
+        raise RuntimeError("stop after the check")
+
+    monkeypatch.setattr(parity, "load_fixture", spy)
+    with pytest.raises(RuntimeError, match="stop after the check"):
+        parity.compare(FIXTURES)
+    assert seen == [(False, False)]
+    assert torch.backends.cuda.matmul.allow_tf32 and torch.backends.cudnn.allow_tf32

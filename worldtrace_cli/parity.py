@@ -15,6 +15,7 @@ the MG2-native sliding cache (budget = local_attn_size - 3 past latent frames, a
 
 from __future__ import annotations
 
+from contextlib import contextmanager
 from pathlib import Path
 
 import torch
@@ -114,7 +115,30 @@ def compare(folder: str | Path, rope_precision: str = "float64", compile_mode: s
             device: str = "cpu") -> dict[str, float]:
     """Replay ``folder`` with the given speed options
     (:func:`~worldtrace_cli.model.speed.configure_speed`) on ``device``; return max |diff| per group:
-    ``x0`` (every call), ``output_latents``."""
+    ``x0`` (every call), ``output_latents``.
+
+    On CUDA the replay runs in IEEE float32 (:func:`strict_float32`): with PyTorch's default
+    (cuDNN convolutions, here the patch embedding, in TF32) an H200 gave max |diff| 6.9e-4 on
+    every fixture, with TF32 off 2.9e-6 (benchmarks/results/gpu-h200-2026-11-26/).
+    """
+    with strict_float32():
+        return _compare(folder, rope_precision, compile_mode, device)
+
+
+@contextmanager
+def strict_float32():
+    """Turn TF32 off for CUDA matrix products and cuDNN convolutions (restored on exit): the golden
+    fixtures were made in IEEE float32, and TF32's 10-bit mantissa alone moves a tiny DiT's
+    outputs by ~1e-3. No effect on a CPU."""
+    saved = torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32
+    torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = False
+    try:
+        yield
+    finally:
+        torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = saved
+
+
+def _compare(folder, rope_precision, compile_mode, device):
     model, inputs, outputs = load_fixture(folder)
     model = model.to(device)
     configure_speed(model, rope_precision, compile_mode)

@@ -93,7 +93,7 @@ def keep_indices(k_rot: torch.Tensor, frames: int, tokens_per_frame: int, keep_r
     sim = (rest @ centroid) / (rest.norm(dim=1) * centroid.norm() + EPS)
     n_keep = min(rest.shape[0], (frames - 1) * kept_per_frame(keep_ratio, t))
     chosen = torch.sort(sim, stable=True).indices[:n_keep].sort().values + t
-    return torch.cat([torch.arange(t), chosen])
+    return torch.cat([torch.arange(t, device=chosen.device), chosen])
 
 
 @dataclass
