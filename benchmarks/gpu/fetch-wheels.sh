@@ -25,4 +25,7 @@ with zipfile.ZipFile(src) as zin, zipfile.ZipFile(tmp, "w", zipfile.ZIP_DEFLATED
         zout.writestr(info, data)
 os.replace(tmp, src)
 PY
-ls -la .whl; du -sb .whl; git ls-files -z | du -cb --files0-from=- | tail -1 | sed 's/total/bytes tracked (with .whl: at most 67108864)/'
+ls -la .whl
+tracked=$(git ls-files -z | du -cb --files0-from=- | tail -1 | cut -f1); wheels=$(du -sb .whl | cut -f1)
+echo "tracked files $tracked bytes + .whl $wheels bytes = $((tracked + wheels)) of the 67108864 (64 MiB) a device call may carry"
+[ $((tracked + wheels)) -le 67108864 ] || { echo "$0: too large for the device tool: carry less or untrack large files" >&2; exit 1; }

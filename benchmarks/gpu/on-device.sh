@@ -110,9 +110,14 @@ for part in ('vae', 'dit'):
         # ~4.5 minutes at most: ENCODERS processes render clips on the CPU cores and encode them on the
         # GPU, ENCODE_SECONDS before training starts and on while it trains (every 10 s their finished
         # shards are linked into all-data/, which the trainer re-scans), then TRAIN_MINUTES of batched
-        # training (--batched --batch TRAIN_BATCH) from the shipped DiT. Back in $OUT: the weights and
+        # training (--batched --batch TRAIN_BATCH) from the shipped DiT (TRAIN_INIT=FILE: from those weights;
+        # TRAIN_INIT= (empty): from random weights,
+        # e.g. with TRAIN_PRESET=a preset file with a larger dit: block; a DiT over ~8 M parameters no
+        # longer comes back in one 16 MiB float16 file). Back in $OUT: the weights and
         # their moving average in float16, loss.jsonl, settings.json, result.json, train-all.log.
-        lead="${ENCODE_SECONDS:-45}"; minutes="${TRAIN_MINUTES:-3}"
+        lead="${ENCODE_SECONDS:-45}"; minutes="${TRAIN_MINUTES:-3}"; init="${TRAIN_INIT-$T/dit.safetensors}"
+        # one training folder per (preset, init): rerunning the same settings continues, other settings start apart
+        D="$T/all-dit-$(echo "${TRAIN_PRESET:-loopworld} ${init:-random}" | md5sum | cut -c1-8)"
         for i in $(seq 1 "${ENCODERS:-12}"); do
           OMP_NUM_THREADS=1 timeout "$(python3 -c "print(int($lead + 60 * $minutes + 60))")" python3 -m worldtrace_cli \
               train encode --vae "$T/vae.safetensors" -o "$T/all-data-$i" --shards 1000 --seed $((200 + i)) \
@@ -130,17 +135,17 @@ for part in ('vae', 'dit'):
         sleep "$lead"; link
         ( while pgrep -f "train encode --vae $T/vae" > /dev/null; do sleep 10; link; done ) &
         echo "$(ls "$T"/all-data/clips-* 2>/dev/null | wc -l) shards of 32 clips after ${lead} s (${ENCODERS:-12} encoders)" | tee "$OUT/train-all.log"
-        step "${TRAIN_LIMIT:-240}" python3 -m worldtrace_cli train dit --data "$T/all-data" -o "$T/all-dit" \
-            --init "$T/dit.safetensors" --preset "${TRAIN_PRESET:-loopworld}" --device "$DEVICE" --batched \
+        step "${TRAIN_LIMIT:-240}" python3 -m worldtrace_cli train dit --data "$T/all-data" -o "$D" \
+            ${init:+--init "$init"} --preset "${TRAIN_PRESET:-loopworld}" --device "$DEVICE" --batched \
             --batch "${TRAIN_BATCH:-64}" --start-share 0.5 --ema 0.999 --steps "${TRAIN_STEPS:-100000}" \
             --lr "${TRAIN_LR:-5e-4}" --warmup 50 --save-every 100 --minutes "$minutes" --no-progress \
             2>&1 | tail -n 4 | tee -a "$OUT/train-all.log"
         pkill -f "train encode --vae $T/vae"; wait; link
         echo "$(ls "$T"/all-data/clips-* | wc -l) shards of 32 clips encoded in all (the last ones after training)" | tee -a "$OUT/train-all.log"
-        half "$T/all-dit/dit.safetensors" "$OUT/dit-fp16.safetensors"
-        [ -f "$T/all-dit/dit-ema.safetensors" ] && half "$T/all-dit/dit-ema.safetensors" "$OUT/dit-ema-fp16.safetensors"
-        cp "$T/all-dit/loss.jsonl" "$T/all-dit/settings.json" "$OUT/"
-        [ -f "$T/all-dit/result.json" ] && cp "$T/all-dit/result.json" "$OUT/"
+        half "$D/dit.safetensors" "$OUT/dit-fp16.safetensors"
+        [ -f "$D/dit-ema.safetensors" ] && half "$D/dit-ema.safetensors" "$OUT/dit-ema-fp16.safetensors"
+        cp "$D/loss.jsonl" "$D/settings.json" "$OUT/"
+        [ -f "$D/result.json" ] && cp "$D/result.json" "$OUT/"
         ;;
       *) echo "usage: $0 train encode|dit|all"; exit 2 ;;
     esac
