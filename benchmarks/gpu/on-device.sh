@@ -137,7 +137,7 @@ for part in ('vae', 'dit'):
         echo "$(ls "$T"/all-data/clips-* 2>/dev/null | wc -l) shards of 32 clips after ${lead} s (${ENCODERS:-12} encoders)" | tee "$OUT/train-all.log"
         step "${TRAIN_LIMIT:-240}" python3 -m worldtrace_cli train dit --data "$T/all-data" -o "$D" \
             ${init:+--init "$init"} --preset "${TRAIN_PRESET:-loopworld}" --device "$DEVICE" --batched \
-            --batch "${TRAIN_BATCH:-64}" --start-share 0.5 --ema 0.999 --steps "${TRAIN_STEPS:-100000}" \
+            --batch "${TRAIN_BATCH:-512}" --start-share 0.5 --ema 0.999 --steps "${TRAIN_STEPS:-100000}" \
             --lr "${TRAIN_LR:-5e-4}" --warmup 50 --save-every 100 --minutes "$minutes" --no-progress \
             2>&1 | tail -n 4 | tee -a "$OUT/train-all.log"
         pkill -f "train encode --vae $T/vae"; wait; link
