@@ -30,6 +30,7 @@ import torch
 
 from ..model.rope import MainRope
 from .base import CacheGeometry
+from .pinned import PinnedArena
 
 EPS = 1e-8  # cosine-similarity guard (WorldKV release)
 
@@ -146,6 +147,7 @@ class ChunkBank:
             device = torch.device("cuda", torch.cuda.current_device())
         self.geometry, self.keep_ratio, self.device = geometry, keep_ratio, device
         self._pin = self.device.type == "cpu" and torch.device(geometry.device).type == "cuda"
+        self._arena = PinnedArena(pin=self._pin)  # pinned host memory in slabs (see memory/pinned.py)
         self._rope = MainRope(geometry.head_dim, precision=torch.float32)  # the runs' default RoPE arithmetic
         self.entries: list[BankEntry] = []
         self._bytes = 0
@@ -161,7 +163,7 @@ class ChunkBank:
         """``x`` on the bank device (pinned host memory when pinning); a copy unless ``owned`` and
         already there."""
         if self._pin:
-            return torch.empty(x.shape, dtype=x.dtype, pin_memory=True).copy_(x)
+            return self._arena.copy(x)
         return x.to(self.device, copy=not (owned and x.device == self.device))
 
     def store(self, layers_kv: Sequence[tuple[torch.Tensor, torch.Tensor]], frame_ids: Sequence[int],
@@ -221,6 +223,7 @@ class ChunkBank:
     def load_state_dict(self, state: dict) -> None:
         """Restore :meth:`state_dict`: K/V copied onto this bank's device (pinned host memory as made)."""
         self.entries, self._bytes = [], 0
+        self._arena = PinnedArena(pin=self._pin)
         self._t, self._r = self._t[:0], self._r[:0]
         for e in state["entries"]:
             self._append(BankEntry(tuple(int(f) for f in e["frames"]), self._place(e["k"]), self._place(e["v"]),

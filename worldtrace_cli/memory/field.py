@@ -37,6 +37,7 @@ from safetensors.torch import load_file, save_file
 
 from ..errors import InputError, OutputError
 from .base import CacheGeometry, Slot, register
+from .pinned import PinnedArena
 from .window import FrameKV, RecentWindowWriter, SummaryMemory
 
 REFRESH_EVERY = 64  # incremental updates of a slot before it is recomputed exactly (drift bound)
@@ -81,6 +82,7 @@ class FieldSummary(SummaryMemory):
         self._store: list[torch.Tensor | Path] = []  # per evicted frame: host [L,2,T,H,D] or its file
         self._pending: dict[int, torch.Tensor] = {}  # evicted since the last sync, still on device
         self._host_bytes = 0
+        self._arena = PinnedArena(pin=self._device.type == "cuda")  # pinned host store (see memory/pinned.py)
         shape = (self.num_slots, g.num_layers, 2, g.tokens_per_frame, g.heads, g.head_dim)
         self._sum = torch.zeros(shape, dtype=torch.float32, device=self._device)
         self._ranges = [(0, 0)] * self.num_slots     # groups the sums currently hold
@@ -111,8 +113,7 @@ class FieldSummary(SummaryMemory):
             self._store.append(path)
             self._host_bytes += path.stat().st_size
         elif self._device.type == "cuda":
-            host = torch.empty(x.shape, dtype=x.dtype, pin_memory=True)
-            host.copy_(x, non_blocking=True)  # into pinned memory: asynchronous, ordered on the stream
+            host = self._arena.copy(x, non_blocking=True)  # into pinned slabs: asynchronous, ordered on the stream
             self._store.append(host)
             self._host_bytes += host.numel() * host.element_size()
         else:  # already a fresh host tensor (stack_frame copies); nothing ever writes into it
@@ -202,8 +203,8 @@ class FieldSummary(SummaryMemory):
                              + " --spill-dir; resume with the same --spill-dir setting")
         self._ids = [int(f) for f in state["ids"]]
         if self._dir is None:
-            pin = self._device.type == "cuda"
-            self._store = [torch.empty(t.shape, dtype=t.dtype, pin_memory=pin).copy_(t) for t in state["store"]]
+            self._arena = PinnedArena(pin=self._device.type == "cuda")
+            self._store = [self._arena.copy(t) for t in state["store"]]
         else:
             self._store = [self._adopt(Path(state["spill_folder"]) / name) for name in state["store"]]
         self._host_bytes = int(state["host_bytes"])

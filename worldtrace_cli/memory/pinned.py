@@ -1,0 +1,92 @@
+"""Pinned host memory for the host stores of the writers (Field's evicted frames, the pose bank's
+chunks) when the model runs on CUDA.
+
+PyTorch's caching host allocator rounds every pinned allocation up to a power of two
+(``c10::llvm::PowerOf2Ceil`` in ``CachingHostAllocator``), so one pinned tensor per evicted latent
+frame of full-size MG2 (30 layers x K/V x 880 tokens x 1536 channels in bf16 = 162,201,600 bytes)
+takes a 256 MiB block: 1.65 x what it holds, ~200 GB instead of ~125 GB after 256 chunks of the
+recompute Field writer. :class:`PinnedArena` carves the tensors out of fewer, larger slabs whose
+power-of-two size wastes at most 1/16 (2 GiB slabs of 13 such frames: 1.8 %), and pays the
+allocator's page pinning once per slab instead of once per frame.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+ALIGN = 512                 # bytes: every tensor starts at a multiple (any dtype's alignment, DMA-friendly)
+SLAB_LIMIT = 1 << 31        # bytes: the largest slab chosen to cut waste (a single larger tensor gets its own)
+MAX_WASTE = 1 / 16          # the first power of two at or under this waste is taken
+
+
+def _aligned(nbytes: int) -> int:
+    return -(-nbytes // ALIGN) * ALIGN
+
+
+def slab_bytes(nbytes: int, limit: int = SLAB_LIMIT) -> int:
+    """Size in bytes of a slab for tensors of ``nbytes`` bytes each: the smallest power of two P >=
+    ``nbytes`` whose unused part after ``P // aligned(nbytes)`` tensors is at most :data:`MAX_WASTE`
+    of P, among P <= max(``limit``, the power of two at or above ``nbytes``); if none is, the one that
+    wastes least (the smaller on a tie).
+
+    Raises:
+        ValueError: ``nbytes`` < 1.
+    """
+    if nbytes < 1:
+        raise ValueError(f"slab for tensors of {nbytes} bytes")
+    step = _aligned(nbytes)
+    p = 1 << (nbytes - 1).bit_length()
+    top = max(limit, p)
+    best = (2.0, p)
+    while p <= top:
+        count = 1 + (p - nbytes) // step  # the last tensor needs nbytes, not its aligned size
+        waste = (p - count * nbytes) / p
+        if waste <= MAX_WASTE:
+            return p
+        if waste < best[0]:
+            best = (waste, p)
+        p *= 2
+    return best[1]
+
+
+class PinnedArena:
+    """Host tensors carved out of page-locked slabs (:func:`slab_bytes`), appended to and freed
+    together: a slab goes back to PyTorch's pinned cache when no tensor taken from it is referenced
+    any more (the writers only append until their reset).
+
+    Args:
+        pin: page-lock the slabs (``False`` gives ordinary host memory: the same layout, for tests and
+            CPU runs).
+        limit: :func:`slab_bytes`'s largest slab, in bytes.
+    """
+
+    def __init__(self, pin: bool = True, limit: int = SLAB_LIMIT):
+        self.pin, self.limit = pin, limit
+        self._slab: torch.Tensor | None = None
+        self._offset = 0
+        self.reserved = 0  # bytes of every slab allocated so far (what the process holds, at most)
+
+    def take(self, shape: tuple[int, ...] | torch.Size, dtype: torch.dtype) -> torch.Tensor:
+        """A new, uninitialised host tensor of ``shape`` and ``dtype`` (contiguous; pinned with
+        ``pin``) in the current slab, or in a new slab when it does not fit."""
+        nbytes = math.prod(shape) * dtype.itemsize
+        if nbytes == 0:
+            return torch.empty(shape, dtype=dtype)
+        if self._slab is None or self._offset + nbytes > self._slab.numel():
+            size = slab_bytes(nbytes, self.limit)
+            self._slab = torch.empty(size, dtype=torch.uint8, pin_memory=self.pin)
+            self._offset = 0
+            self.reserved += size
+        view = self._slab[self._offset:self._offset + nbytes].view(dtype).view(shape)
+        self._offset += _aligned(nbytes)
+        return view
+
+    def copy(self, x: torch.Tensor, non_blocking: bool = False) -> torch.Tensor:
+        """A host copy of ``x`` (any device) in the arena; ``non_blocking``: asynchronous from CUDA
+        into pinned memory (ordered on the current stream)."""
+        return self.take(x.shape, x.dtype).copy_(x, non_blocking=non_blocking)
+
+
+__all__ = ["ALIGN", "MAX_WASTE", "PinnedArena", "SLAB_LIMIT", "slab_bytes"]
