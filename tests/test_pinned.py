@@ -62,3 +62,66 @@ def test_copy_keeps_the_values_and_mixes_dtypes_in_one_arena():
     ca, cb = arena.copy(a), arena.copy(b)
     assert torch.equal(ca, a) and torch.equal(cb, b) and ca.data_ptr() != a.data_ptr()
     assert arena.copy(torch.empty(0, 3)).shape == (0, 3)
+
+
+def test_views_of_one_storage_are_saved_without_copies_and_overlapping_ones_are_copied(tmp_path):
+    """A resume state of a slab-backed host store: non-overlapping views are packed as they are (no
+    clone: a clone per frame would double a store the size of host RAM at every save); an
+    overlapping view is cloned (safetensors refuses overlap); all come back bit-identical."""
+    from worldtrace_cli.state import load_state, pack, save_state, unpack
+
+    arena = PinnedArena(pin=False)
+    frames = [arena.copy(torch.randn(3, 4, 128).to(torch.bfloat16)) for _ in range(7)]
+    tensors = {}
+    pack(frames, tensors)
+    stored = [v for k, v in tensors.items() if isinstance(k, str)]
+    assert len({t.untyped_storage().data_ptr() for t in stored}) == 2  # 7 frames in two 16 KiB slabs
+    overlap = frames[0].view(-1)[100:300]
+    tensors = {}
+    pack([frames[0], overlap], tensors)
+    a, b = (v for k, v in tensors.items() if isinstance(k, str))
+    assert a.untyped_storage().data_ptr() != b.untyped_storage().data_ptr()
+
+    save_state(tmp_path / "s", {}, {"store": frames + [overlap]})
+    _, parts, loaded = load_state(tmp_path / "s")
+    back = unpack(parts["store"], loaded)
+    assert all(torch.equal(x.view(torch.int16), y.view(torch.int16)) for x, y in zip(back, frames + [overlap]))
+
+
+def test_field_host_store_restored_into_slabs_saves_and_resumes_again_bit_identically(tmp_path):
+    """Field without --spill-dir: save, restore (the store goes into arena slabs), save that writer
+    again and restore it: every later read equals the uninterrupted writer's."""
+    from worldtrace_cli.memory import CacheGeometry, MemoryConfig, build_writer
+    from worldtrace_cli.state import load_state, save_state, unpack
+
+    geometry = CacheGeometry(num_layers=2, heads=2, head_dim=16, tokens_per_frame=4, frames_per_chunk=3,
+                             trained_offset=5)
+    gen = torch.Generator().manual_seed(0)
+
+    def kv():
+        return [(torch.randn(1, 3 * 4, 2, 16, generator=gen), torch.randn(1, 3 * 4, 2, 16, generator=gen))
+                for _ in range(2)]
+
+    def new():
+        w = build_writer(MemoryConfig(cache="field"), 3)
+        w.reset(geometry)
+        return w
+
+    chunks = [kv() for _ in range(14)]
+    ref, w = new(), new()
+    for c in range(8):
+        for x in (ref, w):
+            x.begin_chunk(3 * c)
+            x.commit(chunks[c], [3 * c, 3 * c + 1, 3 * c + 2])
+    for hop in ("first", "second"):
+        save_state(tmp_path / hop, {}, {"writer": w.state_dict()})
+        _, parts, tensors = load_state(tmp_path / hop)
+        w = new()
+        w.load_state_dict(unpack(parts["writer"], tensors))
+    for c in range(8, 14):
+        for x in (ref, w):
+            x.begin_chunk(3 * c)
+        for layer in range(2):
+            assert all(torch.equal(a, b) for a, b in zip(ref.read(layer), w.read(layer)))
+        for x in (ref, w):
+            x.commit(chunks[c], [3 * c, 3 * c + 1, 3 * c + 2])

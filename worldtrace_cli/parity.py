@@ -118,8 +118,8 @@ def compare(folder: str | Path, rope_precision: str = "float64", compile_mode: s
     ``x0`` (every call), ``output_latents``.
 
     On CUDA the replay runs in IEEE float32 (:func:`strict_float32`): with PyTorch's default
-    (cuDNN convolutions, here the patch embedding, in TF32) an H200 gave max |diff| 6.9e-4 on
-    every fixture, with TF32 off 2.9e-6 (benchmarks/results/gpu-h200-2026-11-26/).
+    (cuDNN convolutions, here the patch embedding, in TF32) an H200 gave max |diff| 6.6-6.9e-4 on
+    the three fixtures; with TF32 off (``NVIDIA_TF32_OVERRIDE=0``, universal fixture) 2.9e-6 (benchmarks/results/gpu-h200-2026-11-26/).
     """
     with strict_float32():
         return _compare(folder, rope_precision, compile_mode, device)

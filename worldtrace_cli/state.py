@@ -28,8 +28,17 @@ def pack(obj: Any, tensors: dict[str, torch.Tensor], prefix: str = "t") -> Any:
         alias = ("alias", t.data_ptr(), tuple(t.shape), tuple(t.stride()), t.dtype)
         key = tensors.get(alias)  # the same tensor referenced twice is stored once (and shared again)
         if key is None:
-            if t.untyped_storage().nbytes() != t.numel() * t.element_size():
-                t = t.clone()  # a view (e.g. one frame of a chunk): safetensors needs unshared storage
+            # Views of one storage (frames of a chunk, a pinned slab's frames) are saved as they are
+            # when they do not overlap (safetensors writes each view's own bytes); an overlapping
+            # view is cloned, since safetensors refuses overlapping tensors. Cloning every view would
+            # double a host store the size of host RAM at every save.
+            start = t.storage_offset() * t.element_size()
+            span = (start, start + t.numel() * t.element_size())
+            spans = tensors.setdefault(("spans", t.untyped_storage().data_ptr()), [])  # type: ignore[arg-type]
+            if any(lo < span[1] and span[0] < hi for lo, hi in spans):  # type: ignore[union-attr]
+                t = t.clone()
+            else:
+                spans.append(span)  # type: ignore[union-attr]
             key = f"{prefix}{sum(isinstance(k, str) for k in tensors)}"
             tensors[key] = t
             tensors[alias] = key  # type: ignore[assignment]  (removed before saving)

@@ -26,6 +26,8 @@ with zipfile.ZipFile(src) as zin, zipfile.ZipFile(tmp, "w", zipfile.ZIP_DEFLATED
 os.replace(tmp, src)
 PY
 ls -la .whl
-tracked=$(git ls-files -z | du -cb --files0-from=- | tail -1 | cut -f1); wheels=$(du -sb .whl | cut -f1)
-echo "tracked files $tracked bytes + .whl $wheels bytes = $((tracked + wheels)) of the 67108864 (64 MiB) a device call may carry"
+# what travels: tracked files, untracked files git does not ignore, and the carried .whl/
+tracked=$( (git ls-files -z; git ls-files -z -o --exclude-standard) | du -cb --files0-from=- | tail -1 | cut -f1)
+wheels=$(du -sb .whl | cut -f1)
+echo "tracked and untracked-not-ignored files $tracked bytes + .whl $wheels bytes = $((tracked + wheels)) of the 67108864 (64 MiB) a device call may carry"
 [ $((tracked + wheels)) -le 67108864 ] || { echo "$0: too large for the device tool: carry less or untrack large files" >&2; exit 1; }

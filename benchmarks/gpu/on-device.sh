@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Run ON THE GPU MACHINE (device tool), in the repository root, with .whl carried.
 # A session has 15 device-minutes in all (start included): two calls, in this order (benchmarks/README.md):
-#   bash benchmarks/gpu/on-device.sh quick            # the runbook in one call, every step time-boxed (<= 7.5 min)
+#   bash benchmarks/gpu/on-device.sh quick            # the runbook in one call, every step time-boxed (<= 9 min)
 #   bash benchmarks/gpu/on-device.sh train all        # clips encoded on the GPU + batched DiT training (<= 4.5 min)
 # Longer steps, for a session with more device time:
 #   bash benchmarks/gpu/on-device.sh check            # GPU tests + CUDA parity, eager and compiled (~3 min)
@@ -32,7 +32,7 @@ nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv 2>/dev/null
 python3 -c "import torch, diffusers, transformers; print('torch', torch.__version__, 'cuda', torch.version.cuda, 'diffusers', diffusers.__version__, 'transformers', transformers.__version__)" | tee -a "$OUT/gpu.txt"
 case "${1:-check}" in
   quick)
-    # ~8 minutes at most (each step time-boxed; on an H200 on 2026-11-26 the steps took ~5 min): GPU tests, CUDA parity
+    # ~9 minutes at most (each step time-boxed; on an H200 on 2026-11-26 the steps took 4 min): GPU tests, CUDA parity
     # (eager on every fixture; float32 RoPE + CUDA graphs on one), the writers' s/chunk ratios and fps
     # (QUICK_CHUNKS chunks, 2 interleaved repeats) and field's peak memory at MEMORY_CHUNKS (no decode).
     # The GPU tests in two processes: a device-side assert poisons its process's CUDA context, so the
@@ -42,8 +42,8 @@ case "${1:-check}" in
           --ignore=tests/test_schemas.py --ignore=tests/test_speed.py
       CUDA_LAUNCH_BLOCKING=1 step 120 python3 -m pytest -q -m gpu tests/test_speed.py -p no:cacheprovider \
           -p no:logging -rfE --tb=short; } 2>&1 | tee "$OUT/gpu-tests.log"
-    { for f in $FIXTURES; do step 30 python3 -m worldtrace_cli.parity "$f" --device "$DEVICE"; done
-      step 60 python3 -m worldtrace_cli.parity tests/data/fixtures --device "$DEVICE" --rope-precision float32 \
+    { for f in $FIXTURES; do step 25 python3 -m worldtrace_cli.parity "$f" --device "$DEVICE"; done
+      step 50 python3 -m worldtrace_cli.parity tests/data/fixtures --device "$DEVICE" --rope-precision float32 \
           --compile reduce-overhead; } 2>&1 | grep -E "^==|^max_abs_diff|Error|error" | tee "$OUT/parity-cuda.log"
     step 100 python3 -m worldtrace_cli bench speed --preset "$PRESET" --random-weights --device "$DEVICE" \
         --caches sliding,field,landmark --chunks "${QUICK_CHUNKS:-12}" --repeats 2 --warmup 4 -o "$OUT" \
