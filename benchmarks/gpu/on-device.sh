@@ -38,7 +38,7 @@ case "${1:-check}" in
     # The GPU tests in two processes: a device-side assert poisons its process's CUDA context, so the
     # compiled/CUDA-graph tests (test_speed.py, synchronous launches so an assert names its kernel) run
     # apart from the writers' and the trainer's. test_schemas.py needs jsonschema, absent there.
-    { step 90 python3 -m pytest -q -m gpu tests -p no:cacheprovider -p no:logging -rfE --tb=short \
+    { step 90 python3 -m pytest -q -m "gpu and not slow" tests -p no:cacheprovider -p no:logging -rfE --tb=short \
           --ignore=tests/test_schemas.py --ignore=tests/test_speed.py
       CUDA_LAUNCH_BLOCKING=1 step 120 python3 -m pytest -q -m gpu tests/test_speed.py -p no:cacheprovider \
           -p no:logging -rfE --tb=short; } 2>&1 | tee "$OUT/gpu-tests.log"
@@ -139,6 +139,7 @@ for part in ('vae', 'dit'):
             ${init:+--init "$init"} --preset "${TRAIN_PRESET:-loopworld}" --device "$DEVICE" --batched \
             --batch "${TRAIN_BATCH:-512}" --start-share 0.5 --ema 0.999 --steps "${TRAIN_STEPS:-100000}" \
             --lr "${TRAIN_LR:-5e-4}" --warmup 50 --save-every 100 --minutes "$minutes" --no-progress \
+            --compile "${TRAIN_COMPILE:-none}" \
             2>&1 | tail -n 4 | tee -a "$OUT/train-all.log"
         pkill -f "train encode --vae $T/vae"; wait; link
         echo "$(ls "$T"/all-data/clips-* | wc -l) shards of 32 clips encoded in all (the last ones after training)" | tee -a "$OUT/train-all.log"

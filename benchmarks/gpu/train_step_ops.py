@@ -3,11 +3,13 @@
 On a GPU every ATen call that runs a kernel is a launch (microseconds each), so a step's call count
 bounds how many steps a second the trainer can make there whatever the card. Usage::
 
-    python benchmarks/gpu/train_step_ops.py DATA_DIR [--batch 1,8,64] [--preset loopworld]
+    python benchmarks/gpu/train_step_ops.py DATA_DIR [--batch 1,8,64] [--preset loopworld] [--compile]
 
 DATA_DIR: a ``worldtrace train encode`` folder. Prints, per batch size: the groups of clips the step
 ran (rollout start / late x target chunk), the seconds of its losses (forward) and of backward +
-AdamW on this CPU, and the number of ATen calls (``torch.profiler``, CPU activity).
+AdamW on this CPU, and the number of ATen calls (``torch.profiler``, CPU activity). ``--compile``:
+the blocks' pure parts compiled as ``train dit --compile default`` does (the first, warm-up step
+compiles: minutes).
 """
 
 from __future__ import annotations
@@ -30,10 +32,15 @@ def main(argv=None) -> None:
     ap.add_argument("data")
     ap.add_argument("--batch", default="1,8,64", help="comma-separated clips per step")
     ap.add_argument("--preset", default="loopworld")
+    ap.add_argument("--compile", action="store_true", help="compile as train dit --compile default")
     args = ap.parse_args(argv)
     torch.set_num_threads(1)
     preset = load_preset(args.preset)
     dit = build_dit(preset, 0).train()
+    if args.compile:
+        from worldtrace_cli.model.speed import compile_blocks
+
+        compile_blocks(dit, "default", dynamic=True)
     pool = ClipPool(args.data)
     schedule = FlowMatchSchedule(tuple(preset.denoising_steps), preset.timestep_shift, preset.sampler)
     opt = torch.optim.AdamW(dit.parameters(), lr=1e-4)

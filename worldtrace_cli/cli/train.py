@@ -164,9 +164,13 @@ def train_encode_cmd(vae_weights, output, shards, seed, late, loop, max_angle, v
 @click.option("--batched", is_flag=True,
               help="Run a step's --batch clips together, one DiT call per chunk for the clips that share a target "
                    "chunk, instead of one clip at a time (same loss, another random stream): 15-20 % faster per "
-                   "clip on a CPU; on a GPU use it with a large --batch (e.g. 64).")
+                   "clip on a CPU; on a GPU use it with a large --batch (e.g. 512: a step is dispatch-bound there).")
+@click.option("--compile", "compile_mode", type=click.Choice(["none", "default"]), default="none", show_default=True,
+              help="torch.compile the DiT blocks' pure parts for training (symbolic batch sizes): the same losses with "
+                   "about a third of the ATen calls per step, for GPUs, where each is a kernel launch; the first step "
+                   "compiles for minutes (6.5 on 2 CPU cores for loopworld).")
 def train_dit_cmd(data, preset, output, steps, minutes, lr, warmup, seed, threads, save_every, no_progress, batch,
-                  return_weight, start_share, init, self_context, ema, device, batched):
+                  return_weight, start_share, init, self_context, ema, device, batched, compile_mode):
     """Train the DiT on encoded clips through MG2's sliding cache; writes DIR/dit.safetensors
     (and DIR/dit-ema.safetensors with --ema)."""
     from ..config import load_preset
@@ -179,7 +183,8 @@ def train_dit_cmd(data, preset, output, steps, minutes, lr, warmup, seed, thread
         r = train_dit(output, data, load_preset(preset), _settings(steps, minutes, lr, warmup, seed, threads, save_every, ema),
                       batch=batch, return_weight=return_weight, progress=not no_progress, stop=stop,
                       start_share=START_SHARE if start_share is None else start_share, init=init,
-                      self_context=self_context, device=str(resolve_device(device)), batched=batched)
+                      self_context=self_context, device=str(resolve_device(device)), batched=batched,
+                      compile_mode=compile_mode)
         click.echo(f"worldtrace: DiT step {r['step']} ({r['minutes']:.1f} min this run), loss {r['loss']} -> {r['file']}",
                    err=True)
 

@@ -327,7 +327,8 @@ def build_dit(preset: Preset, seed: int) -> CausalWanDiT:
 def train_dit(folder: Path, data: Path, preset: Preset, s: LoopSettings, batch: int = 4,
               sampler_prob: float = 0.75, return_weight: float = 3.0, progress: bool = True,
               stop=lambda: False, start_share: float = START_SHARE, init: Path | None = None,
-              self_context: float = 0.0, device: str = "cpu", batched: bool = False) -> dict:
+              self_context: float = 0.0, device: str = "cpu", batched: bool = False,
+              compile_mode: str = "none") -> dict:
     """Train (or continue training) the DiT of ``preset`` on the clips in ``data``; writes
     ``folder/dit.safetensors`` (float32, official parameter names) at every save and at the end,
     and with ``s.ema`` the weights' moving average beside it (``dit-ema.safetensors``).
@@ -347,6 +348,11 @@ def train_dit(folder: Path, data: Path, preset: Preset, s: LoopSettings, batch: 
             are drawn, the noise comes from the same numpy stream on every device, the weights files
             and the moving average stay float32 on the CPU. Not part of the run's settings: a run may
             be continued on another device.
+        compile_mode: ``none`` | ``default``: ``torch.compile`` the blocks' pure parts for training
+            (:func:`~worldtrace_cli.model.speed.compile_blocks` with symbolic sizes): the same losses,
+            about a third of the ATen calls per step (what bounds a GPU's steps per second here,
+            benchmarks/results/gpu-h200-2026-11-26/), paid for by minutes of compilation at the first
+            step. Not part of the run's settings either.
     Returns: ``{"step", "minutes", "loss", "file", "device"}``.
     Raises:
         InputError: the folder holds a run with other settings; CheckpointError: ``init`` is not
@@ -370,6 +376,12 @@ def train_dit(folder: Path, data: Path, preset: Preset, s: LoopSettings, batch: 
         except RuntimeError as exc:
             raise CheckpointError(f"{init}: not preset {preset.name}'s DiT ({str(exc).splitlines()[0]})") from None
     dit.to(device)
+    if compile_mode not in ("none", "default"):
+        raise ValueError(f"training compile mode must be none or default, got {compile_mode!r}")
+    if compile_mode != "none":
+        from ..model.speed import compile_blocks
+
+        compile_blocks(dit, compile_mode, dynamic=True)
     pool = ClipPool(data)
     late_cond = pool.late_cond.to(device)
     schedule = FlowMatchSchedule(tuple(preset.denoising_steps), preset.timestep_shift, preset.sampler)
