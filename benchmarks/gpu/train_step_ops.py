@@ -4,12 +4,13 @@ On a GPU every ATen call that runs a kernel is a launch (microseconds each), so 
 bounds how many steps a second the trainer can make there whatever the card. Usage::
 
     python benchmarks/gpu/train_step_ops.py DATA_DIR [--batch 1,8,64] [--preset loopworld] [--compile]
+        [--warmup N]
 
 DATA_DIR: a ``worldtrace train encode`` folder. Prints, per batch size: the groups of clips the step
 ran (rollout start / late x target chunk), the seconds of its losses (forward) and of backward +
 AdamW on this CPU, and the number of ATen calls (``torch.profiler``, CPU activity). ``--compile``:
-the blocks' pure parts compiled as ``train dit --compile default`` does (the first, warm-up step
-compiles: minutes).
+the blocks' pure parts compiled as ``train dit --compile default`` does (the warm-up steps compile:
+minutes; a step whose targets the warm-up did not meet compiles more, so warm up with several).
 """
 
 from __future__ import annotations
@@ -33,6 +34,7 @@ def main(argv=None) -> None:
     ap.add_argument("--batch", default="1,8,64", help="comma-separated clips per step")
     ap.add_argument("--preset", default="loopworld")
     ap.add_argument("--compile", action="store_true", help="compile as train dit --compile default")
+    ap.add_argument("--warmup", type=int, default=1, help="unprofiled steps before each profiled one")
     args = ap.parse_args(argv)
     torch.set_num_threads(1)
     preset = load_preset(args.preset)
@@ -63,7 +65,8 @@ def main(argv=None) -> None:
         return len(groups), t1 - t0, time.perf_counter() - t1
 
     for batch in (int(b) for b in args.batch.split(",")):
-        step(batch, 0)  # warm-up
+        for w in range(args.warmup):
+            step(batch, 100 + w)
         with profile(activities=[ProfilerActivity.CPU]) as prof:
             groups, fwd, bwd = step(batch, 1)
         calls = sum(e.count for e in prof.key_averages() if e.key.startswith("aten::"))

@@ -167,7 +167,7 @@ def train_encode_cmd(vae_weights, output, shards, seed, late, loop, max_angle, v
                    "clip on a CPU; on a GPU use it with a large --batch (e.g. 512: a step is dispatch-bound there).")
 @click.option("--compile", "compile_mode", type=click.Choice(["none", "default"]), default="none", show_default=True,
               help="torch.compile the DiT blocks' pure parts for training (symbolic batch sizes): the same losses with "
-                   "about a third of the ATen calls per step, for GPUs, where each is a kernel launch; the first step "
+                   "less than half the ATen calls per step, for GPUs, where each is a kernel launch; the first step "
                    "compiles for minutes (6.5 on 2 CPU cores for loopworld).")
 def train_dit_cmd(data, preset, output, steps, minutes, lr, warmup, seed, threads, save_every, no_progress, batch,
                   return_weight, start_share, init, self_context, ema, device, batched, compile_mode):

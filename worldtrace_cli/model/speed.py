@@ -14,6 +14,7 @@ from .dit import Block, CausalWanDiT
 from .lingbot.dit import LingbotBlock, LingbotDiT
 
 COMPILE_MODES = ("none", "default", "reduce-overhead", "max-autotune")
+TRAIN_RECOMPILE_LIMIT = 64  # variants per compiled part that training may meet (compile_blocks(dynamic=True))
 _PURE_PARTS = {Block: ("attention_inputs", "attention_outputs", "feed_forward"),
                ActionModule: ("mouse_part", "keyboard_part"),
                LingbotBlock: ("attention_inputs", "block_outputs")}
@@ -34,8 +35,9 @@ def compile_blocks(model: CausalWanDiT | LingbotDiT, mode: str = "default", dyna
 
     ``dynamic``: compile for symbolic sizes (``train dit --compile``: the batch of a group of clips
     changes every step; with static shapes each new batch size would recompile until torch's limit
-    sends the parts back to eager). On the CPU, training the loopworld DiT compiled this way gave the
-    eager losses and gradients (max difference 1e-8) with 26,000 ATen calls a step instead of 70,000.
+    sends the parts back to eager; the recompile limit is raised to :data:`TRAIN_RECOMPILE_LIMIT`
+    for training's variants). On the CPU a batch-8 training step of the loopworld DiT compiled this
+    way made 23,499 ATen calls instead of 53,913 (benchmarks/gpu/train_step_ops.py).
 
     ``mode``: ``default`` | ``reduce-overhead`` and ``max-autotune`` (both replay CUDA graphs when
     run on CUDA: each call site is recorded once per path, every DiT call starts a new graph step
@@ -53,6 +55,10 @@ def compile_blocks(model: CausalWanDiT | LingbotDiT, mode: str = "default", dyna
     if mode not in COMPILE_MODES:
         raise ValueError(f"compile mode must be one of {', '.join(COMPILE_MODES)}, got {mode!r}")
     cudagraphs = mode != "none" and bool(list_mode_options(mode).get("triton.cudagraphs", False))
+    if dynamic and mode != "none":  # training meets each part with and without gradients, with and without
+        # past action keys, committing or not, and batches of 1: more variants than torch's default 8,
+        # after which a part would fall back to eager for every new one
+        torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, TRAIN_RECOMPILE_LIMIT)
     modules = [m for block in model.blocks for m in (block, getattr(block, "action_model", None)) if m is not None]
     for module in modules:
         for name in _PURE_PARTS[type(module)]:

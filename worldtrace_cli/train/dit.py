@@ -350,7 +350,7 @@ def train_dit(folder: Path, data: Path, preset: Preset, s: LoopSettings, batch: 
             be continued on another device.
         compile_mode: ``none`` | ``default``: ``torch.compile`` the blocks' pure parts for training
             (:func:`~worldtrace_cli.model.speed.compile_blocks` with symbolic sizes): the same losses,
-            about a third of the ATen calls per step (what bounds a GPU's steps per second here,
+            less than half the ATen calls per step (what bounds a GPU's steps per second here,
             benchmarks/results/gpu-h200-2026-11-26/), paid for by minutes of compilation at the first
             step. Not part of the run's settings either.
     Returns: ``{"step", "minutes", "loss", "file", "device"}``.
