@@ -578,3 +578,4 @@ def test_training_refuses_a_compile_mode_with_cuda_graphs(tmp_path, data):
     s = LoopSettings(steps=1, warmup=1, lr=1e-3, log_every=1, save_every=1)
     with pytest.raises(ValueError, match="none or default"):
         train_dit(tmp_path / "x", data, _tiny_preset(), s, batch=1, progress=False, compile_mode="reduce-overhead")
+    assert not (tmp_path / "x").exists()

@@ -203,8 +203,7 @@ class FieldSummary(SummaryMemory):
                              + " --spill-dir; resume with the same --spill-dir setting")
         self._ids = [int(f) for f in state["ids"]]
         if self._dir is None:
-            self._arena = PinnedArena(pin=self._device.type == "cuda")
-            self._store = [self._arena.copy(t) for t in state["store"]]
+            self._store = [self._arena.copy(t) for t in state["store"]]  # the arena reset() made
         else:
             self._store = [self._adopt(Path(state["spill_folder"]) / name) for name in state["store"]]
         self._host_bytes = int(state["host_bytes"])

@@ -60,13 +60,13 @@ class PinnedArena:
         pin: page-lock the slabs (``False`` gives ordinary host memory: the same layout, for tests and
             CPU runs).
         limit: :func:`slab_bytes`'s largest slab, in bytes.
+    Raises (from :meth:`take`): RuntimeError, torch's, when ``pin`` and no CUDA device can pin memory.
     """
 
     def __init__(self, pin: bool = True, limit: int = SLAB_LIMIT):
         self.pin, self.limit = pin, limit
         self._slab: torch.Tensor | None = None
         self._offset = 0
-        self.reserved = 0  # bytes of every slab allocated so far (what the process holds, at most)
 
     def take(self, shape: tuple[int, ...] | torch.Size, dtype: torch.dtype) -> torch.Tensor:
         """A new, uninitialised host tensor of ``shape`` and ``dtype`` (contiguous; pinned with
@@ -78,7 +78,6 @@ class PinnedArena:
             size = slab_bytes(nbytes, self.limit)
             self._slab = torch.empty(size, dtype=torch.uint8, pin_memory=self.pin)
             self._offset = 0
-            self.reserved += size
         view = self._slab[self._offset:self._offset + nbytes].view(dtype).view(shape)
         self._offset += _aligned(nbytes)
         return view

@@ -18,7 +18,7 @@ TRAIN_RECOMPILE_LIMIT = 64  # variants per compiled part that training may meet 
 _PURE_PARTS = {Block: ("attention_inputs", "attention_outputs", "feed_forward"),
                ActionModule: ("mouse_part", "keyboard_part"),
                LingbotBlock: ("attention_inputs", "block_outputs")}
-_COMPILED_PARTS: dict[tuple[str, str, str], object] = {}
+_COMPILED_PARTS: dict[tuple[str, str, str, bool], object] = {}  # (class, part, mode, dynamic)
 
 
 def compile_blocks(model: CausalWanDiT | LingbotDiT, mode: str = "default", dynamic: bool = False) -> None:

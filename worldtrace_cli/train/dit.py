@@ -355,11 +355,14 @@ def train_dit(folder: Path, data: Path, preset: Preset, s: LoopSettings, batch: 
             step. Not part of the run's settings either.
     Returns: ``{"step", "minutes", "loss", "file", "device"}``.
     Raises:
+        ValueError: ``compile_mode`` is not ``none`` or ``default``.
         InputError: the folder holds a run with other settings; CheckpointError: ``init`` is not
             this preset's DiT.
         FileNotFoundError: no encoded clips in ``data``.
         Interrupted: stopped by ``stop()`` (state saved; rerun to continue).
     """
+    if compile_mode not in ("none", "default"):  # before the folder is made: a refused run leaves nothing
+        raise ValueError(f"training compile mode must be none or default, got {compile_mode!r}")
     prepare_folder(folder, settings_dict(s, kind="dit", data=str(data), preset=preset.to_dict(training=True), batch=batch,
                                          sampler_prob=sampler_prob, return_weight=return_weight, start_share=start_share,
                                          self_context=self_context, init=None if init is None else str(init),
@@ -376,8 +379,6 @@ def train_dit(folder: Path, data: Path, preset: Preset, s: LoopSettings, batch: 
         except RuntimeError as exc:
             raise CheckpointError(f"{init}: not preset {preset.name}'s DiT ({str(exc).splitlines()[0]})") from None
     dit.to(device)
-    if compile_mode not in ("none", "default"):
-        raise ValueError(f"training compile mode must be none or default, got {compile_mode!r}")
     if compile_mode != "none":
         from ..model.speed import compile_blocks
 
