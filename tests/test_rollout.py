@@ -2,6 +2,7 @@
 
 from pathlib import Path
 
+import pytest
 import torch
 
 from worldtrace_cli.memory import MemoryConfig, build_writer
@@ -107,6 +108,16 @@ def test_actions_change_the_video_only_from_where_they_are_read(dit):
     outs = [(ra.step().latents, rb.step().latents) for _ in range(4)]
     assert torch.equal(*outs[0]) and torch.equal(*outs[1])
     assert not torch.allclose(*outs[2]) and not torch.allclose(*outs[3])
+
+
+def test_a_chunk_past_the_given_actions_is_a_clear_error(dit):
+    """Actions for 2 chunks (21 pixel-frame rows): chunk 2 reads rows up to 4*8-1 = 31. The bound is
+    checked on the host (on a GPU the gather would be a device-side assert that poisons the process,
+    the failure of the first GPU session's compiled-blocks test)."""
+    rollout = make_rollout(dit, 2)
+    rollout.step(), rollout.step()
+    with pytest.raises(ValueError, match=r"latent frames 6\.\.8 read keyboard action rows up to 31, but only 21"):
+        rollout.step()
 
 
 def test_budget_zero_attends_to_the_current_chunk_only(dit):

@@ -76,9 +76,10 @@ def test_unknown_precision_and_compile_mode_are_refused(dit):
         compile_blocks(dit, "fastest")
 
 
-def _rollout(model, writer_name="landmark", device="cpu"):
+def _rollout(model, writer_name="landmark", device="cpu", chunks=6):
+    """A rollout whose actions cover ``chunks`` chunks (12 pixel-frame rows per 3-latent-frame chunk)."""
     gen = torch.Generator().manual_seed(5)
-    rows = 12 * 4 - 3
+    rows = 12 * chunks - 3
     keyboard = (torch.rand(1, rows, 4, generator=gen) > 0.5).float()
     writer = build_writer(MemoryConfig(cache=writer_name), model.cfg.local_attn_size - 3)
     return Rollout(model, writer, ConstantConditioning(), torch.randn(1, 257, 1280, generator=gen), keyboard,

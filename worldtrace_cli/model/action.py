@@ -120,7 +120,17 @@ class ActionModule(nn.Module):
         Returns:
             (mouse rows [B, F, 24] or None when the mouse branch is off, keyboard rows
             [B, F, 12, kd]) in ``dtype``.
+        Raises:
+            ValueError: ``keyboard`` or ``mouse`` holds fewer rows than the chunk reads (checked on the
+                host: on a GPU an out-of-range row is otherwise a device-side assert that poisons the
+                process's CUDA context).
         """
+        last_row = max(self.cfg.vae_time_compression_ratio * (frame_start + num_frames - 1) - 1, 0)
+        for name, rows in (("keyboard", keyboard), ("mouse", mouse if self.cfg.enable_mouse else None)):
+            if rows is not None and last_row >= rows.shape[1]:
+                raise ValueError(f"latent frames {frame_start}..{frame_start + num_frames - 1} read {name} action "
+                                 f"rows up to {last_row}, but only {rows.shape[1]} rows were given "
+                                 f"(need at least {last_row + 1})")
         idx = self._row_index(frame_start, num_frames, keyboard.device)  # [F, 12]
         mouse_rows = None
         if self.cfg.enable_mouse and mouse is not None:
