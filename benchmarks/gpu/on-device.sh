@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Run ON THE GPU MACHINE (device tool), in the repository root, with .whl carried.
 # A session has 15 device-minutes in all (start included): two calls, in this order (benchmarks/README.md):
-#   bash benchmarks/gpu/on-device.sh quick            # the runbook in one call, every step time-boxed (<= 9 min)
-#   bash benchmarks/gpu/on-device.sh train all        # clips encoded on the GPU + batched DiT training (<= 4.5 min)
+#   bash benchmarks/gpu/on-device.sh quick            # the runbook in one call, every step time-boxed (<= 9.5 min)
+#   bash benchmarks/gpu/on-device.sh fast             # compiled + CUDA graphs + overlapped decode: s/chunk and fps (<= 5 min)
+#   bash benchmarks/gpu/on-device.sh train all        # instead of fast: GPU-encoded clips + batched DiT training (<= 4.5 min)
 # Longer steps, for a session with more device time:
 #   bash benchmarks/gpu/on-device.sh check            # GPU tests + CUDA parity, eager and compiled (~3 min)
 #   bash benchmarks/gpu/on-device.sh ratio [EXTRA]    # sliding, field, landmark interleaved 3 times, 64 chunks: s/chunk ratios
@@ -32,25 +33,36 @@ nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv 2>/dev/null
 python3 -c "import torch, diffusers, transformers; print('torch', torch.__version__, 'cuda', torch.version.cuda, 'diffusers', diffusers.__version__, 'transformers', transformers.__version__)" | tee -a "$OUT/gpu.txt"
 case "${1:-check}" in
   quick)
-    # ~9 minutes at most (each step time-boxed; on an H200 on 2026-11-26 the steps took 4 min): GPU tests, CUDA parity
-    # (eager on every fixture; float32 RoPE + CUDA graphs on one), the writers' s/chunk ratios and fps
-    # (QUICK_CHUNKS chunks, 2 interleaved repeats) and field's peak memory at MEMORY_CHUNKS (no decode).
+    # ~9 minutes at most (each step time-boxed; on an H200 on 2026-11-26 the steps took 4-5 min): GPU tests, CUDA
+    # parity (eager on every fixture; float32 RoPE + CUDA graphs on one), the writers' s/chunk ratios and fps
+    # (QUICK_CHUNKS chunks after 4 warm-up chunks, 3 interleaved repeats), then the max-autotune GPU test last
+    # (its compiling is the one step whose length is unknown: 60 s were not enough).
     # The GPU tests in two processes: a device-side assert poisons its process's CUDA context, so the
     # compiled/CUDA-graph tests (test_speed.py, synchronous launches so an assert names its kernel) run
     # apart from the writers' and the trainer's. test_schemas.py needs jsonschema, absent there.
     { step 90 python3 -m pytest -q -m "gpu and not slow" tests -p no:cacheprovider -p no:logging -rfE --tb=short \
           --ignore=tests/test_schemas.py --ignore=tests/test_speed.py
-      CUDA_LAUNCH_BLOCKING=1 step 120 python3 -m pytest -q -m gpu tests/test_speed.py -p no:cacheprovider \
-          -p no:logging -rfE --tb=short; } 2>&1 | tee "$OUT/gpu-tests.log"
+      CUDA_LAUNCH_BLOCKING=1 step 120 python3 -m pytest -q -m gpu tests/test_speed.py -k "not max" \
+          -p no:cacheprovider -p no:logging -rfE --tb=short; } 2>&1 | tee "$OUT/gpu-tests.log"
     { for f in $FIXTURES; do step 25 python3 -m worldtrace_cli.parity "$f" --device "$DEVICE"; done
       step 50 python3 -m worldtrace_cli.parity tests/data/fixtures --device "$DEVICE" --rope-precision float32 \
           --compile reduce-overhead; } 2>&1 | grep -E "^==|^max_abs_diff|Error|error" | tee "$OUT/parity-cuda.log"
-    step 100 python3 -m worldtrace_cli bench speed --preset "$PRESET" --random-weights --device "$DEVICE" \
-        --caches sliding,field,landmark --chunks "${QUICK_CHUNKS:-12}" --repeats 2 --warmup 4 -o "$OUT" \
+    step 170 python3 -m worldtrace_cli bench speed --preset "$PRESET" --random-weights --device "$DEVICE" \
+        --caches sliding,field,landmark --chunks "${QUICK_CHUNKS:-16}" --repeats 3 --warmup 4 -o "$OUT" \
         --name "speed-$PRESET-ratio-quick" 2>&1 | tee -a "$OUT/speed.log"
-    step 100 python3 -m worldtrace_cli bench speed --preset "$PRESET" --random-weights --device "$DEVICE" \
-        --caches field --chunks "${MEMORY_CHUNKS:-12,48}" --no-decode -o "$OUT" --name "speed-$PRESET-field-memory" \
-        2>&1 | tee -a "$OUT/speed.log"  # one log for both: at most 8 files come back
+    [ -n "${MEMORY_CHUNKS:-}" ] && step 100 python3 -m worldtrace_cli bench speed --preset "$PRESET" --random-weights \
+        --device "$DEVICE" --caches field --chunks "$MEMORY_CHUNKS" --no-decode -o "$OUT" \
+        --name "speed-$PRESET-field-memory" 2>&1 | tee -a "$OUT/speed.log"  # one log for both: at most 8 files come back
+    CUDA_LAUNCH_BLOCKING=1 step 130 python3 -m pytest -q -m gpu tests/test_speed.py -k "max" -p no:cacheprovider \
+        -p no:logging -rfE --tb=short 2>&1 | tee -a "$OUT/gpu-tests.log"
+    ;;
+  fast)
+    # The second call of a session that does not train (~5 min at most): the product's fast path on full-size
+    # MG2, blocks compiled with CUDA graphs (reduce-overhead), decode overlapped on a side stream, the same
+    # writers, chunks and repeats as quick's eager ratio (compare the two within one warm machine).
+    step 290 python3 -m worldtrace_cli bench speed --preset "$PRESET" --random-weights --device "$DEVICE" \
+        --caches sliding,field,landmark --chunks "${QUICK_CHUNKS:-16}" --repeats 3 --warmup 4 \
+        --compile reduce-overhead --overlap-decode -o "$OUT" --name "speed-$PRESET-ratio-fast" 2>&1 | tee "$OUT/speed-fast.log"
     ;;
   check)
     python3 -m pytest -q -m gpu tests -p no:logging -rfE --ignore=tests/test_schemas.py 2>&1 | tee "$OUT/gpu-tests.log"
@@ -151,5 +163,5 @@ for part in ('vae', 'dit'):
       *) echo "usage: $0 train encode|dit|all"; exit 2 ;;
     esac
     ;;
-  *) echo "usage: $0 quick | check | ratio [EXTRA_ARGS] | bench CACHE [EXTRA_ARGS] | train encode|dit|all"; exit 2 ;;
+  *) echo "usage: $0 quick | fast | check | ratio [EXTRA_ARGS] | bench CACHE [EXTRA_ARGS] | train encode|dit|all"; exit 2 ;;
 esac
