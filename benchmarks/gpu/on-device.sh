@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Run ON THE GPU MACHINE (device tool), in the repository root, with .whl carried.
 # A session has 15 device-minutes in all (start included): two calls, in this order (benchmarks/README.md):
-#   bash benchmarks/gpu/on-device.sh quick            # the runbook in one call, every step time-boxed (<= 9.5 min)
-#   bash benchmarks/gpu/on-device.sh fast             # compiled + CUDA graphs + overlapped decode: s/chunk and fps (<= 5 min)
+#   bash benchmarks/gpu/on-device.sh quick            # the runbook in one call, every step time-boxed (<= 9.3 min)
+#   bash benchmarks/gpu/on-device.sh fast             # compiled + CUDA graphs + overlapped decode: s/chunk and fps (<= 4.8 min)
 #   bash benchmarks/gpu/on-device.sh train all        # instead of fast: GPU-encoded clips + batched DiT training (<= 4.5 min)
 # Longer steps, for a session with more device time:
 #   bash benchmarks/gpu/on-device.sh check            # GPU tests + CUDA parity, eager and compiled (~3 min)
@@ -13,6 +13,7 @@
 # Results go to $OUT (returned by the device tool); copy them into benchmarks/results/.
 # Smoke test on a CPU machine: DEVICE=cpu PRESET=tiny CHUNKS=2,3 RATIO_CHUNKS=6 OUT=/tmp/o bash benchmarks/gpu/on-device.sh ratio
 #   DEVICE=cpu PRESET=tiny OUT=/tmp/o bash benchmarks/gpu/on-device.sh quick
+#   DEVICE=cpu PRESET=tiny QUICK_CHUNKS=6 OUT=/tmp/o bash benchmarks/gpu/on-device.sh fast
 #   DEVICE=cpu ENCODERS=2 ENCODE_SECONDS=45 TRAIN_BATCH=4 TRAIN_MINUTES=1 OUT=/tmp/o bash benchmarks/gpu/on-device.sh train all
 set -uo pipefail
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit 1
@@ -33,18 +34,19 @@ nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv 2>/dev/null
 python3 -c "import torch, diffusers, transformers; print('torch', torch.__version__, 'cuda', torch.version.cuda, 'diffusers', diffusers.__version__, 'transformers', transformers.__version__)" | tee -a "$OUT/gpu.txt"
 case "${1:-check}" in
   quick)
-    # ~9 minutes at most (each step time-boxed; on an H200 on 2026-11-26 the steps took 4-5 min): GPU tests, CUDA
-    # parity (eager on every fixture; float32 RoPE + CUDA graphs on one), the writers' s/chunk ratios and fps
+    # ~9.3 minutes at most (steps time-boxed, 555 s, + ~20 s of setup; 2026-11-26's two H200 sessions ran an earlier,
+    # shorter layout in 4-5.3 min): GPU tests, CUDA parity (eager on PARITY_FIXTURES, default the universal one: all
+    # three were within 3e-6 twice; float32 RoPE + CUDA graphs on it), the writers' s/chunk ratios and fps
     # (QUICK_CHUNKS chunks after 4 warm-up chunks, 3 interleaved repeats), then the max-autotune GPU test last
     # (its compiling is the one step whose length is unknown: 60 s were not enough).
-    # The GPU tests in two processes: a device-side assert poisons its process's CUDA context, so the
+    # The GPU tests in three processes: a device-side assert poisons its process's CUDA context, so the
     # compiled/CUDA-graph tests (test_speed.py, synchronous launches so an assert names its kernel) run
     # apart from the writers' and the trainer's. test_schemas.py needs jsonschema, absent there.
     { step 90 python3 -m pytest -q -m "gpu and not slow" tests -p no:cacheprovider -p no:logging -rfE --tb=short \
           --ignore=tests/test_schemas.py --ignore=tests/test_speed.py
-      CUDA_LAUNCH_BLOCKING=1 step 120 python3 -m pytest -q -m gpu tests/test_speed.py -k "not max" \
+      CUDA_LAUNCH_BLOCKING=1 step 90 python3 -m pytest -q -m gpu tests/test_speed.py -k "not max" \
           -p no:cacheprovider -p no:logging -rfE --tb=short; } 2>&1 | tee "$OUT/gpu-tests.log"
-    { for f in $FIXTURES; do step 25 python3 -m worldtrace_cli.parity "$f" --device "$DEVICE"; done
+    { for f in ${PARITY_FIXTURES:-tests/data/fixtures}; do step 25 python3 -m worldtrace_cli.parity "$f" --device "$DEVICE"; done
       step 50 python3 -m worldtrace_cli.parity tests/data/fixtures --device "$DEVICE" --rope-precision float32 \
           --compile reduce-overhead; } 2>&1 | grep -E "^==|^max_abs_diff|Error|error" | tee "$OUT/parity-cuda.log"
     step 170 python3 -m worldtrace_cli bench speed --preset "$PRESET" --random-weights --device "$DEVICE" \
@@ -57,10 +59,10 @@ case "${1:-check}" in
         -p no:logging -rfE --tb=short 2>&1 | tee -a "$OUT/gpu-tests.log"
     ;;
   fast)
-    # The second call of a session that does not train (~5 min at most): the product's fast path on full-size
+    # The second call of a session that does not train (~4.8 min at most: 270 s + setup): the product's fast path on full-size
     # MG2, blocks compiled with CUDA graphs (reduce-overhead), decode overlapped on a side stream, the same
     # writers, chunks and repeats as quick's eager ratio (compare the two within one warm machine).
-    step 290 python3 -m worldtrace_cli bench speed --preset "$PRESET" --random-weights --device "$DEVICE" \
+    step 270 python3 -m worldtrace_cli bench speed --preset "$PRESET" --random-weights --device "$DEVICE" \
         --caches sliding,field,landmark --chunks "${QUICK_CHUNKS:-16}" --repeats 3 --warmup 4 \
         --compile reduce-overhead --overlap-decode -o "$OUT" --name "speed-$PRESET-ratio-fast" 2>&1 | tee "$OUT/speed-fast.log"
     ;;

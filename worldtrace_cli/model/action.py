@@ -115,7 +115,7 @@ class ActionModule(nn.Module):
             frame_start: absolute latent-frame index of the chunk's first frame.
             num_frames: F, latent frames in the chunk.
             keyboard: [B, R, keyboard_dim_in] action rows (pixel frames) covering at least the rows
-                this chunk reads (rows < 4*(frame_start+F) - 1 ... any longer prefix works).
+                this chunk reads (R >= 4*(frame_start+F) - 4; any longer prefix works).
             mouse: [B, R, 2] or None (keyboard-only models).
         Returns:
             (mouse rows [B, F, 24] or None when the mouse branch is off, keyboard rows
