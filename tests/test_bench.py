@@ -84,3 +84,24 @@ def test_speed_cli_writes_json_and_markdown(tmp_path):
     assert "| sliding | 6 | 2 |" in (tmp_path / "smoke.md").read_text()
     bad = CliRunner().invoke(main, ["bench", "speed", "--compile", "fastest"])
     assert bad.exit_code == 2 and "fastest" in bad.output
+
+
+def test_bad_bench_lists_are_usage_errors_before_anything_runs(tmp_path):
+    """Comma-separated lists are checked at parse time: one usage error naming the option (exit 2),
+    no traceback, nothing written."""
+    cases = [
+        (["speed", "--chunks", "abc"], "'--chunks': 'abc': comma-separated integers expected"),
+        (["speed", "--chunks", "3,-1"], "'--chunks': every value must be >= 1"),
+        (["speed", "--chunks", ","], "'--chunks': at least one value expected"),
+        (["speed", "--warmup", "-2"], "'--warmup'"),
+        (["speed", "--caches", "sliding,nosuch"], "'--caches': unknown writer 'nosuch'"),
+        (["mechanism", "--legs", "0"], "'--legs': every value must be >= 1"),
+        (["mechanism", "--routes", "ABA,A"], "'--routes': 'A': a route is two or more scene letters"),
+        (["mechanism", "--writers", "nosuch"], "'--writers': unknown writer 'nosuch'"),
+        (["mechanism", "--schemes", "nosuch"], "'--schemes': unknown scheme 'nosuch'"),
+    ]
+    for args, message in cases:
+        result = CliRunner().invoke(main, ["bench", *args, "-o", str(tmp_path / "out")])
+        assert result.exit_code == 2 and message in result.output, (args, result.output)
+        assert result.exception is None or isinstance(result.exception, SystemExit), args
+    assert not (tmp_path / "out").exists()

@@ -207,3 +207,31 @@ def test_the_documented_preset_example_runs(tmp_path):
                       "--chunks", 1, "--metrics", "none", "-o", out)
     assert result.exit_code == 0, result.output
     assert json.loads((out / "summary.json").read_text())["config"]["preset"]["mode"] == "gta_drive"
+
+
+def test_the_train_walkthrough_in_its_help_parses(tmp_path, monkeypatch):
+    """Every `worldtrace train ...` line of `worldtrace train --help` names real options and gives
+    every required one (click parses it without running it; the files it names exist in a scratch
+    folder, as the steps before would have made them)."""
+    import shlex
+
+    from worldtrace_cli.cli.train import train
+
+    result = CliRunner().invoke(main, ["train", "--help"])
+    assert result.exit_code == 0
+    import re
+
+    text = re.sub(r"\\\n\s+", "", result.output)  # a continued line joined (its space stays)
+    lines = [ln.split("worldtrace train ", 1)[1] for ln in text.splitlines() if "worldtrace train " in ln]
+    assert [ln.split()[0] for ln in lines] == ["vae", "encode", "dit", "eval", "export"]
+    monkeypatch.chdir(tmp_path)
+    for line in lines:
+        args = shlex.split(line.split("  ")[0])  # the command, without the description column
+        for arg in args:
+            if arg.endswith(".safetensors") and "/" in arg:
+                Path(arg).parent.mkdir(parents=True, exist_ok=True)
+                Path(arg).touch()
+            elif "/" in arg:
+                Path(arg).mkdir(parents=True, exist_ok=True)
+        command = train.commands[args[0]]
+        command.make_context(f"train {args[0]}", args[1:], resilient_parsing=False)

@@ -108,12 +108,12 @@ def test_sweep_is_idempotent_and_resumable(tmp_path, fake_generate):
     assert fake_generate == ["pan_90/landmark/mg2_universal_0000/seed0"] and "1 done, 35 skipped" in result.output
     assert not (victim / "video.mp4").exists()  # overwrite removed the stale run files
 
-    # Another tau is refused for the complete landmark runs only (a writer without the detector is the
-    # same run); rerun at the old settings, a refused job's failed.json is history again.
+    # Another tau clashes with the complete landmark runs only (a writer without the detector is the
+    # same run): the sweep is refused before any job runs; at the old settings everything is reused.
     fake_generate.clear()
     result = lb("run", *MATRIX, "--landmark-threshold", "0.3", "-o", out)
-    assert fake_generate == [] and "0 done, 24 skipped, 12 failed" in result.output
-    assert (victim / "failed.json").is_file() and "landmark_threshold 0.0047 (now 0.3)" in (victim / "failed.json").read_text()
+    line = one_line_error(result, 4)
+    assert fake_generate == [] and "12 of 36 jobs" in line and "landmark_threshold 0.0047 (now 0.3)" in line
     result = lb("run", *MATRIX, "-o", out)
     assert result.exit_code == 0 and "0 done, 36 skipped" in result.output and not list(out.rglob("failed.json"))
 
@@ -189,17 +189,22 @@ def test_interrupted_job_resumes_from_its_state_and_stops_the_sweep(tmp_path, fa
 
 
 def test_changed_settings_do_not_reuse_runs(tmp_path, fake_generate):
+    """Complete runs of other settings refuse the whole sweep before any job runs: one line naming
+    how many jobs clash and the first one's differences (exit 4), nothing run, no failure records."""
     out = tmp_path / "lb"
     assert lb("run", *MATRIX[:-2], "--seeds", "0", "--configs", "aba", "--chunks", 2, "-o", out).exit_code == 0
+    ran = len(fake_generate)
     result = lb("run", *MATRIX[:-2], "--seeds", "0", "--configs", "aba", "--chunks", 3, "-o", out)
-    assert result.exit_code == 5 and "chunks 2 (now 3)" in (out / "failures.jsonl").read_text()
+    line = one_line_error(result, 4)
+    assert "6 of 6 jobs" in line and "chunks 2 (now 3)" in line and "use another -o folder" in line
+    assert "--overwrite" not in line  # loopbench run has no such option
+    assert len(fake_generate) == ran and not (out / "failures.jsonl").exists()
     # settings that change the numbers count too; --overlap-decode does not
-    (out / "failures.jsonl").unlink()
     result = lb("run", *MATRIX[:-2], "--seeds", "0", "--configs", "aba", "--chunks", 2, "--overlap-decode", "-o", out)
     assert result.exit_code == 0 and "skipped" in result.output
     result = lb("run", *MATRIX[:-2], "--seeds", "0", "--configs", "aba", "--chunks", 2, "--rope-precision", "float64",
                 "-o", out)
-    assert result.exit_code == 5 and "rope_precision 'float32' (now 'float64')" in (out / "failures.jsonl").read_text()
+    assert "rope_precision 'float32' (now 'float64')" in one_line_error(result, 4)
 
 
 def test_shard_flags_partition_the_jobs(tmp_path, fake_generate):

@@ -71,6 +71,27 @@ def test_it_draws_the_world_it_walks(tmp_path, one_thread):
     assert_valid(json.loads((out / "metrics.json").read_text()), "metrics")
     again = json.loads((out / "metrics.json").read_text())["gt"]
     assert again["world_seed"] == 3 and abs(again["psnr"] - gt["psnr"]) < 1.5
+    # the truth follows the run's own trajectory: --trajectory (revisit pairing) does not move it
+    other = tmp_path / "other.json"
+    result = CliRunner().invoke(main, ["metrics", str(out), "--level", "fast", "--trajectory",
+                                       str(ROOT / "trajectories" / "look_around.yaml"), "-o", str(other)])
+    assert result.exit_code == 0, result.output
+    assert json.loads(other.read_text())["gt"]["per_chunk"] == again["per_chunk"]
+    # ... unless the run's trajectory file is gone: then --trajectory stands in (noted), and must be universal
+    summary_path = out / "summary.json"
+    moved = json.loads(summary_path.read_text())
+    moved["config"]["trajectory"] = str(tmp_path / "gone.yaml")
+    summary_path.write_text(json.dumps(moved))
+    result = CliRunner().invoke(main, ["metrics", str(out), "--level", "fast", "-o", str(other)])
+    assert result.exit_code == 2 and "gone.yaml is gone: pass --trajectory" in result.output
+    result = CliRunner().invoke(main, ["metrics", str(out), "--level", "fast", "-o", str(other), "--trajectory",
+                                       str(ROOT / "trajectories" / "gta_drive_loop.yaml")])
+    assert result.exit_code == 2 and "universal mode" in result.output and "Traceback" not in result.output
+    result = CliRunner().invoke(main, ["metrics", str(out), "--level", "fast", "-o", str(other), "--trajectory",
+                                       str(ROOT / "trajectories" / "aba.yaml")])
+    assert result.exit_code == 0, result.output
+    stood_in = json.loads(other.read_text())
+    assert stood_in["gt"]["per_chunk"] == again["per_chunk"] and any("gone.yaml is gone" in n for n in stood_in["notes"])
 
 
 def return_psnr(tmp_path, trajectory, cache, last_chunk, world, *flags):

@@ -579,3 +579,30 @@ def test_training_refuses_a_compile_mode_with_cuda_graphs(tmp_path, data):
     with pytest.raises(ValueError, match="none or default"):
         train_dit(tmp_path / "x", data, _tiny_preset(), s, batch=1, progress=False, compile_mode="reduce-overhead")
     assert not (tmp_path / "x").exists()
+
+
+def test_training_refuses_a_folder_that_train_encode_did_not_make(tmp_path, data):
+    """A missing folder, one without the late-conditioning latents, one without shards: one line
+    each (InputError, exit 2 from the CLI), before the run folder is made."""
+    import shutil
+
+    from click.testing import CliRunner
+
+    from worldtrace_cli.cli import main
+    from worldtrace_cli.errors import InputError
+    from worldtrace_cli.train.dit import train_dit
+
+    s = LoopSettings(steps=1, warmup=1, lr=1e-3, log_every=1, save_every=1)
+    no_shards = tmp_path / "no-shards"
+    no_shards.mkdir()
+    shutil.copy(data / "late_conditioning.safetensors", no_shards)
+    (tmp_path / "empty").mkdir()
+    for folder, message in [(tmp_path / "nosuch", "no such folder"),
+                            (tmp_path / "empty", "no late_conditioning.safetensors"),
+                            (no_shards, "no encoded clips yet")]:
+        with pytest.raises(InputError, match=message):
+            train_dit(tmp_path / "x", folder, _tiny_preset(), s, batch=1, progress=False)
+        assert not (tmp_path / "x").exists()
+    result = CliRunner().invoke(main, ["train", "dit", "--data", str(tmp_path / "empty"), "-o", str(tmp_path / "x")])
+    assert result.exit_code == 2 and "not a data folder of worldtrace train encode" in result.output
+    assert not (tmp_path / "x").exists()

@@ -19,6 +19,7 @@ from pathlib import Path
 import torch
 
 from .actions import chunk_rows, chunks_for_frames
+from .errors import InputError
 from .revisit import dead_reckon, pairs_from_poses, pairs_from_waypoints, revisit_pairs
 from .scores import (PSNR_CAP_DB, SSIM_BATCH_BYTES, SSIM_WINDOW, _frames_tensor, _mean, clip_embeddings, detail_ratio,
                      gt_scores, gt_summary, latent_diff, pac, scene_drift, temp_ssim)
@@ -42,10 +43,15 @@ def summarise_run(run_dir: str | Path, tower=None, level: str = "fast",
     A run of a procedural-world preset (``summary.json`` names its world seed) also gets ``gt``:
     GT-PSNR / GT-SSIM / GT detail of the video's frames against the world rendered at the same poses, per chunk,
     overall and on the return chunks (:func:`gt_summary`); from the lossy MP4, so a little below the
-    values ``generate`` records on the decoded frames.
+    values ``generate`` records on the decoded frames. The poses are the run's own trajectory's
+    (``config.trajectory``); ``trajectory`` stands in for it only when that file is gone (noted).
 
     Returns a JSON-able dict: run_dir, level, status ("complete" | "partial"), chunks (records in
     chunks.jsonl), pixel_frames, temp_ssim, latent_diff, scene_drift, pac, revisit, gt, notes.
+    Raises:
+        InputError: a procedural-world run whose trajectory file is gone and no ``trajectory`` given,
+            or a ``trajectory`` standing in for it that is not in universal mode.
+        ValueError: an unknown ``level``, or ``"all"`` without ``tower``.
     """
     from .outputs import read_jsonl, read_video_frames
     from .trajectory import load_trajectory, plan_actions
@@ -80,7 +86,19 @@ def summarise_run(run_dir: str | Path, tower=None, level: str = "fast",
         from .world.truth import GroundTruth
 
         cfg = summary["config"]
-        plan = plan_actions(load_trajectory(trajectory or cfg["trajectory"]), summary["resolved"]["chunks"], fpc)
+        # the truth is rendered along the run's own trajectory (the actions it was generated with);
+        # ``trajectory`` only when that file is gone (``trajectory`` is otherwise for revisit pairing)
+        own = cfg.get("trajectory")
+        gt_trajectory = own if own and Path(own).is_file() else trajectory
+        if gt_trajectory is None:
+            raise InputError(f"{run_dir}: the run's trajectory {own} is gone: pass --trajectory to score it "
+                             f"against the ground truth")
+        if gt_trajectory != own:
+            notes.append(f"GT scored along {gt_trajectory}: the run's own trajectory {own} is gone")
+        plan = plan_actions(load_trajectory(gt_trajectory), summary["resolved"]["chunks"], fpc)
+        if plan.mode != "universal":
+            raise InputError(f"{gt_trajectory}: mode {plan.mode!r}, but the procedural world is walked in "
+                             f"universal mode (the run's own trajectory is {own})")
         truth = GroundTruth(world_seed, plan, frames.shape[1], frames.shape[2])
         psnr, ssim_, detail = [], [], []
         for c in range(num_chunks):

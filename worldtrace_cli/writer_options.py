@@ -88,9 +88,14 @@ def writer_options(config) -> WriterOptions:
     """
     row = WRITER_OPTIONS.get(config.writer_name)
     if row is None:
-        specs = sorted(name + {"field_slots": ":2", "keep_ratio": ""}.get(r.arg, "") for name, r in WRITER_OPTIONS.items())
-        raise InputError(f"--cache: unknown writer {config.cache!r} (choose from {', '.join(specs)})")
+        raise InputError(f"--cache: unknown writer {config.cache!r} (choose from {', '.join(writer_specs())})")
     return row
+
+
+def writer_specs() -> list[str]:
+    """The runnable writer specs, sorted, as error messages list them (``mixed:K``: K summary slots
+    from Field, the rest landmarks)."""
+    return sorted(name + {"field_slots": ":K", "keep_ratio": ""}.get(r.arg, "") for name, r in WRITER_OPTIONS.items())
 
 
 def check_flags(config) -> WriterOptions:

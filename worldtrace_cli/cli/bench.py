@@ -7,8 +7,39 @@ from pathlib import Path
 
 import click
 
-from .common import csv, run_job
-from .options import device_options, speed_options
+from .common import run_job
+from .options import device_options, int_list, name_list, speed_options
+
+
+def _writers(ctx, param, value):
+    """Comma-separated writer specs, each known (checked at parse time, without torch)."""
+    from ..writer_options import WRITER_OPTIONS, writer_specs
+
+    items = name_list(ctx, param, value)
+    for spec in items or []:
+        if spec.split(":", 1)[0] not in WRITER_OPTIONS:
+            raise click.BadParameter(f"unknown writer {spec!r} (choose from {', '.join(writer_specs())})")
+    return items
+
+
+def _schemes(ctx, param, value):
+    """Comma-separated position schemes, each known."""
+    from ..writer_options import POSITION_SCHEMES
+
+    items = name_list(ctx, param, value)
+    for scheme in items or []:
+        if scheme not in POSITION_SCHEMES:
+            raise click.BadParameter(f"unknown scheme {scheme!r} (choose from {', '.join(POSITION_SCHEMES)})")
+    return items
+
+
+def _routes(ctx, param, value):
+    """Comma-separated loops of scene letters, two or more letters each (``ABA``: A, B, back to A)."""
+    items = name_list(ctx, param, value)
+    for route in items:
+        if len(route) < 2 or not route.isalpha():
+            raise click.BadParameter(f"{route!r}: a route is two or more scene letters, e.g. ABA or ABCA")
+    return items
 
 
 @click.group()
@@ -17,12 +48,15 @@ def bench():
 
 
 @bench.command("mechanism")
-@click.option("--writers", default=None, help="Comma-separated writers (default: all registered; mixed as mixed:2).")
-@click.option("--schemes", default=None, help="Comma-separated position schemes (default: all).")
-@click.option("--routes", default="ABA,ABCA", show_default=True, help="Loops; the return query is in the last scene.")
-@click.option("--legs", default="2,8,32", show_default=True, help="Chunks per leg of the loop.")
+@click.option("--writers", default=None, callback=_writers,
+              help="Comma-separated writers (default: all registered; mixed as mixed:2).")
+@click.option("--schemes", default=None, callback=_schemes, help="Comma-separated position schemes (default: all).")
+@click.option("--routes", default="ABA,ABCA", show_default=True, callback=_routes,
+              help="Loops of scene letters; the return query is in the last scene.")
+@click.option("--legs", default="2,8,32", show_default=True, callback=int_list(1), help="Chunks per leg of the loop.")
 @click.option("--seed", type=int, default=0, show_default=True)
-@click.option("--landmark-threshold", type=float, default=0.1, show_default=True, help="tau of the landmark detector.")
+@click.option("--landmark-threshold", type=click.FloatRange(0, 2, min_open=True), default=0.1, show_default=True,
+              help="tau of the landmark detector (a cosine distance, 0-2).")
 @click.option("-o", "--output", type=click.Path(path_type=Path), default=Path("bench-results"), show_default=True,
               help="Folder for the results.")
 @click.option("--name", default="mechanism", show_default=True, help="File stem of the results.")
@@ -33,8 +67,7 @@ def bench_mechanism(writers, schemes, routes, legs, seed, landmark_threshold, ou
 
     def job():
         setup = SceneSetup(seed=seed)
-        rows = mechanism_benchmark(csv(writers), csv(schemes), tuple(csv(routes)), tuple(csv(legs, int)),
-                                   setup, landmark_threshold)
+        rows = mechanism_benchmark(writers, schemes, tuple(routes), tuple(legs), setup, landmark_threshold)
         for path in write_mechanism_report(rows, output, name, setup):
             click.echo(f"worldtrace: wrote {path}", err=True)
 
@@ -75,16 +108,17 @@ def bench_tau(run_dirs, min_change, rate, output):
 @bench.command("speed")
 @click.option("--preset", default="tiny", show_default=True, help="Model preset (random weights at its full size).")
 @click.option("--random-weights", is_flag=True, help="Accepted for clarity: the speed bench always uses random weights.")
-@click.option("--caches", default="sliding,field,landmark", show_default=True, help="Comma-separated writers.")
-@click.option("--chunks", default="8,16", show_default=True,
+@click.option("--caches", default="sliding,field,landmark", show_default=True, callback=_writers,
+              help="Comma-separated writers.")
+@click.option("--chunks", default="8,16", show_default=True, callback=int_list(1),
               help="Comma-separated chunk counts: one rollout per writer to the largest, snapshots at each.")
 @device_options
 @click.option("--image", type=click.Path(path_type=Path), default=None, help="Conditioning image (default: a gradient).")
-@click.option("--warmup", type=int, default=1, show_default=True,
+@click.option("--warmup", type=click.IntRange(0), default=1, show_default=True,
               help="Chunks excluded from the timings (3 or more with --compile: compilation and CUDA-graph recording).")
 @click.option("--no-decode", is_flag=True, help="Skip the VAE decode (DiT and cache only).")
 @speed_options
-@click.option("--budget", type=int, default=None,
+@click.option("--budget", type=click.IntRange(0), default=None,
               help="Past latent-frame slots of every writer (default: each writer's own: sliding 3, WorldTrace 6). "
                    "Use 6 to compare writers at one cache size.")
 @click.option("--repeats", type=click.IntRange(1), default=1, show_default=True,
@@ -109,7 +143,7 @@ def bench_speed(preset, random_weights, caches, chunks, device, dtype, image, wa
     from ..jobs.bench_speed import speed_benchmark, speed_markdown
 
     def job():
-        result = speed_benchmark(preset, tuple(csv(caches)), tuple(csv(chunks, int)), device, dtype, image,
+        result = speed_benchmark(preset, tuple(caches), tuple(chunks), device, dtype, image,
                                  warmup, not no_decode, rope_precision=rope_precision, compile_mode=compile_mode,
                                  overlap_decode=overlap_decode, budget=budget, repeats=repeats)
         result["meta"]["command"] = sys.argv

@@ -67,9 +67,10 @@ def run_cmd(preset, configs, caches, images, worlds, seeds, chunks, metrics, sha
 
     Jobs whose folder holds a complete run are skipped, so rerunning the same command resumes a
     killed sweep: an unfinished job continues from its resume state when it saved one (on SIGTERM
-    / Ctrl-C, and every 16 chunks), else it is redone. A failing job is recorded in
-    DIR/failures.jsonl and <job>/failed.json and the sweep goes on; the exit code is 5 if any job
-    failed, 130 if interrupted. The model is loaded once per process.
+    / Ctrl-C, and every 16 chunks), else it is redone. Complete runs made with other settings (another
+    --chunks, tau, ...) refuse the sweep before anything runs (exit 4: use another -o folder). A
+    failing job is recorded in DIR/failures.jsonl and <job>/failed.json and the sweep goes on; the
+    exit code is 5 if any job failed, 130 if interrupted. The model is loaded once per process.
 
     \b
     Examples:

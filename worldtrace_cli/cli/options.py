@@ -67,6 +67,35 @@ def speed_config(rope_precision: str, compile_mode: str, overlap_decode: bool) -
     return {"rope_precision": rope_precision, "compile": compile_mode, "overlap_decode": overlap_decode}
 
 
+def int_list(minimum: int = 1):
+    """A click callback for a comma-separated list of integers >= ``minimum`` (``"8,16"`` -> ``[8, 16]``):
+    anything else is a usage error naming the option (exit 2), before anything loads."""
+    def callback(ctx, param, value):
+        if value is None:
+            return None
+        try:
+            items = [int(v) for v in (v.strip() for v in value.split(",")) if v]
+        except ValueError:
+            raise click.BadParameter(f"{value!r}: comma-separated integers expected") from None
+        if not items:
+            raise click.BadParameter("at least one value expected")
+        if any(i < minimum for i in items):
+            raise click.BadParameter(f"every value must be >= {minimum}, got {value!r}")
+        return items
+    return callback
+
+
+def name_list(ctx, param, value):
+    """A click callback for a comma-separated list of names (``"a, b,"`` -> ``["a", "b"]``); None stays
+    None (the command's default); an empty list is a usage error."""
+    if value is None:
+        return None
+    items = [v.strip() for v in value.split(",") if v.strip()]
+    if not items:
+        raise click.BadParameter("at least one name expected")
+    return items
+
+
 def _finite(ctx, param, value):
     import math
 

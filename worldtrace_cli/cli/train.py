@@ -65,9 +65,16 @@ def train():
     """Train the embedded world model (preset loopworld) on the procedural world.
 
     \b
-    1. worldtrace train vae -o train/vae            the codec (diffusers AutoencoderKLWan)
-    2. worldtrace train dit --vae train/vae/vae.safetensors -o train/dit
-    3. worldtrace train export train/dit -o loopworld.safetensors
+    1. worldtrace train vae -o train/vae                 the codec (diffusers AutoencoderKLWan)
+    2. worldtrace train encode --vae train/vae/vae.safetensors -o train/data
+                                                         rendered clips encoded to latents
+    3. worldtrace train dit --data train/data -o train/dit
+                                                         the DiT (beside step 2: it picks up new shards)
+    4. worldtrace train eval train/dit --vae train/vae/vae.safetensors
+                                                         memory, drift and action tests
+    5. worldtrace train export --dit train/dit/dit.safetensors --vae train/vae/vae.safetensors \\
+           -o loopworld.safetensors                      the preset's weights file
+    The recipe of the shipped weights, with times: docs/loopworld.md.
     """
 
 

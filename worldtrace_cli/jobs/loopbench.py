@@ -80,8 +80,8 @@ def run_jobs(jobs: Sequence[Job], out_dir: str | Path, preset: str = "tiny", dev
 
     Each job's folder decides (:func:`~worldtrace_cli.runs.resume.next_step`): a complete run of the
     same settings is skipped, a stopped one with a saved state resumes (generate saves one on SIGTERM
-    and every 16 chunks), anything else is regenerated from chunk 0; a complete run of other settings
-    is recorded as a failure. One :class:`~worldtrace_cli.pipeline.Pipeline` serves every job. A job that raises is recorded by
+    and every 16 chunks), anything else is regenerated from chunk 0; complete runs of other settings
+    (e.g. another ``--chunks``) refuse the whole sweep before any job runs. One :class:`~worldtrace_cli.pipeline.Pipeline` serves every job. A job that raises is recorded by
     :func:`record_failure` and the loop goes on; Ctrl-C / SIGTERM (exit code 130, the state
     saved) and KeyboardInterrupt stop it. One log line per job goes to the ``worldtrace`` logger.
 
@@ -98,7 +98,8 @@ def run_jobs(jobs: Sequence[Job], out_dir: str | Path, preset: str = "tiny", dev
 
     Raises:
         InputError: a bad preset, trajectory, image or writer flag (:func:`check_jobs`, before any job
-            runs); OutputError: failures cannot be recorded.
+            runs); OutputError: job folders hold complete runs made with other settings (before any
+            job runs; the first one's differences named), or failures cannot be recorded.
     """
     from ..config import RunConfig, load_preset, memory_config
     from . import generate as generate_job  # looked up per call so tests can replace run_generation
@@ -112,16 +113,29 @@ def run_jobs(jobs: Sequence[Job], out_dir: str | Path, preset: str = "tiny", dev
     device = _select_device(device)
     done = skipped = failed = 0
     pipeline = None
+
+    def job_config(job):
+        return RunConfig(preset=preset_obj, trajectory=job.trajectory, output=job.folder(out_dir), image=job.image,
+                         world_seed=job.world or 0, chunks=chunks, seed=job.seed, device=device, dtype=dtype,
+                         checkpoint=checkpoint, random_weights=random_weights,
+                         memory=memory_config(job.cache, preset=preset_obj, **(memory or {})), progress=progress,
+                         metrics=metrics, **(speed or {}))
+
+    remedy = "use another -o folder or delete the sweep's runs"
+    clashes = []
+    for job in jobs:  # complete runs of other settings: one refusal now, not one failure per job
+        try:
+            next_step(job.folder(out_dir), job_config(job), remedy)
+        except OutputError as exc:
+            clashes.append(str(exc))
+    if clashes:
+        raise OutputError(f"{len(clashes)} of {len(jobs)} jobs: {clashes[0]}")
     for k, job in enumerate(jobs, 1):
         folder, tag = job.folder(out_dir), f"[{k}/{len(jobs)}] {job.key}"
         started = time.perf_counter()
         try:
-            cfg = RunConfig(preset=preset_obj, trajectory=job.trajectory, output=folder, image=job.image,
-                            world_seed=job.world or 0, chunks=chunks, seed=job.seed, device=device, dtype=dtype,
-                            checkpoint=checkpoint, random_weights=random_weights,
-                            memory=memory_config(job.cache, preset=preset_obj, **(memory or {})), progress=progress, metrics=metrics,
-                            **(speed or {}))
-            step, what = next_step(folder, cfg)
+            cfg = job_config(job)
+            step, what = next_step(folder, cfg, remedy)
             if step == "reuse":
                 skipped += 1
                 (folder / FAILED_NAME).unlink(missing_ok=True)  # a refusal of other settings is history now

@@ -151,7 +151,7 @@ def differences(saved: dict, cfg) -> list[str]:
     return out
 
 
-def next_step(folder: str | Path, cfg) -> tuple[str, object]:
+def next_step(folder: str | Path, cfg, remedy: str = "use another -o folder, --overwrite, or delete it") -> tuple[str, object]:
     """What a batch job (compare, loopbench) does with a run folder for ``cfg``:
 
     * ``("reuse", summary)``: a complete run of the same settings;
@@ -161,7 +161,8 @@ def next_step(folder: str | Path, cfg) -> tuple[str, object]:
 
     Raises:
         OutputError: a complete run made with other settings (reusing it would mix settings in one
-            comparison, overwriting it would delete results): the differences are named.
+            comparison, overwriting it would delete results): the differences are named, then
+            ``remedy`` (the caller's ways out).
     """
     from ..errors import OutputError
 
@@ -170,8 +171,7 @@ def next_step(folder: str | Path, cfg) -> tuple[str, object]:
         summary = folder.read_summary()
         diff = differences(summary.get("config") or {}, cfg)
         if diff:
-            raise OutputError(f"{folder.path} holds a complete run made with {'; '.join(diff)[:400]}: use another "
-                              f"-o folder, --overwrite, or delete it")
+            raise OutputError(f"{folder.path} holds a complete run made with {'; '.join(diff)[:400]}: {remedy}")
         return "reuse", summary
     saved = resumable(folder.path, cfg)
     if saved is not None:

@@ -33,6 +33,7 @@ import numpy as np
 import torch
 
 from ..config import PRESET_ADDED, Preset
+from ..errors import InputError
 from ..memory import CacheGeometry, MemoryConfig, build_writer
 from ..model.conditioning import MASK_CHANNELS, ConditioningLatents
 from ..model.dit import CausalWanDiT, ChunkInputs, init_random_weights
@@ -56,17 +57,30 @@ class ClipPool:
         self.clips: list[EncodedClip] = []
         self._loaded: set[Path] = set()
         self._draws = 0
+        check_data_folder(self.folder)
         self.late_cond = load_file(str(self.folder / LATE_CONDITIONING_FILE))["latents"]
         self.refresh()
 
     def refresh(self) -> None:
-        """Load shards not loaded yet. Raises FileNotFoundError when the folder holds no clips."""
+        """Load shards not loaded yet. Raises InputError when the folder holds no clips."""
         for path in shard_paths(self.folder):
             if path not in self._loaded:
                 self.clips += read_shard(path)
                 self._loaded.add(path)
         if not self.clips:
-            raise FileNotFoundError(f"{self.folder}: no encoded clips yet (run worldtrace train encode)")
+            raise InputError(f"--data {self.folder}: no encoded clips yet (run worldtrace train encode -o {self.folder})")
+
+
+def check_data_folder(folder: Path) -> None:
+    """Raises InputError (one line) unless ``folder`` is a data folder of ``worldtrace train encode``
+    with at least one shard: ``late_conditioning.safetensors`` and ``clips-*.safetensors``."""
+    folder = Path(folder)
+    if not folder.is_dir():
+        raise InputError(f"--data {folder}: no such folder (make it with worldtrace train encode -o {folder})")
+    if not (folder / LATE_CONDITIONING_FILE).is_file():
+        raise InputError(f"--data {folder}: not a data folder of worldtrace train encode (no {LATE_CONDITIONING_FILE})")
+    if not shard_paths(folder):
+        raise InputError(f"--data {folder}: no encoded clips yet (run worldtrace train encode -o {folder})")
 
     def draw(self, rng: np.random.Generator) -> EncodedClip:
         """A uniformly drawn clip (re-scanning for new shards every ``rescan`` draws)."""
@@ -358,11 +372,13 @@ def train_dit(folder: Path, data: Path, preset: Preset, s: LoopSettings, batch: 
         ValueError: ``compile_mode`` is not ``none`` or ``default``.
         InputError: the folder holds a run with other settings; CheckpointError: ``init`` is not
             this preset's DiT.
-        FileNotFoundError: no encoded clips in ``data``.
+        InputError: ``data`` is not a data folder of ``train encode`` or holds no clips yet (checked
+            before the run folder is made).
         Interrupted: stopped by ``stop()`` (state saved; rerun to continue).
     """
     if compile_mode not in ("none", "default"):  # before the folder is made: a refused run leaves nothing
         raise ValueError(f"training compile mode must be none or default, got {compile_mode!r}")
+    check_data_folder(data)
     prepare_folder(folder, settings_dict(s, kind="dit", data=str(data), preset=preset.to_dict(training=True), batch=batch,
                                          sampler_prob=sampler_prob, return_weight=return_weight, start_share=start_share,
                                          self_context=self_context, init=None if init is None else str(init),
