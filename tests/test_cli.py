@@ -235,3 +235,10 @@ def test_the_train_walkthrough_in_its_help_parses(tmp_path, monkeypatch):
                 Path(arg).mkdir(parents=True, exist_ok=True)
         command = train.commands[args[0]]
         command.make_context(f"train {args[0]}", args[1:], resilient_parsing=False)
+
+
+def test_generate_help_names_every_built_in_preset():
+    from worldtrace_cli.config import preset_names
+
+    text = next(p.help for p in main.commands["generate"].params if p.name == "preset")  # help wraps at hyphens
+    assert preset_names() and all(name in text for name in preset_names()), preset_names()

@@ -186,6 +186,9 @@ def test_interrupted_job_resumes_from_its_state_and_stops_the_sweep(tmp_path, fa
     monkeypatch.setattr(generate_job, "run_generation", interrupted)
     result = lb("run", *args, "--seeds", "1", "-o", out)
     assert result.exit_code == 130 and not (out / "failures.jsonl").exists()
+    stopped = [ln for ln in result.output.splitlines() if ln.startswith("worldtrace: stopped:")]
+    assert len(stopped) == 1 and "rerun the same command to resume the sweep" in stopped[0]
+    assert "generate --resume" not in result.output
 
 
 def test_changed_settings_do_not_reuse_runs(tmp_path, fake_generate):

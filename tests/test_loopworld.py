@@ -71,6 +71,9 @@ def test_it_draws_the_world_it_walks(tmp_path, one_thread):
     assert_valid(json.loads((out / "metrics.json").read_text()), "metrics")
     again = json.loads((out / "metrics.json").read_text())["gt"]
     assert again["world_seed"] == 3 and abs(again["psnr"] - gt["psnr"]) < 1.5
+    # LatentDiff afterwards is the run's own (the mean over latent-frame pairs, as summary.json's)
+    latent = json.loads((out / "metrics.json").read_text())["latent_diff"]
+    assert latent["mean"] == pytest.approx(summary["metrics"]["latent_diff"], rel=1e-9)
     # the truth follows the run's own trajectory: --trajectory (revisit pairing) does not move it
     other = tmp_path / "other.json"
     result = CliRunner().invoke(main, ["metrics", str(out), "--level", "fast", "--trajectory",

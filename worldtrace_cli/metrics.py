@@ -71,8 +71,12 @@ def summarise_run(run_dir: str | Path, tower=None, level: str = "fast",
     notes = []
     ldiff = [r.get("metrics", {}).get("latent_diff") for r in records]
     if any(v is not None for v in ldiff):  # LatentDiff needs latents: generate records it per chunk
-        latent = {"per_chunk": ldiff, "mean": _mean([v for v in ldiff if v is not None]),
-                  "source": "chunks.jsonl (per-chunk means)"}
+        # the mean over frame pairs, as summary.json's: chunk 0 owns fpc - 1 pairs, every later chunk fpc
+        # (the pair across its boundary included)
+        pairs = [(v, fpc - 1 if r.get("chunk", k) == 0 else fpc) for k, (r, v) in enumerate(zip(records, ldiff))
+                 if v is not None]
+        latent = {"per_chunk": ldiff, "mean": sum(v * n for v, n in pairs) / max(sum(n for _, n in pairs), 1),
+                  "source": "chunks.jsonl (per-chunk means, weighted by the latent-frame pairs each chunk owns)"}
     else:
         latent = None
         notes.append("LatentDiff skipped: the run folder stores no latents (generate with --metrics fast)")

@@ -15,8 +15,8 @@ from .options import CHUNKS, SEED, device_options, memory_options, speed_config,
 @click.option("--cache", "caches", default="sliding,field,landmark", show_default=True, metavar="W1,W2,...",
               help="Comma-separated cache writers to compare (as --cache of generate, e.g. mixed:2).")
 @click.option("--preset", default=None, metavar="NAME|FILE",
-              help="Model preset (default: mg2-<trajectory mode> with --checkpoint, else loopworld for universal "
-                   "trajectories, tiny otherwise).")
+              help="Model preset, as generate's (`worldtrace presets` lists them; default: mg2-<trajectory mode> "
+                   "with --checkpoint, else loopworld for universal trajectories, tiny-<mode> otherwise).")
 @click.option("--checkpoint", type=click.Path(path_type=Path), default=None, metavar="DIR",
               help="Official Matrix-Game-2.0 folder.")
 @click.option("--random-weights", is_flag=True, help="Run a checkpoint preset with seeded random weights.")
@@ -53,7 +53,7 @@ def compare(trajectory, caches, preset, checkpoint, random_weights, image, seed,
     and the metrics.
 
     \b
-    Example (CPU, tiny model):
+    Example (CPU, the embedded loopworld model, scored against the true render):
       worldtrace compare trajectories/aba.yaml --cache sliding,field,landmark --chunks 16 -o cmp/
     """
     from ..jobs.compare import compare_markdown, run_compare

@@ -15,10 +15,12 @@ from .options import CHUNKS, SEED, device_options, memory_options, speed_config,
 @click.command("generate")
 @click.argument("trajectory", type=click.Path(path_type=Path), required=False)
 @click.option("--preset", default=None, metavar="NAME|FILE",
-              help="Model preset: loopworld (trained embedded world, CPU), tiny (random weights, CPU), "
-                   "mg2-universal, mg2-gta-drive, mg2-templerun, lingbot-tiny (random LingBot-World, CPU), "
-                   "lingbot-fast, or a preset YAML. Default: mg2-<trajectory mode> "
-                   "with --checkpoint, else loopworld (universal) or tiny.")
+              help="Model preset: loopworld (trained embedded world, CPU), loopworld-euler (the same weights, "
+                   "Euler sampler: sharper), tiny, tiny-gta-drive, tiny-templerun (random weights, CPU), "
+                   "mg2-universal, mg2-gta-drive, mg2-templerun (with --checkpoint), lingbot-tiny (random "
+                   "LingBot-World, CPU), lingbot-fast, or a preset YAML (`worldtrace presets` lists them). "
+                   "Default: mg2-<trajectory mode> with --checkpoint, else loopworld (universal) or "
+                   "tiny-<mode>.")
 @click.option("--checkpoint", type=click.Path(path_type=Path), default=None, metavar="DIR",
               help="Official Matrix-Game-2.0 folder (Wan2.1_VAE.pth, the CLIP .pth, the DiT safetensors), or a "
                    "LingBot-World causal-fast folder (README: 'LingBot-World').")
@@ -42,7 +44,7 @@ from .options import CHUNKS, SEED, device_options, memory_options, speed_config,
               help="Noise seed >= 0 (default: the trajectory's seed, else 0).")
 @click.option("-o", "--output", type=click.Path(path_type=Path), default=None, metavar="DIR",
               help="Run folder (default: runs/<trajectory>-<cache>).")
-@click.option("--overwrite", is_flag=True, help="Replace a finished run already in the output folder.")
+@click.option("--overwrite", is_flag=True, help="Replace a run (finished or not) already in the output folder.")
 @click.option("--cache", default=None, metavar="WRITER",
               help="KV-cache writer: sliding, sink, full, field, field-streaming, landmark, mixed:K, naive, "
                    "memrope, yarn, worldkv, retrieval (README: 'Memory writers'). Default: the model's own cache "

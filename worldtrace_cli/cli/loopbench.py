@@ -23,7 +23,8 @@ def _split(value: str) -> list[str]:
 
 @click.group("loopbench")
 def loopbench():
-    """LoopBench: loops that leave a place and return, scored by PAC (recall) and TempSSIM.
+    """LoopBench: loops that leave a place and return, scored by PAC (recall) and TempSSIM, and on
+    loopworld against the true render (GT-PSNR, GT-SSIM, GT detail on the return legs).
 
     `run` generates every configuration x writer x image x seed into its own folder (idempotent,
     resumable, shardable); `report` aggregates a sweep folder into the paper's tables and plots.
@@ -122,8 +123,9 @@ def report_cmd(sweep_dir, output):
     """Aggregate the complete runs of a sweep folder DIR into report.md / .csv / .json and plots.
 
     Tables as the paper's Tab. "loopbench_full": rows = writer, columns = tier or configuration,
-    entries PAC / TempSSIM as mean ± 95% CI over scenes (seeds averaged per scene first), with a
-    paired t-test against sliding over matched (configuration, scene, seed) runs. Plots:
+    entries PAC / TempSSIM (and on loopworld the return legs' GT-PSNR and GT detail) as mean ± 95% CI
+    over scenes (seeds averaged per scene first), with a paired t-test against sliding over matched
+    (configuration, scene, seed) runs. Plots:
     pac_vs_chunks.png (ABA loops, PAC vs N per writer) and tiers.png (per-tier bars).
     """
 

@@ -147,9 +147,9 @@ def run_jobs(jobs: Sequence[Job], out_dir: str | Path, preset: str = "tiny", dev
                 pipeline = Pipeline.from_config(what)
             summary = generate_job.run_generation(what, resume=step == "resume", pipeline=pipeline)
         except Exception as exc:  # noqa: BLE001  (a sweep records every failure and goes on)
-            if isinstance(exc, Interrupted):
-                log.info(f"{tag}: interrupted; rerun the same command to resume the sweep")
-                raise
+            if isinstance(exc, Interrupted):  # the sweep's way back, not generate's --resume of one job
+                raise Interrupted(f"{tag}: interrupted; finished jobs and this job's chunks are kept: rerun the "
+                                  f"same command to resume the sweep") from None
             failed += 1
             rec = record_failure(out_dir, job, exc)
             log.info(f"{tag}: FAILED ({rec['error']}: {rec['message']})")
