@@ -46,6 +46,9 @@ def test_acceptance_run_writes_video_records_summary(tmp_path):
     summary = json.loads((out / "summary.json").read_text())
     assert summary["status"] == "complete" and summary["totals"]["pixel_frames"] == 189
     assert summary["resolved"]["device"] == "cpu" and summary["versions"]["torch"] == torch.__version__
+    seconds = summary["totals"]["seconds"]  # the wall clock is accounted for, the rest named `other`
+    parts = seconds["load"] + seconds["conditioning"] + seconds["generate"] + seconds["other"]
+    assert seconds["other"] >= 0 and parts == pytest.approx(seconds["wall"], abs=0.01)
     assert (out / "cache_timeline.png").stat().st_size > 0
 
 
@@ -129,6 +132,13 @@ def test_every_mode_runs_on_its_tiny_preset_by_default(tmp_path, traj, preset, m
 def test_checkpoint_preset_without_checkpoint(tmp_path):
     line = one_line_error(generate("--preset", "mg2-universal", "--image", IMAGE, ABA, "-o", tmp_path / "o"), 2)
     assert "--checkpoint" in line and "--random-weights" in line
+
+
+def test_a_checkpoint_that_is_not_a_folder_is_refused_before_anything_loads(tmp_path):
+    """Checked with the other inputs, before the run folder is made: exit 3, no folder left behind."""
+    line = one_line_error(generate("--checkpoint", tmp_path / "nosuch", "--image", IMAGE, ABA, "-o", tmp_path / "o"), 3)
+    assert f"--checkpoint {tmp_path / 'nosuch'}: not a folder" in line
+    assert not (tmp_path / "o").exists()
 
 
 def test_checkpoint_folder_missing_files(tmp_path):

@@ -14,7 +14,7 @@ import warnings
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..errors import InputError
+from ..errors import CheckpointError, InputError
 
 log = logging.getLogger("worldtrace")
 
@@ -89,7 +89,8 @@ def check_inputs(cfg, traj=None):
     ``cfg.trajectory`` already).
 
     Raises:
-        InputError / TrajectoryError: as :func:`prepare_inputs`.
+        InputError / TrajectoryError: as :func:`prepare_inputs`. CheckpointError: ``--checkpoint``
+            is not a folder (its files are checked when the model loads).
     """
     from ..trajectory import load_trajectory
 
@@ -101,6 +102,8 @@ def check_inputs(cfg, traj=None):
     if traj.mode != cfg.preset.mode:
         raise InputError(f"{cfg.trajectory}: mode {traj.mode!r} does not match preset {cfg.preset.name} "
                          f"(mode {cfg.preset.mode!r})")
+    if cfg.checkpoint is not None and not Path(cfg.checkpoint).is_dir():  # its files: when the model loads
+        raise CheckpointError(f"--checkpoint {cfg.checkpoint}: not a folder")
     path = cfg.image or (None if cfg.preset.has_world else traj.image)
     if path is not None:
         check_image(path, cfg.preset.height, cfg.preset.width)

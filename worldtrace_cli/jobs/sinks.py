@@ -128,20 +128,23 @@ class RunSinks:
     def totals(self, chunks: int, load_s: float, cond_s: float, overlap_decode: bool, started: float,
                device) -> dict:
         """The summary's ``totals``: chunks, latent/pixel frames, seconds per phase (load, conditioning,
-        denoise, context, cache, decode, generate = the critical path, wall), s/chunk, fps, peaks."""
+        denoise, context, cache, decode, generate = the critical path, wall = since the run started,
+        other = wall - load - conditioning - generate: importing torch and the libraries, building
+        the model, checking inputs, writing outputs), s/chunk, fps, peaks."""
         from ..trajectory import frames_for_chunks
 
         totals, peak = self.progress["totals"], self.progress["peak"]
         # with overlap the decode runs beside the DiT: only the wait for it is on the critical path
         gen_s = sum(v for k, v in totals.items() if k != ("decode" if overlap_decode else "decode_wait"))
         frames_total = frames_for_chunks(chunks, self.frames_per_chunk) if chunks else 0
+        wall = time.time() - started
         return {
             "chunks": chunks,
             "latent_frames": chunks * self.frames_per_chunk,
             "pixel_frames": frames_total,
             "seconds": {"load": round(load_s, 3), "conditioning": round(cond_s, 3),
                         **{k: round(v, 3) for k, v in totals.items()}, "generate": round(gen_s, 3),
-                        "wall": round(time.time() - started, 3)},
+                        "wall": round(wall, 3), "other": round(max(wall - load_s - cond_s - gen_s, 0.0), 3)},
             "seconds_per_chunk": round(gen_s / chunks, 4) if chunks else None,
             "fps": round(frames_total / gen_s, 3) if gen_s else None,
             "peak_rss_bytes": peak["rss_bytes"],

@@ -44,7 +44,9 @@ def read_state_dict(path: str | Path) -> dict[str, torch.Tensor]:
                               f"could run code when loaded; worldtrace reads tensors only (safetensors, or a .pth "
                               f"of plain tensors)") from None
     except Exception as exc:  # corrupt/truncated files raise many different types
-        raise CheckpointError(f"{path}: cannot read weights ({type(exc).__name__}: {_first_line(exc)})") from None
+        kind = "safetensors" if path.suffix == ".safetensors" else "PyTorch (.pt/.pth, zip format)"
+        raise CheckpointError(f"{path}: cannot read weights: not a readable {kind} file "
+                              f"({type(exc).__name__}: {_first_line(exc)[:160]})") from None
     if isinstance(sd, dict) and "state_dict" in sd and isinstance(sd["state_dict"], dict):
         sd = sd["state_dict"]
     if not isinstance(sd, dict) or not all(isinstance(v, torch.Tensor) for v in sd.values()):
