@@ -94,10 +94,10 @@ def test_bad_bench_lists_are_usage_errors_before_anything_runs(tmp_path):
         (["speed", "--chunks", "3,-1"], "'--chunks': every value must be >= 1"),
         (["speed", "--chunks", ","], "'--chunks': at least one value expected"),
         (["speed", "--warmup", "-2"], "'--warmup'"),
-        (["speed", "--caches", "sliding,nosuch"], "'--caches': unknown writer 'nosuch'"),
+        (["speed", "--caches", "sliding,nosuch"], "unknown writer 'nosuch'"),
         (["mechanism", "--legs", "0"], "'--legs': every value must be >= 1"),
         (["mechanism", "--routes", "ABA,A"], "'--routes': 'A': a route is two or more scene letters"),
-        (["mechanism", "--writers", "nosuch"], "'--writers': unknown writer 'nosuch'"),
+        (["mechanism", "--writers", "nosuch"], "unknown writer 'nosuch'"),
         (["mechanism", "--schemes", "nosuch"], "'--schemes': unknown scheme 'nosuch'"),
     ]
     for args, message in cases:

@@ -87,13 +87,19 @@ def test_plan_is_sorted_and_folders_are_deterministic():
     assert [p.name for p in folder_images] == sorted(p.name for p in IMAGES.iterdir() if p.suffix == ".png")
 
 
-def test_sweep_is_idempotent_and_resumable(tmp_path, fake_generate):
+def test_sweep_is_idempotent_and_resumable(tmp_path, fake_generate, caplog):
+    import logging
+
     out = tmp_path / "lb"
-    result = lb("run", *MATRIX, "-o", out)
+    with caplog.at_level(logging.INFO, logger="worldtrace"):
+        result = lb("run", *MATRIX, "-o", out)
     assert result.exit_code == 0, result.output
     assert len(fake_generate) == 36 and len(set(fake_generate)) == 36
     assert "36 done, 0 skipped, 0 failed" in result.output
     assert (out / "abca" / "field" / "mg2_universal_0004" / "seed42" / "summary.json").is_file()
+    done = [r.getMessage() for r in caplog.records if ": done in " in r.getMessage()]  # with the time the rest takes
+    assert len(done) == 36 and "for the 35 left" in done[0] and "for the 1 left" in done[34] and "left" not in done[35]
+    assert [sweep._duration(s) for s in (20, 95, 4000)] == ["20 s", "2 min", "1 h 7 min"]
 
     fake_generate.clear()
     result = lb("run", *MATRIX, "-o", out)

@@ -48,7 +48,7 @@ def bench():
 
 
 @bench.command("mechanism")
-@click.option("--writers", default=None, callback=_writers,
+@click.option("--writers", "--caches", "--cache", "writers", default=None, callback=_writers,
               help="Comma-separated writers (default: all registered; mixed as mixed:2).")
 @click.option("--schemes", default=None, callback=_schemes, help="Comma-separated position schemes (default: all).")
 @click.option("--routes", default="ABA,ABCA", show_default=True, callback=_routes,
@@ -108,7 +108,7 @@ def bench_tau(run_dirs, min_change, rate, output):
 @bench.command("speed")
 @click.option("--preset", default="tiny", show_default=True, help="Model preset (random weights at its full size).")
 @click.option("--random-weights", is_flag=True, help="Accepted for clarity: the speed bench always uses random weights.")
-@click.option("--caches", default="sliding,field,landmark", show_default=True, callback=_writers,
+@click.option("--caches", "--cache", "caches", default="sliding,field,landmark", show_default=True, callback=_writers,
               help="Comma-separated writers.")
 @click.option("--chunks", default="8,16", show_default=True, callback=int_list(1),
               help="Comma-separated chunk counts: one rollout per writer to the largest, snapshots at each.")
@@ -123,7 +123,8 @@ def bench_tau(run_dirs, min_change, rate, output):
                    "Use 6 to compare writers at one cache size.")
 @click.option("--repeats", type=click.IntRange(1), default=1, show_default=True,
               help="Run the writers in turn this many times; the summary takes medians.")
-@click.option("-o", "--output", type=click.Path(path_type=Path), default=Path("bench-results"), show_default=True)
+@click.option("-o", "--output", type=click.Path(path_type=Path), default=Path("bench-results"), show_default=True,
+              help="Folder for the results (JSON and Markdown; files of the same --name are replaced).")
 @click.option("--name", default=None, help="File stem of the results (default: speed-<preset>-<device>).")
 def bench_speed(preset, random_weights, caches, chunks, device, dtype, image, warmup, no_decode, rope_precision,
                 compile_mode, overlap_decode, budget, repeats, output, name):

@@ -12,7 +12,7 @@ from .options import CHUNKS, SEED, device_options, memory_options, speed_config,
 
 @click.command("compare")
 @click.argument("trajectory", type=click.Path(path_type=Path))
-@click.option("--cache", "caches", default="sliding,field,landmark", show_default=True, metavar="W1,W2,...",
+@click.option("--cache", "--caches", "caches", default="sliding,field,landmark", show_default=True, metavar="W1,W2,...",
               help="Comma-separated cache writers to compare (as --cache of generate, e.g. mixed:2).")
 @click.option("--preset", default=None, metavar="NAME|FILE",
               help="Model preset, as generate's (`worldtrace presets` lists them; default: mg2-<trajectory mode> "

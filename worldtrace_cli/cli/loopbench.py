@@ -39,7 +39,7 @@ def loopbench():
 @click.option("--configs", default=_DEFAULT_CONFIGS, show_default="the 12 configurations of tiers 1-4",
               help="Comma-separated LoopBench configurations (e.g. aba,abca,aba_n64) or trajectory .yaml files. "
                    f"Known: {', '.join(CONFIGS)}.")
-@click.option("--caches", default="sliding,field,landmark", show_default=True,
+@click.option("--caches", "--cache", "caches", default="sliding,field,landmark", show_default=True,
               help="Comma-separated cache writers (as --cache of generate, e.g. mixed:2).")
 @click.option("--images", default=None, metavar="DIR|A.png,B.png",
               help="Conditioning images (one scene each): every image in a folder, or a comma list.")

@@ -16,7 +16,8 @@ from .common import run_job
               help="fast = TempSSIM; all = + CLIP Scene Drift and PAC (builds the run's CLIP tower).")
 @click.option("--trajectory", type=click.Path(path_type=Path), default=None,
               help="Trajectory for revisit pairing (default: the one in summary.json).")
-@click.option("--device", type=click.Choice(["auto", "cuda", "cpu"]), default="auto", show_default=True)
+@click.option("--device", type=click.Choice(["auto", "cuda", "cpu"]), default="auto", show_default=True,
+              help="Where the CLIP tower runs for --level all (auto = cuda when available).")
 @click.option("-o", "--output", type=click.Path(path_type=Path), default=None,
               help="Write the JSON here (default: RUN_DIR/metrics.json). Also printed on stdout.")
 def metrics_cmd(run_dir, level, trajectory, device, output):

@@ -7,7 +7,15 @@ import click
 from ..writer_options import POSITION_SCHEMES
 
 
-SEED = click.IntRange(0, 2**63 - 1)  # noise seeds (torch generators take 64-bit seeds)
+class _SeedRange(click.IntRange):
+    """Seeds: 0 <= x < 2**63 (torch generators take 64-bit seeds), shown as such in help and errors
+    instead of the 19-digit bound."""
+
+    def _describe_range(self) -> str:
+        return "0<=x<2**63"
+
+
+SEED = _SeedRange(0, 2**63 - 1)  # noise seeds (torch generators take 64-bit seeds)
 CHUNKS = click.IntRange(1, 100_000)  # = trajectory.MAX_CHUNKS: checked at parse time, before anything loads
 
 

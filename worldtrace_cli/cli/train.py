@@ -115,7 +115,8 @@ def train_vae_cmd(output, steps, minutes, lr, warmup, seed, threads, save_every,
 @click.option("-o", "--output", type=click.Path(path_type=Path), required=True, metavar="DIR",
               help="Data folder (shards clips-NNNNN.safetensors; rerun to continue or to add shards).")
 @click.option("--shards", type=click.IntRange(1), default=100, show_default=True, help="Shards of 32 clips wanted.")
-@click.option("--seed", type=SEED, default=0, show_default=True)
+@click.option("--seed", type=SEED, default=0, show_default=True,
+              help="Seed of the rendered worlds, trajectories and clip layout (shards of another seed are other clips).")
 @click.option("--late", type=click.FloatRange(0, 1), default=0.7, show_default=True,
               help="Share of clips taken far into a rollout (constant conditioning) rather than at its start.")
 @click.option("--loop", type=click.FloatRange(0, 1), default=0.85, show_default=True,
@@ -126,10 +127,11 @@ def train_vae_cmd(output, steps, minutes, lr, warmup, seed, threads, save_every,
               help="Loops come back at a random latent frame from chunk 1's last on (to a pose of an earlier "
                    "chunk) and walk on, instead of always at the clip's last latent frame: the return can "
                    "then only be placed by reading the actions.")
-@click.option("--threads", type=click.IntRange(1), default=1, show_default=True)
+@click.option("--threads", type=click.IntRange(1), default=1, show_default=True,
+              help="CPU threads for torch (1 is fastest beside other work on a small machine).")
 @click.option("--device", type=click.Choice(["auto", "cuda", "cpu"]), default="cpu", show_default=True,
               help="Where the VAE encodes (auto: CUDA when available); frames are rendered on the CPU.")
-@click.option("--no-progress", is_flag=True)
+@click.option("--no-progress", is_flag=True, help="No progress bar.")
 def train_encode_cmd(vae_weights, output, shards, seed, late, loop, max_angle, vary_return, threads, device, no_progress):
     """Render and encode training clips for `train dit` (can run while it trains)."""
     from ..runtime import resolve_device
@@ -200,7 +202,8 @@ def train_dit_cmd(data, preset, output, steps, minutes, lr, warmup, seed, thread
 
 @train.command("eval")
 @click.argument("dit_dir", type=click.Path(exists=True, file_okay=False, path_type=Path))
-@click.option("--vae", "vae_weights", type=click.Path(exists=True, dir_okay=False, path_type=Path), required=True)
+@click.option("--vae", "vae_weights", type=click.Path(exists=True, dir_okay=False, path_type=Path), required=True,
+              help="The VAE weights (vae.safetensors of `train vae`) that encode the held-out clips.")
 @click.option("--preset", default=None, metavar="NAME|FILE",
               help="Preset of the DiT's configuration (default: the one DIT_DIR/settings.json names; needed for a "
                    "folder holding only dit.safetensors, e.g. weights trained elsewhere).")
@@ -215,7 +218,8 @@ def train_dit_cmd(data, preset, output, steps, minutes, lr, warmup, seed, thread
 @click.option("--ema", "use_ema", is_flag=True, help="Test the weights' moving average (DIR/dit-ema.safetensors).")
 @click.option("--pictures", type=click.Path(dir_okay=False, path_type=Path), default=None, metavar="PNG",
               help="Also write the first 2 drift-test walks as a picture: truth, teacher-forced, free rollout.")
-@click.option("--threads", type=click.IntRange(1), default=1, show_default=True)
+@click.option("--threads", type=click.IntRange(1), default=1, show_default=True,
+              help="CPU threads for torch (1 is fastest beside other work on a small machine).")
 def train_eval_cmd(dit_dir, vae_weights, preset, data, clips, rollouts, rollout_chunks, use_ema, pictures, threads):
     """Memory and drift tests of a DiT folder (prints JSON; held-out clips are cached in the data folder
     and encoded again when --vae is another file than the one that encoded them).

@@ -72,6 +72,14 @@ def record_failure(out_dir: Path, job: Job, exc: BaseException) -> dict:
     return rec
 
 
+def _duration(seconds: float) -> str:
+    """``4000`` -> ``"1 h 7 min"``, ``95`` -> ``"2 min"``, ``20`` -> ``"20 s"``."""
+    if seconds < 60:
+        return f"{seconds:.0f} s"
+    minutes = round(seconds / 60)
+    return f"{minutes // 60} h {minutes % 60} min" if minutes >= 60 else f"{minutes} min"
+
+
 def run_jobs(jobs: Sequence[Job], out_dir: str | Path, preset: str = "tiny", device: str = "auto",
              dtype: str = "auto", metrics: str = "all", chunks: int | None = None,
              checkpoint: str | Path | None = None, random_weights: bool = False,
@@ -113,6 +121,7 @@ def run_jobs(jobs: Sequence[Job], out_dir: str | Path, preset: str = "tiny", dev
     device = _select_device(device)
     done = skipped = failed = 0
     pipeline = None
+    job_seconds: list[float] = []
 
     def job_config(job):
         return RunConfig(preset=preset_obj, trajectory=job.trajectory, output=job.folder(out_dir), image=job.image,
@@ -158,7 +167,11 @@ def run_jobs(jobs: Sequence[Job], out_dir: str | Path, preset: str = "tiny", dev
             continue
         (folder / FAILED_NAME).unlink(missing_ok=True)  # an earlier failure of this job is history now
         done += 1
-        log.info(f"{tag}: done in {time.perf_counter() - started:.1f} s ({_brief(summary)})")
+        seconds = time.perf_counter() - started
+        job_seconds.append(seconds)
+        left = len(jobs) - k  # at the mean time of the jobs generated so far (skipped ones cost nothing)
+        eta = f"; about {_duration(left * sum(job_seconds) / len(job_seconds))} for the {left} left" if left else ""
+        log.info(f"{tag}: done in {seconds:.1f} s ({_brief(summary)}){eta}")
     return SweepCounts(done, skipped, failed)
 
 
