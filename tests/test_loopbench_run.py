@@ -367,6 +367,9 @@ def test_report_tables_csv_json_and_plots(synthetic_sweep, valid):
         assert md.count(f"| {writer} |") == tables
     assert "p vs sliding" in md and "aba_long (N=32)" in md and "| N=64 |" in md
     assert "108 complete runs (6 configurations x 3 writers x 3 scenes x 2 seeds)." in md  # a full grid
+    from worldtrace_cli.loopbench import report as report_module
+
+    assert report_module._n(1, "run") == "1 run" and report_module._n(0, "seed") == "0 seeds"
     assert "| field | — / " in md  # pan_90 field has no PAC: a dash, not a crash
     data = json.loads((rep / "report.json").read_text())
     assert len(data["rows"]) == 108 and data["baseline"] == "sliding"

@@ -92,7 +92,8 @@ def test_parity_cli_fails_when_model_is_wrong(tmp_path):
 
 
 def test_parity_cli_reports_missing_folder(tmp_path):
-    assert _parity(str(tmp_path / "nope"))[0] == 2
+    code, output = _parity(str(tmp_path / "nope"))
+    assert code == 2 and "not a golden fixture folder" in output
 
 
 @pytest.mark.slow

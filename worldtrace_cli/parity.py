@@ -47,6 +47,9 @@ def load_fixture(folder: str | Path):
         WorldtraceError: a required file is missing or does not match the config.
     """
     folder = Path(folder)
+    if not (folder / "tiny_config.json").is_file():
+        raise InputError(f"{folder}: not a golden fixture folder (no tiny_config.json; "
+                         f"e.g. tests/data/fixtures, tests/data/fixtures/FIXTURES.md)")
     cfg = DiTConfig.from_dict(read_json(folder / "tiny_config.json"), str(folder / "tiny_config.json"))
     model = CausalWanDiT(cfg).float().eval()
     weights_path = _find(folder, "tiny_weights.safetensors")
@@ -119,7 +122,7 @@ def compare(folder: str | Path, rope_precision: str = "float64", compile_mode: s
 
     On CUDA the replay runs in IEEE float32 (:func:`strict_float32`): with PyTorch's default
     (cuDNN convolutions, here the patch embedding, in TF32) an H200 gave max |diff| 6.6-6.9e-4 on
-    the three fixtures; with TF32 off (``NVIDIA_TF32_OVERRIDE=0``, universal fixture) 2.9e-6 (benchmarks/results/gpu-h200-2026-11-26/).
+    the three fixtures; in IEEE float32, as here, 2.9-3.0e-6 (benchmarks/results/gpu-h200-2026-11-26-b/).
     """
     with strict_float32():
         return _compare(folder, rope_precision, compile_mode, device)

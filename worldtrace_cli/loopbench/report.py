@@ -251,6 +251,11 @@ def _span(rows: list[dict]) -> str:
     return f"N={values[0]}" if len(values) == 1 else f"N={values[0]}-{values[-1]}"
 
 
+def _n(count: int, noun: str) -> str:
+    """``_n(1, "run")`` -> ``"1 run"``, ``_n(3, "run")`` -> ``"3 runs"``."""
+    return f"{count} {noun}{'' if count == 1 else 's'}"
+
+
 def markdown(rows: list[dict], agg: dict, failed: list[dict], out_dir: Path) -> str:
     """The report's Markdown text (tables of :func:`aggregate`, plots linked)."""
     writers = writers_of(rows)
@@ -260,8 +265,8 @@ def markdown(rows: list[dict], agg: dict, failed: list[dict], out_dir: Path) -> 
     configs = sorted({r["config"] for r in rows}, key=lambda c: (list(CONFIGS).index(c) if c in CONFIGS else 999, c))
     lines = [
         "# LoopBench report", "",
-        f"Sweep `{out_dir}`: {len(rows)} complete runs ({len(configs)} configurations x {len(writers)} writers x "
-        f"{scenes} scenes x {seeds} seeds"
+        f"Sweep `{out_dir}`: {_n(len(rows), 'complete run')} ({_n(len(configs), 'configuration')} x "
+        f"{_n(len(writers), 'writer')} x {_n(scenes, 'scene')} x {_n(seeds, 'seed')}"
         + ("" if len(rows) == len(configs) * len(writers) * scenes * seeds else ", not every combination")
         + ")" + (f"; {len(failed)} failed (see `failures.jsonl`)." if failed else "."),
         "",
