@@ -87,17 +87,31 @@ def test_plan_is_sorted_and_folders_are_deterministic():
     assert [p.name for p in folder_images] == sorted(p.name for p in IMAGES.iterdir() if p.suffix == ".png")
 
 
-def test_sweep_is_idempotent_and_resumable(tmp_path, fake_generate, caplog):
+def test_sweep_is_idempotent_and_resumable(tmp_path, fake_generate):
     import logging
 
-    out = tmp_path / "lb"
-    with caplog.at_level(logging.INFO, logger="worldtrace"):
+    class Lines(logging.Handler):  # on the logger itself: the CLI turns its propagation off
+        def __init__(self):
+            super().__init__()
+            self.lines = []
+
+        def emit(self, record):
+            self.lines.append(record.getMessage())
+
+    out, logger, lines = tmp_path / "lb", logging.getLogger("worldtrace"), Lines()
+    level = logger.level
+    logger.addHandler(lines)
+    logger.setLevel(logging.INFO)
+    try:
         result = lb("run", *MATRIX, "-o", out)
+    finally:
+        logger.removeHandler(lines)
+        logger.setLevel(level)
     assert result.exit_code == 0, result.output
     assert len(fake_generate) == 36 and len(set(fake_generate)) == 36
     assert "36 done, 0 skipped, 0 failed" in result.output
     assert (out / "abca" / "field" / "mg2_universal_0004" / "seed42" / "summary.json").is_file()
-    done = [r.getMessage() for r in caplog.records if ": done in " in r.getMessage()]  # with the time the rest takes
+    done = [ln for ln in lines.lines if ": done in " in ln]  # each with the time the jobs left take
     assert len(done) == 36 and "for the 35 left" in done[0] and "for the 1 left" in done[34] and "left" not in done[35]
     assert [sweep._duration(s) for s in (20, 95, 4000)] == ["20 s", "2 min", "1 h 7 min"]
 

@@ -29,8 +29,3 @@ def run_job(fn, *args, **kwargs):
     except KeyboardInterrupt:
         click.echo("worldtrace: interrupted", err=True)
         sys.exit(Aborted.exit_code)
-
-
-def csv(value: str | None, cast=str) -> list | None:
-    """``"a, b,"`` -> ``["a", "b"]`` (each through ``cast``); None stays None."""
-    return None if value is None else [cast(v.strip()) for v in value.split(",") if v.strip()]

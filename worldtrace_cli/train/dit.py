@@ -46,6 +46,18 @@ DIT_FILE = "dit.safetensors"
 DIT_EMA_FILE = "dit-ema.safetensors"  # the weights' moving average, with --ema
 
 
+def check_data_folder(folder: Path) -> None:
+    """Raises InputError (one line) unless ``folder`` is a data folder of ``worldtrace train encode``
+    with at least one shard: ``late_conditioning.safetensors`` and ``clips-*.safetensors``."""
+    folder = Path(folder)
+    if not folder.is_dir():
+        raise InputError(f"--data {folder}: no such folder (make it with worldtrace train encode -o {folder})")
+    if not (folder / LATE_CONDITIONING_FILE).is_file():
+        raise InputError(f"--data {folder}: not a data folder of worldtrace train encode (no {LATE_CONDITIONING_FILE})")
+    if not shard_paths(folder):
+        raise InputError(f"--data {folder}: no encoded clips yet (run worldtrace train encode -o {folder})")
+
+
 class ClipPool:
     """The clips of a data folder in memory, re-scanned for new shards every ``rescan`` draws (so
     training can start while ``train encode`` still writes)."""
@@ -69,18 +81,6 @@ class ClipPool:
                 self._loaded.add(path)
         if not self.clips:
             raise InputError(f"--data {self.folder}: no encoded clips yet (run worldtrace train encode -o {self.folder})")
-
-
-def check_data_folder(folder: Path) -> None:
-    """Raises InputError (one line) unless ``folder`` is a data folder of ``worldtrace train encode``
-    with at least one shard: ``late_conditioning.safetensors`` and ``clips-*.safetensors``."""
-    folder = Path(folder)
-    if not folder.is_dir():
-        raise InputError(f"--data {folder}: no such folder (make it with worldtrace train encode -o {folder})")
-    if not (folder / LATE_CONDITIONING_FILE).is_file():
-        raise InputError(f"--data {folder}: not a data folder of worldtrace train encode (no {LATE_CONDITIONING_FILE})")
-    if not shard_paths(folder):
-        raise InputError(f"--data {folder}: no encoded clips yet (run worldtrace train encode -o {folder})")
 
     def draw(self, rng: np.random.Generator) -> EncodedClip:
         """A uniformly drawn clip (re-scanning for new shards every ``rescan`` draws)."""
