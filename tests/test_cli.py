@@ -139,6 +139,18 @@ def test_a_checkpoint_that_is_not_a_folder_is_refused_before_anything_loads(tmp_
     line = one_line_error(generate("--checkpoint", tmp_path / "nosuch", "--image", IMAGE, ABA, "-o", tmp_path / "o"), 3)
     assert f"--checkpoint {tmp_path / 'nosuch'}: not a folder" in line
     assert not (tmp_path / "o").exists()
+    # only runs that read the checkpoint check it: random weights (or a random preset) never do
+    from worldtrace_cli.config import RunConfig, load_preset
+    from worldtrace_cli.errors import CheckpointError
+    from worldtrace_cli.jobs.inputs import check_inputs
+
+    def check(preset, random_weights):
+        check_inputs(RunConfig(preset=load_preset(preset), trajectory=ABA, output=tmp_path / "o", image=IMAGE,
+                               checkpoint=tmp_path / "nosuch", random_weights=random_weights))
+
+    check("mg2-universal", True), check("tiny", False)
+    with pytest.raises(CheckpointError, match="not a folder"):
+        check("mg2-universal", False)
 
 
 def test_checkpoint_folder_missing_files(tmp_path):

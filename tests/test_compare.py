@@ -37,6 +37,7 @@ def test_compare_three_modes_writes_grid_video_and_table(tmp_path, valid):
         summary = json.loads((out / mode / "summary.json").read_text())
         assert summary["resolved"]["seed"] == 3
         assert summary["config"]["overlap_decode"] is True and summary["config"]["rope_precision"] == "float64"
+        assert "other" not in summary["totals"]["seconds"]  # one shared model, loaded before each run's clock
     data = json.loads((out / "compare.json").read_text())
     valid(data, "compare")
     assert [m["cache"] for m in data["modes"]] == ["sliding", "field", "landmark"]

@@ -98,20 +98,23 @@ def test_sweep_is_idempotent_and_resumable(tmp_path, fake_generate):
         def emit(self, record):
             self.lines.append(record.getMessage())
 
-    out, logger, lines = tmp_path / "lb", logging.getLogger("worldtrace"), Lines()
-    level = logger.level
-    logger.addHandler(lines)
-    logger.setLevel(logging.INFO)
-    try:
-        result = lb("run", *MATRIX, "-o", out)
-    finally:
-        logger.removeHandler(lines)
-        logger.setLevel(level)
+    def logged_run(*args):
+        logger, lines = logging.getLogger("worldtrace"), Lines()
+        level = logger.level
+        logger.addHandler(lines)
+        logger.setLevel(logging.INFO)
+        try:
+            return lb("run", *args), [ln for ln in lines.lines if ": done in " in ln]
+        finally:
+            logger.removeHandler(lines)
+            logger.setLevel(level)
+
+    out = tmp_path / "lb"
+    result, done = logged_run(*MATRIX, "-o", out)  # each job's line with the time the jobs left take
     assert result.exit_code == 0, result.output
     assert len(fake_generate) == 36 and len(set(fake_generate)) == 36
     assert "36 done, 0 skipped, 0 failed" in result.output
     assert (out / "abca" / "field" / "mg2_universal_0004" / "seed42" / "summary.json").is_file()
-    done = [ln for ln in lines.lines if ": done in " in ln]  # each with the time the jobs left take
     assert len(done) == 36 and "for the 35 left" in done[0] and "for the 1 left" in done[34] and "left" not in done[35]
     assert [sweep._duration(s) for s in (20, 95, 4000)] == ["20 s", "2 min", "1 h 7 min"]
 
@@ -123,8 +126,9 @@ def test_sweep_is_idempotent_and_resumable(tmp_path, fake_generate):
     victim = out / "pan_90" / "landmark" / "mg2_universal_0000" / "seed0"
     (victim / "summary.json").unlink()
     (victim / "video.mp4").write_bytes(b"partial")
-    result = lb("run", *MATRIX, "-o", out)
+    result, done = logged_run(*MATRIX, "-o", out)
     assert result.exit_code == 0, result.output
+    assert len(done) == 1 and "left" not in done[0]  # the 35 complete jobs cost nothing: no estimate for them
     assert fake_generate == ["pan_90/landmark/mg2_universal_0000/seed0"] and "1 done, 35 skipped" in result.output
     assert not (victim / "video.mp4").exists()  # overwrite removed the stale run files
 
@@ -228,6 +232,14 @@ def test_changed_settings_do_not_reuse_runs(tmp_path, fake_generate):
     result = lb("run", *MATRIX[:-2], "--seeds", "0", "--configs", "aba", "--chunks", 2, "--rope-precision", "float64",
                 "-o", out)
     assert "rope_precision 'float32' (now 'float64')" in one_line_error(result, 4)
+
+
+def test_a_checkpoint_that_is_not_a_folder_stops_the_sweep_before_any_job(tmp_path, fake_generate):
+    out = tmp_path / "lb"
+    result = lb("run", *MATRIX[:-2], "--seeds", "0", "--configs", "aba", "--chunks", 2, "--preset", "mg2-universal",
+                "--checkpoint", tmp_path / "nosuch", "-o", out)
+    assert "not a folder" in one_line_error(result, 3)
+    assert fake_generate == [] and not (out / "failures.jsonl").exists()
 
 
 def test_shard_flags_partition_the_jobs(tmp_path, fake_generate):

@@ -231,7 +231,9 @@ def test_two_generate_processes_on_one_folder_one_is_refused(tmp_path):
     # the loser either found the lock held (6) or, arriving after the winner finished, a finished run (4)
     assert codes[0] == 0 and codes[1] in (4, 6), results
     loser = [err for code, _, err in results if code != 0][0]
-    assert ("in use by another worldtrace process (pid" in loser) or ("already holds a finished run" in loser)
+    # the holder is named when its note was readable (written just after the lock is taken, so a loser
+    # arriving in between reads none and says "another worldtrace process")
+    assert ("is in use by another worldtrace process" in loser) or ("already holds a finished run" in loser)
     winner_out = [out_ for code, out_, _ in results if code == 0][0]
     assert winner_out.strip() == str(out.resolve())  # stdout: the run folder
     ids = [json.loads(line)["chunk"] for line in (out / "chunks.jsonl").read_text().splitlines()]

@@ -99,6 +99,8 @@ def summarise_run(run_dir: str | Path, tower=None, level: str = "fast",
                              f"against the ground truth")
         if gt_trajectory != own:
             notes.append(f"GT scored along {gt_trajectory}: the run's own trajectory {own} is gone")
+        elif trajectory is not None and Path(trajectory).resolve() != Path(own).resolve():
+            notes.append(f"GT scored along the run's own trajectory {own}; {trajectory} pairs revisits only")
         plan = plan_actions(load_trajectory(gt_trajectory), summary["resolved"]["chunks"], fpc)
         if plan.mode != "universal":
             raise InputError(f"{gt_trajectory}: mode {plan.mode!r}, but the procedural world is walked in "

@@ -48,8 +48,8 @@ def load_fixture(folder: str | Path):
     """
     folder = Path(folder)
     if not (folder / "tiny_config.json").is_file():
-        raise InputError(f"{folder}: not a golden fixture folder (no tiny_config.json; "
-                         f"e.g. tests/data/fixtures, tests/data/fixtures/FIXTURES.md)")
+        raise InputError(f"{folder}: not a golden fixture folder (no tiny_config.json; e.g. tests/data/fixtures, "
+                         f"described in tests/data/fixtures/FIXTURES.md)")
     cfg = DiTConfig.from_dict(read_json(folder / "tiny_config.json"), str(folder / "tiny_config.json"))
     model = CausalWanDiT(cfg).float().eval()
     weights_path = _find(folder, "tiny_weights.safetensors")

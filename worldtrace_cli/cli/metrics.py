@@ -15,7 +15,8 @@ from .common import run_job
 @click.option("--level", type=click.Choice(["fast", "all"]), default="all", show_default=True,
               help="fast = TempSSIM; all = + CLIP Scene Drift and PAC (builds the run's CLIP tower).")
 @click.option("--trajectory", type=click.Path(path_type=Path), default=None,
-              help="Trajectory for revisit pairing (default: the one in summary.json).")
+              help="Trajectory for revisit pairing (default: the one in summary.json). Ground truth always "
+                   "follows the run's own trajectory; this one stands in only when that file is gone.")
 @click.option("--device", type=click.Choice(["auto", "cuda", "cpu"]), default="auto", show_default=True,
               help="Where the CLIP tower runs for --level all (auto = cuda when available).")
 @click.option("-o", "--output", type=click.Path(path_type=Path), default=None,

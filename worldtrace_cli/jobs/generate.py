@@ -69,7 +69,8 @@ def _generate(cfg, inputs: RunInputs, folder: RunFolder, resume: bool, pipeline,
     from ..trajectory import frames_for_chunks
 
     plan, preset = inputs.plan, cfg.preset
-    if pipeline is None or not pipeline.serves(cfg):
+    loaded_here = pipeline is None or not pipeline.serves(cfg)
+    if loaded_here:
         pipeline = Pipeline.from_config(cfg)
     writer = pipeline.build_writer(cfg.memory)
     t0 = time.perf_counter()
@@ -115,7 +116,10 @@ def _generate(cfg, inputs: RunInputs, folder: RunFolder, resume: bool, pipeline,
                       "trained_offset": rollout.geometry.trained_offset, "max_offset": sinks.max_offset()},
             "metrics": scorer.summary(plan) if status == "complete" else None,
             "totals": sinks.totals(plan.num_chunks if status == "complete" else len(sinks.records),
-                                   pipeline.load_seconds, cond_s, cfg.overlap_decode, started, device),
+                                   pipeline.load_seconds, cond_s, cfg.overlap_decode, started, device,
+                                   # the wall clock splits into phases only for one whole run in this process
+                                   # that loaded its own model (a shared model loaded before it started)
+                                   account=loaded_here and not resume),
         }
 
     try:

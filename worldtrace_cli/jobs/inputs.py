@@ -90,7 +90,8 @@ def check_inputs(cfg, traj=None):
 
     Raises:
         InputError / TrajectoryError: as :func:`prepare_inputs`. CheckpointError: ``--checkpoint``
-            is not a folder (its files are checked when the model loads).
+            is not a folder, for a checkpoint preset without ``random_weights`` (the only runs that
+            read it; its files are checked when the model loads).
     """
     from ..trajectory import load_trajectory
 
@@ -102,7 +103,8 @@ def check_inputs(cfg, traj=None):
     if traj.mode != cfg.preset.mode:
         raise InputError(f"{cfg.trajectory}: mode {traj.mode!r} does not match preset {cfg.preset.name} "
                          f"(mode {cfg.preset.mode!r})")
-    if cfg.checkpoint is not None and not Path(cfg.checkpoint).is_dir():  # its files: when the model loads
+    reads_checkpoint = cfg.preset.weights == "checkpoint" and not cfg.random_weights
+    if reads_checkpoint and cfg.checkpoint is not None and not Path(cfg.checkpoint).is_dir():  # files: at load
         raise CheckpointError(f"--checkpoint {cfg.checkpoint}: not a folder")
     path = cfg.image or (None if cfg.preset.has_world else traj.image)
     if path is not None:

@@ -15,14 +15,15 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
-from ..errors import InputError, Interrupted, OutputError
+from ..errors import Aborted, InputError, Interrupted, OutputError
 from ..loopbench.plan import FAILED_NAME, FAILURES_NAME, Job, SweepCounts
 from ..runs import RunFolder
 
 log = logging.getLogger("worldtrace")
 
 
-def check_jobs(jobs: Sequence[Job], preset, chunks: int | None = None, memory: dict | None = None) -> None:
+def check_jobs(jobs: Sequence[Job], preset, chunks: int | None = None, memory: dict | None = None,
+               checkpoint: str | Path | None = None, random_weights: bool = False) -> None:
     """Check a sweep's inputs before the model loads, as ``generate`` does
     (:func:`~worldtrace_cli.jobs.inputs.check_inputs`): every distinct trajectory (size, syntax, its
     mode against the preset's) with every image (header, large enough for the aspect crop) and
@@ -31,16 +32,19 @@ def check_jobs(jobs: Sequence[Job], preset, chunks: int | None = None, memory: d
 
     Args:
         jobs: the sweep's jobs; preset: the :class:`~worldtrace_cli.config.Preset`; chunks: the
-            ``--chunks`` override; memory: the memory keywords every writer gets.
+            ``--chunks`` override; memory: the memory keywords every writer gets; checkpoint,
+            random_weights: as ``generate``'s.
     Raises:
-        InputError / TrajectoryError: the first bad input, one line naming the file or flag.
+        InputError / TrajectoryError: the first bad input, one line naming the file or flag;
+            CheckpointError: a ``--checkpoint`` the sweep would read that is not a folder.
     """
     from ..config import RunConfig, memory_config
     from .inputs import check_inputs, check_writers
 
     parsed: dict[Path, object] = {}
     for trajectory, image in sorted({(j.trajectory, j.image) for j in jobs}, key=str):
-        cfg = RunConfig(preset=preset, trajectory=trajectory, output=Path("."), image=image, chunks=chunks)
+        cfg = RunConfig(preset=preset, trajectory=trajectory, output=Path("."), image=image, chunks=chunks,
+                        checkpoint=checkpoint, random_weights=random_weights)
         parsed[trajectory] = check_inputs(cfg, parsed.get(trajectory))
     check_writers([memory_config(c, preset=preset, **(memory or {})) for c in sorted({j.cache for j in jobs})], preset, "--caches")
 
@@ -115,7 +119,7 @@ def run_jobs(jobs: Sequence[Job], out_dir: str | Path, preset: str = "tiny", dev
 
     out_dir = Path(out_dir)
     preset_obj = load_preset(preset)
-    check_jobs(jobs, preset_obj, chunks, memory)  # a typo stops the sweep now, not every job of it
+    check_jobs(jobs, preset_obj, chunks, memory, checkpoint, random_weights)  # a typo stops the sweep now, not every job
     from ..pipeline import Pipeline  # torch and the model only after the inputs passed
     out_dir.mkdir(parents=True, exist_ok=True)
     device = _select_device(device)
@@ -131,17 +135,17 @@ def run_jobs(jobs: Sequence[Job], out_dir: str | Path, preset: str = "tiny", dev
                          metrics=metrics, **(speed or {}))
 
     remedy = "use another -o folder or delete the sweep's runs"
-    clashes = []
+    clashes, to_run = [], 0
     for job in jobs:  # complete runs of other settings: one refusal now, not one failure per job
         try:
-            next_step(job.folder(out_dir), job_config(job), remedy)
+            to_run += next_step(job.folder(out_dir), job_config(job), remedy)[0] != "reuse"
         except OutputError as exc:
             clashes.append(str(exc))
     if clashes:
         raise OutputError(f"{len(clashes)} of {len(jobs)} jobs: {clashes[0]}")
     for k, job in enumerate(jobs, 1):
         folder, tag = job.folder(out_dir), f"[{k}/{len(jobs)}] {job.key}"
-        started = time.perf_counter()
+        started, load_s = time.perf_counter(), 0.0
         try:
             cfg = job_config(job)
             step, what = next_step(folder, cfg, remedy)
@@ -153,13 +157,19 @@ def run_jobs(jobs: Sequence[Job], out_dir: str | Path, preset: str = "tiny", dev
             if step == "resume":
                 log.info(f"{tag}: resuming from its saved state")
             if pipeline is None or not pipeline.serves(what):
+                t0 = time.perf_counter()
                 pipeline = Pipeline.from_config(what)
+                load_s = time.perf_counter() - t0  # paid once, not per job: kept out of the estimate
             summary = generate_job.run_generation(what, resume=step == "resume", pipeline=pipeline)
         except Exception as exc:  # noqa: BLE001  (a sweep records every failure and goes on)
+            if isinstance(exc, Aborted):  # a second Ctrl-C: stop the sweep, not record a failure and go on
+                raise
             if isinstance(exc, Interrupted):  # the sweep's way back, not generate's --resume of one job
-                raise Interrupted(f"{tag}: interrupted; finished jobs and this job's chunks are kept: rerun the "
+                what = str(exc).split(";")[0]  # "interrupted after chunk N of M"
+                raise Interrupted(f"{tag}: {what}; finished jobs and this job's chunks are kept: rerun the "
                                   f"same command to resume the sweep") from None
             failed += 1
+            to_run -= 1
             rec = record_failure(out_dir, job, exc)
             log.info(f"{tag}: FAILED ({rec['error']}: {rec['message']})")
             # A resume state that failed may be the cause: the next attempt starts from chunk 0.
@@ -168,9 +178,10 @@ def run_jobs(jobs: Sequence[Job], out_dir: str | Path, preset: str = "tiny", dev
         (folder / FAILED_NAME).unlink(missing_ok=True)  # an earlier failure of this job is history now
         done += 1
         seconds = time.perf_counter() - started
-        job_seconds.append(seconds)
-        left = len(jobs) - k  # at the mean time of the jobs generated so far (skipped ones cost nothing)
-        eta = f"; about {_duration(left * sum(job_seconds) / len(job_seconds))} for the {left} left" if left else ""
+        job_seconds.append(seconds - load_s)
+        # the jobs left to generate (complete ones are skipped at no cost) at the mean time per job so far
+        left = to_run - done
+        eta = f"; about {_duration(left * sum(job_seconds) / len(job_seconds))} for the {left} left" if left > 0 else ""
         log.info(f"{tag}: done in {seconds:.1f} s ({_brief(summary)}){eta}")
     return SweepCounts(done, skipped, failed)
 

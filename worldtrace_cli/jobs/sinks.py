@@ -126,11 +126,13 @@ class RunSinks:
                    default=None)
 
     def totals(self, chunks: int, load_s: float, cond_s: float, overlap_decode: bool, started: float,
-               device) -> dict:
+               device, account: bool = True) -> dict:
         """The summary's ``totals``: chunks, latent/pixel frames, seconds per phase (load, conditioning,
-        denoise, context, cache, decode, generate = the critical path, wall = since the run started,
-        other = wall - load - conditioning - generate: importing torch and the libraries, building
-        the model, checking inputs, writing outputs), s/chunk, fps, peaks."""
+        denoise, context, cache, decode, generate = the critical path, wall = since this process's
+        run started), s/chunk, fps, peaks. With ``account`` (a whole run whose model was loaded
+        within ``wall``) also other = wall - load - conditioning - generate: importing torch and the
+        libraries, building the model, checking inputs, writing outputs; left out otherwise (a
+        resumed run's phases sum over its processes, a shared model loaded before ``started``)."""
         from ..trajectory import frames_for_chunks
 
         totals, peak = self.progress["totals"], self.progress["peak"]
@@ -144,7 +146,8 @@ class RunSinks:
             "pixel_frames": frames_total,
             "seconds": {"load": round(load_s, 3), "conditioning": round(cond_s, 3),
                         **{k: round(v, 3) for k, v in totals.items()}, "generate": round(gen_s, 3),
-                        "wall": round(wall, 3), "other": round(max(wall - load_s - cond_s - gen_s, 0.0), 3)},
+                        "wall": round(wall, 3),
+                        **({"other": round(wall - load_s - cond_s - gen_s, 3)} if account else {})},
             "seconds_per_chunk": round(gen_s / chunks, 4) if chunks else None,
             "fps": round(frames_total / gen_s, 3) if gen_s else None,
             "peak_rss_bytes": peak["rss_bytes"],

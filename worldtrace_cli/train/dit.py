@@ -51,11 +51,11 @@ def check_data_folder(folder: Path) -> None:
     with at least one shard: ``late_conditioning.safetensors`` and ``clips-*.safetensors``."""
     folder = Path(folder)
     if not folder.is_dir():
-        raise InputError(f"--data {folder}: no such folder (make it with worldtrace train encode -o {folder})")
+        raise InputError(f"--data {folder}: no such folder (make it with worldtrace train encode --vae VAE -o {folder})")
     if not (folder / LATE_CONDITIONING_FILE).is_file():
         raise InputError(f"--data {folder}: not a data folder of worldtrace train encode (no {LATE_CONDITIONING_FILE})")
     if not shard_paths(folder):
-        raise InputError(f"--data {folder}: no encoded clips yet (run worldtrace train encode -o {folder})")
+        raise InputError(f"--data {folder}: no encoded clips yet (run worldtrace train encode --vae VAE -o {folder})")
 
 
 class ClipPool:
@@ -80,7 +80,8 @@ class ClipPool:
                 self.clips += read_shard(path)
                 self._loaded.add(path)
         if not self.clips:
-            raise InputError(f"--data {self.folder}: no encoded clips yet (run worldtrace train encode -o {self.folder})")
+            raise InputError(f"--data {self.folder}: no encoded clips yet "
+                             f"(run worldtrace train encode --vae VAE -o {self.folder})")
 
     def draw(self, rng: np.random.Generator) -> EncodedClip:
         """A uniformly drawn clip (re-scanning for new shards every ``rescan`` draws)."""
