@@ -264,3 +264,24 @@ def test_generate_help_names_every_built_in_preset():
 
     text = next(p.help for p in main.commands["generate"].params if p.name == "preset")  # help wraps at hyphens
     assert preset_names() and all(name in text for name in preset_names()), preset_names()
+
+
+def test_every_command_with_a_progress_bar_takes_both_progress_flags():
+    """`--progress` and `--no-progress` work wherever either does (defaults differ: on for one run,
+    off for compare's and LoopBench's many)."""
+    import click
+
+    def commands(group, prefix=()):
+        for name, cmd in group.commands.items():
+            if isinstance(cmd, click.Group):
+                yield from commands(cmd, prefix + (name,))
+            else:
+                yield prefix + (name,), cmd
+
+    seen = set()
+    for path, cmd in commands(main):
+        flags = {o for p in cmd.params for o in (*p.opts, *p.secondary_opts)}
+        if flags & {"--progress", "--no-progress"}:
+            seen.add(" ".join(path))
+            assert {"--progress", "--no-progress"} <= flags, path
+    assert {"generate", "compare", "loopbench run", "world render", "train vae", "train encode", "train dit"} <= seen

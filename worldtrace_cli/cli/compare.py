@@ -35,7 +35,7 @@ from .options import CHUNKS, SEED, device_options, memory_options, speed_config,
 @click.option("-o", "--output", type=click.Path(path_type=Path), default=None, metavar="DIR",
               help="Output folder (default: runs/compare-<trajectory>).")
 @click.option("--overwrite", is_flag=True, help="Replace a comparison or runs already in DIR.")
-@click.option("--progress", is_flag=True, help="Per-chunk progress bars.")
+@click.option("--progress/--no-progress", default=False, show_default=True, help="Per-chunk progress bars (one per run).")
 @click.option("--scale", type=click.IntRange(1, 8), default=1, show_default=True,
               help="Upscale the panels of compare.mp4 / compare.png by this integer factor (nearest "
                    "neighbour), e.g. 3 for the 176x96 loopworld and tiny models.")

@@ -61,7 +61,7 @@ from .options import CHUNKS, SEED, device_options, memory_options, speed_config,
 @click.option("--resume", "resume_dir", type=click.Path(path_type=Path), default=None, metavar="RUN_DIR",
               help="Continue an interrupted run from its last saved state (other options come from the run, "
                    "except --overlap-decode and --no-progress).")
-@click.option("--no-progress", is_flag=True, help="No progress bar.")
+@click.option("--no-progress/--progress", "no_progress", default=False, help="No progress bar (default: --progress, on stderr).")
 def generate(trajectory, preset, checkpoint, prompt, poses, intrinsics, random_weights, image, world_seed, chunks, seed,
              output, overwrite, cache, device, dtype, metrics, hash_checkpoint, save_every, rope_precision,
              compile_mode, overlap_decode, resume_dir, no_progress, **memory):

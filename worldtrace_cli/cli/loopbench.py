@@ -57,7 +57,8 @@ def loopbench():
 @click.option("--checkpoint", type=click.Path(path_type=Path), default=None, metavar="DIR",
               help="Official Matrix-Game-2.0 folder (for the mg2-* presets).")
 @click.option("--random-weights", is_flag=True, help="Run a checkpoint preset with seeded random weights.")
-@click.option("--progress", is_flag=True, help="Show a per-chunk progress bar for every job.")
+@click.option("--progress/--no-progress", default=False, show_default=True,
+              help="A per-chunk progress bar for every job (off: one log line per job).")
 @memory_options
 @speed_options
 @click.option("-o", "--output", type=click.Path(path_type=Path), required=True, metavar="DIR",

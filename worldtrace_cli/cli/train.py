@@ -53,7 +53,8 @@ def loop_options(default_steps: int, default_lr: float):
                          help="torch CPU threads (1 is fastest on a busy 2-core machine)."),
             click.option("--save-every", type=click.IntRange(1), default=250, show_default=True,
                          help="Steps between saved training states."),
-            click.option("--no-progress", is_flag=True, help="No progress bar."),
+            click.option("--no-progress/--progress", "no_progress", default=False,
+                         help="No progress bar (default: --progress, on stderr)."),
         ]):
             command = option(command)
         return command
@@ -131,7 +132,7 @@ def train_vae_cmd(output, steps, minutes, lr, warmup, seed, threads, save_every,
               help="CPU threads for torch (1 is fastest beside other work on a small machine).")
 @click.option("--device", type=click.Choice(["auto", "cuda", "cpu"]), default="cpu", show_default=True,
               help="Where the VAE encodes (auto: CUDA when available); frames are rendered on the CPU.")
-@click.option("--no-progress", is_flag=True, help="No progress bar.")
+@click.option("--no-progress/--progress", "no_progress", default=False, help="No progress bar (default: --progress, on stderr).")
 def train_encode_cmd(vae_weights, output, shards, seed, late, loop, max_angle, vary_return, threads, device, no_progress):
     """Render and encode training clips for `train dit` (can run while it trains)."""
     from ..runtime import resolve_device

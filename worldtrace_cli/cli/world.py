@@ -24,7 +24,7 @@ def world():
               help="Takes the frame size and fps from this preset.")
 @click.option("-o", "--output", type=click.Path(path_type=Path), required=True, metavar="DIR",
               help="Folder for video.mp4 and poses.json (created; existing files are replaced).")
-@click.option("--no-progress", is_flag=True, help="No progress bar (on stderr).")
+@click.option("--no-progress/--progress", "no_progress", default=False, help="No progress bar (default: --progress, on stderr).")
 def render_cmd(trajectory, world_seed, chunks, preset, output, no_progress):
     """Render the true frames of TRAJECTORY: DIR/video.mp4 (one frame per action row, as `generate`
     lays them out) and DIR/poses.json (x, y, yaw_deg, pitch_deg of every pixel frame, from the
