@@ -285,3 +285,13 @@ def test_every_command_with_a_progress_bar_takes_both_progress_flags():
             seen.add(" ".join(path))
             assert {"--progress", "--no-progress"} <= flags, path
     assert {"generate", "compare", "loopbench run", "world render", "train vae", "train encode", "train dit"} <= seen
+
+
+def test_verbose_after_the_command_as_before_it():
+    import logging
+
+    logger = logging.getLogger("worldtrace")
+    for args in (["-v", "presets"], ["presets", "-v"], ["presets"]):
+        result = CliRunner().invoke(main, args)
+        assert result.exit_code == 0, (args, result.output)
+        assert logger.level == (logging.INFO if args == ["presets"] else logging.DEBUG), args

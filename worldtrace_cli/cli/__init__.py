@@ -35,3 +35,23 @@ def main(verbose: bool) -> None:
 for _command in (generate.generate, metrics.metrics_cmd, bench.bench, compare.compare, loopbench.loopbench,
                  train.train, world.world, presets.list_presets, parity.parity):
     main.add_command(_command)
+
+
+def _verbose(ctx, param, value) -> None:
+    """``COMMAND -v``: debug logging, as ``worldtrace -v COMMAND`` (runs after the group set INFO)."""
+    if value:
+        logging.getLogger("worldtrace").setLevel(logging.DEBUG)
+
+
+def _leaf_commands(group: click.Group):
+    for command in group.commands.values():
+        if isinstance(command, click.Group):
+            yield from _leaf_commands(command)
+        else:
+            yield command
+
+
+for _command in _leaf_commands(main):  # -v after the command too, where users put it
+    if not any("-v" in p.opts for p in _command.params):
+        _command.params.append(click.Option(["-v", "--verbose"], is_flag=True, expose_value=False, callback=_verbose,
+                                            help="Debug logging on stderr (as worldtrace -v COMMAND)."))
