@@ -234,6 +234,25 @@ def test_changed_settings_do_not_reuse_runs(tmp_path, fake_generate):
     assert "rope_precision 'float32' (now 'float64')" in one_line_error(result, 4)
 
 
+def test_a_job_whose_folder_cannot_be_read_is_its_failure_not_the_sweeps(tmp_path, fake_generate, monkeypatch):
+    """The next step of every job is decided before any runs; an unexpected error there is recorded
+    as that job's failure and the other jobs run, as when a job itself fails."""
+    from worldtrace_cli.runs import resume as run
+
+    real = run.next_step
+
+    def next_step(folder, cfg, remedy=None):
+        if "seed0" in str(folder) and "field" in str(folder):
+            raise RuntimeError("unreadable folder")
+        return real(folder, cfg, remedy)
+
+    monkeypatch.setattr(run, "next_step", next_step)
+    out = tmp_path / "lb"
+    result = lb("run", *MATRIX[:-2], "--seeds", "0", "--configs", "aba", "--chunks", 2, "-o", out)
+    assert result.exit_code == 5 and len(fake_generate) == 4  # 6 jobs, the 2 field ones failed
+    assert "unreadable folder" in (out / "failures.jsonl").read_text()
+
+
 def test_a_checkpoint_that_is_not_a_folder_stops_the_sweep_before_any_job(tmp_path, fake_generate):
     out = tmp_path / "lb"
     result = lb("run", *MATRIX[:-2], "--seeds", "0", "--configs", "aba", "--chunks", 2, "--preset", "mg2-universal",

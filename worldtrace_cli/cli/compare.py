@@ -7,12 +7,13 @@ from pathlib import Path
 import click
 
 from .common import run_job
-from .options import CHUNKS, SEED, device_options, memory_options, speed_config, speed_options
+from .options import CHUNKS, SEED, device_options, memory_options, name_list, speed_config, speed_options
 
 
 @click.command("compare")
 @click.argument("trajectory", type=click.Path(path_type=Path))
 @click.option("--cache", "--caches", "caches", default="sliding,field,landmark", show_default=True, metavar="W1,W2,...",
+              callback=name_list,
               help="Comma-separated cache writers to compare (as --cache of generate, e.g. mixed:2).")
 @click.option("--preset", default=None, metavar="NAME|FILE",
               help="Model preset, as generate's (`worldtrace presets` lists them; default: mg2-<trajectory mode> "
@@ -60,7 +61,7 @@ def compare(trajectory, caches, preset, checkpoint, random_weights, image, seed,
 
     def job():
         out = output or Path("runs") / f"compare-{trajectory.stem}"
-        result = run_compare(trajectory, [c.strip() for c in caches.split(",") if c.strip()], out, preset, image,
+        result = run_compare(trajectory, caches, out, preset, image,
                              seed, chunks, hud, metrics, device, dtype, checkpoint, random_weights, overwrite,
                              progress, speed_config(rope_precision, compile_mode, overlap_decode), world_seed,
                              memory, scale)

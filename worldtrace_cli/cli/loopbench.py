@@ -12,13 +12,9 @@ import click
 
 from ..loopbench.configs import CONFIGS
 from .common import run_job
-from .options import CHUNKS, device_options, memory_options, speed_config, speed_options
+from .options import CHUNKS, device_options, memory_options, name_list, speed_config, speed_options
 
 _DEFAULT_CONFIGS = ",".join(n for n, c in CONFIGS.items() if c.tier in (1, 2, 3, 4))
-
-
-def _split(value: str) -> list[str]:
-    return [v.strip() for v in value.split(",") if v.strip()]
 
 
 @click.group("loopbench")
@@ -37,9 +33,11 @@ def loopbench():
               help="Model preset (loopworld = the trained embedded world on CPU, scored against ground truth; "
                    "tiny = random weights; mg2-universal with --checkpoint).")
 @click.option("--configs", default=_DEFAULT_CONFIGS, show_default="the 12 configurations of tiers 1-4",
+              callback=name_list,
               help="Comma-separated LoopBench configurations (e.g. aba,abca,aba_n64) or trajectory .yaml files. "
                    f"Known: {', '.join(CONFIGS)}.")
 @click.option("--caches", "--cache", "caches", default="sliding,field,landmark", show_default=True,
+              callback=name_list,
               help="Comma-separated cache writers (as --cache of generate, e.g. mixed:2).")
 @click.option("--images", default=None, metavar="DIR|A.png,B.png",
               help="Conditioning images (one scene each): every image in a folder, or a comma list.")
@@ -90,14 +88,13 @@ def run_cmd(preset, configs, caches, images, worlds, seeds, chunks, metrics, sha
         from ..jobs.loopbench import run_jobs
         from ..loopbench import plan
 
-        cache_list = _split(caches)
         world_preset = load_preset(preset).has_world
         if images is None and worlds is None and not world_preset:
             raise InputError(f"--images: required with preset {preset} (only procedural-world presets take --worlds)")
         if worlds is not None and not world_preset:
             raise InputError(f"--worlds: preset {preset} has no procedural world (use --images)")
         world_list = plan.parse_worlds(worlds or "0-7") if worlds is not None or images is None else []
-        jobs = plan.plan_jobs(_split(configs), cache_list, plan.resolve_images(images) if images else [],
+        jobs = plan.plan_jobs(configs, caches, plan.resolve_images(images) if images else [],
                                 plan.parse_seeds(seeds), scratch=output / ".trajectories", worlds=world_list)
         rank, world, env_device = plan.shard_from_env()
         index, count = plan.combine_shards(plan.parse_shard(shard), (rank, world))

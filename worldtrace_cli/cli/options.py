@@ -76,8 +76,12 @@ def speed_config(rope_precision: str, compile_mode: str, overlap_decode: bool) -
 
 
 def int_list(minimum: int = 1):
-    """A click callback for a comma-separated list of integers >= ``minimum`` (``"8,16"`` -> ``[8, 16]``):
-    anything else is a usage error naming the option (exit 2), before anything loads."""
+    """A click callback for a comma-separated list of integers >= ``minimum`` (``"8,16"`` -> ``[8, 16]``,
+    in the order given).
+
+    Raises (from the callback): click.BadParameter for a non-integer, a value below ``minimum`` or an
+    empty list: a usage error naming the option (exit 2), before anything loads.
+    """
     def callback(ctx, param, value):
         if value is None:
             return None
@@ -95,7 +99,10 @@ def int_list(minimum: int = 1):
 
 def name_list(ctx, param, value):
     """A click callback for a comma-separated list of names (``"a, b,"`` -> ``["a", "b"]``); None stays
-    None (the command's default); an empty list is a usage error."""
+    None (the command's default).
+
+    Raises: click.BadParameter for an empty list (a usage error naming the option, exit 2).
+    """
     if value is None:
         return None
     items = [v.strip() for v in value.split(",") if v.strip()]

@@ -119,7 +119,7 @@ def run_jobs(jobs: Sequence[Job], out_dir: str | Path, preset: str = "tiny", dev
 
     out_dir = Path(out_dir)
     preset_obj = load_preset(preset)
-    check_jobs(jobs, preset_obj, chunks, memory, checkpoint, random_weights)  # a typo stops the sweep now, not every job
+    check_jobs(jobs, preset_obj, chunks, memory, checkpoint, random_weights)  # a typo stops the sweep, not each job
     from ..pipeline import Pipeline  # torch and the model only after the inputs passed
     out_dir.mkdir(parents=True, exist_ok=True)
     device = _select_device(device)
@@ -134,21 +134,26 @@ def run_jobs(jobs: Sequence[Job], out_dir: str | Path, preset: str = "tiny", dev
                          memory=memory_config(job.cache, preset=preset_obj, **(memory or {})), progress=progress,
                          metrics=metrics, **(speed or {}))
 
+    # every job's next step, decided once before any runs: complete runs of other settings refuse the
+    # sweep now (one line, not one failure per job); any other error is that job's failure, recorded below
     remedy = "use another -o folder or delete the sweep's runs"
-    clashes, to_run = [], 0
-    for job in jobs:  # complete runs of other settings: one refusal now, not one failure per job
+    steps, clashes = [], []
+    for job in jobs:
         try:
-            to_run += next_step(job.folder(out_dir), job_config(job), remedy)[0] != "reuse"
+            steps.append(next_step(job.folder(out_dir), job_config(job), remedy))
         except OutputError as exc:
             clashes.append(str(exc))
+        except Exception as exc:  # noqa: BLE001
+            steps.append(("error", exc))
     if clashes:
         raise OutputError(f"{len(clashes)} of {len(jobs)} jobs: {clashes[0]}")
-    for k, job in enumerate(jobs, 1):
+    to_run = sum(step != "reuse" for step, _ in steps)
+    for k, (job, (step, what)) in enumerate(zip(jobs, steps), 1):
         folder, tag = job.folder(out_dir), f"[{k}/{len(jobs)}] {job.key}"
         started, load_s = time.perf_counter(), 0.0
         try:
-            cfg = job_config(job)
-            step, what = next_step(folder, cfg, remedy)
+            if step == "error":
+                raise what
             if step == "reuse":
                 skipped += 1
                 (folder / FAILED_NAME).unlink(missing_ok=True)  # a refusal of other settings is history now
@@ -165,8 +170,8 @@ def run_jobs(jobs: Sequence[Job], out_dir: str | Path, preset: str = "tiny", dev
             if isinstance(exc, Aborted):  # a second Ctrl-C: stop the sweep, not record a failure and go on
                 raise
             if isinstance(exc, Interrupted):  # the sweep's way back, not generate's --resume of one job
-                what = str(exc).split(";")[0]  # "interrupted after chunk N of M"
-                raise Interrupted(f"{tag}: {what}; finished jobs and this job's chunks are kept: rerun the "
+                stopped_at = str(exc).split(";")[0]  # "interrupted after chunk N of M"
+                raise Interrupted(f"{tag}: {stopped_at}; finished jobs and this job's chunks are kept: rerun the "
                                   f"same command to resume the sweep") from None
             failed += 1
             to_run -= 1
@@ -181,7 +186,8 @@ def run_jobs(jobs: Sequence[Job], out_dir: str | Path, preset: str = "tiny", dev
         job_seconds.append(seconds - load_s)
         # the jobs left to generate (complete ones are skipped at no cost) at the mean time per job so far
         left = to_run - done
-        eta = f"; about {_duration(left * sum(job_seconds) / len(job_seconds))} for the {left} left" if left > 0 else ""
+        mean = sum(job_seconds) / len(job_seconds)
+        eta = f"; about {_duration(left * mean)} for the {left} left" if left > 0 else ""
         log.info(f"{tag}: done in {seconds:.1f} s ({_brief(summary)}){eta}")
     return SweepCounts(done, skipped, failed)
 

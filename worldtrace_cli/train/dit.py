@@ -46,21 +46,14 @@ DIT_FILE = "dit.safetensors"
 DIT_EMA_FILE = "dit-ema.safetensors"  # the weights' moving average, with --ema
 
 
-def check_data_folder(folder: Path) -> None:
-    """Raises InputError (one line) unless ``folder`` is a data folder of ``worldtrace train encode``
-    with at least one shard: ``late_conditioning.safetensors`` and ``clips-*.safetensors``."""
-    folder = Path(folder)
-    if not folder.is_dir():
-        raise InputError(f"--data {folder}: no such folder (make it with worldtrace train encode --vae VAE -o {folder})")
-    if not (folder / LATE_CONDITIONING_FILE).is_file():
-        raise InputError(f"--data {folder}: not a data folder of worldtrace train encode (no {LATE_CONDITIONING_FILE})")
-    if not shard_paths(folder):
-        raise InputError(f"--data {folder}: no encoded clips yet (run worldtrace train encode --vae VAE -o {folder})")
-
-
 class ClipPool:
     """The clips of a data folder in memory, re-scanned for new shards every ``rescan`` draws (so
-    training can start while ``train encode`` still writes)."""
+    training can start while ``train encode`` still writes).
+
+    Raises:
+        InputError (one line): ``folder`` is missing, is not a data folder of ``worldtrace train
+            encode`` (no ``late_conditioning.safetensors``) or holds no clips yet.
+    """
 
     def __init__(self, folder: Path, rescan: int = 200):
         from safetensors.torch import load_file
@@ -69,7 +62,12 @@ class ClipPool:
         self.clips: list[EncodedClip] = []
         self._loaded: set[Path] = set()
         self._draws = 0
-        check_data_folder(self.folder)
+        if not self.folder.is_dir():
+            raise InputError(f"--data {folder}: no such folder (make it with worldtrace train encode --vae VAE "
+                             f"-o {folder})")
+        if not (self.folder / LATE_CONDITIONING_FILE).is_file():
+            raise InputError(f"--data {folder}: not a data folder of worldtrace train encode "
+                             f"(no {LATE_CONDITIONING_FILE})")
         self.late_cond = load_file(str(self.folder / LATE_CONDITIONING_FILE))["latents"]
         self.refresh()
 
@@ -379,7 +377,7 @@ def train_dit(folder: Path, data: Path, preset: Preset, s: LoopSettings, batch: 
     """
     if compile_mode not in ("none", "default"):  # before the folder is made: a refused run leaves nothing
         raise ValueError(f"training compile mode must be none or default, got {compile_mode!r}")
-    check_data_folder(data)
+    pool = ClipPool(data)  # before the folder is made too: a data folder without clips leaves nothing
     prepare_folder(folder, settings_dict(s, kind="dit", data=str(data), preset=preset.to_dict(training=True), batch=batch,
                                          sampler_prob=sampler_prob, return_weight=return_weight, start_share=start_share,
                                          self_context=self_context, init=None if init is None else str(init),
@@ -400,7 +398,6 @@ def train_dit(folder: Path, data: Path, preset: Preset, s: LoopSettings, batch: 
         from ..model.speed import compile_blocks
 
         compile_blocks(dit, compile_mode, dynamic=True)
-    pool = ClipPool(data)
     late_cond = pool.late_cond.to(device)
     schedule = FlowMatchSchedule(tuple(preset.denoising_steps), preset.timestep_shift, preset.sampler)
 
