@@ -99,6 +99,10 @@ def test_bad_bench_lists_are_usage_errors_before_anything_runs(tmp_path):
         (["mechanism", "--routes", "ABA,A"], "'--routes': 'A': a route is two or more scene letters"),
         (["mechanism", "--writers", "nosuch"], "unknown writer 'nosuch'"),
         (["mechanism", "--schemes", "nosuch"], "'--schemes': unknown scheme 'nosuch'"),
+        (["mechanism", "--routes", "ABA,AB"], "'--routes': 'AB': the last scene is the return"),
+        (["speed", "--caches", "sliding,mixed:x"], "mixed:x: expected mixed:k with k an integer"),
+        (["mechanism", "--writers", "worldkv:2"], "worldkv:2: expected worldkv:r with r the keep ratio"),
+        (["speed", "--caches", "sliding:3"], "sliding:3: sliding takes no ':' argument"),
     ]
     for args, message in cases:
         result = CliRunner().invoke(main, ["bench", *args, "-o", str(tmp_path / "out")])

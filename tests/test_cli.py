@@ -217,6 +217,19 @@ def test_metrics_all_uses_the_runs_own_preset_even_a_yaml_one(tmp_path, valid):
     assert "no saved state" in line
 
 
+def test_metrics_of_a_folder_that_is_not_a_run_is_an_input_error(tmp_path):
+    """A folder without video.mp4 or without chunks.jsonl is bad input for `worldtrace metrics`: the same
+    exit code (2) for both, one line naming the folder and the missing file, nothing written."""
+    folder = tmp_path / "notarun"
+    folder.mkdir()
+    line = one_line_error(CliRunner().invoke(main, ["metrics", str(folder), "--level", "fast"]), 2)
+    assert "no video.mp4" in line and str(folder) in line
+    (folder / "video.mp4").write_bytes(b"")
+    line = one_line_error(CliRunner().invoke(main, ["metrics", str(folder), "--level", "fast"]), 2)
+    assert "no chunks.jsonl" in line and str(folder) in line
+    assert sorted(p.name for p in folder.iterdir()) == ["video.mp4"]
+
+
 def test_the_documented_preset_example_runs(tmp_path):
     """docs/presets.md's minimal preset is a valid preset YAML that generates."""
     import re

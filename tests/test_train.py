@@ -110,6 +110,26 @@ def test_encoded_clips(data, vae_file):
         encode_clips(data, vae_file[0], 2, mix=ClipMix(late=0.1), height=48, width=96, progress=False, shard_clips=2)
 
 
+def test_encode_binds_a_folder_only_once_it_holds_shards(tmp_path, vae_file):
+    """A VAE file that fails to load leaves no data.json behind (a rerun with the right file is not
+    refused as "other settings"); a data.json without shards takes the new settings."""
+    import json
+
+    from worldtrace_cli.train.dataset import ClipMix, encode_clips, shard_paths
+
+    data = tmp_path / "data"
+    bad = tmp_path / "bad.safetensors"
+    bad.write_bytes(b"not a safetensors file")
+    with pytest.raises(Exception):
+        encode_clips(data, bad, 1, mix=ClipMix(late=0.5, loop=1.0), height=48, width=96, progress=False,
+                     shard_clips=1)
+    assert not (data / "data.json").exists()
+    (data / "data.json").write_text(json.dumps({"seed": 99}))  # left by an older run that wrote no shard
+    encode_clips(data, vae_file[0], 1, mix=ClipMix(late=0.5, loop=1.0), height=48, width=96, progress=False,
+                 shard_clips=1)
+    assert len(shard_paths(data)) == 1 and json.loads((data / "data.json").read_text())["seed"] == 0
+
+
 def test_vae_decoder_only_keeps_the_latents(tmp_path, vae_file, one_thread):
     """--decoder-only: the encoder (and quant_conv) of --init come out bit-identical, the decoder
     trained; without --init it is refused."""

@@ -12,13 +12,20 @@ from .options import device_options, int_list, name_list, speed_options
 
 
 def _writers(ctx, param, value):
-    """Comma-separated writer specs, each known (checked at parse time, without torch)."""
-    from ..writer_options import WRITER_OPTIONS, writer_specs
+    """Comma-separated writer specs, each known and with a valid ``:arg`` (``mixed:2``, ``worldkv:0.25``),
+    checked at parse time, without torch, by the writers' own flag check."""
+    from ..config import MemoryConfig
+    from ..errors import InputError
+    from ..writer_options import WRITER_OPTIONS, check_flags, writer_specs
 
     items = name_list(ctx, param, value)
     for spec in items or []:
         if spec.split(":", 1)[0] not in WRITER_OPTIONS:
             raise click.BadParameter(f"unknown writer {spec!r} (choose from {', '.join(writer_specs())})")
+        try:
+            check_flags(MemoryConfig(cache=spec))
+        except InputError as e:  # "--cache mixed:x: expected ..." -> click names the option itself
+            raise click.BadParameter(str(e).removeprefix("--cache ")) from None
     return items
 
 
@@ -34,11 +41,15 @@ def _schemes(ctx, param, value):
 
 
 def _routes(ctx, param, value):
-    """Comma-separated loops of scene letters, two or more letters each (``ABA``: A, B, back to A)."""
+    """Comma-separated loops of scene letters, two or more each, ending in a scene visited before
+    (``ABA``: A, B, back to A): the return query is in the last scene."""
     items = name_list(ctx, param, value)
     for route in items:
         if len(route) < 2 or not route.isalpha():
             raise click.BadParameter(f"{route!r}: a route is two or more scene letters, e.g. ABA or ABCA")
+        if route[-1] not in route[:-1]:
+            raise click.BadParameter(f"{route!r}: the last scene is the return, so it must be one visited "
+                                     f"before (e.g. {route + route[0]})")
     return items
 
 

@@ -277,7 +277,8 @@ def encode_clips(folder: Path, vae_weights, shards: int, seed: int = 0, mix: Cli
     stays on the CPU; not a setting: a folder may be continued on another device). Returns
     ``{"shards": n, "clips": n * shard_clips}``.
     Raises:
-        InputError: the folder holds shards made with other settings or another VAE file.
+        InputError: the folder holds shards made with other settings or another VAE file (a folder
+            without shards takes the new settings).
     """
     from tqdm import tqdm
 
@@ -292,13 +293,15 @@ def encode_clips(folder: Path, vae_weights, shards: int, seed: int = 0, mix: Cli
                 "late_start": LATE_START, "late_warmup_frames": LATE_WARMUP_FRAMES, "clip_chunks": CLIP_CHUNKS,
                 "shard_clips": shard_clips}
     info = folder / "data.json"
-    if info.exists() and _with_defaults(json.loads(info.read_text())) != settings:
+    # only shards bind a folder to its settings: a data.json left by a run that wrote none (a VAE file
+    # that failed to load, a stop during the first shard) is replaced
+    if shard_paths(folder) and info.exists() and _with_defaults(json.loads(info.read_text())) != settings:
         raise InputError(f"{folder}: holds clips made with other settings or another VAE; use another folder")
-    info.write_text(json.dumps(settings, indent=2) + "\n")
     vae, tower = make_encoder(vae_weights, clip_seed, height, width)
     vae.to(device)
     tower.to(device)
     store_late_conditioning(folder, vae)
+    info.write_text(json.dumps(settings, indent=2) + "\n")  # once the VAE has loaded and encoded
     done = len(shard_paths(folder))
     bar = tqdm(total=shards, initial=done, disable=not progress, unit="shard", dynamic_ncols=True)
     for i in range(done, shards):
