@@ -334,6 +334,7 @@ def test_real_tiny_sweep_and_report(tmp_path):
     summary = json.loads((out / "pan_90" / "landmark" / "mg2_universal_0000" / "seed0" / "summary.json").read_text())
     assert summary["status"] == "complete" and summary["totals"]["chunks"] == 2
     assert summary["metrics"]["level"] == "all" and summary["metrics"]["temp_ssim"] is not None
+    assert summary["metrics"]["gt"] is None  # a random preset with --images: no ground truth, said as null
     assert "0 done, 2 skipped" in lb("run", *args).output
 
     result = lb("report", out)

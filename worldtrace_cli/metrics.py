@@ -232,9 +232,9 @@ class OnlineMetrics:
         if self.level == "none":
             return {"level": "none"}
         out = {"level": self.level, "temp_ssim": _mean(self._ssim), "latent_diff": _mean(self._ldiff)}
-        if self.truth is not None:
-            out["gt"] = {"world_seed": self.truth.world_seed,
-                         **gt_summary(self._gt_psnr, self._gt_ssim, plan, self._gt_detail)}
+        # null without ground truth (--image, a checkpoint, a random preset), as in `worldtrace metrics`
+        out["gt"] = None if self.truth is None else {
+            "world_seed": self.truth.world_seed, **gt_summary(self._gt_psnr, self._gt_ssim, plan, self._gt_detail)}
         if self.level == "all":
             out["scene_drift"] = _mean(self._drift)
             out["pac"] = None
