@@ -24,6 +24,40 @@ def one_line_error(result, code):
     return lines[0]
 
 
+def test_a_stop_during_a_runs_last_chunk_stops_the_comparison(tmp_path, monkeypatch):
+    """SIGTERM heard while a writer's run no longer looks at its stop flag (its last chunk) lets that
+    run complete and stops the comparison before the next writer's run (exit 130); the same command
+    then reuses the finished run and completes."""
+    import os
+    import signal
+
+    from worldtrace_cli.jobs import generate as generate_job
+
+    real = generate_job.run_generation
+    ran = []
+
+    def late_signal(cfg, resume=False, pipeline=None):
+        from worldtrace_cli.jobs.sinks import StopFlag
+
+        ran.append(cfg.memory.cache)
+        with StopFlag():  # the run's own flag; the signal arrives after it looked for the last time
+            summary = real(cfg, resume, pipeline)
+            os.kill(os.getpid(), signal.SIGTERM)
+            return summary
+
+    monkeypatch.setattr(generate_job, "run_generation", late_signal)
+    out = tmp_path / "cmp"
+    args = [str(ABA), "--cache", "sliding,field", "--preset", "tiny", "--chunks", "1", "--metrics", "fast",
+            "-o", str(out)]
+    result = CliRunner().invoke(compare, args)
+    assert result.exit_code == 130 and ran == ["sliding"], result.output
+    assert json.loads((out / "sliding" / "summary.json").read_text())["status"] == "complete"
+    assert not (out / "field").exists() and not (out / "compare.json").exists()
+    monkeypatch.setattr(generate_job, "run_generation", real)
+    result = CliRunner().invoke(compare, args)
+    assert result.exit_code == 0 and (out / "compare.json").exists(), result.output
+
+
 def test_compare_three_modes_writes_grid_video_and_table(tmp_path, valid):
     out, chunks = tmp_path / "cmp", 2
     args = [str(ABA), "--cache", "sliding,field,landmark", "--preset", "tiny", "--chunks", str(chunks),

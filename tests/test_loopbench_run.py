@@ -215,6 +215,38 @@ def test_interrupted_job_resumes_from_its_state_and_stops_the_sweep(tmp_path, fa
     assert "generate --resume" not in result.output
 
 
+def test_a_stop_during_a_jobs_last_chunk_stops_the_sweep(tmp_path, fake_generate, monkeypatch):
+    """SIGTERM arriving while a job's run holds its own stop flag but no longer looks at it (its last
+    chunk) lets that job complete, then stops the sweep before the next job (exit 130), instead of
+    being swallowed with the job's flag; the rerun skips the finished job and runs the other."""
+    import os
+    import signal
+
+    from worldtrace_cli.jobs.sinks import StopFlag
+
+    stub = generate_job.run_generation
+
+    def generate(cfg, resume=False, pipeline=None):
+        with StopFlag():  # as a real run holds one until its summary is written
+            os.kill(os.getpid(), signal.SIGTERM)
+            return stub(cfg, resume, pipeline)
+
+    monkeypatch.setattr(generate_job, "run_generation", generate)
+    out = tmp_path / "lb"
+    args = ["--configs", "aba", "--caches", "sliding,field", "--images", TWO_IMAGES.split(",")[0], "--seeds", "0",
+            "--chunks", 2, "-o", out]
+    result = lb("run", *args)
+    assert result.exit_code == 130, result.output
+    assert len(fake_generate) == 1 and not (out / "failures.jsonl").exists()
+    stopped = [ln for ln in result.output.splitlines() if ln.startswith("worldtrace: stopped:")]
+    assert len(stopped) == 1 and "stopped before job [2/2]" in stopped[0] and "rerun the same command" in stopped[0]
+    assert signal.getsignal(signal.SIGTERM) is not None and not isinstance(
+        getattr(signal.getsignal(signal.SIGTERM), "__self__", None), StopFlag)  # handlers restored
+    monkeypatch.setattr(generate_job, "run_generation", stub)
+    result = lb("run", *args)
+    assert result.exit_code == 0 and "1 done, 1 skipped" in result.output and len(fake_generate) == 2
+
+
 def test_changed_settings_do_not_reuse_runs(tmp_path, fake_generate):
     """Complete runs of other settings refuse the whole sweep before any job runs: one line naming
     how many jobs clash and the first one's differences (exit 4), nothing run, no failure records."""

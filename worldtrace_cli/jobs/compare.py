@@ -265,21 +265,27 @@ def run_compare(trajectory: str | Path, caches: list[str], out_dir: str | Path, 
     from ..pipeline import Pipeline
     from ..runs.resume import next_step
     from .generate import run_generation
+    from .sinks import StopFlag
 
     with RunFolder(out_dir).lock("compare"):
         steps = [("run", cfg) if overwrite else next_step(cfg.output, cfg) for cfg in configs]  # refuse before running
         (out_dir / "compare.json").unlink(missing_ok=True)  # a comparison is complete only once its panels exist
         pipeline, summaries = None, []
         try:
-            for cache, (step, what) in zip(caches, steps):
-                log.info(f"compare: {cache} -> {out_dir / cache_folder(cache)}"
-                         + {"reuse": " (complete, reused)", "resume": " (resumed)", "run": ""}[step])
-                if step == "reuse":
-                    summaries.append(what)
-                    continue
-                if pipeline is None or not pipeline.serves(what):
-                    pipeline = Pipeline.from_config(what)
-                summaries.append(run_generation(what, resume=step == "resume", pipeline=pipeline))
+            # a signal heard between runs, or in a run's last chunk (that run then completes), stops
+            # the comparison before its next run
+            with StopFlag("stopping after the current run (Ctrl-C again to abort now)") as stop:
+                for cache, (step, what) in zip(caches, steps):
+                    log.info(f"compare: {cache} -> {out_dir / cache_folder(cache)}"
+                             + {"reuse": " (complete, reused)", "resume": " (resumed)", "run": ""}[step])
+                    if step == "reuse":
+                        summaries.append(what)
+                        continue
+                    if pipeline is None or not pipeline.serves(what):
+                        pipeline = Pipeline.from_config(what)
+                    if stop.signal is not None:
+                        raise Interrupted(f"stopped before the {cache} run")
+                    summaries.append(run_generation(what, resume=step == "resume", pipeline=pipeline))
         except Interrupted as exc:
             raise Interrupted(f"{exc}; finish the comparison by running the same compare command again") from None
     videos, labels = [out_dir / f / "video.mp4" for f in folders], list(caches)

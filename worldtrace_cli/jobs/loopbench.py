@@ -18,6 +18,7 @@ from pathlib import Path
 from ..errors import Aborted, InputError, Interrupted, OutputError
 from ..loopbench.plan import FAILED_NAME, FAILURES_NAME, Job, SweepCounts
 from ..runs import RunFolder
+from .sinks import StopFlag
 
 log = logging.getLogger("worldtrace")
 
@@ -120,12 +121,8 @@ def run_jobs(jobs: Sequence[Job], out_dir: str | Path, preset: str = "tiny", dev
     out_dir = Path(out_dir)
     preset_obj = load_preset(preset)
     check_jobs(jobs, preset_obj, chunks, memory, checkpoint, random_weights)  # a typo stops the sweep, not each job
-    from ..pipeline import Pipeline  # torch and the model only after the inputs passed
     out_dir.mkdir(parents=True, exist_ok=True)
     device = _select_device(device)
-    done = skipped = failed = 0
-    pipeline = None
-    job_seconds: list[float] = []
 
     def job_config(job):
         return RunConfig(preset=preset_obj, trajectory=job.trajectory, output=job.folder(out_dir), image=job.image,
@@ -148,8 +145,23 @@ def run_jobs(jobs: Sequence[Job], out_dir: str | Path, preset: str = "tiny", dev
     if clashes:
         raise OutputError(f"{len(clashes)} of {len(jobs)} jobs: {clashes[0]}")
     to_run = sum(step != "reuse" for step, _ in steps)
+    with StopFlag("stopping after the current job (Ctrl-C again to abort now)") as sweep_stop:
+        return _run_steps(jobs, steps, to_run, out_dir, sweep_stop, generate_job)
+
+
+def _run_steps(jobs, steps, to_run, out_dir, sweep_stop, generate_job) -> SweepCounts:
+    """The job loop of :func:`run_jobs`: each job's decided step in turn. A signal heard between jobs
+    or during a job that then finished anyway (its last chunk) stops the sweep before the next job."""
+    from ..pipeline import Pipeline  # torch and the model only after the inputs passed
+
+    done = skipped = failed = 0
+    pipeline = None
+    job_seconds: list[float] = []
     for k, (job, (step, what)) in enumerate(zip(jobs, steps), 1):
         folder, tag = job.folder(out_dir), f"[{k}/{len(jobs)}] {job.key}"
+        if sweep_stop.signal is not None:
+            raise Interrupted(f"stopped before job {tag}; finished jobs are kept: rerun the same command to "
+                              f"resume the sweep")
         started, load_s = time.perf_counter(), 0.0
         try:
             if step == "error":
@@ -165,6 +177,8 @@ def run_jobs(jobs: Sequence[Job], out_dir: str | Path, preset: str = "tiny", dev
                 t0 = time.perf_counter()
                 pipeline = Pipeline.from_config(what)
                 load_s = time.perf_counter() - t0  # paid once, not per job: kept out of the estimate
+                if sweep_stop.signal is not None:  # heard while the model loaded
+                    raise Interrupted("not started")
             summary = generate_job.run_generation(what, resume=step == "resume", pipeline=pipeline)
         except Exception as exc:  # noqa: BLE001  (a sweep records every failure and goes on)
             if isinstance(exc, Aborted):  # a second Ctrl-C: stop the sweep, not record a failure and go on

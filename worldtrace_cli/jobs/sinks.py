@@ -14,10 +14,19 @@ log = logging.getLogger("worldtrace")
 
 class StopFlag:
     """SIGINT/SIGTERM set :attr:`signal`, checked between chunks; a second SIGINT aborts at once
-    (KeyboardInterrupt). Use as a context manager (handlers restored on exit)."""
+    (KeyboardInterrupt). Use as a context manager (handlers restored on exit).
 
-    def __init__(self):
+    Flags nest: a signal that arrives while an inner flag is held (a LoopBench job's run inside the
+    sweep's flag) is passed on to the enclosing flag when the inner one exits, so a stop asked for
+    during a job's last chunk, after the job stopped looking, still stops the sweep.
+
+    Args:
+        message: logged when the first signal arrives (what happens next).
+    """
+
+    def __init__(self, message: str = "stopping after the current chunk (Ctrl-C again to abort now)"):
         self.signal: int | None = None
+        self.message = message
         self._previous = {}
 
     def __enter__(self):
@@ -32,11 +41,14 @@ class StopFlag:
         if self.signal is not None and signum == signal.SIGINT:
             raise KeyboardInterrupt
         self.signal = signum
-        log.info("stopping after the current chunk (Ctrl-C again to abort now)")
+        log.info(self.message)
 
     def __exit__(self, *exc):
         for sig, handler in self._previous.items():
             signal.signal(sig, handler)
+        outer = self._previous.get(self.signal)
+        if self.signal is not None and isinstance(getattr(outer, "__self__", None), StopFlag):
+            outer.__self__.signal = outer.__self__.signal or self.signal  # the enclosing flag heard it too
 
 
 class RunSinks:
