@@ -225,8 +225,8 @@ def test_metrics_of_a_folder_that_is_not_a_run_is_an_input_error(tmp_path):
     line = one_line_error(CliRunner().invoke(main, ["metrics", str(folder), "--level", "fast"]), 2)
     assert "no video.mp4" in line and str(folder) in line
     (folder / "video.mp4").write_bytes(b"")
-    line = one_line_error(CliRunner().invoke(main, ["metrics", str(folder), "--level", "fast"]), 2)
-    assert "no chunks.jsonl" in line and str(folder) in line
+    line = one_line_error(CliRunner().invoke(main, ["metrics", str(folder), "--metrics", "fast"]), 2)
+    assert "no chunks.jsonl" in line and str(folder) in line  # --metrics: --level as the other commands name it
     assert sorted(p.name for p in folder.iterdir()) == ["video.mp4"]
 
 

@@ -12,8 +12,10 @@ from .common import run_job
 
 @click.command("metrics")
 @click.argument("run_dir", type=click.Path(path_type=Path))
-@click.option("--level", type=click.Choice(["fast", "all"]), default="all", show_default=True,
-              help="fast = TempSSIM; all = + CLIP Scene Drift and PAC (builds the run's CLIP tower).")
+@click.option("--level", "--metrics", "level", type=click.Choice(["fast", "all"]), default="all", show_default=True,
+              help="fast = TempSSIM (and GT-PSNR/SSIM for loopworld runs); all = + CLIP Scene Drift and PAC "
+                   "(builds the run's CLIP tower). --metrics is the same option, as generate, compare and "
+                   "loopbench name it.")
 @click.option("--trajectory", type=click.Path(path_type=Path), default=None,
               help="Trajectory for revisit pairing (default: the one in summary.json). Ground truth always "
                    "follows the run's own trajectory; this one stands in only when that file is gone.")
