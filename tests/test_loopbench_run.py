@@ -247,6 +247,30 @@ def test_a_stop_during_a_jobs_last_chunk_stops_the_sweep(tmp_path, fake_generate
     assert result.exit_code == 0 and "1 done, 1 skipped" in result.output and len(fake_generate) == 2
 
 
+def test_a_stop_heard_before_a_runs_own_flag_reaches_that_flag():
+    """A signal the sweep's flag hears while a job sets up (before the run holds its own flag) is the
+    run's too: it stops after its first chunk rather than running every chunk, and a second Ctrl-C
+    then aborts at once, as the first one's message ("Ctrl-C again to abort now") says."""
+    import os
+    import signal
+
+    from worldtrace_cli.jobs.sinks import StopFlag
+
+    with StopFlag("stopping after the current job") as outer:
+        with StopFlag() as fresh:
+            assert fresh.signal is None  # nothing heard: a run's flag starts clear
+        os.kill(os.getpid(), signal.SIGTERM)
+        assert outer.signal == signal.SIGTERM
+        with StopFlag() as inner:
+            assert inner.signal == signal.SIGTERM
+            with pytest.raises(KeyboardInterrupt):
+                os.kill(os.getpid(), signal.SIGINT)
+                for _ in range(1000):  # the handler runs between bytecodes
+                    pass
+        assert outer.signal == signal.SIGTERM
+    assert not isinstance(getattr(signal.getsignal(signal.SIGINT), "__self__", None), StopFlag)
+
+
 def test_changed_settings_do_not_reuse_runs(tmp_path, fake_generate):
     """Complete runs of other settings refuse the whole sweep before any job runs: one line naming
     how many jobs clash and the first one's differences (exit 4), nothing run, no failure records."""

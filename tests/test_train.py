@@ -115,7 +115,10 @@ def test_encode_binds_a_folder_only_once_it_holds_shards(tmp_path, vae_file):
     refused as "other settings"); a data.json without shards takes the new settings."""
     import json
 
-    from worldtrace_cli.train.dataset import ClipMix, encode_clips, shard_paths
+    import torch
+    from safetensors.torch import load_file, save_file
+
+    from worldtrace_cli.train.dataset import LATE_CONDITIONING_FILE, ClipMix, encode_clips, shard_paths
 
     data = tmp_path / "data"
     bad = tmp_path / "bad.safetensors"
@@ -125,9 +128,12 @@ def test_encode_binds_a_folder_only_once_it_holds_shards(tmp_path, vae_file):
                      shard_clips=1)
     assert not (data / "data.json").exists()
     (data / "data.json").write_text(json.dumps({"seed": 99}))  # left by an older run that wrote no shard
+    # ... with that run's late conditioning (another VAE or frame size): made anew for the new settings
+    save_file({"latents": torch.zeros(1, 16, 1, 2, 2)}, str(data / LATE_CONDITIONING_FILE))
     encode_clips(data, vae_file[0], 1, mix=ClipMix(late=0.5, loop=1.0), height=48, width=96, progress=False,
                  shard_clips=1)
     assert len(shard_paths(data)) == 1 and json.loads((data / "data.json").read_text())["seed"] == 0
+    assert load_file(str(data / LATE_CONDITIONING_FILE))["latents"].shape[-2:] == (48 // 8, 96 // 8)
 
 
 def test_vae_decoder_only_keeps_the_latents(tmp_path, vae_file, one_thread):

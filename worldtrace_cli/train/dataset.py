@@ -297,6 +297,8 @@ def encode_clips(folder: Path, vae_weights, shards: int, seed: int = 0, mix: Cli
     # that failed to load, a stop during the first shard) is replaced
     if shard_paths(folder) and info.exists() and _with_defaults(json.loads(info.read_text())) != settings:
         raise InputError(f"{folder}: holds clips made with other settings or another VAE; use another folder")
+    if not shard_paths(folder):  # its late conditioning may be another VAE's or size's: made anew below
+        (folder / LATE_CONDITIONING_FILE).unlink(missing_ok=True)
     vae, tower = make_encoder(vae_weights, clip_seed, height, width)
     vae.to(device)
     tower.to(device)
