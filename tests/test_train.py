@@ -632,3 +632,29 @@ def test_training_refuses_a_folder_that_train_encode_did_not_make(tmp_path, data
     result = CliRunner().invoke(main, ["train", "dit", "--data", str(tmp_path / "empty"), "-o", str(tmp_path / "x")])
     assert result.exit_code == 2 and "not a data folder of worldtrace train encode" in result.output
     assert not (tmp_path / "x").exists()
+
+
+def test_loss_curves_compares_runs_at_equal_steps(tmp_path, capsys):
+    """benchmarks/loss_curves.py: each run's loss at every --every-th step is the mean of the last
+    --window logged values there; a step one run never logged is blank; the PNG is written; a bad
+    argument or a missing log is a one-line exit."""
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).parent.parent / "benchmarks"))
+    import loss_curves
+
+    logs = {}
+    for name, losses in (("a", [4.0, 2.0, 1.0, 3.0]), ("b", [5.0, 1.0])):
+        logs[name] = tmp_path / f"{name}.jsonl"
+        logs[name].write_text("".join(json.dumps({"step": 10 * (i + 1), "loss": v, "seconds": 60.0 * (i + 1)}) + "\n"
+                                      for i, v in enumerate(losses)))
+    png = tmp_path / "c.png"
+    loss_curves.main([f"a={logs['a']}", f"b={logs['b']}", "--every", "20", "--window", "2", "-o", str(png)])
+    out = capsys.readouterr().out
+    assert "| 20 | 3.000 | 3.000 |" in out and "| 40 | 2.000 |  |" in out and "| minutes | 4.0 | 2.0 |" in out
+    assert png.stat().st_size > 1000
+    with pytest.raises(SystemExit, match="expected LABEL=PATH"):
+        loss_curves.main([str(logs["a"])])
+    with pytest.raises(SystemExit, match="no such loss log"):
+        loss_curves.main([f"x={tmp_path / 'none.jsonl'}"])
