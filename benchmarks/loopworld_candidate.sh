@@ -6,6 +6,9 @@
 # DIT_WEIGHTS: a `train dit` weights file of loopworld's configuration (dit.safetensors, or the
 # dit-fp16 / dit-ema-fp16 files `benchmarks/gpu/on-device.sh train all` brings back).
 # VAE_WEIGHTS: default the shipped bundle's VAE (what every clip so far was encoded with).
+# CANDIDATE_PRESET=FILE (from the repository root, or absolute): the preset YAML whose dit: block the
+# weights have (default loopworld's; e.g.
+# benchmarks/results/loopworld-training/scale-2026-11-26/loopworld-l.yaml for the 3x DiT).
 # Writes into OUT_DIR (about 15 min on 2 cores):
 #   loopworld.safetensors, loopworld.yaml  the candidate as a preset (`--preset OUT_DIR/loopworld.yaml`)
 #   eval.json, drift.png                   `worldtrace train eval` (memory, drift, actions; 24 clips)
@@ -35,9 +38,10 @@ b = 'worldtrace_cli/presets/loopworld.safetensors'
 save_file({k: v.float().contiguous() for k, v in split_bundle(load_file(b), b)['vae'].items()}, sys.argv[1])" "$vae"
 fi
 worldtrace train export --dit "$dit" --vae "$vae" -o "$out/loopworld.safetensors"
-sed -e "s#^bundle: .*#bundle: loopworld.safetensors#" worldtrace_cli/presets/loopworld.yaml > "$out/loopworld.yaml"
+sed -e "s#^bundle: .*#bundle: loopworld.safetensors#" "${CANDIDATE_PRESET:-worldtrace_cli/presets/loopworld.yaml}" \
+    > "$out/loopworld.yaml"
 mkdir -p "$out/dit"; ln -sf "$dit" "$out/dit/dit.safetensors"
-OMP_NUM_THREADS=1 worldtrace train eval "$out/dit" --preset loopworld --vae "$vae" --clips 24 --pictures "$out/drift.png" \
+OMP_NUM_THREADS=1 worldtrace train eval "$out/dit" --preset "$out/loopworld.yaml" --vae "$vae" --clips 24 --pictures "$out/drift.png" \
     > "$out/eval.json" 2> "$out/eval.log" &
 OMP_NUM_THREADS=1 worldtrace compare trajectories/look_back.yaml --preset "$out/loopworld.yaml" --world-seed 7 \
     --cache sliding,field,landmark -o "$out/compare" > "$out/compare.log" 2>&1 &

@@ -658,3 +658,33 @@ def test_loss_curves_compares_runs_at_equal_steps(tmp_path, capsys):
         loss_curves.main([str(logs["a"])])
     with pytest.raises(SystemExit, match="no such loss log"):
         loss_curves.main([f"x={tmp_path / 'none.jsonl'}"])
+
+
+def test_gpu_weights_split_into_parts_that_come_back_and_join(tmp_path):
+    """benchmarks/gpu/weights.py: a float16 copy over --max-mib is written as parts of whole tensors,
+    each within the limit; joined (in any order) they equal the float16 copy; integer tensors keep
+    their dtype; an incomplete set or a tensor over the limit is a one-line exit."""
+    import sys
+    from pathlib import Path
+
+    from safetensors.torch import load_file, save_file
+
+    sys.path.insert(0, str(Path(__file__).parent.parent / "benchmarks" / "gpu"))
+    import weights
+
+    src = tmp_path / "dit.safetensors"
+    tensors = {f"blocks.{i}.w": torch.randn(256, 256) for i in range(6)} | {"step": torch.tensor([7])}
+    save_file(tensors, str(src))
+    small = weights.half(src, tmp_path / "one.safetensors", max_mib=1.0)
+    assert [p.name for p in small] == ["one.safetensors"]
+    parts = weights.half(src, tmp_path / "dit-fp16.safetensors", max_mib=0.3)  # 128 KiB per tensor: 2 per part
+    assert [p.name for p in parts] == [f"dit-fp16-part{i}-of-3.safetensors" for i in range(1, 4)]
+    assert all(p.stat().st_size <= 0.3 * 2**20 + 4096 for p in parts)
+    weights.join(list(reversed(parts)), tmp_path / "joined.safetensors")
+    joined = load_file(str(tmp_path / "joined.safetensors"))
+    assert joined.keys() == tensors.keys() and joined["step"].dtype == torch.int64
+    assert all(torch.equal(joined[k], tensors[k].half()) for k in tensors if k != "step")
+    with pytest.raises(SystemExit, match="not one complete set"):
+        weights.join(parts[:2], tmp_path / "x.safetensors")
+    with pytest.raises(SystemExit, match="over --max-mib"):
+        weights.half(src, tmp_path / "y.safetensors", max_mib=0.1)

@@ -25,9 +25,9 @@ step() {  # step SECONDS CMD...: run CMD time-boxed, say how it ended (a step th
   echo "== $* (limit ${limit} s)"; timeout "$limit" "$@"; local rc=$?
   echo "== rc $rc after $((SECONDS - t0)) s$([ $rc = 124 ] && echo ': TIMED OUT')"
 }
-half() {  # half SRC DST: a float16 copy of a weights file (files coming back are limited to 16 MiB)
-  python3 -c "import sys; from safetensors.torch import load_file, save_file
-save_file({k: v.half().contiguous() for k, v in load_file(sys.argv[1]).items()}, sys.argv[2])" "$1" "$2"
+half() {  # half SRC DST: a float16 copy of a weights file; over 15 MiB as DST-partK-of-N parts (files coming
+  # back are limited to 16 MiB; join them here with benchmarks/gpu/weights.py join)
+  python3 benchmarks/gpu/weights.py half "$1" "$2"
 }
 FIXTURES="tests/data/fixtures tests/data/fixtures/templerun tests/data/fixtures/universal_la4"
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv 2>/dev/null | tee "$OUT/gpu.txt"
@@ -157,8 +157,11 @@ for part in ('vae', 'dit'):
             2>&1 | tail -n 4 | tee -a "$OUT/train-all.log"
         pkill -f "train encode --vae $T/vae"; wait; link
         echo "$(ls "$T"/all-data/clips-* | wc -l) shards of 32 clips encoded in all (the last ones after training)" | tee -a "$OUT/train-all.log"
-        half "$D/dit.safetensors" "$OUT/dit-fp16.safetensors"
-        [ -f "$D/dit-ema.safetensors" ] && half "$D/dit-ema.safetensors" "$OUT/dit-ema-fp16.safetensors"
+        # TRAIN_BACK=ema|raw for a DiT over 15 MiB in float16 (e.g. the 3x one of
+        # benchmarks/results/loopworld-training/scale-2026-11-26/: 3 parts each, and at most 8 files come back)
+        case "${TRAIN_BACK:-both}" in both|raw) half "$D/dit.safetensors" "$OUT/dit-fp16.safetensors" ;; esac
+        case "${TRAIN_BACK:-both}" in both|ema) [ -f "$D/dit-ema.safetensors" ] && \
+            half "$D/dit-ema.safetensors" "$OUT/dit-ema-fp16.safetensors" ;; esac
         cp "$D/loss.jsonl" "$D/settings.json" "$OUT/"
         [ -f "$D/result.json" ] && cp "$D/result.json" "$OUT/"
         ;;
