@@ -21,7 +21,8 @@ from pathlib import Path
 
 
 def read_log(path: Path) -> list[dict]:
-    """The records of one ``loss.jsonl`` (step-ordered). Raises SystemExit when missing or empty."""
+    """The records of one ``loss.jsonl`` (dicts with ``step``, ``loss``, ``seconds`` of wall-clock),
+    ordered by step. Raises SystemExit when the file is missing or empty."""
     if not path.is_file():
         sys.exit(f"{path}: no such loss log")
     rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
@@ -31,7 +32,8 @@ def read_log(path: Path) -> list[dict]:
 
 
 def smoothed(rows: list[dict], window: int) -> dict[int, float]:
-    """step -> mean loss of the ``window`` logged values ending at that step."""
+    """optimiser step -> mean loss of the ``window`` logged values ending at that step (fewer at the
+    start of the log)."""
     out = {}
     for i, r in enumerate(rows):
         part = rows[max(0, i - window + 1): i + 1]

@@ -27,7 +27,15 @@ MIB = 2**20
 
 
 def half(src: Path, dst: Path, max_mib: float = 15.0) -> list[Path]:
-    """Write the float16 copy of ``src``; returns the files written (``dst``, or its parts)."""
+    """Write the float16 copy of ``src`` (floating tensors of any dtype -> torch.float16, shapes kept;
+    integer tensors unchanged) as ``dst``, or as ``dst``'s ``-partK-of-N`` parts of whole tensors of at
+    most ``max_mib`` MiB (2**20 bytes) each, tensors taken in name order.
+
+    Returns:
+        The files written, in order.
+    Raises:
+        SystemExit: ``src`` missing, or one tensor alone over ``max_mib``.
+    """
     import torch
     from safetensors.torch import load_file, save_file
 
@@ -57,7 +65,13 @@ def half(src: Path, dst: Path, max_mib: float = 15.0) -> list[Path]:
 
 
 def join(parts: list[Path], output: Path) -> None:
-    """Merge ``parts`` (all of one ``-partK-of-N`` set, any order) into ``output``."""
+    """Merge ``parts`` (all of one ``-partK-of-N`` set written by :func:`half`, any order) into one
+    safetensors file ``output``; tensors keep their names, shapes and dtypes.
+
+    Raises:
+        SystemExit: a file that is not a part, parts of different sets or a missing part, or a tensor
+            name in two parts.
+    """
     from safetensors.torch import load_file, save_file
 
     found = {}

@@ -44,8 +44,6 @@ def metrics_cmd(run_dir, level, trajectory, device, output):
         folder = RunFolder(run_dir)
         if not folder.video.is_file():
             raise InputError(f"{run_dir}: no video.mp4 (not a worldtrace run folder)")
-        if not folder.chunks.is_file():  # the input is not a run: exit 2, as for a missing video.mp4
-            raise InputError(f"{run_dir}: no chunks.jsonl (not a run folder, or a run that wrote no chunk)")
         # the model's chunk layout (LingBot: 4 latent frames per chunk); a killed run without summary: MG2's
         fpc = ((folder.read_summary() or {}).get("config") or {}).get("preset", {}).get("frames_per_chunk", 3)
         checked = folder.check(lambda n: frames_for_chunks(n, fpc))  # FolderInconsistent (exit 7) for a contradiction

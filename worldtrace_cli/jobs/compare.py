@@ -281,10 +281,10 @@ def run_compare(trajectory: str | Path, caches: list[str], out_dir: str | Path, 
                     if step == "reuse":
                         summaries.append(what)
                         continue
-                    if pipeline is None or not pipeline.serves(what):
-                        pipeline = Pipeline.from_config(what)
                     if stop.signal is not None:
                         raise Interrupted(f"stopped before the {cache} run")
+                    if pipeline is None or not pipeline.serves(what):
+                        pipeline = Pipeline.from_config(what)
                     summaries.append(run_generation(what, resume=step == "resume", pipeline=pipeline))
         except Interrupted as exc:
             raise Interrupted(f"{exc}; finish the comparison by running the same compare command again") from None

@@ -144,16 +144,17 @@ def run_jobs(jobs: Sequence[Job], out_dir: str | Path, preset: str = "tiny", dev
             steps.append(("error", exc))
     if clashes:
         raise OutputError(f"{len(clashes)} of {len(jobs)} jobs: {clashes[0]}")
-    to_run = sum(step != "reuse" for step, _ in steps)
     with StopFlag("stopping after the current job (Ctrl-C again to abort now)") as sweep_stop:
-        return _run_steps(jobs, steps, to_run, out_dir, sweep_stop, generate_job)
+        return _run_steps(jobs, steps, out_dir, sweep_stop, generate_job)
 
 
-def _run_steps(jobs, steps, to_run, out_dir, sweep_stop, generate_job) -> SweepCounts:
+def _run_steps(jobs, steps, out_dir, sweep_stop, generate_job) -> SweepCounts:
     """The job loop of :func:`run_jobs`: each job's decided step in turn. A signal heard between jobs
-    or during a job that then finished anyway (its last chunk) stops the sweep before the next job."""
+    or during a job that then finished anyway (its last chunk) stops the sweep before the next job;
+    one heard while a job sets up reaches that job's own flag (:class:`StopFlag` nesting)."""
     from ..pipeline import Pipeline  # torch and the model only after the inputs passed
 
+    to_run = sum(step != "reuse" for step, _ in steps)
     done = skipped = failed = 0
     pipeline = None
     job_seconds: list[float] = []
@@ -177,8 +178,6 @@ def _run_steps(jobs, steps, to_run, out_dir, sweep_stop, generate_job) -> SweepC
                 t0 = time.perf_counter()
                 pipeline = Pipeline.from_config(what)
                 load_s = time.perf_counter() - t0  # paid once, not per job: kept out of the estimate
-                if sweep_stop.signal is not None:  # heard while the model loaded
-                    raise Interrupted("not started")
             summary = generate_job.run_generation(what, resume=step == "resume", pipeline=pipeline)
         except Exception as exc:  # noqa: BLE001  (a sweep records every failure and goes on)
             if isinstance(exc, Aborted):  # a second Ctrl-C: stop the sweep, not record a failure and go on

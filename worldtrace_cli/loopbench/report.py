@@ -325,7 +325,8 @@ def report(out_dir: str | Path, dest: str | Path | None = None) -> dict[str, Pat
     Raises:
         InputError: ``out_dir`` is not a folder or holds no complete LoopBench run.
         FolderInconsistent: a run folder contradicts itself (exit 7; the folder is named).
-        OutputError: ``dest`` cannot be written, a run folder lacks its records or video.
+        InputError: a run folder lacks its records. OutputError: ``dest`` cannot be written, a run
+            folder lacks its video.
     """
     out_dir = Path(out_dir)
     if not out_dir.is_dir():

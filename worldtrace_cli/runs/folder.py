@@ -31,7 +31,7 @@ import time
 from contextlib import contextmanager
 from pathlib import Path
 
-from ..errors import FolderBusy, FolderInconsistent, OutputError
+from ..errors import FolderBusy, FolderInconsistent, InputError, OutputError
 
 VIDEO = "video.mp4"
 VIDEO_PART = "video.part.mp4"
@@ -272,10 +272,10 @@ class RunFolder:
         Raises:
             FolderInconsistent (exit 7): chunk ids not 0..n-1 each exactly once, a video with fewer
                 frames than the records cover, a summary whose chunk count differs from the records.
-            OutputError: no ``chunks.jsonl``.
+            InputError: no ``chunks.jsonl`` (the folder given is not a run, or one that wrote no chunk).
         """
         if not self.chunks.is_file():
-            raise OutputError(f"{self.path}: no {CHUNKS} (not a run folder, or a run that wrote no chunk)")
+            raise InputError(f"{self.path}: no {CHUNKS} (not a run folder, or a run that wrote no chunk)")
         self.settle()
         records, torn = self.records()
         ids = [r.get("chunk") for r in records]

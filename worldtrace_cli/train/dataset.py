@@ -295,16 +295,16 @@ def encode_clips(folder: Path, vae_weights, shards: int, seed: int = 0, mix: Cli
     info = folder / "data.json"
     # only shards bind a folder to its settings: a data.json left by a run that wrote none (a VAE file
     # that failed to load, a stop during the first shard) is replaced
-    if shard_paths(folder) and info.exists() and _with_defaults(json.loads(info.read_text())) != settings:
+    done = len(shard_paths(folder))
+    if done and info.exists() and _with_defaults(json.loads(info.read_text())) != settings:
         raise InputError(f"{folder}: holds clips made with other settings or another VAE; use another folder")
-    if not shard_paths(folder):  # its late conditioning may be another VAE's or size's: made anew below
+    if not done:  # its late conditioning may be another VAE's or size's: made anew below
         (folder / LATE_CONDITIONING_FILE).unlink(missing_ok=True)
     vae, tower = make_encoder(vae_weights, clip_seed, height, width)
     vae.to(device)
     tower.to(device)
     store_late_conditioning(folder, vae)
     info.write_text(json.dumps(settings, indent=2) + "\n")  # once the VAE has loaded and encoded
-    done = len(shard_paths(folder))
     bar = tqdm(total=shards, initial=done, disable=not progress, unit="shard", dynamic_ncols=True)
     for i in range(done, shards):
         rng = np.random.default_rng([seed, i])
