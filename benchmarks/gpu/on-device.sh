@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
 # Run ON THE GPU MACHINE (device tool), in the repository root, with .whl carried.
 # A session has 15 device-minutes in all (start included): two calls, in this order (benchmarks/README.md):
-#   bash benchmarks/gpu/on-device.sh quick            # the runbook in one call, every step time-boxed (<= 9.3 min)
-#   bash benchmarks/gpu/on-device.sh fast             # compiled + CUDA graphs + overlapped decode: s/chunk and fps (<= 4.8 min)
+#   QUICK_MAX=0 bash benchmarks/gpu/on-device.sh quick  # the runbook in one call, every step time-boxed (<= 7.5 min;
+#                                                     # <= 9.3 min with the max-autotune test, which never finished)
+#   FAST_EXTRA="--budget 6" bash benchmarks/gpu/on-device.sh fast  # compiled + CUDA graphs + overlapped decode (<= 4.8 min)
+#   bash benchmarks/gpu/on-device.sh max              # the max-autotune GPU test alone (MAX_LIMIT s, default 130)
 #   bash benchmarks/gpu/on-device.sh train all        # instead of fast: GPU-encoded clips + batched DiT training (<= 4.5 min)
 # Longer steps, for a session with more device time:
 #   bash benchmarks/gpu/on-device.sh check            # GPU tests + CUDA parity, eager and compiled (~3 min)
@@ -28,6 +30,10 @@ step() {  # step SECONDS CMD...: run CMD time-boxed, say how it ended (a step th
 half() {  # half SRC DST: a float16 copy of a weights file; over 15 MiB as DST-partK-of-N parts (files coming
   # back are limited to 16 MiB; join them here with benchmarks/gpu/weights.py join)
   python3 benchmarks/gpu/weights.py half "$1" "$2"
+}
+max_autotune() {  # max_autotune SECONDS: the max-autotune GPU test (its compile time is unknown: 60 s were not enough)
+  CUDA_LAUNCH_BLOCKING=1 step "$1" python3 -m pytest -q -m gpu tests/test_speed.py -k "max" -p no:cacheprovider \
+      -p no:logging -rfE --tb=short 2>&1 | tee -a "$OUT/gpu-tests.log"
 }
 FIXTURES="tests/data/fixtures tests/data/fixtures/templerun tests/data/fixtures/universal_la4"
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv 2>/dev/null | tee "$OUT/gpu.txt"
@@ -55,8 +61,11 @@ case "${1:-check}" in
     [ -n "${MEMORY_CHUNKS:-}" ] && step 100 python3 -m worldtrace_cli bench speed --preset "$PRESET" --random-weights \
         --device "$DEVICE" --caches field --chunks "$MEMORY_CHUNKS" --no-decode -o "$OUT" \
         --name "speed-$PRESET-field-memory" 2>&1 | tee -a "$OUT/speed.log"  # one log for both: at most 8 files come back
-    CUDA_LAUNCH_BLOCKING=1 step 130 python3 -m pytest -q -m gpu tests/test_speed.py -k "max" -p no:cacheprovider \
-        -p no:logging -rfE --tb=short 2>&1 | tee -a "$OUT/gpu-tests.log"
+    [ "${QUICK_MAX:-1}" = 1 ] && max_autotune 130
+    ;;
+  max)
+    # The max-autotune GPU test alone (quick's last step; QUICK_MAX=0 leaves it out of quick): MAX_LIMIT seconds.
+    max_autotune "${MAX_LIMIT:-130}"
     ;;
   fast)
     # The second call of a session that does not train (~4.8 min at most: 270 s + setup): the product's fast path on full-size
@@ -64,7 +73,8 @@ case "${1:-check}" in
     # writers, chunks and repeats as quick's eager ratio (compare the two within one warm machine).
     step 270 python3 -m worldtrace_cli bench speed --preset "$PRESET" --random-weights --device "$DEVICE" \
         --caches sliding,field,landmark --chunks "${QUICK_CHUNKS:-16}" --repeats 3 --warmup 4 \
-        --compile reduce-overhead --overlap-decode -o "$OUT" --name "speed-$PRESET-ratio-fast" 2>&1 | tee "$OUT/speed-fast.log"
+        --compile reduce-overhead --overlap-decode ${FAST_EXTRA:-} -o "$OUT" --name "speed-$PRESET-ratio-fast" 2>&1 \
+        | tee "$OUT/speed-fast.log"  # FAST_EXTRA, e.g. "--budget 6": every writer at one cache size
     ;;
   check)
     python3 -m pytest -q -m gpu tests -p no:logging -rfE --ignore=tests/test_schemas.py 2>&1 | tee "$OUT/gpu-tests.log"
@@ -168,5 +178,5 @@ for part in ('vae', 'dit'):
       *) echo "usage: $0 train encode|dit|all"; exit 2 ;;
     esac
     ;;
-  *) echo "usage: $0 quick | fast | check | ratio [EXTRA_ARGS] | bench CACHE [EXTRA_ARGS] | train encode|dit|all"; exit 2 ;;
+  *) echo "usage: $0 quick | fast | max | check | ratio [EXTRA_ARGS] | bench CACHE [EXTRA_ARGS] | train encode|dit|all"; exit 2 ;;
 esac
