@@ -300,6 +300,10 @@ def test_dit_training_device_option(tmp_path, data):
     r = CliRunner().invoke(main, ["train", "dit", "--data", str(data), "-o", str(tmp_path / "d"), "--preset", "tiny",
                                   "--steps", "1", "--device", "cuda", "--no-progress"])
     assert r.exit_code != 0 and "no CUDA device" in r.output and "Traceback" not in r.output
+    r = CliRunner().invoke(main, ["train", "dit", "--data", str(data), "-o", str(tmp_path / "t"), "--preset", "tiny",
+                                  "--steps", "1", "--precision", "tf32", "--no-progress"])
+    assert r.exit_code == 2 and "--precision tf32 needs a CUDA device" in r.output and "Traceback" not in r.output
+    assert not (tmp_path / "t").exists()
 
 
 @pytest.mark.gpu
@@ -605,6 +609,75 @@ def test_training_refuses_a_compile_mode_with_cuda_graphs(tmp_path, data):
     with pytest.raises(ValueError, match="none or default"):
         train_dit(tmp_path / "x", data, _tiny_preset(), s, batch=1, progress=False, compile_mode="reduce-overhead")
     assert not (tmp_path / "x").exists()
+
+
+def test_mixed_precision_training_follows_float32(tmp_path, data, one_thread):
+    """`train dit --precision bf16`: the forward passes run under bfloat16 autocast (the losses move by
+    bfloat16 rounding, not more), the weights file and its moving average stay float32; the precision is
+    not a run setting (a float32 run continues in bf16) and is recorded in result.json. `--precision
+    tf32` is refused on a CPU before a folder is made, and TF32 flags are restored after a run."""
+    from dataclasses import replace
+
+    from safetensors.torch import load_file
+
+    from worldtrace_cli.train.dit import train_dit
+
+    s = LoopSettings(steps=3, warmup=1, lr=1e-3, log_every=1, save_every=3, ema=0.9)
+    losses = {}
+    for precision in ("float32", "bf16"):
+        r = train_dit(tmp_path / precision, data, _tiny_preset(), s, batch=4, progress=False, batched=True,
+                      precision=precision)
+        assert r["precision"] == precision and r["step"] == 3
+        losses[precision] = [json.loads(line)["loss"] for line in (tmp_path / precision / "loss.jsonl").read_text().splitlines()]
+        for name in ("dit.safetensors", "dit-ema.safetensors"):
+            assert {v.dtype for v in load_file(str(tmp_path / precision / name)).values()} == {torch.float32}
+    # the same draws: the first losses differ by bfloat16 rounding only (autocast is on: not identical)
+    assert losses["bf16"][0] != losses["float32"][0]
+    assert losses["bf16"][0] == pytest.approx(losses["float32"][0], rel=5e-2)
+    assert train_dit(tmp_path / "float32", data, _tiny_preset(), replace(s, steps=4), batch=4, progress=False,
+                     batched=True, precision="bf16")["step"] == 4
+    saved = torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32
+    with pytest.raises(InputError, match="tf32 needs a CUDA device"):
+        train_dit(tmp_path / "t", data, _tiny_preset(), s, batch=1, progress=False, precision="tf32")
+    assert not (tmp_path / "t").exists()
+    with pytest.raises(ValueError, match="precision must be one of"):
+        train_dit(tmp_path / "t", data, _tiny_preset(), s, batch=1, progress=False, precision="fp8")
+    assert (torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32) == saved
+
+
+def test_tf32_setting_is_scoped():
+    """tf32_allowed sets both CUDA TF32 switches inside its block and restores them after, errors included."""
+    from worldtrace_cli.model.speed import tf32_allowed
+
+    saved = torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32
+    for allowed in (True, False):
+        with pytest.raises(RuntimeError):
+            with tf32_allowed(allowed):
+                assert (torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32) == (allowed, allowed)
+                raise RuntimeError("inside")
+        assert (torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32) == saved
+
+
+@pytest.mark.gpu
+def test_faster_training_precisions_on_cuda_follow_float32(tmp_path, data):
+    """On CUDA, `--precision tf32` and `bf16` give the float32 first losses to their rounding (the
+    same clips and numpy noise), and their weights files load as float32."""
+    from safetensors.torch import load_file
+
+    from worldtrace_cli.train.dit import train_dit
+
+    if not torch.cuda.is_available():
+        pytest.skip("needs CUDA")
+    s = LoopSettings(steps=2, warmup=1, lr=1e-3, log_every=1, save_every=2)
+    losses = {}
+    for precision in ("float32", "tf32", "bf16"):
+        r = train_dit(tmp_path / precision, data, _tiny_preset(), s, batch=4, progress=False, batched=True,
+                      device="cuda", precision=precision)
+        assert r["precision"] == precision
+        losses[precision] = [json.loads(line)["loss"] for line in (tmp_path / precision / "loss.jsonl").read_text().splitlines()]
+        assert {v.dtype for v in load_file(str(tmp_path / precision / "dit.safetensors")).values()} == {torch.float32}
+    assert losses["tf32"][0] == pytest.approx(losses["float32"][0], rel=1e-2)
+    assert losses["bf16"][0] == pytest.approx(losses["float32"][0], rel=5e-2)
 
 
 def test_training_refuses_a_folder_that_train_encode_did_not_make(tmp_path, data):

@@ -15,7 +15,6 @@ the MG2-native sliding cache (budget = local_attn_size - 3 past latent frames, a
 
 from __future__ import annotations
 
-from contextlib import contextmanager
 from pathlib import Path
 
 import torch
@@ -26,7 +25,7 @@ from .memory.base import MemoryConfig
 from .model.checkpoint import check_state_dict, read_json, read_state_dict
 from .model.config import DiTConfig
 from .model.dit import CausalWanDiT
-from .model.speed import configure_speed
+from .model.speed import configure_speed, tf32_allowed
 from .model.sampler import FlowMatchSchedule
 
 TOLERANCE = 1e-4
@@ -120,25 +119,12 @@ def compare(folder: str | Path, rope_precision: str = "float64", compile_mode: s
     (:func:`~worldtrace_cli.model.speed.configure_speed`) on ``device``; return max |diff| per group:
     ``x0`` (every call), ``output_latents``.
 
-    On CUDA the replay runs in IEEE float32 (:func:`strict_float32`): with PyTorch's default
+    On CUDA the replay runs in IEEE float32 (:func:`~worldtrace_cli.model.speed.tf32_allowed` off): with PyTorch's default
     (cuDNN convolutions, here the patch embedding, in TF32) an H200 gave max |diff| 6.6-6.9e-4 on
     the three fixtures; in IEEE float32, as here, 2.9-3.0e-6 (benchmarks/results/gpu-h200-2026-11-26-b/).
     """
-    with strict_float32():
+    with tf32_allowed(False):
         return _compare(folder, rope_precision, compile_mode, device)
-
-
-@contextmanager
-def strict_float32():
-    """Turn TF32 off for CUDA matrix products and cuDNN convolutions (restored on exit): the golden
-    fixtures were made in IEEE float32, and TF32's 10-bit mantissa alone moves a tiny DiT's
-    outputs by ~1e-3. No effect on a CPU."""
-    saved = torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32
-    torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = False
-    try:
-        yield
-    finally:
-        torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = saved
 
 
 def _compare(folder, rope_precision, compile_mode, device):

@@ -6,6 +6,7 @@
 #   FAST_EXTRA="--budget 6" bash benchmarks/gpu/on-device.sh fast  # compiled + CUDA graphs + overlapped decode (<= 4.8 min)
 #   bash benchmarks/gpu/on-device.sh max              # the max-autotune GPU test alone (MAX_LIMIT s, default 130)
 #   bash benchmarks/gpu/on-device.sh train all        # instead of fast: GPU-encoded clips + batched DiT training (<= 4.5 min)
+#   bash benchmarks/gpu/on-device.sh train precisions # s per batched training step in float32, tf32, bf16 (<= 3.5 min)
 # Longer steps, for a session with more device time:
 #   bash benchmarks/gpu/on-device.sh check            # GPU tests + CUDA parity, eager and compiled (~3 min)
 #   bash benchmarks/gpu/on-device.sh ratio [EXTRA]    # sliding, field, landmark interleaved 3 times, 64 chunks: s/chunk ratios
@@ -112,7 +113,47 @@ b = 'worldtrace_cli/presets/loopworld.safetensors'
 parts = split_bundle(load_file(b), b)
 for part in ('vae', 'dit'):
     save_file({k: v.float().contiguous() for k, v in parts[part].items()}, '$T/' + part + '.safetensors')"
+    link() {  # encoders' shards into all-data/ under stable names (encoder, shard): the trainer loads each name once
+      for f in "$T"/all-data-*/clips-*.safetensors; do
+        [ -e "$f" ] || continue
+        i="${f#"$T"/all-data-}"; i="${i%%/*}"
+        ln -sf "$PWD/$f" "$T/all-data/clips-$(printf %02d "$i")-$(basename "$f" .safetensors | sed 's/clips-//').safetensors"
+      done
+      [ -f "$T/all-data/late_conditioning.safetensors" ] || cp "$T"/all-data-1/late_conditioning.safetensors "$T/all-data/" 2>/dev/null
+    }
+    encode_while() {  # encode_while LEAD LIMIT LOG: ENCODERS processes render clips on the CPU cores and encode them on
+      # the device for LIMIT seconds; returns after LEAD seconds (shard count to LOG), linking their shards into
+      # all-data/ every 10 s after (not in a pipeline: the encoders stay this shell's children, for pkill and wait)
+      for i in $(seq 1 "${ENCODERS:-12}"); do
+        OMP_NUM_THREADS=1 timeout "$2" python3 -m worldtrace_cli \
+            train encode --vae "$T/vae.safetensors" -o "$T/all-data-$i" --shards 1000 --seed $((200 + i)) \
+            --device "$DEVICE" ${ENCODE_ARGS:-} --no-progress > "$T/all-encode-$i.log" 2>&1 &
+      done
+      mkdir -p "$T/all-data"; sleep "$1"; link
+      ( while pgrep -f "train encode --vae $T/vae" > /dev/null; do sleep 10; link; done ) > /dev/null 2>&1 &
+      echo "$(ls "$T"/all-data/clips-* 2>/dev/null | wc -l) shards of 32 clips after $1 s (${ENCODERS:-12} encoders)" | tee "$3"
+    }
     case "${2:-dit}" in
+      precisions)
+        # ~3.5 minutes at most: seconds per batched step of each --precision (float32, tf32, bf16), PRECISION_STEPS
+        # steps of batch TRAIN_BATCH each from TRAIN_INIT (default the shipped DiT; TRAIN_PRESET for a larger DiT), on
+        # clips encoded meanwhile; back: train-precisions.log, precision-*.json (each run's result.json: steps, minutes)
+        init="${TRAIN_INIT-$T/dit.safetensors}"
+        encode_while "${ENCODE_SECONDS:-45}" 240 "$OUT/train-precisions.log"
+        for p in ${PRECISIONS:-float32 tf32 bf16}; do
+          step "${PRECISION_LIMIT:-50}" python3 -m worldtrace_cli train dit --data "$T/all-data" -o "$T/precision-$p" \
+              ${init:+--init "$init"} --preset "${TRAIN_PRESET:-loopworld}" --device "$DEVICE" --batched \
+              --batch "${TRAIN_BATCH:-512}" --start-share 0.5 --steps "${PRECISION_STEPS:-12}" --lr 5e-4 --warmup 50 \
+              --save-every 1000 --no-progress --precision "$p" 2>&1 | tail -n 3 | tee -a "$OUT/train-precisions.log"
+          [ -f "$T/precision-$p/result.json" ] && cp "$T/precision-$p/result.json" "$OUT/precision-$p.json"
+        done
+        pkill -f "train encode --vae $T/vae"; wait
+        python3 -c "
+import json, pathlib
+for f in sorted(pathlib.Path('$OUT').glob('precision-*.json')):
+    r = json.loads(f.read_text()); print(f'{r[\"precision\"]}: {r[\"step\"]} steps in {60 * r[\"minutes\"]:.1f} s: {60 * r[\"minutes\"] / max(r[\"step\"], 1):.2f} s/step (first step included)')
+" | tee -a "$OUT/train-precisions.log"
+        ;;
       encode)
         for i in $(seq 1 "${ENCODERS:-12}"); do
           OMP_NUM_THREADS=1 python3 -m worldtrace_cli train encode --vae "$T/vae.safetensors" -o "$T/data-$i" \
@@ -142,28 +183,12 @@ for part in ('vae', 'dit'):
         lead="${ENCODE_SECONDS:-45}"; minutes="${TRAIN_MINUTES:-3}"; init="${TRAIN_INIT-$T/dit.safetensors}"
         # one training folder per (preset, init): rerunning the same settings continues, other settings start apart
         D="$T/all-dit-$(echo "${TRAIN_PRESET:-loopworld} ${init:-random}" | md5sum | cut -c1-8)"
-        for i in $(seq 1 "${ENCODERS:-12}"); do
-          OMP_NUM_THREADS=1 timeout "$(python3 -c "print(int($lead + 60 * $minutes + 60))")" python3 -m worldtrace_cli \
-              train encode --vae "$T/vae.safetensors" -o "$T/all-data-$i" --shards 1000 --seed $((200 + i)) \
-              --device "$DEVICE" ${ENCODE_ARGS:-} --no-progress > "$T/all-encode-$i.log" 2>&1 &
-        done
-        mkdir -p "$T/all-data"
-        link() {  # stable names (encoder, shard): the trainer loads each name once
-          for f in "$T"/all-data-*/clips-*.safetensors; do
-            [ -e "$f" ] || continue
-            i="${f#"$T"/all-data-}"; i="${i%%/*}"
-            ln -sf "$PWD/$f" "$T/all-data/clips-$(printf %02d "$i")-$(basename "$f" .safetensors | sed 's/clips-//').safetensors"
-          done
-          [ -f "$T/all-data/late_conditioning.safetensors" ] || cp "$T"/all-data-1/late_conditioning.safetensors "$T/all-data/" 2>/dev/null
-        }
-        sleep "$lead"; link
-        ( while pgrep -f "train encode --vae $T/vae" > /dev/null; do sleep 10; link; done ) &
-        echo "$(ls "$T"/all-data/clips-* 2>/dev/null | wc -l) shards of 32 clips after ${lead} s (${ENCODERS:-12} encoders)" | tee "$OUT/train-all.log"
+        encode_while "$lead" "$(python3 -c "print(int($lead + 60 * $minutes + 60))")" "$OUT/train-all.log"
         step "${TRAIN_LIMIT:-240}" python3 -m worldtrace_cli train dit --data "$T/all-data" -o "$D" \
             ${init:+--init "$init"} --preset "${TRAIN_PRESET:-loopworld}" --device "$DEVICE" --batched \
             --batch "${TRAIN_BATCH:-512}" --start-share 0.5 --ema 0.999 --steps "${TRAIN_STEPS:-100000}" \
             --lr "${TRAIN_LR:-5e-4}" --warmup 50 --save-every 100 --minutes "$minutes" --no-progress \
-            --compile "${TRAIN_COMPILE:-none}" \
+            --compile "${TRAIN_COMPILE:-none}" --precision "${TRAIN_PRECISION:-float32}" \
             2>&1 | tail -n 4 | tee -a "$OUT/train-all.log"
         pkill -f "train encode --vae $T/vae"; wait; link
         echo "$(ls "$T"/all-data/clips-* | wc -l) shards of 32 clips encoded in all (the last ones after training)" | tee -a "$OUT/train-all.log"
@@ -175,7 +200,7 @@ for part in ('vae', 'dit'):
         cp "$D/loss.jsonl" "$D/settings.json" "$OUT/"
         [ -f "$D/result.json" ] && cp "$D/result.json" "$OUT/"
         ;;
-      *) echo "usage: $0 train encode|dit|all"; exit 2 ;;
+      *) echo "usage: $0 train encode|dit|all|precisions"; exit 2 ;;
     esac
     ;;
   *) echo "usage: $0 quick | fast | max | check | ratio [EXTRA_ARGS] | bench CACHE [EXTRA_ARGS] | train encode|dit|all"; exit 2 ;;

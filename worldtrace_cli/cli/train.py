@@ -179,8 +179,13 @@ def train_encode_cmd(vae_weights, output, shards, seed, late, loop, max_angle, v
               help="torch.compile the DiT blocks' pure parts for training (symbolic batch sizes): the same losses with "
                    "less than half the ATen calls per step, for GPUs, where each is a kernel launch; the first step "
                    "compiles for minutes (6.5 on 2 CPU cores for loopworld).")
+@click.option("--precision", type=click.Choice(["float32", "tf32", "bf16"]), default="float32", show_default=True,
+              help="Arithmetic of the training steps: float32 (IEEE, the same losses on CPU and GPU); tf32 (CUDA "
+                   "only: float32 matrix products on TF32 tensor cores); bf16 (mixed precision: forward passes under "
+                   "bfloat16 autocast, float32 weights, gradients and optimiser state). A run may be continued in "
+                   "another precision.")
 def train_dit_cmd(data, preset, output, steps, minutes, lr, warmup, seed, threads, save_every, no_progress, batch,
-                  return_weight, start_share, init, self_context, ema, device, batched, compile_mode):
+                  return_weight, start_share, init, self_context, ema, device, batched, compile_mode, precision):
     """Train the DiT on encoded clips through MG2's sliding cache; writes DIR/dit.safetensors
     (and DIR/dit-ema.safetensors with --ema)."""
     from ..config import load_preset
@@ -194,7 +199,7 @@ def train_dit_cmd(data, preset, output, steps, minutes, lr, warmup, seed, thread
                       batch=batch, return_weight=return_weight, progress=not no_progress, stop=stop,
                       start_share=START_SHARE if start_share is None else start_share, init=init,
                       self_context=self_context, device=str(resolve_device(device)), batched=batched,
-                      compile_mode=compile_mode)
+                      compile_mode=compile_mode, precision=precision)
         click.echo(f"worldtrace: DiT step {r['step']} ({r['minutes']:.1f} min this run), loss {r['loss']} -> {r['file']}",
                    err=True)
 

@@ -7,6 +7,8 @@ caches eager. Both MG2's :class:`~.dit.CausalWanDiT` and LingBot's
 
 from __future__ import annotations
 
+from contextlib import contextmanager
+
 import torch
 
 from .action import ActionModule
@@ -19,6 +21,20 @@ _PURE_PARTS = {Block: ("attention_inputs", "attention_outputs", "feed_forward"),
                ActionModule: ("mouse_part", "keyboard_part"),
                LingbotBlock: ("attention_inputs", "block_outputs")}
 _COMPILED_PARTS: dict[tuple[str, str, str, bool], object] = {}  # (class, part, mode, dynamic)
+
+
+@contextmanager
+def tf32_allowed(allowed: bool):
+    """Inside the block, CUDA float32 matrix products and cuDNN convolutions run on TF32 tensor cores
+    (10-bit mantissa, float32 range) when ``allowed``, in IEEE float32 when not (PyTorch's own default
+    is float32 products but TF32 convolutions); the previous settings are restored on exit. No effect
+    on a CPU."""
+    saved = torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32
+    torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = allowed
+    try:
+        yield
+    finally:
+        torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = saved
 
 
 def compile_blocks(model: CausalWanDiT | LingbotDiT, mode: str = "default", dynamic: bool = False) -> None:

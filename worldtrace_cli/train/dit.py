@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import json
 from collections import defaultdict
+from contextlib import nullcontext
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -37,6 +38,7 @@ from ..errors import InputError
 from ..memory import CacheGeometry, MemoryConfig, build_writer
 from ..model.conditioning import MASK_CHANNELS, ConditioningLatents
 from ..model.dit import CausalWanDiT, ChunkInputs, init_random_weights
+from ..model.speed import tf32_allowed
 from ..rollout import read_past
 from ..model.sampler import NUM_TRAIN_TIMESTEPS, FlowMatchSchedule, add_noise, flow_to_x0, next_x
 from .common import LoopSettings, prepare_folder, run_loop, save_safetensors_atomic, settings_dict
@@ -327,6 +329,20 @@ def grouped_loss(dit, clips: list[EncodedClip], late_cond, rng: np.random.Genera
     return torch.cat(losses).mean()
 
 
+TRAIN_PRECISIONS = ("float32", "tf32", "bf16")
+
+
+def forward_precision(precision: str, device: str):
+    """The context a training step's forward passes run in: ``bf16`` is ``torch.autocast`` to bfloat16
+    on ``device``'s type (matrix products, convolutions and attention in bfloat16; the weights, their
+    gradients, the optimiser state and the loss stay float32: mixed precision, no loss scaling needed
+    with bfloat16's float32 range); ``float32`` and ``tf32`` run as they are (TF32 is a process setting,
+    :func:`~worldtrace_cli.model.speed.tf32_allowed`, around the whole run)."""
+    if precision == "bf16":
+        return torch.autocast(device_type=torch.device(device).type, dtype=torch.bfloat16)
+    return nullcontext()
+
+
 def build_dit(preset: Preset, seed: int) -> CausalWanDiT:
     """A float32 CPU DiT of the preset's config with seeded random weights (the head scaled by 0.1,
     so the first predictions are near zero)."""
@@ -341,7 +357,7 @@ def train_dit(folder: Path, data: Path, preset: Preset, s: LoopSettings, batch: 
               sampler_prob: float = 0.75, return_weight: float = 3.0, progress: bool = True,
               stop=lambda: False, start_share: float = START_SHARE, init: Path | None = None,
               self_context: float = 0.0, device: str = "cpu", batched: bool = False,
-              compile_mode: str = "none") -> dict:
+              compile_mode: str = "none", precision: str = "float32") -> dict:
     """Train (or continue training) the DiT of ``preset`` on the clips in ``data``; writes
     ``folder/dit.safetensors`` (float32, official parameter names) at every save and at the end,
     and with ``s.ema`` the weights' moving average beside it (``dit-ema.safetensors``).
@@ -366,9 +382,18 @@ def train_dit(folder: Path, data: Path, preset: Preset, s: LoopSettings, batch: 
             less than half the ATen calls per step (what bounds a GPU's steps per second here,
             benchmarks/results/gpu-h200-2026-11-26/), paid for by minutes of compilation at the first
             step. Not part of the run's settings either.
-    Returns: ``{"step", "minutes", "loss", "file", "device"}``.
+        precision: ``float32`` (IEEE float32 everywhere, the default: CPU and GPU give the same
+            losses to rounding) | ``tf32`` (CUDA only: float32 matrix products on TF32 tensor cores,
+            :func:`~worldtrace_cli.model.speed.tf32_allowed`; ``float32`` turns TF32 off, cuDNN's
+            convolutions included) | ``bf16`` (mixed precision: the forward passes under bfloat16
+            autocast, :func:`forward_precision`; float32 weights, gradients, optimiser state and moving
+            average). Not part of the run's settings (a run may be continued in another precision);
+            recorded in ``result.json``.
+    Returns: ``{"step", "minutes", "loss", "file", "device", "precision"}``.
     Raises:
-        ValueError: ``compile_mode`` is not ``none`` or ``default``.
+        ValueError: ``compile_mode`` is not ``none`` or ``default``, or ``precision`` is not one of
+            :data:`TRAIN_PRECISIONS`.
+        InputError: ``precision`` is ``tf32`` and ``device`` is not a CUDA device.
         InputError: the folder holds a run with other settings; CheckpointError: ``init`` is not
             this preset's DiT.
         InputError: ``data`` is not a data folder of ``train encode`` or holds no clips yet (checked
@@ -377,6 +402,10 @@ def train_dit(folder: Path, data: Path, preset: Preset, s: LoopSettings, batch: 
     """
     if compile_mode not in ("none", "default"):  # before the folder is made: a refused run leaves nothing
         raise ValueError(f"training compile mode must be none or default, got {compile_mode!r}")
+    if precision not in TRAIN_PRECISIONS:
+        raise ValueError(f"training precision must be one of {', '.join(TRAIN_PRECISIONS)}, got {precision!r}")
+    if precision == "tf32" and torch.device(device).type != "cuda":
+        raise InputError(f"--precision tf32 needs a CUDA device (TF32 is a GPU tensor-core format); got --device {device}")
     pool = ClipPool(data)  # before the folder is made too: a data folder without clips leaves nothing
     prepare_folder(folder, settings_dict(s, kind="dit", data=str(data), preset=preset.to_dict(training=True), batch=batch,
                                          sampler_prob=sampler_prob, return_weight=return_weight, start_share=start_share,
@@ -402,28 +431,30 @@ def train_dit(folder: Path, data: Path, preset: Preset, s: LoopSettings, batch: 
     schedule = FlowMatchSchedule(tuple(preset.denoising_steps), preset.timestep_shift, preset.sampler)
 
     def step_fn(step: int, rng: np.random.Generator) -> dict:
-        if batched:
-            loss = grouped_loss(dit, [pool.draw(rng).to(device) for _ in range(batch)], late_cond, rng, schedule,
-                                sampler_prob, return_weight, start_share, self_context)
-            return {"loss": loss, "clips": float(len(pool.clips))}
-        losses = [clip_loss(dit, pool.draw(rng).to(device), late_cond, rng, schedule, sampler_prob, return_weight,
-                            start_share, self_context) for _ in range(batch)]
-        return {"loss": torch.stack(losses).mean(), "clips": float(len(pool.clips))}
+        with forward_precision(precision, device):  # the backward pass runs outside, in the forward's dtypes
+            if batched:
+                loss = grouped_loss(dit, [pool.draw(rng).to(device) for _ in range(batch)], late_cond, rng, schedule,
+                                    sampler_prob, return_weight, start_share, self_context)
+                return {"loss": loss, "clips": float(len(pool.clips))}
+            losses = [clip_loss(dit, pool.draw(rng).to(device), late_cond, rng, schedule, sampler_prob, return_weight,
+                                start_share, self_context) for _ in range(batch)]
+            return {"loss": torch.stack(losses).mean(), "clips": float(len(pool.clips))}
 
     def write_weights(average):  # with every saved state, so an interrupted run's weights are current
         save_safetensors_atomic({k: v.cpu() for k, v in dit.state_dict().items()}, folder / DIT_FILE)
         if average is not None:
             save_safetensors_atomic(average, folder / DIT_EMA_FILE)
 
-    result = run_loop(folder, dit, step_fn, s, progress=progress, stop=stop, on_save=write_weights)
-    result.update(file=str(folder / DIT_FILE), device=str(device))
+    with tf32_allowed(precision == "tf32"):
+        result = run_loop(folder, dit, step_fn, s, progress=progress, stop=stop, on_save=write_weights)
+    result.update(file=str(folder / DIT_FILE), device=str(device), precision=precision)
     (folder / "result.json").write_text(json.dumps(result, indent=2) + "\n")
     return result
 
 
-__all__ = ["CLIP_CHUNKS", "ClipBatch", "ClipPool", "DIT_EMA_FILE", "DIT_FILE", "START_SHARE", "build_dit", "cache_geometry", "choose_target",
+__all__ = ["CLIP_CHUNKS", "ClipBatch", "ClipPool", "DIT_EMA_FILE", "DIT_FILE", "START_SHARE", "TRAIN_PRECISIONS", "build_dit", "cache_geometry", "choose_target",
            "clip_loss", "cond_concat",
-           "context_state", "grouped_loss", "sample_sigma", "sample_x0", "self_generated_chunks", "target_chunk_inputs", "target_losses", "train_dit"]
+           "context_state", "grouped_loss", "sample_sigma", "sample_x0", "self_generated_chunks", "target_chunk_inputs", "target_losses", "forward_precision", "train_dit"]
 
 
 def export_bundle(dit_weights: Path, vae_weights: Path, output: Path, clip_seed: int = 2) -> dict:
