@@ -57,6 +57,9 @@ def test_speed_bench_smoke_on_cpu():
         assert set(r["phase_seconds_per_chunk"]) == {"denoise", "context", "cache", "decode"}
         assert r["gpu_peak_bytes"] is None and r["rss_bytes"] > 0 and r["fps"] > 0
     assert rows[0]["kv_bytes"] == rows[1]["kv_bytes"]  # bounded cache: same bytes at 2 and 3 chunks
+    for r in rows:  # chunk 0's wall clock is part of the one warm-up chunk's; both are per run, not per snapshot
+        assert 0 < r["first_chunk_seconds"] <= r["warmup_seconds"]
+    assert rows[0]["warmup_seconds"] == rows[1]["warmup_seconds"] and rows[2]["first_chunk_seconds"] != rows[0]["first_chunk_seconds"]
     summary = {(e["cache"], e["chunks"]): e for e in result["summary"]}
     assert summary[("sliding", 3)]["vs_reference"] == 1.0
     assert summary[("field-streaming", 3)]["vs_reference"] == rows[3]["seconds_per_chunk"] / rows[1]["seconds_per_chunk"]

@@ -24,7 +24,11 @@ def speed_benchmark(preset_name: str = "tiny", caches: tuple[str, ...] = ("slidi
     decode_wait, the part of the decode generation waited for), ``seconds_per_chunk`` (the critical
     path: denoise + context + cache + decode, or + decode_wait with overlap), ``wall_seconds_per_chunk``
     (wall clock from the first measured chunk until chunk N's frames are on the host), DiT forward
-    seconds (denoise time / steps), end-to-end ``fps`` (pixel frames / wall seconds), peak GPU bytes
+    seconds (denoise time / steps), end-to-end ``fps`` (pixel frames / wall seconds),
+    ``first_chunk_seconds`` (wall clock of chunk 0's generation, synchronised: with ``compile_mode``
+    the first run of a process pays the compilation there, and ``reduce-overhead`` records CUDA
+    graphs over the first chunks; later runs reuse them), ``warmup_seconds`` (wall clock of the
+    ``warmup_chunks`` excluded chunks, the first included), peak GPU bytes
     since the rollout started (``torch.cuda.max_memory_allocated``), process RSS bytes, KV bytes
     read, writer host bytes.
 
@@ -85,12 +89,19 @@ def speed_benchmark(preset_name: str = "tiny", caches: tuple[str, ...] = ("slidi
         out_rows = []
         frames = 0
         wall_start = None
+        sync()
+        run_start = time.perf_counter()
+        first_chunk = warmup = None
         try:
             for c in range(n_max):
                 if c == warmup_chunks:
                     sync()
                     wall_start = time.perf_counter()
+                    warmup = wall_start - run_start
                 out = rollout.step()
+                if c == 0:
+                    sync()
+                    first_chunk = time.perf_counter() - run_start
                 done = pipeline.submit(out) if pipeline else [out]
                 n = c + 1
                 if n in chunk_counts and pipeline:
@@ -114,6 +125,7 @@ def speed_benchmark(preset_name: str = "tiny", caches: tuple[str, ...] = ("slidi
                     "phase_seconds_per_chunk": phases,
                     "dit_forward_seconds": phases["denoise"] / len(preset.denoising_steps),
                     "fps": (frames / wall) if decode and wall else None,
+                    "first_chunk_seconds": first_chunk, "warmup_seconds": warmup,
                     "gpu_peak_bytes": torch.cuda.max_memory_allocated(dev) if dev.type == "cuda" else None,
                     "rss_bytes": process_rss_bytes(),
                     "kv_bytes": out.record["cache"]["kv_bytes"],
@@ -206,8 +218,9 @@ def speed_markdown(result: dict) -> str:
                      f"{e['host_bytes'] / 2**20:.1f} |")
     lines += ["", "Every run:", "",
               "| cache | repeat | chunks | s/chunk | wall s/chunk | denoise | context | cache | decode | DiT fwd ms | "
-              "fps | GPU peak MB | RSS MB | KV MB | host MB |",
-              "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
+              "fps | GPU peak MB | RSS MB | KV MB | host MB | first chunk s | warm-up s |",
+              "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: "
+              "| ---: | ---: |"]
     for r in result["rows"]:
         p = r["phase_seconds_per_chunk"]
         gpu = None if r["gpu_peak_bytes"] is None else r["gpu_peak_bytes"] / 2**20
@@ -216,5 +229,6 @@ def speed_markdown(result: dict) -> str:
                      f"{num(r.get('wall_seconds_per_chunk'), '.3f')} | {p['denoise']:.3f} | "
                      f"{p['context']:.3f} | {p['cache']:.4f} | {decode} | {1000 * r['dit_forward_seconds']:.1f} | "
                      f"{num(r['fps'], '.1f')} | {num(gpu, '.0f')} | {r['rss_bytes'] / 2**20:.0f} | "
-                     f"{r['kv_bytes'] / 2**20:.2f} | {r['host_bytes'] / 2**20:.1f} |")
+                     f"{r['kv_bytes'] / 2**20:.2f} | {r['host_bytes'] / 2**20:.1f} | "
+                     f"{num(r.get('first_chunk_seconds'), '.2f')} | {num(r.get('warmup_seconds'), '.2f')} |")
     return "\n".join(lines)
