@@ -761,3 +761,65 @@ def test_gpu_weights_split_into_parts_that_come_back_and_join(tmp_path):
         weights.join(parts[:2], tmp_path / "x.safetensors")
     with pytest.raises(SystemExit, match="over --max-mib"):
         weights.half(src, tmp_path / "y.safetensors", max_mib=0.1)
+
+
+def _deeper(preset, layers: int, action_blocks):
+    from dataclasses import replace
+
+    return replace(preset, name=f"{preset.name}-d{layers}",
+                   dit=replace(preset.dit, num_layers=layers,
+                               action_config=replace(preset.dit.action_config, blocks=tuple(action_blocks))))
+
+
+def test_grown_dit_computes_what_it_grew_from_and_then_learns(tmp_path, data, one_thread):
+    """`train grow`: a 2-block DiT grown to 5 blocks (old blocks at 0 and 2, new blocks copying the one
+    before them with zeroed residual outputs; one new block with an action module its source lacks) gives
+    the same training losses on the same draws, through the cache and action module; one backward pass
+    reaches the new blocks' zeroed projections; `train dit --init` takes the file."""
+    from safetensors.torch import load_file, save_file
+
+    from worldtrace_cli.model.dit import CausalWanDiT
+    from worldtrace_cli.train.dit import ClipPool, build_dit, clip_loss, train_dit
+    from worldtrace_cli.train.grow import block_sources, grow_dit
+
+    assert block_sources(2, 5) == [(0, False), (0, True), (1, False), (1, True), (1, True)]
+    assert block_sources(4, 8) == [(0, False), (0, True), (1, False), (1, True), (2, False), (2, True), (3, False), (3, True)]
+    small = _deeper(load_preset("tiny"), 2, [0])            # action module on block 0 only
+    big = _deeper(small, 5, [0, 1, 2, 3])     # block 2 (old block 1) gains one; block 3 copies old 1 and gains one
+    src = build_dit(small, 3)
+    save_file({k: v.contiguous() for k, v in src.state_dict().items()}, str(tmp_path / "small.safetensors"))
+    r = grow_dit(small, big, tmp_path / "grown.safetensors", tmp_path / "small.safetensors", seed=1)
+    assert [is_new for _, is_new in r["blocks"]] == [False, True, False, True, True]
+    grown = CausalWanDiT(big.dit)
+    grown.load_state_dict(load_file(str(tmp_path / "grown.safetensors")))
+    assert torch.equal(grown.blocks[2].self_attn.q.weight, src.blocks[1].self_attn.q.weight)
+    assert grown.blocks[1].self_attn.o.weight.abs().sum() == 0 and grown.blocks[1].self_attn.q.weight.abs().sum() > 0
+
+    pool, schedule = ClipPool(data), FlowMatchSchedule()
+    for i, clip in enumerate(pool.clips[:4]):
+        with torch.no_grad():
+            a = clip_loss(src, clip, pool.late_cond, np.random.default_rng(i), schedule, 1.0, 1.0)
+            b = clip_loss(grown, clip, pool.late_cond, np.random.default_rng(i), schedule, 1.0, 1.0)
+        assert float(b) == pytest.approx(float(a), rel=1e-5, abs=1e-7)
+    clip_loss(grown, pool.clips[0], pool.late_cond, np.random.default_rng(0), schedule, 1.0, 1.0).backward()
+    for block in (1, 3, 4):
+        assert grown.blocks[block].self_attn.o.weight.grad.abs().sum() > 0
+        assert grown.blocks[block].ffn[2].weight.grad.abs().sum() > 0
+    s = LoopSettings(steps=2, warmup=1, lr=1e-3, log_every=1, save_every=2)
+    assert train_dit(tmp_path / "run", data, big, s, batch=2, progress=False, init=tmp_path / "grown.safetensors")["step"] == 2
+
+
+def test_growth_refuses_what_is_not_adding_blocks(tmp_path):
+    from dataclasses import replace
+
+    from worldtrace_cli.train.dit import build_dit
+    from worldtrace_cli.train.grow import grow_state_dict
+
+    small = _deeper(load_preset("tiny"), 2, [0, 1])
+    state = build_dit(small, 0).state_dict()
+    cases = [(replace(small, dit=replace(small.dit, ffn_dim=small.dit.ffn_dim * 2)), "differ in ffn_dim"),
+             (_deeper(small, 1, [0]), "only adds blocks: 2 -> 1"),
+             (_deeper(small, 3, [0]), "drop old block 1's action module")]
+    for big, message in cases:
+        with pytest.raises(InputError, match=message):
+            grow_state_dict(state, small.dit, big.dit, build_dit(big, 0).state_dict())

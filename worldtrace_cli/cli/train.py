@@ -278,6 +278,34 @@ def train_eval_cmd(dit_dir, vae_weights, preset, data, clips, rollouts, rollout_
     run_job(job)
 
 
+@train.command("grow")
+@click.option("--preset", "target", required=True, metavar="NAME|FILE",
+              help="Preset of the grown DiT: the source's DiT with more blocks (num_layers; action_config.blocks "
+                   "may list the new ones).")
+@click.option("--from", "source", default="loopworld", show_default=True, metavar="NAME|FILE",
+              help="Preset of the DiT that is grown.")
+@click.option("--dit", "dit_file", type=click.Path(exists=True, dir_okay=False, path_type=Path), default=None,
+              help="The DiT to grow (a dit.safetensors of `train dit`; default: the --from preset's bundled weights).")
+@click.option("-o", "--output", type=click.Path(dir_okay=False, path_type=Path), required=True,
+              help="Grown DiT weights (float32 safetensors) for `train dit --preset PRESET --init FILE`.")
+@click.option("--seed", type=SEED, default=0, show_default=True,
+              help="Seeds the weights of action modules that no old block provides.")
+def train_grow_cmd(target, source, dit_file, output, seed):
+    """Grow a trained DiT deeper without changing its outputs: old blocks keep their order, each new
+    block copies the old block before it with its residual-output projections zeroed (identity at
+    first). Start `train dit --init` from the result instead of random weights."""
+    from ..config import load_preset
+    from ..train.grow import grow_dit
+
+    def job():
+        r = grow_dit(load_preset(source), load_preset(target), output, dit_file, seed)
+        new = sum(1 for _, is_new in r["blocks"] if is_new)
+        click.echo(f"worldtrace: wrote {r['file']} ({len(r['blocks'])} blocks, {new} new; "
+                   f"{r['parameters'] / 1e6:.2f} M parameters)", err=True)
+
+    run_job(job)
+
+
 @train.command("export")
 @click.option("--dit", "dit_weights", type=click.Path(exists=True, dir_okay=False, path_type=Path), required=True,
               help="DIR/dit.safetensors of `train dit`.")
