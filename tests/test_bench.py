@@ -60,6 +60,8 @@ def test_speed_bench_smoke_on_cpu():
     for r in rows:  # chunk 0's wall clock is part of the one warm-up chunk's; both are per run, not per snapshot
         assert 0 < r["first_chunk_seconds"] <= r["warmup_seconds"]
     assert rows[0]["warmup_seconds"] == rows[1]["warmup_seconds"] and rows[2]["first_chunk_seconds"] != rows[0]["first_chunk_seconds"]
+    bare = speed_benchmark("tiny", ("sliding",), (1,), device="cpu", decode=False, warmup_chunks=0)["rows"][0]
+    assert bare["first_chunk_seconds"] is None and bare["warmup_seconds"] is None  # nothing excluded, nothing apart
     summary = {(e["cache"], e["chunks"]): e for e in result["summary"]}
     assert summary[("sliding", 3)]["vs_reference"] == 1.0
     assert summary[("field-streaming", 3)]["vs_reference"] == rows[3]["seconds_per_chunk"] / rows[1]["seconds_per_chunk"]

@@ -624,6 +624,7 @@ def test_mixed_precision_training_follows_float32(tmp_path, data, one_thread):
 
     s = LoopSettings(steps=3, warmup=1, lr=1e-3, log_every=1, save_every=3, ema=0.9)
     losses = {}
+    saved = torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32  # (False, True): PyTorch's defaults
     for precision in ("float32", "bf16"):
         r = train_dit(tmp_path / precision, data, _tiny_preset(), s, batch=4, progress=False, batched=True,
                       precision=precision)
@@ -636,7 +637,7 @@ def test_mixed_precision_training_follows_float32(tmp_path, data, one_thread):
     assert losses["bf16"][0] == pytest.approx(losses["float32"][0], rel=5e-2)
     assert train_dit(tmp_path / "float32", data, _tiny_preset(), replace(s, steps=4), batch=4, progress=False,
                      batched=True, precision="bf16")["step"] == 4
-    saved = torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32
+    assert (torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32) == saved  # runs restore them
     with pytest.raises(InputError, match="tf32 needs a CUDA device"):
         train_dit(tmp_path / "t", data, _tiny_preset(), s, batch=1, progress=False, precision="tf32")
     assert not (tmp_path / "t").exists()

@@ -6,7 +6,7 @@
 #   FAST_EXTRA="--budget 6" bash benchmarks/gpu/on-device.sh fast  # compiled + CUDA graphs + overlapped decode (<= 4.8 min)
 #   bash benchmarks/gpu/on-device.sh max              # the max-autotune GPU test alone (MAX_LIMIT s, default 130)
 #   bash benchmarks/gpu/on-device.sh train all        # instead of fast: GPU-encoded clips + batched DiT training (<= 4.5 min)
-#   bash benchmarks/gpu/on-device.sh train precisions # s per batched training step in float32, tf32, bf16 (<= 3.5 min)
+#   bash benchmarks/gpu/on-device.sh train precisions # s per batched training step in float32, tf32, bf16 (<= 3.7 min)
 # Longer steps, for a session with more device time:
 #   bash benchmarks/gpu/on-device.sh check            # GPU tests + CUDA parity, eager and compiled (~3 min)
 #   bash benchmarks/gpu/on-device.sh ratio [EXTRA]    # sliding, field, landmark interleaved 3 times, 64 chunks: s/chunk ratios
@@ -62,7 +62,7 @@ case "${1:-check}" in
     [ -n "${MEMORY_CHUNKS:-}" ] && step 100 python3 -m worldtrace_cli bench speed --preset "$PRESET" --random-weights \
         --device "$DEVICE" --caches field --chunks "$MEMORY_CHUNKS" --no-decode -o "$OUT" \
         --name "speed-$PRESET-field-memory" 2>&1 | tee -a "$OUT/speed.log"  # one log for both: at most 8 files come back
-    [ "${QUICK_MAX:-1}" = 1 ] && max_autotune 130
+    if [ "${QUICK_MAX:-1}" = 1 ]; then max_autotune 130; fi
     ;;
   max)
     # The max-autotune GPU test alone (quick's last step; QUICK_MAX=0 leaves it out of quick): MAX_LIMIT seconds.
@@ -135,12 +135,13 @@ for part in ('vae', 'dit'):
     }
     case "${2:-dit}" in
       precisions)
-        # ~3.5 minutes at most: seconds per batched step of each --precision (float32, tf32, bf16), PRECISION_STEPS
+        # ~3.7 minutes at most: seconds per batched step of each --precision (float32, tf32, bf16), PRECISION_STEPS
         # steps of batch TRAIN_BATCH each from TRAIN_INIT (default the shipped DiT; TRAIN_PRESET for a larger DiT), on
         # clips encoded meanwhile; back: train-precisions.log, precision-*.json (each run's result.json: steps, minutes)
         init="${TRAIN_INIT-$T/dit.safetensors}"
         encode_while "${ENCODE_SECONDS:-45}" 240 "$OUT/train-precisions.log"
         for p in ${PRECISIONS:-float32 tf32 bf16}; do
+          rm -rf "$T/precision-$p"  # a fresh run each call (a finished folder would be continued, 0 steps)
           step "${PRECISION_LIMIT:-50}" python3 -m worldtrace_cli train dit --data "$T/all-data" -o "$T/precision-$p" \
               ${init:+--init "$init"} --preset "${TRAIN_PRESET:-loopworld}" --device "$DEVICE" --batched \
               --batch "${TRAIN_BATCH:-512}" --start-share 0.5 --steps "${PRECISION_STEPS:-12}" --lr 5e-4 --warmup 50 \
@@ -181,6 +182,11 @@ for f in sorted(pathlib.Path('$OUT').glob('precision-*.json')):
         # longer comes back in one 16 MiB float16 file). Back in $OUT: the weights and
         # their moving average in float16, loss.jsonl, settings.json, result.json, train-all.log.
         lead="${ENCODE_SECONDS:-45}"; minutes="${TRAIN_MINUTES:-3}"; init="${TRAIN_INIT-$T/dit.safetensors}"
+        if [ -n "${TRAIN_GROW:-}" ]; then  # TRAIN_GROW=1: the shipped DiT grown to TRAIN_PRESET's deeper DiT (train grow)
+          init="$T/grown-$(echo "${TRAIN_PRESET:?TRAIN_GROW needs TRAIN_PRESET}" | md5sum | cut -c1-8).safetensors"
+          [ -f "$init" ] || python3 -m worldtrace_cli train grow --preset "$TRAIN_PRESET" -o "$init" >> "$OUT/train-all.log" 2>&1 \
+              || { echo "train grow failed (see train-all.log)" | tee -a "$OUT/train-all.log"; exit 1; }
+        fi
         # one training folder per (preset, init): rerunning the same settings continues, other settings start apart
         D="$T/all-dit-$(echo "${TRAIN_PRESET:-loopworld} ${init:-random}" | md5sum | cut -c1-8)"
         encode_while "$lead" "$(python3 -c "print(int($lead + 60 * $minutes + 60))")" "$OUT/train-all.log"
@@ -203,5 +209,5 @@ for f in sorted(pathlib.Path('$OUT').glob('precision-*.json')):
       *) echo "usage: $0 train encode|dit|all|precisions"; exit 2 ;;
     esac
     ;;
-  *) echo "usage: $0 quick | fast | max | check | ratio [EXTRA_ARGS] | bench CACHE [EXTRA_ARGS] | train encode|dit|all"; exit 2 ;;
+  *) echo "usage: $0 quick | fast | max | check | ratio [EXTRA_ARGS] | bench CACHE [EXTRA_ARGS] | train encode|dit|all|precisions"; exit 2 ;;
 esac

@@ -25,10 +25,11 @@ def speed_benchmark(preset_name: str = "tiny", caches: tuple[str, ...] = ("slidi
     path: denoise + context + cache + decode, or + decode_wait with overlap), ``wall_seconds_per_chunk``
     (wall clock from the first measured chunk until chunk N's frames are on the host), DiT forward
     seconds (denoise time / steps), end-to-end ``fps`` (pixel frames / wall seconds),
-    ``first_chunk_seconds`` (wall clock of chunk 0's generation, synchronised: with ``compile_mode``
-    the first run of a process pays the compilation there, and ``reduce-overhead`` records CUDA
-    graphs over the first chunks; later runs reuse them), ``warmup_seconds`` (wall clock of the
-    ``warmup_chunks`` excluded chunks, the first included), peak GPU bytes
+    ``first_chunk_seconds`` (wall clock of chunk 0's generation, its decode not included,
+    synchronised: with ``compile_mode`` the first run of a process pays the compilation there, and
+    ``reduce-overhead`` records CUDA graphs over the first chunks; later runs reuse them),
+    ``warmup_seconds`` (wall clock of the ``warmup_chunks`` excluded chunks, the first included, with
+    their decode); both None when ``warmup_chunks`` is 0 (nothing excluded, nothing timed apart), peak GPU bytes
     since the rollout started (``torch.cuda.max_memory_allocated``), process RSS bytes, KV bytes
     read, writer host bytes.
 
@@ -97,9 +98,9 @@ def speed_benchmark(preset_name: str = "tiny", caches: tuple[str, ...] = ("slidi
                 if c == warmup_chunks:
                     sync()
                     wall_start = time.perf_counter()
-                    warmup = wall_start - run_start
+                    warmup = (wall_start - run_start) if warmup_chunks else None
                 out = rollout.step()
-                if c == 0:
+                if c == 0 and warmup_chunks:  # within the warm-up: its synchronisation is not timed
                     sync()
                     first_chunk = time.perf_counter() - run_start
                 done = pipeline.submit(out) if pipeline else [out]

@@ -59,9 +59,9 @@ def grow_state_dict(state: dict[str, torch.Tensor], old: DiTConfig, new: DiTConf
         state: the trained DiT's state dict (``old``'s config; any float dtype).
         old, new: the two configurations; ``new`` may differ only in ``num_layers`` (more) and
             ``action_config.blocks``.
-        fresh: a state dict of ``new``'s architecture (e.g. seeded random weights): where a new block
-            has an action module and its source block has none, the module's weights come from here
-            (with its projections zeroed).
+        fresh: a state dict of ``new``'s architecture (e.g. seeded random weights; its names and
+            shapes are the grown DiT's): where a block of the grown DiT has an action module and its
+            source block has none, the module's weights come from here (with its projections zeroed).
     Raises:
         InputError (one line): the configurations differ in anything else, fewer blocks, or an old
             block with an action module would land on a block without one (its contribution would be lost).
@@ -109,6 +109,12 @@ def grow_dit(source, target, output, dit_file=None, seed: int = 0) -> dict:
     """Write the grown DiT of preset ``target`` from preset ``source``'s DiT (``dit_file``, a
     ``dit.safetensors`` of ``train dit``; default: ``source``'s own bundled weights) to ``output``
     (float32 safetensors, official names: ``train dit --preset TARGET --init OUTPUT`` continues it).
+
+    Args:
+        source, target: :class:`~worldtrace_cli.config.Preset` of the DiT that is grown and of the grown one.
+        output: path of the weights file to write (its folder is made; written atomically).
+        dit_file: path of the DiT weights to grow (any float dtype), or None for ``source``'s bundle.
+        seed: seeds ``target``'s random weights, used only for action modules no old block provides.
 
     Returns ``{"file", "blocks": [(old block copied, is_new) per block of the grown DiT], "parameters"}``.
     Raises:
