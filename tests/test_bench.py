@@ -6,7 +6,7 @@ import json
 from click.testing import CliRunner
 
 from worldtrace_cli.bench import SceneSetup, evaluate
-from worldtrace_cli.jobs.bench_speed import speed_benchmark
+from worldtrace_cli.jobs.bench_speed import speed_benchmark, speed_markdown
 from worldtrace_cli.cli import main
 
 SETUP = SceneSetup()
@@ -60,6 +60,7 @@ def test_speed_bench_smoke_on_cpu():
     for r in rows:  # chunk 0's wall clock is part of the one warm-up chunk's; both are per run, not per snapshot
         assert 0 < r["first_chunk_seconds"] <= r["warmup_seconds"]
     assert rows[0]["warmup_seconds"] == rows[1]["warmup_seconds"] and rows[2]["first_chunk_seconds"] != rows[0]["first_chunk_seconds"]
+    assert "Budgets differ (sliding 3, field-streaming 6 past latent frames)" in speed_markdown(result)
     bare = speed_benchmark("tiny", ("sliding",), (1,), device="cpu", decode=False, warmup_chunks=0)["rows"][0]
     assert bare["first_chunk_seconds"] is None and bare["warmup_seconds"] is None  # nothing excluded, nothing apart
     summary = {(e["cache"], e["chunks"]): e for e in result["summary"]}
@@ -77,6 +78,7 @@ def test_speed_bench_repeats_interleave_writers_and_take_medians():
         runs = sorted(r["seconds_per_chunk"] for r in result["rows"] if r["cache"] == entry["cache"])
         assert entry["seconds_per_chunk"] == runs[1]  # the median of three
         assert entry["fps"] is None and entry["wall_seconds_per_chunk"] > 0
+    assert "Budgets differ" not in speed_markdown(result)  # one budget: the ratio is like for like
 
 
 def test_speed_cli_writes_json_and_markdown(tmp_path):

@@ -196,7 +196,8 @@ def speed_summary(result: dict) -> list[dict]:
 
 
 def speed_markdown(result: dict) -> str:
-    """Markdown of a :func:`speed_benchmark` result: the summary against the targets, then every row."""
+    """Markdown of a :func:`speed_benchmark` result: the summary against the targets (with a warning when
+    the writers ran at different budgets, so the ratio to the reference mixes cache size into it), then every row."""
     m = result["meta"]
     summary = result.get("summary") or speed_summary(result)
     ref = summary[0]["reference"] if summary else "-"
@@ -204,9 +205,13 @@ def speed_markdown(result: dict) -> str:
              f"{m['resolution'][0]}x{m['resolution'][1]}, decode {'on' if m['decode'] else 'off'}"
              f"{' (overlapped)' if m.get('overlap_decode') else ''}, compile {m.get('compile', 'none')}, "
              f"RoPE {m.get('rope_precision', 'float64')}; {m['warmup_chunks']} warm-up chunk(s) excluded; "
-             f"{m.get('repeats', 1)} interleaved repeat(s), medians.\n",
-             f"| cache | budget | chunks | s/chunk | x {ref} | wall s/chunk | fps | GPU peak MB | peak x first N | host MB |",
-             "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
+             f"{m.get('repeats', 1)} interleaved repeat(s), medians.\n"]
+    budgets = {e["cache"]: e["budget"] for e in summary}
+    if len(set(budgets.values())) > 1:  # the ratio then mixes cache size with the writer's own cost
+        lines.append(f"Budgets differ ({', '.join(f'{c} {b}' for c, b in budgets.items())} past latent frames): "
+                     f"`x {ref}` compares different cache sizes; `--budget N` compares the writers at one size.\n")
+    lines += [f"| cache | budget | chunks | s/chunk | x {ref} | wall s/chunk | fps | GPU peak MB | peak x first N | host MB |",
+              "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
 
     def num(value, fmt):
         return "-" if value is None else format(value, fmt)
