@@ -808,6 +808,11 @@ def test_grown_dit_computes_what_it_grew_from_and_then_learns(tmp_path, data, on
         assert grown.blocks[block].ffn[2].weight.grad.abs().sum() > 0
     s = LoopSettings(steps=2, warmup=1, lr=1e-3, log_every=1, save_every=2)
     assert train_dit(tmp_path / "run", data, big, s, batch=2, progress=False, init=tmp_path / "grown.safetensors")["step"] == 2
+    from worldtrace_cli.errors import CheckpointError  # a DiT of another preset than --from: one line, nothing written
+
+    with pytest.raises(CheckpointError, match="preset tiny-d2's DiT.*does not match"):
+        grow_dit(small, big, tmp_path / "again.safetensors", tmp_path / "grown.safetensors")
+    assert not (tmp_path / "again.safetensors").exists()
 
 
 def test_growth_refuses_what_is_not_adding_blocks(tmp_path):

@@ -131,7 +131,7 @@ for part in ('vae', 'dit'):
       done
       mkdir -p "$T/all-data"; sleep "$1"; link
       ( while pgrep -f "train encode --vae $T/vae" > /dev/null; do sleep 10; link; done ) > /dev/null 2>&1 &
-      echo "$(ls "$T"/all-data/clips-* 2>/dev/null | wc -l) shards of 32 clips after $1 s (${ENCODERS:-12} encoders)" | tee "$3"
+      echo "$(ls "$T"/all-data/clips-* 2>/dev/null | wc -l) shards of 32 clips after $1 s (${ENCODERS:-12} encoders)" | tee -a "$3"
     }
     case "${2:-dit}" in
       precisions)
