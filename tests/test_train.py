@@ -111,22 +111,24 @@ def test_encoded_clips(data, vae_file):
 
 
 def test_encode_binds_a_folder_only_once_it_holds_shards(tmp_path, vae_file):
-    """A VAE file that fails to load leaves no data.json behind (a rerun with the right file is not
-    refused as "other settings"); a data.json without shards takes the new settings."""
+    """A VAE file that fails to load leaves nothing behind, no folder and no data.json (a rerun with the
+    right file is not refused as "other settings"); a data.json without shards takes the new settings."""
     import json
 
     import torch
     from safetensors.torch import load_file, save_file
 
+    from worldtrace_cli.errors import CheckpointError
     from worldtrace_cli.train.dataset import LATE_CONDITIONING_FILE, ClipMix, encode_clips, shard_paths
 
     data = tmp_path / "data"
     bad = tmp_path / "bad.safetensors"
     bad.write_bytes(b"not a safetensors file")
-    with pytest.raises(Exception):
+    with pytest.raises(CheckpointError, match="cannot read weights"):
         encode_clips(data, bad, 1, mix=ClipMix(late=0.5, loop=1.0), height=48, width=96, progress=False,
                      shard_clips=1)
-    assert not (data / "data.json").exists()
+    assert not data.exists()  # nothing made: no empty folder left behind
+    data.mkdir()
     (data / "data.json").write_text(json.dumps({"seed": 99}))  # left by an older run that wrote no shard
     # ... with that run's late conditioning (another VAE or frame size): made anew for the new settings
     save_file({"latents": torch.zeros(1, 16, 1, 2, 2)}, str(data / LATE_CONDITIONING_FILE))
@@ -737,7 +739,8 @@ def test_loss_curves_compares_runs_at_equal_steps(tmp_path, capsys):
 def test_gpu_weights_split_into_parts_that_come_back_and_join(tmp_path):
     """benchmarks/gpu/weights.py: a float16 copy over --max-mib is written as parts of whole tensors,
     each within the limit; joined (in any order) they equal the float16 copy; integer tensors keep
-    their dtype; an incomplete set or a tensor over the limit is a one-line exit."""
+    their dtype; missing output folders are made; an incomplete set or a tensor over the limit is a
+    one-line exit."""
     import sys
     from pathlib import Path
 
@@ -749,13 +752,13 @@ def test_gpu_weights_split_into_parts_that_come_back_and_join(tmp_path):
     src = tmp_path / "dit.safetensors"
     tensors = {f"blocks.{i}.w": torch.randn(256, 256) for i in range(6)} | {"step": torch.tensor([7])}
     save_file(tensors, str(src))
-    small = weights.half(src, tmp_path / "one.safetensors", max_mib=1.0)
-    assert [p.name for p in small] == ["one.safetensors"]
+    small = weights.half(src, tmp_path / "new" / "one.safetensors", max_mib=1.0)  # its folder is made
+    assert [p.name for p in small] == ["one.safetensors"] and small[0].is_file()
     parts = weights.half(src, tmp_path / "dit-fp16.safetensors", max_mib=0.3)  # 128 KiB per tensor: 2 per part
     assert [p.name for p in parts] == [f"dit-fp16-part{i}-of-3.safetensors" for i in range(1, 4)]
     assert all(p.stat().st_size <= 0.3 * 2**20 + 4096 for p in parts)
-    weights.join(list(reversed(parts)), tmp_path / "joined.safetensors")
-    joined = load_file(str(tmp_path / "joined.safetensors"))
+    weights.join(list(reversed(parts)), tmp_path / "out" / "joined.safetensors")
+    joined = load_file(str(tmp_path / "out" / "joined.safetensors"))
     assert joined.keys() == tensors.keys() and joined["step"].dtype == torch.int64
     assert all(torch.equal(joined[k], tensors[k].half()) for k in tensors if k != "step")
     with pytest.raises(SystemExit, match="not one complete set"):

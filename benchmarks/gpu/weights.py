@@ -29,7 +29,8 @@ MIB = 2**20
 def half(src: Path, dst: Path, max_mib: float = 15.0) -> list[Path]:
     """Write the float16 copy of ``src`` (floating tensors of any dtype -> torch.float16, shapes kept;
     integer tensors unchanged) as ``dst``, or as ``dst``'s ``-partK-of-N`` parts of whole tensors of at
-    most ``max_mib`` MiB (2**20 bytes) each, tensors taken in name order.
+    most ``max_mib`` MiB (2**20 bytes) each, tensors taken in name order. ``dst``'s folder is made
+    when missing.
 
     Returns:
         The files written, in order.
@@ -41,6 +42,7 @@ def half(src: Path, dst: Path, max_mib: float = 15.0) -> list[Path]:
 
     if not src.is_file():
         sys.exit(f"{src}: no such weights file")
+    dst.parent.mkdir(parents=True, exist_ok=True)
     tensors = {k: (v.half() if v.is_floating_point() else v).contiguous() for k, v in load_file(str(src)).items()}
     limit = max_mib * MIB
     parts: list[dict[str, torch.Tensor]] = [{}]
@@ -74,6 +76,7 @@ def join(parts: list[Path], output: Path) -> None:
     """
     from safetensors.torch import load_file, save_file
 
+    output.parent.mkdir(parents=True, exist_ok=True)
     found = {}
     for p in parts:
         m = re.search(r"-part(\d+)-of-(\d+)\.safetensors$", p.name)

@@ -279,6 +279,7 @@ def encode_clips(folder: Path, vae_weights, shards: int, seed: int = 0, mix: Cli
     Raises:
         InputError: the folder holds shards made with other settings or another VAE file (a folder
             without shards takes the new settings).
+        CheckpointError: ``vae_weights`` cannot be read as the VAE (raised before ``folder`` is made).
     """
     from tqdm import tqdm
 
@@ -287,7 +288,6 @@ def encode_clips(folder: Path, vae_weights, shards: int, seed: int = 0, mix: Cli
 
     torch.set_num_threads(threads)
     folder = Path(folder)
-    folder.mkdir(parents=True, exist_ok=True)
     settings = {"seed": seed, "mix": asdict(mix), "height": height,
                 "width": width, "clip_seed": clip_seed, "vae": file_identity(vae_weights)["sha256_first_mib"],
                 "late_start": LATE_START, "late_warmup_frames": LATE_WARMUP_FRAMES, "clip_chunks": CLIP_CHUNKS,
@@ -295,12 +295,13 @@ def encode_clips(folder: Path, vae_weights, shards: int, seed: int = 0, mix: Cli
     info = folder / "data.json"
     # only shards bind a folder to its settings: a data.json left by a run that wrote none (a VAE file
     # that failed to load, a stop during the first shard) is replaced
-    done = len(shard_paths(folder))
+    done = len(shard_paths(folder)) if folder.is_dir() else 0
     if done and info.exists() and _with_defaults(json.loads(info.read_text())) != settings:
         raise InputError(f"{folder}: holds clips made with other settings or another VAE; use another folder")
+    vae, tower = make_encoder(vae_weights, clip_seed, height, width)  # before the folder: a bad file makes none
+    folder.mkdir(parents=True, exist_ok=True)
     if not done:  # its late conditioning may be another VAE's or size's: made anew below
         (folder / LATE_CONDITIONING_FILE).unlink(missing_ok=True)
-    vae, tower = make_encoder(vae_weights, clip_seed, height, width)
     vae.to(device)
     tower.to(device)
     store_late_conditioning(folder, vae)
