@@ -767,6 +767,41 @@ def test_gpu_weights_split_into_parts_that_come_back_and_join(tmp_path):
         weights.half(src, tmp_path / "y.safetensors", max_mib=0.1)
 
 
+def test_log_every_step_and_step_times(tmp_path, data, one_thread):
+    """`train dit --log-every 1` writes one loss-log line per step with its clock; a continued run may
+    log at another cadence (same run, not 'other settings'); benchmarks/gpu/step_times.py turns the
+    log into the first step's seconds and the seconds per step after it; a broken line is a one-line
+    exit naming file:line."""
+    import json
+    import sys
+    from pathlib import Path
+
+    from click.testing import CliRunner
+
+    from worldtrace_cli.cli import main
+
+    sys.path.insert(0, str(Path(__file__).parent.parent / "benchmarks" / "gpu"))
+    import step_times
+
+    out = tmp_path / "d"
+    args = ["train", "dit", "--data", str(data), "-o", str(out), "--preset", "tiny", "--batch", "1", "--no-progress"]
+    r = CliRunner().invoke(main, args + ["--steps", "3", "--log-every", "1"])
+    assert r.exit_code == 0, r.output
+    log = [json.loads(line) for line in (out / "loss.jsonl").read_text().splitlines()]
+    assert [x["step"] for x in log] == [1, 2, 3] and log[0]["seconds"] < log[1]["seconds"] < log[2]["seconds"]
+    r = CliRunner().invoke(main, args + ["--steps", "5", "--log-every", "2"])  # continued, logged every 2 steps
+    assert r.exit_code == 0, r.output
+    assert [json.loads(line)["step"] for line in (out / "loss.jsonl").read_text().splitlines()] == [1, 2, 3, 4, 5]
+    assert "| loss | 5 |" in step_times.table([out / "loss.jsonl"])
+    (tmp_path / "hand.jsonl").write_text("\n".join(json.dumps({"step": a, "seconds": t}) for a, t in
+                                                   [(1, 5.0), (2, 6.0), (3, 7.5), (4, 2.0), (6, 4.0)]))
+    summary = step_times.summarise(step_times.read_log(tmp_path / "hand.jsonl"))  # clock restarts at step 4
+    assert summary == {"steps": 6, "first_s": 5.0, "mean_s": 4.5 / 4, "median_s": 1.0}
+    (tmp_path / "bad.jsonl").write_text('{"step": 1, "seconds": 0.5}\n{"loss": 2}\n')
+    with pytest.raises(SystemExit, match=r"bad.jsonl:2: not a loss-log line"):
+        step_times.read_log(tmp_path / "bad.jsonl")
+
+
 def _deeper(preset, layers: int, action_blocks):
     from dataclasses import replace
 

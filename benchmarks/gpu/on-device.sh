@@ -6,7 +6,7 @@
 #   FAST_EXTRA="--budget 6" bash benchmarks/gpu/on-device.sh fast  # compiled + CUDA graphs + overlapped decode (<= 4.8 min)
 #   bash benchmarks/gpu/on-device.sh max              # the max-autotune GPU test alone (MAX_LIMIT s, default 130)
 #   bash benchmarks/gpu/on-device.sh train all        # instead of fast: GPU-encoded clips + batched DiT training (<= 4.5 min)
-#   bash benchmarks/gpu/on-device.sh train precisions # s per batched training step in float32, tf32, bf16 (<= 3.7 min)
+#   bash benchmarks/gpu/on-device.sh train precisions # s per batched training step in float32, tf32, bf16 (<= 4.7 min)
 # Longer steps, for a session with more device time:
 #   bash benchmarks/gpu/on-device.sh check            # GPU tests + CUDA parity, eager and compiled (~3 min)
 #   bash benchmarks/gpu/on-device.sh ratio [EXTRA]    # sliding, field, landmark interleaved 3 times, 64 chunks: s/chunk ratios
@@ -135,25 +135,28 @@ for part in ('vae', 'dit'):
     }
     case "${2:-dit}" in
       precisions)
-        # ~3.7 minutes at most: seconds per batched step of each --precision (float32, tf32, bf16), PRECISION_STEPS
-        # steps of batch TRAIN_BATCH each from TRAIN_INIT (default the shipped DiT; TRAIN_PRESET for a larger DiT), on
-        # clips encoded meanwhile; back: train-precisions.log, precision-*.json (each run's result.json: steps, minutes)
+        # ~3.7 minutes (at most 4.7): seconds per batched step of each --precision (float32, tf32, bf16), batch TRAIN_BATCH,
+        # from TRAIN_INIT (default the shipped DiT; TRAIN_PRESET for a larger DiT). ENCODE_SECONDS of encoding first,
+        # then the encoders are STOPPED: 2026-11-26's third H200 session timed the runs beside 12 encoders on the same
+        # GPU (each its own CUDA context, time-sliced) and got 6, 2 and 0 steps in 50 s, falling as they warmed up.
+        # Each run stops itself after PRECISION_MINUTES of steps (the trainer's --minutes: result.json is written; an
+        # outer timeout that kills it leaves none) and logs every step's clock (--log-every 1), so the first step
+        # (allocation, kernel selection) is told apart. Back: train-precisions.log, precision-*.json, precision-*.jsonl.
         init="${TRAIN_INIT-$T/dit.safetensors}"
         encode_while "${ENCODE_SECONDS:-45}" 240 "$OUT/train-precisions.log"
+        pkill -f "train encode --vae $T/vae"; wait; link
+        echo "encoders stopped: $(ls "$T"/all-data/clips-* 2>/dev/null | wc -l) shards" | tee -a "$OUT/train-precisions.log"
         for p in ${PRECISIONS:-float32 tf32 bf16}; do
           rm -rf "$T/precision-$p"  # a fresh run each call (a finished folder would be continued, 0 steps)
-          step "${PRECISION_LIMIT:-50}" python3 -m worldtrace_cli train dit --data "$T/all-data" -o "$T/precision-$p" \
+          step "${PRECISION_LIMIT:-75}" python3 -m worldtrace_cli train dit --data "$T/all-data" -o "$T/precision-$p" \
               ${init:+--init "$init"} --preset "${TRAIN_PRESET:-loopworld}" --device "$DEVICE" --batched \
-              --batch "${TRAIN_BATCH:-512}" --start-share 0.5 --steps "${PRECISION_STEPS:-12}" --lr 5e-4 --warmup 50 \
-              --save-every 1000 --no-progress --precision "$p" 2>&1 | tail -n 3 | tee -a "$OUT/train-precisions.log"
+              --batch "${TRAIN_BATCH:-512}" --start-share 0.5 --steps 100000 --minutes "${PRECISION_MINUTES:-0.6}" \
+              --lr 5e-4 --warmup 50 --save-every 100000 --log-every 1 --no-progress --precision "$p" 2>&1 \
+              | tail -n 3 | tee -a "$OUT/train-precisions.log"
           [ -f "$T/precision-$p/result.json" ] && cp "$T/precision-$p/result.json" "$OUT/precision-$p.json"
+          [ -f "$T/precision-$p/loss.jsonl" ] && cp "$T/precision-$p/loss.jsonl" "$OUT/precision-$p.jsonl"
         done
-        pkill -f "train encode --vae $T/vae"; wait
-        python3 -c "
-import json, pathlib
-for f in sorted(pathlib.Path('$OUT').glob('precision-*.json')):
-    r = json.loads(f.read_text()); print(f'{r[\"precision\"]}: {r[\"step\"]} steps in {60 * r[\"minutes\"]:.1f} s: {60 * r[\"minutes\"] / max(r[\"step\"], 1):.2f} s/step (first step included)')
-" | tee -a "$OUT/train-precisions.log"
+        python3 benchmarks/gpu/step_times.py "$OUT"/precision-*.jsonl | tee -a "$OUT/train-precisions.log"
         ;;
       encode)
         for i in $(seq 1 "${ENCODERS:-12}"); do

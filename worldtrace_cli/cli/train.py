@@ -11,11 +11,11 @@ from .common import run_job
 from .options import SEED
 
 
-def _settings(steps, minutes, lr, warmup, seed, threads, save_every, ema=0.0):
+def _settings(steps, minutes, lr, warmup, seed, threads, save_every, log_every, ema=0.0):
     from ..train.common import LoopSettings
 
     return LoopSettings(steps=steps, minutes=minutes, lr=lr, warmup=warmup, seed=seed, threads=threads,
-                        save_every=save_every, ema=ema)
+                        save_every=save_every, log_every=log_every, ema=ema)
 
 
 class _StopFlag:
@@ -53,6 +53,9 @@ def loop_options(default_steps: int, default_lr: float):
                          help="torch CPU threads (1 is fastest on a busy 2-core machine)."),
             click.option("--save-every", type=click.IntRange(1), default=250, show_default=True,
                          help="Steps between saved training states."),
+            click.option("--log-every", type=click.IntRange(1), default=25, show_default=True,
+                         help="Steps between lines of DIR/loss.jsonl (mean loss of the window, learning rate, "
+                              "seconds since this invocation started; 1 times every step)."),
             click.option("--no-progress/--progress", "no_progress", default=False,
                          help="No progress bar (default: --progress, on stderr)."),
         ]):
@@ -89,7 +92,7 @@ def train():
 @click.option("--decoder-only", is_flag=True,
               help="Train only the decoder of --init: its latents stay bit-identical, so encoded clips and a "
                    "DiT trained on them stay valid (sharper pictures from the same latents).")
-def train_vae_cmd(output, steps, minutes, lr, warmup, seed, threads, save_every, no_progress, batch, clip_frames,
+def train_vae_cmd(output, steps, minutes, lr, warmup, seed, threads, save_every, log_every, no_progress, batch, clip_frames,
                   init, decoder_only):
     """Train the loopworld VAE on rendered clips; writes DIR/vae.safetensors (normalisation folded in)."""
     from ..train.vae import train_vae
@@ -101,7 +104,7 @@ def train_vae_cmd(output, steps, minutes, lr, warmup, seed, threads, save_every,
             from ..errors import InputError
 
             raise InputError(f"--clip-frames: must be 1 + 4k (5, 9, 13, ...), got {clip_frames}")
-        r = train_vae(output, _settings(steps, minutes, lr, warmup, seed, threads, save_every), batch=batch,
+        r = train_vae(output, _settings(steps, minutes, lr, warmup, seed, threads, save_every, log_every), batch=batch,
                       progress=not no_progress, stop=stop, clip_frames=clip_frames, init=init,
                       decoder_only=decoder_only)
         click.echo(f"worldtrace: VAE step {r['step']} ({r['minutes']:.1f} min this run), held-out "
@@ -184,7 +187,7 @@ def train_encode_cmd(vae_weights, output, shards, seed, late, loop, max_angle, v
                    "only: float32 matrix products on TF32 tensor cores); bf16 (mixed precision: forward passes under "
                    "bfloat16 autocast, float32 weights, gradients and optimiser state). A run may be continued in "
                    "another precision.")
-def train_dit_cmd(data, preset, output, steps, minutes, lr, warmup, seed, threads, save_every, no_progress, batch,
+def train_dit_cmd(data, preset, output, steps, minutes, lr, warmup, seed, threads, save_every, log_every, no_progress, batch,
                   return_weight, start_share, init, self_context, ema, device, batched, compile_mode, precision):
     """Train the DiT on encoded clips through MG2's sliding cache; writes DIR/dit.safetensors
     (and DIR/dit-ema.safetensors with --ema)."""
@@ -195,7 +198,7 @@ def train_dit_cmd(data, preset, output, steps, minutes, lr, warmup, seed, thread
     stop = _StopFlag()
 
     def job():
-        r = train_dit(output, data, load_preset(preset), _settings(steps, minutes, lr, warmup, seed, threads, save_every, ema),
+        r = train_dit(output, data, load_preset(preset), _settings(steps, minutes, lr, warmup, seed, threads, save_every, log_every, ema),
                       batch=batch, return_weight=return_weight, progress=not no_progress, stop=stop,
                       start_share=START_SHARE if start_share is None else start_share, init=init,
                       self_context=self_context, device=str(resolve_device(device)), batched=batched,

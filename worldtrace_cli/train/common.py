@@ -135,7 +135,7 @@ def prepare_folder(folder: Path, settings: dict, implied: dict | None = None) ->
     """
     folder.mkdir(parents=True, exist_ok=True)
     path = folder / SETTINGS_FILE
-    ignored = {"minutes", "threads", "steps"}  # may change between invocations (more steps: train longer)
+    ignored = {"minutes", "threads", "steps", "log_every"}  # may change between invocations (more steps: train longer)
     if path.exists():
         old = json.loads(path.read_text())
         diff = _differing({k: v for k, v in old.items() if k not in ignored},
