@@ -79,6 +79,14 @@ def test_speed_bench_repeats_interleave_writers_and_take_medians():
         assert entry["seconds_per_chunk"] == runs[1]  # the median of three
         assert entry["fps"] is None and entry["wall_seconds_per_chunk"] > 0
     assert "Budgets differ" not in speed_markdown(result)  # one budget: the ratio is like for like
+    first = {r["cache"]: r["seconds_per_chunk"] for r in result["rows"] if r["repeat"] == 0}
+    landmark = next(e for e in result["summary"] if e["cache"] == "landmark")
+    assert landmark["first_run_seconds_per_chunk"] == first["landmark"]  # a fresh process's run, not the median
+    assert landmark["first_run_vs_reference"] == first["landmark"] / first["sliding"]
+    md = speed_markdown(result)
+    assert "first run x sliding |" in md and f"| {first['landmark']:.3f} | {first['landmark'] / first['sliding']:.3f} |" in md
+    once = speed_benchmark("tiny", ("sliding",), (2,), device="cpu", decode=False, warmup_chunks=0)
+    assert "first run" not in speed_markdown(once)  # one repeat: the median is the first run
 
 
 def test_speed_cli_writes_json_and_markdown(tmp_path):
