@@ -113,7 +113,7 @@ def test_parity_cli_refuses_bad_arguments():
 
 
 def test_replay_turns_tf32_off_and_restores_the_callers_settings(monkeypatch):
-    """compare() replays in IEEE float32 (TF32 moved an H200's CUDA replay by 6.9e-4, off: 2.9e-6):
+    """compare() and compare_lingbot() replay in IEEE float32 (TF32 moved an H200's CUDA replay by 6.9e-4, off: 2.9e-6):
     inside the replay both TF32 switches are off; afterwards, also after an error, the caller's
     settings are back."""
     seen = []
@@ -128,4 +128,12 @@ def test_replay_turns_tf32_off_and_restores_the_callers_settings(monkeypatch):
     with pytest.raises(RuntimeError, match="stop after the check"):
         parity.compare(FIXTURES)
     assert seen == [(False, False)]
+    assert torch.backends.cuda.matmul.allow_tf32 and torch.backends.cudnn.allow_tf32
+    from worldtrace_cli import parity_lingbot
+    from worldtrace_cli.model.lingbot import checkpoint
+
+    monkeypatch.setattr(checkpoint, "load_lingbot_dit", spy)  # LingBot-World's replay: the same
+    with pytest.raises(RuntimeError, match="stop after the check"):
+        parity_lingbot.compare_lingbot(Path(__file__).parent / "data" / "lingbot")
+    assert seen == [(False, False), (False, False)]
     assert torch.backends.cuda.matmul.allow_tf32 and torch.backends.cudnn.allow_tf32

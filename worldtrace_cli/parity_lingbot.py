@@ -127,13 +127,23 @@ def compare_lingbot(folder: str | Path, rope_precision: str = "float32", device:
     settings of ``generate`` (``rope_precision``, ``compile_mode``:
     :func:`~worldtrace_cli.model.speed.configure_speed`).
 
+    On CUDA the replay runs in IEEE float32 (:func:`~worldtrace_cli.model.speed.tf32_allowed` off),
+    as MG2's :func:`~worldtrace_cli.parity.compare` does: PyTorch's default runs cuDNN convolutions
+    (the patch embedding) in TF32, which moved MG2's CUDA replay by 6.6-6.9e-4, over the 1e-4 bound.
+
     Raises:
         InputError / CheckpointError: an incomplete or unreadable folder.
     """
+    from .model.speed import tf32_allowed
+
+    with tf32_allowed(False):
+        return _compare_lingbot(Path(folder), rope_precision, device, compile_mode)
+
+
+def _compare_lingbot(folder: Path, rope_precision: str, device: str, compile_mode: str) -> dict[str, float]:
     from .model.lingbot.checkpoint import load_lingbot_dit
     from .model.speed import configure_speed
 
-    folder = Path(folder)
     model = load_lingbot_dit(_need(folder / "tiny_config.json"), weights=_need(folder / "tiny_weights.safetensors"),
                              device=device)
     configure_speed(model, rope_precision, compile_mode)
