@@ -97,6 +97,23 @@ def test_it_draws_the_world_it_walks(tmp_path, one_thread):
     assert stood_in["gt"]["per_chunk"] == again["per_chunk"] and any("gone.yaml is gone" in n for n in stood_in["notes"])
 
 
+@pytest.mark.gpu
+def test_loopworld_on_cuda_draws_what_it_draws_on_the_cpu(tmp_path, one_thread):
+    """The README's first command on a GPU (never run there before): loopworld on CUDA in float32 gives
+    the CPU's per-chunk GT-PSNR (the sampler's noise is drawn on the CPU; TF32 convolutions aside),
+    and in the default dtype there (bf16, a model trained in float32) stays within 1 dB of it."""
+    if not torch.cuda.is_available():
+        pytest.skip("needs CUDA")
+    args = (ROOT / "trajectories" / "aba.yaml", "--chunks", 3, "--world-seed", 3, "--seed", 0)
+    runs = {name: generate(tmp_path, name, *args, *flags) for name, flags in
+            {"cpu": ("--device", "cpu"), "fp32": ("--device", "cuda", "--dtype", "fp32"),
+             "bf16": ("--device", "cuda")}.items()}
+    psnr = {name: [r["metrics"]["gt_psnr"] for r in read_jsonl(out / "chunks.jsonl")] for name, (out, _) in runs.items()}
+    assert runs["bf16"][1]["resolved"]["dtype"] == "bfloat16", runs["bf16"][1]["resolved"]
+    assert np.allclose(psnr["fp32"], psnr["cpu"], atol=0.3), psnr
+    assert abs(np.mean(psnr["bf16"]) - np.mean(psnr["cpu"])) < 1.0, psnr
+
+
 def return_psnr(tmp_path, trajectory, cache, last_chunk, world, *flags):
     _, summary = generate(tmp_path, cache, trajectory, "--world-seed", world, "--seed", 0, "--cache", cache, *flags)
     ret = summary["metrics"]["gt"]["return"]

@@ -41,19 +41,19 @@ nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv 2>/dev/null
 python3 -c "import torch, diffusers, transformers; print('torch', torch.__version__, 'cuda', torch.version.cuda, 'diffusers', diffusers.__version__, 'transformers', transformers.__version__)" | tee -a "$OUT/gpu.txt"
 case "${1:-check}" in
   quick)
-    # ~9.3 minutes at most (steps time-boxed, 555 s, + ~20 s of setup; 2026-11-26's two H200 sessions ran an earlier,
-    # shorter layout in 4-5.3 min): GPU tests, CUDA parity (eager on PARITY_FIXTURES, default the universal one: all
-    # three were within 3e-6 twice; float32 RoPE + CUDA graphs on it), the writers' s/chunk ratios and fps
+    # ~10.2 minutes at most (steps time-boxed, 610 s, + ~20 s of setup; 8.3 min with QUICK_MAX=0; 2026-11-26's third H200
+    # session: 4.4 min): GPU tests, CUDA parity (eager on PARITY_FIXTURES, default the universal MG2 fixture and
+    # LingBot-World's, never yet on CUDA: MG2's three were within 3e-6 twice; float32 RoPE + CUDA graphs on MG2's), the writers' s/chunk ratios and fps
     # (QUICK_CHUNKS chunks after 4 warm-up chunks, 3 interleaved repeats), then the max-autotune GPU test last
     # (its compiling is the one step whose length is unknown: 60 s were not enough).
     # The GPU tests in three processes: a device-side assert poisons its process's CUDA context, so the
     # compiled/CUDA-graph tests (test_speed.py, synchronous launches so an assert names its kernel) run
     # apart from the writers' and the trainer's. test_schemas.py needs jsonschema, absent there.
-    { step 90 python3 -m pytest -q -m "gpu and not slow" tests -p no:cacheprovider -p no:logging -rfE --tb=short \
+    { step 120 python3 -m pytest -q -m "gpu and not slow" tests -p no:cacheprovider -p no:logging -rfE --tb=short \
           --ignore=tests/test_schemas.py --ignore=tests/test_speed.py
       CUDA_LAUNCH_BLOCKING=1 step 90 python3 -m pytest -q -m gpu tests/test_speed.py -k "not max" \
           -p no:cacheprovider -p no:logging -rfE --tb=short; } 2>&1 | tee "$OUT/gpu-tests.log"
-    { for f in ${PARITY_FIXTURES:-tests/data/fixtures}; do step 25 python3 -m worldtrace_cli.parity "$f" --device "$DEVICE"; done
+    { for f in ${PARITY_FIXTURES:-tests/data/fixtures tests/data/lingbot}; do step 25 python3 -m worldtrace_cli.parity "$f" --device "$DEVICE"; done
       step 50 python3 -m worldtrace_cli.parity tests/data/fixtures --device "$DEVICE" --rope-precision float32 \
           --compile reduce-overhead; } 2>&1 | grep -E "^==|^max_abs_diff|Error|error" | tee "$OUT/parity-cuda.log"
     step 170 python3 -m worldtrace_cli bench speed --preset "$PRESET" --random-weights --device "$DEVICE" \
