@@ -111,6 +111,26 @@ def test_generate_lingbot_tiny_writes_the_usual_run_folder(tmp_path, one_thread,
     assert probe_video(out / "video.mp4")["frames"] == 29
 
 
+@pytest.mark.gpu
+def test_lingbot_tiny_on_cuda_draws_the_cpu_frames(tmp_path, one_thread):
+    """LingBot-World's rollout on CUDA (never run there before): generate in float32 on CUDA gives the
+    CPU's frames (same noise, drawn on the CPU; TF32 convolutions aside) and the same cache slots."""
+    from worldtrace_cli.outputs import read_video_frames
+
+    if not torch.cuda.is_available():
+        pytest.skip("needs CUDA")
+    frames, slots = {}, {}
+    for device in ("cpu", "cuda"):
+        out = tmp_path / device
+        result = invoke("generate", "--no-progress", "--preset", "lingbot-tiny", ABA, "--cache", "field", "--chunks", "3",
+                        "--device", device, "--dtype", "fp32", "--seed", "0", "-o", out)
+        assert result.exit_code == 0, result.output
+        frames[device] = read_video_frames(out / "video.mp4").astype(np.float32)
+        slots[device] = [r["cache"]["slots"] for r in read_jsonl(out / "chunks.jsonl")]
+    assert frames["cuda"].shape == frames["cpu"].shape and slots["cuda"] == slots["cpu"]
+    assert np.abs(frames["cuda"] - frames["cpu"]).mean() < 2.0  # of 255, through the same lossy H.264
+
+
 @pytest.mark.slow
 def test_a_stopped_lingbot_run_resumes_to_the_same_frames(tmp_path, one_thread, valid):
     """Issue 12: LingBot resume was checked by hand only. A lingbot-tiny run through a pose-retrieval

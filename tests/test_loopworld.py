@@ -101,7 +101,8 @@ def test_it_draws_the_world_it_walks(tmp_path, one_thread):
 def test_loopworld_on_cuda_draws_what_it_draws_on_the_cpu(tmp_path, one_thread):
     """The README's first command on a GPU (never run there before): loopworld on CUDA in float32 gives
     the CPU's per-chunk GT-PSNR (the sampler's noise is drawn on the CPU; TF32 convolutions aside),
-    and in the default dtype there (bf16, a model trained in float32) stays within 1 dB of it."""
+    and in the default dtype there (bf16, a model trained in float32) stays within 1 dB of it;
+    `worldtrace metrics --device cuda` scores a run as the CPU does."""
     if not torch.cuda.is_available():
         pytest.skip("needs CUDA")
     args = (ROOT / "trajectories" / "aba.yaml", "--chunks", 3, "--world-seed", 3, "--seed", 0)
@@ -112,6 +113,17 @@ def test_loopworld_on_cuda_draws_what_it_draws_on_the_cpu(tmp_path, one_thread):
     assert runs["bf16"][1]["resolved"]["dtype"] == "bfloat16", runs["bf16"][1]["resolved"]
     assert np.allclose(psnr["fp32"], psnr["cpu"], atol=0.3), psnr
     assert abs(np.mean(psnr["bf16"]) - np.mean(psnr["cpu"])) < 1.0, psnr
+    # `worldtrace metrics` on CUDA (SSIM, the CLIP tower's PAC) scores the CUDA run as on the CPU
+    scores = {}
+    for device in ("cpu", "cuda"):
+        result = CliRunner().invoke(main, ["metrics", str(runs["fp32"][0]), "--device", device,
+                                           "-o", str(tmp_path / f"metrics-{device}.json")])
+        assert result.exit_code == 0, result.output
+        scores[device] = json.loads((tmp_path / f"metrics-{device}.json").read_text())
+    assert scores["cuda"]["gt"]["psnr"] == pytest.approx(scores["cpu"]["gt"]["psnr"], abs=1e-3)
+    assert scores["cuda"]["gt"]["ssim"] == pytest.approx(scores["cpu"]["gt"]["ssim"], abs=1e-3)
+    assert scores["cuda"]["temp_ssim"]["mean"] == pytest.approx(scores["cpu"]["temp_ssim"]["mean"], abs=1e-3)
+    assert scores["cuda"]["scene_drift"]["mean"] == pytest.approx(scores["cpu"]["scene_drift"]["mean"], abs=1e-3)
 
 
 def return_psnr(tmp_path, trajectory, cache, last_chunk, world, *flags):
