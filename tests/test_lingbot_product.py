@@ -109,6 +109,11 @@ def test_generate_lingbot_tiny_writes_the_usual_run_folder(tmp_path, one_thread,
     valid(out / "chunks.jsonl", "chunk-record")
     valid(summary, "summary")
     assert probe_video(out / "video.mp4")["frames"] == 29
+    # `worldtrace metrics` groups TempSSIM by LingBot's chunks (13 + 16 pixel frames), as generate did
+    result = invoke("metrics", out, "--level", "fast")
+    assert result.exit_code == 0, result.output
+    offline = json.loads((out / "metrics.json").read_text())["temp_ssim"]["per_chunk"]
+    assert offline == pytest.approx([r["metrics"]["temp_ssim"] for r in records], abs=0.05)  # from the lossy MP4
 
 
 @pytest.mark.gpu

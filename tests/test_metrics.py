@@ -107,6 +107,12 @@ def test_temp_ssim_groups_pairs_by_the_chunk_of_the_later_frame():
     assert out["per_chunk"][1] == pytest.approx(np.mean(out["pairs"][8:20]))
     assert out["per_chunk"][1] < 0.9
     assert out["mean"] == pytest.approx(np.mean(out["pairs"]))
+    # LingBot-World's chunks (4 latent frames: 13 pixel frames, then 16 each): frame 9 is chunk 0's,
+    # frame 13 the first of chunk 1
+    lingbot = temp_ssim(video, frames_per_chunk=4)
+    assert len(lingbot["per_chunk"]) == 3 and lingbot["per_chunk"][1] == pytest.approx(1.0, abs=1e-6)
+    assert lingbot["per_chunk"][0] == pytest.approx(np.mean(out["pairs"][:12])) and lingbot["per_chunk"][0] < 0.95
+    assert lingbot["per_chunk"][2] == pytest.approx(np.mean(out["pairs"][28:]))
 
 
 def test_temp_ssim_edge_cases():

@@ -83,7 +83,7 @@ def summarise_run(run_dir: str | Path, tower=None, level: str = "fast",
     out = {"run_dir": str(run_dir), "level": level,
            "status": "complete" if summary and summary.get("status") == "complete" else "partial",
            "chunks": len(records), "pixel_frames": t_frames,
-           "temp_ssim": temp_ssim(frames), "latent_diff": latent,
+           "temp_ssim": temp_ssim(frames, frames_per_chunk=fpc), "latent_diff": latent,
            "scene_drift": None, "pac": None, "revisit": None, "gt": None, "notes": notes}
     world_seed = (summary or {}).get("resolved", {}).get("world_seed")
     if world_seed is not None and t_frames:  # a procedural-world run: score the video against the truth

@@ -52,7 +52,7 @@ def _group_by_chunk(values: list[float], chunk_of: list[int]) -> list[float | No
 # --------------------------------------------------------------------------- coherence
 
 
-def temp_ssim(frames, batch_size: int | None = None) -> dict:
+def temp_ssim(frames, batch_size: int | None = None, frames_per_chunk: int = 3) -> dict:
     """TempSSIM (paper §5.1, up): SSIM between consecutive decoded pixel frames.
 
     Each pair (t-1, t) is scored with ``pytorch_msssim.ssim(x, y, data_range=1.0,
@@ -62,10 +62,12 @@ def temp_ssim(frames, batch_size: int | None = None) -> dict:
 
     Args:
         frames: uint8 RGB ``[T, H, W, 3]`` (numpy or torch), H and W >= 11.
+        frames_per_chunk: latent frames per chunk F (MG2 3, LingBot-World 4): chunk 0 owns
+            4F - 3 pixel frames, every later chunk 4F (:func:`~worldtrace_cli.actions.chunk_of_row`).
 
     Returns:
         ``{"pairs": [T-1 floats], "per_chunk": [...], "mean": float}``; pair t-1 belongs to the
-        chunk owning its later frame t (chunk 0: t in 1..8, chunk c: t in 12c-3..12c+8), and
+        chunk owning its later frame t (F = 3: chunk 0: t in 1..8, chunk c: t in 12c-3..12c+8), and
         ``per_chunk[c]`` is the mean of chunk c's pairs (None without any). With T < 2 there are no
         pairs and ``mean`` is None.
 
@@ -89,7 +91,7 @@ def temp_ssim(frames, batch_size: int | None = None) -> dict:
         with torch.no_grad():
             scores = ssim(chunk[:-1], chunk[1:], data_range=1.0, size_average=False)
         pairs += scores.double().tolist()
-    chunk_of = [chunk_of_row(t) for t in range(1, t_frames)]
+    chunk_of = [chunk_of_row(t, frames_per_chunk) for t in range(1, t_frames)]
     return {"pairs": pairs, "per_chunk": _group_by_chunk(pairs, chunk_of), "mean": _mean(pairs)}
 
 
