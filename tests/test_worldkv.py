@@ -222,6 +222,26 @@ def test_bank_grows_on_the_host_and_the_window_stays_flat():
     assert w.describe()["bank"]["entries"] == 14
 
 
+@pytest.mark.gpu
+@pytest.mark.parametrize("cache", ["worldkv", "retrieval"])
+def test_a_bank_on_cuda_serves_a_model_on_the_cpu_what_a_cpu_bank_does(cache):
+    """`--device cpu --bank-device cuda`: the bank's device-to-host copies complete before the CPU reads
+    them (an asynchronous copy to the CPU returns before its data arrives): every read equals a CPU
+    bank's."""
+    if not torch.cuda.is_available():
+        pytest.skip("needs CUDA")
+    a, b = writer(cache, keep_ratio=0.5), writer(cache, keep_ratio=0.5, bank_device="cuda")
+    for c in range(12):
+        for w in (a, b):
+            w.begin_chunk(3 * c)
+        assert a.slots() == b.slots() and a.events() == b.events()
+        for layer in range(GEOM.num_layers):
+            for x, y in zip(a.read(layer), b.read(layer)):
+                assert y.device.type == "cpu" and torch.allclose(x, y, atol=1e-6)
+        for w in (a, b):
+            w.commit(chunk_kv(c), [3 * c, 3 * c + 1, 3 * c + 2])
+
+
 # --- resume, errors -------------------------------------------------------------------------
 
 @pytest.mark.parametrize("flags", [{"cache": "worldkv", "keep_ratio": 0.25, "positions": "rank"},

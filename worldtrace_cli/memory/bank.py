@@ -97,6 +97,13 @@ def keep_indices(k_rot: torch.Tensor, frames: int, tokens_per_frame: int, keep_r
     return torch.cat([torch.arange(t, device=chosen.device), chosen])
 
 
+def _to(x: torch.Tensor, device) -> torch.Tensor:
+    """``x`` on ``device``: asynchronous only towards CUDA (ordered on the stream that reads it); towards
+    the CPU (a bank on CUDA, the model on the CPU) synchronous, since the CPU reads it at once and an
+    asynchronous device-to-host copy returns before its data has arrived."""
+    return x.to(device, non_blocking=torch.device(device).type == "cuda")
+
+
 @dataclass
 class BankEntry:
     """One committed chunk in the bank.
@@ -121,12 +128,12 @@ class BankEntry:
         row = self.counts[layer].tolist()
         start = sum(row[:index])
         sl = slice(start, start + row[index])
-        return (self.k[layer, sl].to(device, non_blocking=True)[None],
-                self.v[layer, sl].to(device, non_blocking=True)[None])
+        return _to(self.k[layer, sl], device)[None], _to(self.v[layer, sl], device)[None]
 
     def chunk_kv(self, layer: int, device) -> tuple[torch.Tensor, torch.Tensor]:
         """All kept tokens of ``layer``: (k, v) [1, N, H, D] on ``device``."""
-        return self.k[layer].to(device, non_blocking=True)[None], self.v[layer].to(device, non_blocking=True)[None]
+        return _to(self.k[layer], device)[None], _to(self.v[layer], device)[None]
+
 
     def nbytes(self) -> int:
         return self.k.numel() * self.k.element_size() + self.v.numel() * self.v.element_size()
