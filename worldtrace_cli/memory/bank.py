@@ -186,14 +186,18 @@ class ChunkBank:
         """
         c, t = len(frame_ids), self.geometry.tokens_per_frame
         ks, vs, counts = [], [], []
-        positions = torch.tensor(frame_ids, dtype=torch.float64).repeat_interleave(t)
+        compress = self.keep_ratio < 1 and c > 1
+        if compress:  # the chunk's temporal angles once, on the DiT's device (not a host-to-device copy per layer)
+            positions = torch.tensor(frame_ids, dtype=torch.float64).repeat_interleave(t)
+            device = layers_kv[0][0].device
+            angles = tuple(a.to(device, self._rope.precision) for a in self._rope.temporal_angles(positions))
         for k, v in layers_kv:
             k, v = k[0], v[0]
-            if self.keep_ratio < 1 and c > 1:
-                rotated = self._rope.apply_temporal(k[None], positions)[0]  # original positions (A15)
-                idx = keep_indices(rotated, c, t, self.keep_ratio).to(k.device)
+            if compress:
+                rotated = self._rope.apply_temporal(k[None], None, angles=angles)[0]  # original positions (A15)
+                idx = keep_indices(rotated, c, t, self.keep_ratio)
                 k, v = k.index_select(0, idx), v.index_select(0, idx)
-                counts.append(torch.bincount(idx.cpu() // t, minlength=c))
+                counts.append(torch.bincount(idx // t, minlength=c))  # on the DiT's device: no sync per layer
             else:
                 counts.append(torch.full((c,), t, dtype=torch.int64))
             ks.append(k)
@@ -201,7 +205,7 @@ class ChunkBank:
         mt, mr = mean_pose(poses)
         entry = BankEntry(tuple(int(f) for f in frame_ids), self._place(torch.stack(ks), True),
                           self._place(torch.stack(vs), True),
-                          torch.stack(counts), mt, mr)
+                          torch.stack(counts).cpu(), mt, mr)
         self._append(entry)
         return entry
 
