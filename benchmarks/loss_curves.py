@@ -20,12 +20,24 @@ import sys
 from pathlib import Path
 
 
-def read_log(path: Path) -> list[dict]:
+def read_log(path: Path, fields: tuple[str, ...] = ("step",)) -> list[dict]:
     """The records of one ``loss.jsonl`` (dicts with ``step``, ``loss``, ``seconds`` of wall-clock),
-    ordered by step. Raises SystemExit when the file is missing or empty."""
+    ordered by step. Raises SystemExit when the file is missing or empty, or when a line is not a
+    JSON object holding every one of ``fields`` (the message names ``path:line``)."""
     if not path.is_file():
         sys.exit(f"{path}: no such loss log")
-    rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    rows = []
+    for n, line in enumerate(path.read_text().splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            row = json.loads(line)
+            missing = [f for f in fields if f not in row]
+        except (ValueError, TypeError) as err:
+            sys.exit(f"{path}:{n}: not a loss-log line ({err})")
+        if missing:
+            sys.exit(f"{path}:{n}: not a loss-log line (no {', '.join(missing)})")
+        rows.append(row)
     if not rows:
         sys.exit(f"{path}: empty loss log")
     return sorted(rows, key=lambda r: r["step"])

@@ -10,7 +10,8 @@ selection, first shard loads), and the seconds per step after it (mean and media
 consecutive lines, so only a log of every step gives per-step times; a coarser log gives the mean
 over its windows; a continued run's restarted clock is skipped). ``on-device.sh train precisions`` calls it.
 
-Uses the standard library only (it runs on the GPU machine before anything is installed).
+Uses the standard library and ``benchmarks/loss_curves.py``'s reader only (it runs on the GPU machine
+before anything is installed).
 
 Errors: SystemExit with a one-line message for a missing or empty file, or a line that is not a
 loss-log line (names the file and line).
@@ -18,33 +19,23 @@ loss-log line (names the file and line).
 
 from __future__ import annotations
 
-import json
 import statistics
 import sys
 from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/: its loss-log reader
+import loss_curves  # noqa: E402
+
 
 def read_log(path: Path) -> list[tuple[int, float]]:
-    """``[(step, seconds), ...]`` of a loss log, in file order.
+    """``[(step, seconds), ...]`` of a loss log in step order (read by ``benchmarks/loss_curves.py``'s
+    :func:`read_log`).
 
     Raises:
         SystemExit: the file is missing or holds no lines, or a line lacks ``step``/``seconds``
             (the message names ``path:line``).
     """
-    if not path.is_file():
-        raise SystemExit(f"step_times: {path}: no such loss log")
-    rows = []
-    for n, line in enumerate(path.read_text().splitlines(), 1):
-        if not line.strip():
-            continue
-        try:
-            r = json.loads(line)
-            rows.append((int(r["step"]), float(r["seconds"])))
-        except (ValueError, KeyError, TypeError) as err:
-            raise SystemExit(f"step_times: {path}:{n}: not a loss-log line with step and seconds ({err})") from None
-    if not rows:
-        raise SystemExit(f"step_times: {path}: empty loss log")
-    return rows
+    return [(int(r["step"]), float(r["seconds"])) for r in loss_curves.read_log(Path(path), ("step", "seconds"))]
 
 
 def summarise(rows: list[tuple[int, float]]) -> dict:
