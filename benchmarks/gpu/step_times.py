@@ -64,6 +64,8 @@ def table(paths: list[Path]) -> str:
 
 
 def main(argv: list[str] | None = None) -> None:
+    """Print :func:`table` of the loss logs named in ``argv`` (default ``sys.argv[1:]``).
+    Raises SystemExit: no file named, or one :func:`read_log` refuses."""
     args = sys.argv[1:] if argv is None else argv
     if not args:
         raise SystemExit("usage: step_times.py RUN.jsonl [RUN.jsonl ...]")
