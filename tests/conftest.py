@@ -67,3 +67,15 @@ def valid():
         for obj in objs:
             assert_valid(obj, name)
     return check
+
+
+def skip_without_ffmpeg():
+    """Skip a test that writes or reads an MP4 where imageio-ffmpeg finds no ffmpeg executable: the GPU
+    machine's image has none, and imageio-ffmpeg's 80 MB binary cannot travel there (the device tool
+    carries at most 64 MiB with the tracked tree; benchmarks/gpu/fetch-wheels.sh slims the wheel)."""
+    import imageio_ffmpeg
+
+    try:
+        imageio_ffmpeg.get_ffmpeg_exe()
+    except RuntimeError as err:
+        pytest.skip(f"no ffmpeg executable for the MP4: {err}")

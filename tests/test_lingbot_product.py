@@ -21,6 +21,8 @@ from worldtrace_cli.model.lingbot.inputs import LingbotInputs
 from worldtrace_cli.outputs import probe_video, read_jsonl
 from worldtrace_cli.trajectory import load_trajectory, plan_actions
 
+from conftest import skip_without_ffmpeg
+
 ROOT = Path(__file__).parent.parent
 ABA = ROOT / "trajectories" / "aba.yaml"
 DATA = ROOT / "tests" / "data" / "lingbot"
@@ -124,6 +126,7 @@ def test_lingbot_tiny_on_cuda_draws_the_cpu_frames(tmp_path, one_thread):
 
     if not torch.cuda.is_available():
         pytest.skip("needs CUDA")
+    skip_without_ffmpeg()
     frames, slots = {}, {}
     for device in ("cpu", "cuda"):
         out = tmp_path / device

@@ -15,7 +15,7 @@ from worldtrace_cli.cli import main
 from worldtrace_cli.config import default_preset_name, load_preset
 from worldtrace_cli.outputs import read_jsonl
 
-from conftest import assert_valid
+from conftest import assert_valid, skip_without_ffmpeg
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -105,6 +105,7 @@ def test_loopworld_on_cuda_draws_what_it_draws_on_the_cpu(tmp_path, one_thread):
     `worldtrace metrics --device cuda` scores a run as the CPU does."""
     if not torch.cuda.is_available():
         pytest.skip("needs CUDA")
+    skip_without_ffmpeg()
     args = (ROOT / "trajectories" / "aba.yaml", "--chunks", 3, "--world-seed", 3, "--seed", 0)
     runs = {name: generate(tmp_path, name, *args, *flags) for name, flags in
             {"cpu": ("--device", "cpu"), "fp32": ("--device", "cuda", "--dtype", "fp32"),
