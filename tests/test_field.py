@@ -257,10 +257,7 @@ def test_cuda_matches_cpu(cache):
             for a, b in zip(cpu_w.read(layer)[:2], gpu_w.read(layer)[:2]):
                 assert b.is_cuda and torch.allclose(a, b.cpu(), atol=1e-5)
     if cache != "field-streaming":
-        store = gpu_w._components[0]._store
-        assert all(t.is_pinned() for t in store)
-        slabs = len({t.untyped_storage().data_ptr() for t in store})  # page-locked ahead, on a thread
-        assert slabs > 1 and gpu_w._components[0]._arena.slabs_ready == slabs - 1
+        assert all(t.is_pinned() for t in gpu_w._components[0]._store)
 
 
 @pytest.mark.parametrize("flags,counts", [

@@ -125,35 +125,3 @@ def test_field_host_store_restored_into_slabs_saves_and_resumes_again_bit_identi
             assert all(torch.equal(a, b) for a, b in zip(ref.read(layer), w.read(layer)))
         for x in (ref, w):
             x.commit(chunks[c], [3 * c, 3 * c + 1, 3 * c + 2])
-
-
-def test_the_next_slab_is_allocated_ahead_and_used_when_the_current_one_is_full():
-    """With ``ahead`` the arena starts the next slab on a background thread as soon as it starts one
-    (page-locking, ~1 s per 2 GiB on CUDA, then overlaps generation): every slab after the first is
-    found ready, the layout and values are those of an arena without it, and a tensor too large for
-    the slab size in use gets its own slab, not the one allocated ahead."""
-    shape = (3, 4, 128)  # 3,072 bytes in bfloat16: 5 to a 16 KiB slab
-    plain, ahead = PinnedArena(pin=False), PinnedArena(pin=False, ahead=True)
-    assert not plain.ahead and PinnedArena(pin=True).ahead  # on by default where it pays: pinned slabs
-    data = [torch.randn(shape).to(torch.bfloat16) for _ in range(23)]
-    a, b = [plain.copy(x) for x in data], [ahead.copy(x) for x in data]
-    assert all(torch.equal(x.view(torch.int16), y.view(torch.int16)) for x, y in zip(a, b))
-    offsets = [[t.storage_offset() for t in ts] for ts in (a, b)]
-    assert offsets[0] == offsets[1]
-    slabs = len({t.untyped_storage().data_ptr() for t in b})
-    assert slabs == 5 and ahead.slabs_ready == slabs - 1 and plain.slabs_ready == 0
-    big = ahead.copy(torch.ones(40_000, dtype=torch.uint8))  # over 16 KiB: another slab size
-    assert big.untyped_storage().nbytes() == slab_bytes(40_000) and ahead.slabs_ready == slabs - 1
-
-
-def test_an_error_on_the_background_thread_is_raised_where_the_slab_is_needed(monkeypatch):
-    import worldtrace_cli.memory.pinned as pinned
-
-    arena = PinnedArena(pin=False, ahead=True)
-    arena.take((16,), torch.float32)  # slab 1 (64 B fits a 64 B slab); slab 2 is started ahead
-    failing = pinned._Ahead.__new__(pinned._Ahead)
-    failing.size, failing.slab, failing.error = arena._next.size, None, MemoryError("pin failed")
-    failing._thread = arena._next._thread
-    arena._next = failing
-    with pytest.raises(MemoryError, match="pin failed"):
-        arena.take((16,), torch.float32)

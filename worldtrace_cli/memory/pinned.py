@@ -8,18 +8,11 @@ takes a 256 MiB block: 1.65 x what it holds, ~200 GB instead of ~125 GB after 25
 recompute Field writer. :class:`PinnedArena` carves the tensors out of fewer, larger slabs whose
 power-of-two size wastes at most 1/16 (2 GiB slabs of 13 such frames: 1.8 %), and pays the
 allocator's page pinning once per slab instead of once per frame.
-
-Page-locking costs ~1 s per 2 GiB slab (``cudaHostAlloc``, ~2 GB/s, measured on an H200: the
-recompute Field writer's host store grows ~486 MB per chunk at full size, a slab every ~4.3 chunks,
-0.24 s per chunk of a fresh run; PyTorch caches freed pinned blocks, so only a new process pays it).
-With ``ahead`` the arena page-locks the NEXT slab on a background thread as soon as it starts one,
-so the generating thread finds it ready (it waits only if the background allocation has not ended).
 """
 
 from __future__ import annotations
 
 import math
-import threading
 
 import torch
 
@@ -58,30 +51,6 @@ def slab_bytes(nbytes: int, limit: int = SLAB_LIMIT) -> int:
     return best[1]
 
 
-class _Ahead:
-    """One slab of ``size`` bytes allocated on a background thread (pinned on ``device``'s context)."""
-
-    def __init__(self, size: int, pin: bool, device: int | None):
-        self.size, self.slab, self.error = size, None, None
-        self._thread = threading.Thread(target=self._run, args=(pin, device), daemon=True,
-                                        name="worldtrace-pin-ahead")
-        self._thread.start()
-
-    def _run(self, pin: bool, device: int | None) -> None:
-        try:
-            if device is not None:
-                torch.cuda.set_device(device)  # a new thread starts on device 0
-            self.slab = torch.empty(self.size, dtype=torch.uint8, pin_memory=pin)
-        except BaseException as err:  # re-raised by result() on the generating thread
-            self.error = err
-
-    def result(self) -> torch.Tensor:
-        self._thread.join()
-        if self.error is not None:
-            raise self.error
-        return self.slab
-
-
 class PinnedArena:
     """Host tensors carved out of page-locked slabs (:func:`slab_bytes`), appended to and freed
     together: a slab goes back to PyTorch's pinned cache when no tensor taken from it is referenced
@@ -91,33 +60,13 @@ class PinnedArena:
         pin: page-lock the slabs (``False`` gives ordinary host memory: the same layout, for tests and
             CPU runs).
         limit: :func:`slab_bytes`'s largest slab, in bytes.
-        ahead: allocate the next slab on a background thread as soon as one is started (default:
-            ``pin``), so the page-locking (~1 s per 2 GiB) overlaps generation instead of stalling it;
-            costs one slab of host memory held ahead of need. A tensor larger than ``limit`` gets its
-            own slab and is not allocated ahead.
-    Raises (from :meth:`take`): RuntimeError, torch's, when ``pin`` and no CUDA device can pin memory
-    (an error on the background thread is raised by the :meth:`take` that needs its slab).
+    Raises (from :meth:`take`): RuntimeError, torch's, when ``pin`` and no CUDA device can pin memory.
     """
 
-    def __init__(self, pin: bool = True, limit: int = SLAB_LIMIT, ahead: bool | None = None):
+    def __init__(self, pin: bool = True, limit: int = SLAB_LIMIT):
         self.pin, self.limit = pin, limit
-        self.ahead = pin if ahead is None else ahead
         self._slab: torch.Tensor | None = None
         self._offset = 0
-        self._next: _Ahead | None = None
-        self.slabs_ready = 0  # slabs found allocated ahead when needed (for tests and benchmarks)
-
-    def _new_slab(self, size: int) -> torch.Tensor:
-        ahead, self._next = self._next, None
-        if ahead is not None and ahead.size == size:
-            slab = ahead.result()
-            self.slabs_ready += 1
-        else:
-            slab = torch.empty(size, dtype=torch.uint8, pin_memory=self.pin)
-        if self.ahead and size <= self.limit:
-            device = torch.cuda.current_device() if self.pin and torch.cuda.is_available() else None
-            self._next = _Ahead(size, self.pin, device)
-        return slab
 
     def take(self, shape: tuple[int, ...] | torch.Size, dtype: torch.dtype) -> torch.Tensor:
         """A new, uninitialised host tensor of ``shape`` and ``dtype`` (contiguous; pinned with
@@ -126,7 +75,8 @@ class PinnedArena:
         if nbytes == 0:
             return torch.empty(shape, dtype=dtype)
         if self._slab is None or self._offset + nbytes > self._slab.numel():
-            self._slab = self._new_slab(slab_bytes(nbytes, self.limit))
+            size = slab_bytes(nbytes, self.limit)
+            self._slab = torch.empty(size, dtype=torch.uint8, pin_memory=self.pin)
             self._offset = 0
         view = self._slab[self._offset:self._offset + nbytes].view(dtype).view(shape)
         self._offset += _aligned(nbytes)
