@@ -308,3 +308,24 @@ def test_verbose_after_the_command_as_before_it():
         result = CliRunner().invoke(main, args)
         assert result.exit_code == 0, (args, result.output)
         assert logger.level == (logging.INFO if args == ["presets"] else logging.DEBUG), args
+
+
+def test_no_ffmpeg_is_a_one_line_output_error_before_anything_is_touched(tmp_path, monkeypatch):
+    """An imageio-ffmpeg without its binary (the lent GPU machines' case: its 80 MB binary cannot
+    travel there) made `generate` die with a RuntimeError traceback at the first chunk. Now: exit
+    code 4, one line saying what to install, before a model is loaded or the output folder (here an
+    earlier run under --overwrite) is touched."""
+    import imageio_ffmpeg
+
+    out = tmp_path / "run"
+    out.mkdir()
+    (out / "keep.txt").write_text("an earlier run's file")
+
+    def missing():
+        raise RuntimeError("No ffmpeg exe could be found. Install ffmpeg on your system, or set the "
+                           "IMAGEIO_FFMPEG_EXE environment variable.")
+
+    monkeypatch.setattr(imageio_ffmpeg, "get_ffmpeg_exe", missing)
+    line = one_line_error(generate("--preset", "tiny", ABA, "--chunks", 1, "--overwrite", "-o", out), 4)
+    assert "no ffmpeg executable" in line and "IMAGEIO_FFMPEG_EXE" in line
+    assert sorted(p.name for p in out.iterdir()) == ["keep.txt"]

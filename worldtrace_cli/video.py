@@ -22,6 +22,18 @@ from .files import _existing, _reason, _tail, tail_words
 _GOP_FRAMES = 12  # one keyframe (= one MP4 fragment) per 12 pixel frames, about a chunk
 
 
+def ffmpeg_exe() -> str:
+    """Path of the ffmpeg executable imageio-ffmpeg uses (``IMAGEIO_FFMPEG_EXE``, its bundled binary,
+    or one on PATH). Raises OutputError, one line, when there is none (e.g. an imageio-ffmpeg
+    installed without its binary)."""
+    try:
+        return imageio_ffmpeg.get_ffmpeg_exe()
+    except RuntimeError as err:
+        raise OutputError(f"no ffmpeg executable to write the MP4 ({_tail(err)}): install imageio-ffmpeg "
+                          "with its bundled binary, or set IMAGEIO_FFMPEG_EXE to an ffmpeg built with "
+                          "libx264") from None
+
+
 class VideoStreamWriter:
     """MP4 written chunk by chunk: H.264 (libx264), yuv420p, fragmented MP4.
 
@@ -41,7 +53,8 @@ class VideoStreamWriter:
     frames per second); crf, the x264 quality (0 lossless .. 51 worst; 18 is visually lossless);
     pass_fds, file descriptors ffmpeg inherits (a run folder's lock: held until ffmpeg has finished
     the file, also when a killed Python left it to finish alone).
-    Raises OutputError when the file cannot be created or ffmpeg fails while writing or closing.
+    Raises OutputError when there is no ffmpeg executable, the file cannot be created, or ffmpeg
+    fails while writing or closing.
     """
 
     def __init__(self, path: str | Path, width: int, height: int, fps: float = 25.0,
@@ -57,6 +70,7 @@ class VideoStreamWriter:
         self.encoded_width, self.encoded_height = width + width % 2, height + height % 2
         self.frames_written = 0
         self._closed = False
+        exe = ffmpeg_exe()  # before the file is touched: no empty MP4 left behind
         try:
             # Fail here with a clear message rather than later inside ffmpeg.
             self.path.open("wb").close()
@@ -65,7 +79,7 @@ class VideoStreamWriter:
         self._log = tempfile.TemporaryFile()  # ffmpeg's messages, quoted when it fails
         rate = Fraction(fps).limit_denominator(1001)
         cmd = [
-            imageio_ffmpeg.get_ffmpeg_exe(), "-hide_banner", "-loglevel", "warning", "-y",
+            exe, "-hide_banner", "-loglevel", "warning", "-y",
             "-f", "rawvideo", "-pix_fmt", "rgb24",
             "-s", f"{self.encoded_width}x{self.encoded_height}", "-r", str(rate), "-i", "-",
             "-an", "-c:v", "libx264", "-preset", "veryfast", "-tune", "zerolatency",
@@ -203,7 +217,7 @@ def _ignore_stop_signals() -> None:
 
 def _ffmpeg_copy(args: list[str], what: str) -> None:
     """Run imageio-ffmpeg's ffmpeg with stream copy arguments; OutputError with its message on failure."""
-    cmd = [imageio_ffmpeg.get_ffmpeg_exe(), "-hide_banner", "-loglevel", "error", "-y", *args]
+    cmd = [ffmpeg_exe(), "-hide_banner", "-loglevel", "error", "-y", *args]
     proc = subprocess.run(cmd, stdin=subprocess.DEVNULL, capture_output=True, text=True)
     if proc.returncode != 0:
         raise OutputError(f"ffmpeg failed to {what}: {tail_words(proc.stderr)}")
@@ -256,5 +270,5 @@ def concat_videos(parts: list[str | Path], dest: str | Path) -> None:
             p.unlink(missing_ok=True)
 
 
-__all__ = ["VideoStreamWriter", "concat_videos", "count_video_frames", "probe_video", "read_video_frames",
+__all__ = ["VideoStreamWriter", "concat_videos", "count_video_frames", "ffmpeg_exe", "probe_video", "read_video_frames",
            "truncate_video"]

@@ -23,6 +23,7 @@ from pathlib import Path
 from ..errors import Aborted, Interrupted
 from ..runs import RunFolder
 from ..schemas import SCHEMA_VERSION
+from ..video import ffmpeg_exe
 from ..runs.resume import restore_run_state, save_run_state
 from .inputs import RunInputs, prepare_inputs
 from .sinks import RunSinks, StopFlag
@@ -52,6 +53,7 @@ def run_generation(cfg, resume: bool = False, pipeline=None) -> dict:
                       poses=None if cfg.poses is None else Path(cfg.poses).resolve(),
                       intrinsics=None if cfg.intrinsics is None else Path(cfg.intrinsics).resolve())
     inputs = prepare_inputs(cfg)
+    ffmpeg_exe()  # the MP4 needs it: fail before the run folder is touched or a model loaded
     folder = RunFolder(cfg.output)
     with folder.lock("generate --resume" if resume else "generate"):
         if not resume:

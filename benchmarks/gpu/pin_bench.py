@@ -1,0 +1,138 @@
+"""How fast can host memory be page-locked on this GPU machine, and does doing it on a second thread
+hold up the generating thread's CUDA work? (Field's host store, `worldtrace_cli/memory/pinned.py`.)
+
+Two sessions measured what a fresh `generate --cache field` run pays for page-locking its growing
+host store on an H200: ~1 s per 2 GiB slab (`cudaHostAlloc` through PyTorch's pinned allocator,
+~2 GB/s), and allocating the next slab on a background thread made the run slower, not faster
+(benchmarks/results/gpu-h200-2026-11-26-d/). Before another blind change, this measures the
+alternatives in seconds:
+
+  alloc        torch.empty(n, pin_memory=True): PyTorch's pinned allocator (what the arena does)
+  register     torch.empty(n) (pageable), its pages touched by torch's CPU threads (fill_), then
+               cudaHostRegister on the whole range (others report ~2 x faster than cudaHostAlloc)
+  touch        the touch alone (the part a worker thread could do without the CUDA driver)
+
+and, for each, how much a launch-bound GPU loop on the main thread (small matrix products, like a
+DiT's per-layer kernels) slows while it runs on a second thread.
+
+    python3 benchmarks/gpu/pin_bench.py [--gib 2] [--repeats 3] [-o pin.json]
+
+Units: seconds, GB/s (1e9 bytes), loop iterations per second. Needs CUDA (exits 2 without it).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import threading
+import time
+
+import torch
+
+
+def _alloc(n: int):
+    t0 = time.perf_counter()
+    x = torch.empty(n, dtype=torch.uint8, pin_memory=True)
+    return x, {"alloc_s": time.perf_counter() - t0}
+
+
+def _register(n: int):
+    t0 = time.perf_counter()
+    x = torch.empty(n, dtype=torch.uint8)
+    x.fill_(0)  # fault the pages in on torch's CPU threads
+    t1 = time.perf_counter()
+    err = torch.cuda.cudart().cudaHostRegister(x.data_ptr(), n, 0)
+    if int(err) != 0:
+        raise RuntimeError(f"cudaHostRegister failed: {err}")
+    t2 = time.perf_counter()
+    assert x.is_pinned()
+    return x, {"touch_s": t1 - t0, "register_s": t2 - t1, "alloc_s": t2 - t0}
+
+
+def _touch(n: int):
+    t0 = time.perf_counter()
+    x = torch.empty(n, dtype=torch.uint8)
+    x.fill_(0)
+    return x, {"alloc_s": time.perf_counter() - t0}
+
+
+METHODS = {"alloc": _alloc, "register": _register, "touch": _touch}
+
+
+def _release(method: str, x: torch.Tensor) -> None:
+    if method == "register":
+        torch.cuda.cudart().cudaHostUnregister(x.data_ptr())
+
+
+def _loop_rate(seconds: float, stop: threading.Event | None = None) -> float:
+    """Iterations per second of a launch-bound loop (8 small matmuls + a sync every 8 iterations)."""
+    a = torch.randn(256, 256, device="cuda")
+    n, t0 = 0, time.perf_counter()
+    while time.perf_counter() - t0 < seconds and not (stop is not None and stop.is_set()):
+        for _ in range(8):
+            a = torch.tanh(a @ a)
+        n += 1
+        if n % 8 == 0:
+            torch.cuda.synchronize()
+    torch.cuda.synchronize()
+    return n / (time.perf_counter() - t0)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--gib", type=float, default=2.0, help="size of one allocation in GiB (a slab: 2)")
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("-o", "--output", help="JSON file for the numbers")
+    args = parser.parse_args(argv)
+    if not torch.cuda.is_available():
+        print("pin_bench: needs a CUDA device", file=sys.stderr)
+        return 2
+    n = int(args.gib * (1 << 30))
+    torch.cuda.init()
+    _loop_rate(1.0)  # warm up kernels
+    result = {"device": torch.cuda.get_device_name(), "torch": torch.__version__, "bytes": n,
+              "threads": torch.get_num_threads(), "alone": {}, "beside_loop": {}}
+    base = _loop_rate(2.0)
+    result["loop_alone_it_s"] = base
+    for method, fn in METHODS.items():
+        kept, runs = [], []
+        for _ in range(args.repeats):  # kept alive: PyTorch's pinned cache would hand a freed block back
+            x, t = fn(n)
+            kept.append(x)
+            runs.append(t)
+        result["alone"][method] = runs
+        # beside a launch-bound loop on this thread: the allocation on a second thread
+        done, box = threading.Event(), {}
+
+        def worker():
+            box["x"], box["t"] = fn(n)
+            done.set()
+
+        th = threading.Thread(target=worker)
+        t0 = time.perf_counter()
+        th.start()
+        rate = _loop_rate(30.0, stop=done)
+        th.join()
+        result["beside_loop"][method] = {**box["t"], "loop_it_s": rate, "loop_vs_alone": rate / base,
+                                         "wall_s": time.perf_counter() - t0}
+        kept.append(box["x"])
+        for x in kept:
+            _release(method, x)
+        del kept, box
+    print(f"{result['device']}, torch {result['torch']}, {n / 1e9:.2f} GB per allocation, "
+          f"loop alone {base:.0f} it/s")
+    print("| method | alone: s (GB/s), each repeat | beside the loop: s | loop it/s vs alone |")
+    print("| --- | --- | ---: | ---: |")
+    for method in METHODS:
+        alone = ", ".join(f"{t['alloc_s']:.3f} ({n / 1e9 / t['alloc_s']:.1f})" for t in result["alone"][method])
+        b = result["beside_loop"][method]
+        print(f"| {method} | {alone} | {b['alloc_s']:.3f} | {b['loop_vs_alone']:.2f} |")
+    if args.output:
+        with open(args.output, "w") as f:
+            json.dump(result, f, indent=2)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
