@@ -73,9 +73,10 @@ def skip_without_ffmpeg():
     """Skip a test that writes or reads an MP4 where imageio-ffmpeg finds no ffmpeg executable: the GPU
     machine's image has none, and imageio-ffmpeg's 80 MB binary cannot travel there (the device tool
     carries at most 64 MiB with the tracked tree; benchmarks/gpu/fetch-wheels.sh slims the wheel)."""
-    import imageio_ffmpeg
+    from worldtrace_cli.errors import OutputError
+    from worldtrace_cli.video import ffmpeg_exe
 
     try:
-        imageio_ffmpeg.get_ffmpeg_exe()
-    except RuntimeError as err:
-        pytest.skip(f"no ffmpeg executable for the MP4: {err}")
+        ffmpeg_exe()
+    except OutputError as err:
+        pytest.skip(str(err))
