@@ -41,7 +41,8 @@ nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv 2>/dev/null
 python3 -c "import torch, diffusers, transformers; print('torch', torch.__version__, 'cuda', torch.version.cuda, 'diffusers', diffusers.__version__, 'transformers', transformers.__version__)" | tee -a "$OUT/gpu.txt"
 case "${1:-check}" in
   quick)
-    # ~11.2 minutes at most (steps time-boxed, 670 s, + ~20 s of setup; 9.3 min with QUICK_MAX=0; 2026-11-26's third H200
+    # ~12.7 minutes at most (steps time-boxed, 760 s, + ~20 s of setup; 10.8 min with QUICK_MAX=0: over the tool's
+    # 600 s only if steps hang, then the last steps are cut and what finished comes back; typically ~6.5 min; 2026-11-26's third H200
     # session: 4.4 min): GPU tests, CUDA parity (eager on PARITY_FIXTURES, default the universal MG2 fixture and
     # LingBot-World's, never yet on CUDA: MG2's three were within 3e-6 twice; float32 RoPE + CUDA graphs on MG2's), the writers' s/chunk ratios and fps
     # (QUICK_CHUNKS chunks after 4 warm-up chunks, 3 interleaved repeats), then the max-autotune GPU test last
@@ -59,9 +60,15 @@ case "${1:-check}" in
     step 170 python3 -m worldtrace_cli bench speed --preset "$PRESET" --random-weights --device "$DEVICE" \
         --caches sliding,field,landmark --chunks "${QUICK_CHUNKS:-16}" --repeats 3 --warmup 4 -o "$OUT" \
         --name "speed-$PRESET-ratio-quick" 2>&1 | tee -a "$OUT/speed.log"
-    # page-locking 2 GiB: PyTorch's pinned allocator vs touch + cudaHostRegister, alone and on a second thread
-    # beside a launch-bound loop (field's first-run cost; the background-allocation try of 2026-11-26 was worse)
-    step 60 python3 benchmarks/gpu/pin_bench.py -o "$OUT/pin.json" 2>&1 | tee -a "$OUT/speed.log"
+    # page-locking 2 GiB: PyTorch's pinned allocator (also configured to register on 8 threads) vs touch +
+    # cudaHostRegister, alone and on a second thread beside a launch-bound loop (field's first-run cost; the
+    # background-allocation try of 2026-11-26 was worse); then field's first run with PyTorch's pinned allocator
+    # configured that way (an environment variable, no code of ours): its cache phase vs the bench above's first repeat
+    step 60 python3 benchmarks/gpu/pin_bench.py 2>&1 | tee -a "$OUT/speed.log"
+    PYTORCH_CUDA_ALLOC_CONF=pinned_use_cuda_host_register:True,pinned_num_register_threads:8 step 90 \
+        python3 -m worldtrace_cli bench speed --preset "$PRESET" --random-weights --device "$DEVICE" --caches field \
+        --chunks "${QUICK_CHUNKS:-16}" --repeats 1 --warmup 4 -o "$OUT" --name "speed-$PRESET-field-register" \
+        2>&1 | tee -a "$OUT/speed.log"
     [ -n "${MEMORY_CHUNKS:-}" ] && step 100 python3 -m worldtrace_cli bench speed --preset "$PRESET" --random-weights \
         --device "$DEVICE" --caches field --chunks "$MEMORY_CHUNKS" --no-decode -o "$OUT" \
         --name "speed-$PRESET-field-memory" 2>&1 | tee -a "$OUT/speed.log"  # one log for both: at most 8 files come back

@@ -11,11 +11,19 @@ alternatives in seconds:
   register     torch.empty(n) (pageable), its pages touched by torch's CPU threads (fill_), then
                cudaHostRegister on the whole range (others report ~2 x faster than cudaHostAlloc)
   touch        the touch alone (the part a worker thread could do without the CUDA driver)
+  alloc-register8
+               torch.empty(n, pin_memory=True) in a child process whose PyTorch pinned allocator is
+               configured to do malloc + touch on 8 threads + cudaHostRegister itself
+               (PYTORCH_CUDA_ALLOC_CONF=pinned_use_cuda_host_register:True,pinned_num_register_threads:8,
+               PyTorch's option "to avoid large lock wait time with cudaHostAlloc", pytorch#108488):
+               the fix that needs no code of ours, if it is faster and does not hold the driver
 
 and, for each, how much a launch-bound GPU loop on the main thread (small matrix products, like a
 DiT's per-layer kernels) slows while it runs on a second thread.
 
     python3 benchmarks/gpu/pin_bench.py [--gib 2] [--repeats 3] [-o pin.json]
+
+The numbers also go to stdout as one JSON line (``pin_bench: {...}``), for a log.
 
 Units: seconds, GB/s (1e9 bytes), loop iterations per second. Needs CUDA (exits 2 without it).
 """
@@ -24,6 +32,8 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
+import subprocess
 import sys
 import threading
 import time
@@ -58,6 +68,7 @@ def _touch(n: int):
 
 
 METHODS = {"alloc": _alloc, "register": _register, "touch": _touch}
+REGISTER_CONF = "pinned_use_cuda_host_register:True,pinned_num_register_threads:8"
 
 
 def _release(method: str, x: torch.Tensor) -> None:
@@ -84,6 +95,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--gib", type=float, default=2.0, help="size of one allocation in GiB (a slab: 2)")
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("-o", "--output", help="JSON file for the numbers")
+    parser.add_argument("--only", choices=sorted(METHODS), help=argparse.SUPPRESS)  # the child process
     args = parser.parse_args(argv)
     if not torch.cuda.is_available():
         print("pin_bench: needs a CUDA device", file=sys.stderr)
@@ -96,6 +108,8 @@ def main(argv: list[str] | None = None) -> int:
     base = _loop_rate(2.0)
     result["loop_alone_it_s"] = base
     for method, fn in METHODS.items():
+        if args.only and method != args.only:
+            continue
         kept = []
         try:
             runs = []
@@ -130,17 +144,39 @@ def main(argv: list[str] | None = None) -> int:
         for x in kept:
             _release(method, x)
         del kept
+    if args.only:  # the child: its numbers to the parent
+        print(json.dumps(result))
+        return 0
+    try:  # alloc through PyTorch's allocator configured to register (read once per process: a child)
+        env = {**os.environ, "PYTORCH_CUDA_ALLOC_CONF": REGISTER_CONF}
+        child = subprocess.run([sys.executable, os.path.abspath(__file__), "--gib", str(args.gib), "--repeats",
+                                str(args.repeats), "--only", "alloc"], env=env, capture_output=True, text=True,
+                               timeout=45)
+        if child.returncode != 0 or not child.stdout.strip():
+            raise RuntimeError(f"child exited {child.returncode}: {child.stderr.strip()[-300:]}")
+        sub = json.loads(child.stdout.strip().splitlines()[-1])
+        for part in ("alone", "beside_loop"):
+            if "alloc" in sub[part]:
+                result[part]["alloc-register8"] = sub[part]["alloc"]
+        if "beside_loop" in sub and "alloc" in sub["beside_loop"]:  # its loop rate against its own baseline
+            result["beside_loop"]["alloc-register8"]["loop_vs_alone"] = (
+                sub["beside_loop"]["alloc"]["loop_it_s"] / sub["loop_alone_it_s"])
+        if sub.get("errors"):
+            result.setdefault("errors", {})["alloc-register8"] = sub["errors"]
+    except Exception as err:  # noqa: BLE001 - reported, the rest stands
+        result.setdefault("errors", {})["alloc-register8"] = repr(err)
     print(f"{result['device']}, torch {result['torch']}, {n / 1e9:.2f} GB per allocation, "
           f"loop alone {base:.0f} it/s")
     print("| method | alone: s (GB/s), each repeat | beside the loop: s | loop it/s vs alone |")
     print("| --- | --- | ---: | ---: |")
-    for method in METHODS:
+    for method in [*METHODS, "alloc-register8"]:
         if method not in result["beside_loop"]:
             print(f"| {method} | failed: {result.get('errors', {}).get(method)} | | |")
             continue
         alone = ", ".join(f"{t['alloc_s']:.3f} ({n / 1e9 / t['alloc_s']:.1f})" for t in result["alone"][method])
         b = result["beside_loop"][method]
         print(f"| {method} | {alone} | {b['alloc_s']:.3f} | {b['loop_vs_alone']:.2f} |")
+    print("pin_bench:", json.dumps(result))
     if args.output:
         with open(args.output, "w") as f:
             json.dump(result, f, indent=2)
