@@ -134,7 +134,6 @@ class BankEntry:
         """All kept tokens of ``layer``: (k, v) [1, N, H, D] on ``device``."""
         return _to(self.k[layer], device)[None], _to(self.v[layer], device)[None]
 
-
     def nbytes(self) -> int:
         return self.k.numel() * self.k.element_size() + self.v.numel() * self.v.element_size()
 
