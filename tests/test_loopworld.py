@@ -155,6 +155,18 @@ def test_field_remembers_a_place_that_is_not_the_start_view(tmp_path, one_thread
     assert scores["field"] > scores["sliding"] + 0.5, scores
 
 
+def test_landmark_remembers_the_start_of_an_aba_loop_better_than_sliding(tmp_path, one_thread):
+    """The issue's behavioural test: LoopBench's aba (A -> B -> A, 16 chunks) in world 0, the
+    default world (noise seed 0), with landmark at the preset's calibrated tau. Landmark keeps A's
+    scene-entry frames verbatim as frozen canonical keys in its summary slots; sliding has dropped
+    them by the return leg, whose chunks landmark draws closer to the truth (LoopBench: +0.4 dB on
+    average, 7 of 8 worlds, loopworld-tau/README.md; this run +0.46 dB). The start image answers
+    part of aba's return for every writer, so the margin is smaller than abca's."""
+    aba = ROOT / "trajectories" / "loopbench" / "aba.yaml"
+    scores = {cache: return_psnr(tmp_path / "aba", aba, cache, 15, 0) for cache in ("sliding", "landmark")}
+    assert scores["landmark"] > scores["sliding"] + 0.2, scores
+
+
 def test_landmark_needs_tau_calibrated_for_the_model(tmp_path, one_thread):
     """Landmark at the paper's tau 0.1 on look_back (world 7, noise seed 0): this model's detector
     distances are far below 0.1, so only one frame per rollout becomes a landmark, the summary slots
