@@ -557,6 +557,76 @@ def test_memory_test_and_bundle(tmp_path, data, vae_file, one_thread):
     assert meta["dit"].startswith(f"{tmp_path.name}/dit.safetensors sha256:") and str(tmp_path) not in meta["vae"]
 
 
+def test_an_int8_bundle_loads_back_to_the_dit_within_half_a_step(tmp_path, vae_file, one_thread):
+    """`train export --dit-format int8`: the DiT's matrices in int8 with a scale per output row, the
+    rest float16; the preset loader reads it back as floats within half a quantisation step of the
+    trained weights, and the file is smaller than the float16 bundle. A bundle missing a scale is
+    refused in one line naming the tensor."""
+    from dataclasses import replace
+
+    from click.testing import CliRunner
+    from safetensors.torch import load_file, save_file
+
+    from worldtrace_cli.cli import main
+    from worldtrace_cli.errors import CheckpointError
+    from worldtrace_cli.model.checkpoint import load_world_model
+    from worldtrace_cli.model.weights import INT8_SCALE_SUFFIX
+    from worldtrace_cli.train.dit import build_dit
+
+    preset = _tiny_preset()
+    dit = build_dit(preset, 0)
+    save_file({k: v.contiguous() for k, v in dit.state_dict().items()}, str(tmp_path / "dit.safetensors"))
+    sizes = {}
+    for fmt in ("float16", "int8"):
+        r = CliRunner().invoke(main, ["train", "export", "--dit", str(tmp_path / "dit.safetensors"), "--vae",
+                                      str(vae_file[0]), "--dit-format", fmt, "-o", str(tmp_path / f"{fmt}.safetensors")])
+        assert r.exit_code == 0 and f"DiT in {fmt}" in r.output, r.output
+        sizes[fmt] = (tmp_path / f"{fmt}.safetensors").stat().st_size
+    stored = load_file(str(tmp_path / "int8.safetensors"))
+    quantized = [k for k, v in stored.items() if v.dtype == torch.int8]
+    assert quantized and all(k + INT8_SCALE_SUFFIX in stored for k in quantized)
+    assert sizes["int8"] < 0.75 * sizes["float16"], sizes
+    bundled = replace(preset, weights="bundled", bundle=str(tmp_path / "int8.safetensors"), vae="loopworld",
+                      height=48, width=96)
+    world = load_world_model(bundled, None, False, 0, torch.device("cpu"), torch.float32)
+    for k, v in dit.state_dict().items():
+        got = world.dit.state_dict()[k]
+        if f"dit.{k}" in quantized:
+            step = stored[f"dit.{k}{INT8_SCALE_SUFFIX}"].reshape(-1, *([1] * (v.ndim - 1)))
+            assert torch.all((got - v).abs() <= step / 2 + 1e-7), k
+            assert not torch.equal(got, v.half().float()), k  # really stored as int8
+        else:
+            assert torch.equal(got, v.half().float()), k
+    del stored[quantized[0] + INT8_SCALE_SUFFIX]
+    save_file(stored, str(tmp_path / "broken.safetensors"))
+    with pytest.raises(CheckpointError, match=f"int8 tensor '{quantized[0]}' has no"):
+        load_world_model(replace(bundled, bundle=str(tmp_path / "broken.safetensors")), None, False, 0,
+                         torch.device("cpu"), torch.float32)
+
+
+def test_int8_storage_keeps_zero_rows_and_refuses_stray_scales():
+    """quantize_int8 / dequantize_int8 on their own: an all-zero row (a grown block's zeroed output)
+    comes back zero, small tensors stay float16, and a scale without its tensor or of the wrong
+    length is refused naming the key."""
+    from worldtrace_cli.errors import CheckpointError
+    from worldtrace_cli.model.weights import INT8_SCALE_SUFFIX, dequantize_int8, quantize_int8
+
+    g = torch.Generator().manual_seed(0)
+    w = torch.randn(64, 128, generator=g)
+    w[3] = 0
+    sd = {"w": w, "bias": torch.randn(64, generator=g), "small": torch.randn(8, 8, generator=g)}
+    q = quantize_int8(sd)
+    assert q["w"].dtype == torch.int8 and q["bias"].dtype == q["small"].dtype == torch.float16
+    back = dequantize_int8(q, "mem")
+    assert set(back) == set(sd) and torch.equal(back["w"][3], torch.zeros(128))
+    assert (back["w"] - w).abs().max() <= w.abs().max() / 254 + 1e-7
+    assert dequantize_int8(sd, "mem") is sd  # no int8 inside: untouched
+    with pytest.raises(CheckpointError, match="scales no tensor"):
+        dequantize_int8({"x" + INT8_SCALE_SUFFIX: torch.ones(2)}, "mem")
+    with pytest.raises(CheckpointError, match="not one float per row"):
+        dequantize_int8({"w": q["w"], "w" + INT8_SCALE_SUFFIX: torch.ones(3)}, "mem")
+
+
 def test_eval_of_a_bare_weights_folder(tmp_path, vae_file, one_thread):
     """`train eval` of a folder holding only dit.safetensors (weights trained elsewhere, e.g. on a GPU):
     without --preset a one-line error; with it the tests run, the held-out clips and the late

@@ -14,7 +14,8 @@ import torch
 from torch import nn
 
 from ..errors import CheckpointError
-from .weights import check_state_dict, file_identity, read_json, read_state_dict, strip_prefix  # noqa: F401 (re-exported)
+from .weights import (check_state_dict, dequantize_int8, file_identity, read_json, read_state_dict,  # noqa: F401
+                      strip_prefix)  # (re-exported)
 
 
 def load_dit_weights(model: nn.Module, path: str | Path) -> None:
@@ -113,11 +114,14 @@ def bundle_path(preset) -> Path:
 def split_bundle(sd: dict[str, torch.Tensor], source: str) -> dict[str, dict[str, torch.Tensor]]:
     """``{"dit": {...}, "vae": {...}, "clip": {...}}`` from a bundle's ``dit.*``/``vae.*``/``clip.*`` keys.
 
+    Tensors stored in int8 (``train export --dit-format int8``) come back as float32
+    (:func:`~worldtrace_cli.model.weights.dequantize_int8`).
+
     Raises:
-        CheckpointError: a key outside the three parts, or a part missing.
+        CheckpointError: a key outside the three parts, a part missing, or a malformed int8 tensor.
     """
     parts: dict[str, dict[str, torch.Tensor]] = {p: {} for p in BUNDLE_PARTS}
-    for key, value in sd.items():
+    for key, value in dequantize_int8(sd, source).items():
         part, _, name = key.partition(".")
         if part not in parts or not name:
             raise CheckpointError(f"{source}: unexpected key {key!r} (a bundle holds dit.*, vae.*, clip.*)")

@@ -118,4 +118,65 @@ def _first_line(exc: Exception) -> str:
     return text[0][:200] if text else ""
 
 
-__all__ = ["check_state_dict", "file_identity", "read_json", "read_state_dict", "strip_prefix"]
+# ----------------------------------------------------------------- int8 storage of a bundle's DiT
+
+INT8_SCALE_SUFFIX = ".int8_scale"  # the key of a quantised tensor's per-row scales: ``<key>.int8_scale``
+INT8_MIN_NUMEL = 4096  # smaller tensors (biases, norms, modulation vectors) stay floating point
+
+
+def quantize_int8(sd: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """Store the matrices of a state dict in int8 with one scale per output row (symmetric absmax).
+
+    Every floating tensor with ``ndim >= 2`` and at least :data:`INT8_MIN_NUMEL` elements (linear
+    weights ``[out, in]``, convolution kernels ``[out, in, ...]``) becomes ``q = round(w / s)`` in
+    int8 ``[-127, 127]`` under its own key, with ``s = max|w[row]| / 127`` (float32 ``[out]``; 1 for
+    an all-zero row) under ``key + ".int8_scale"``; other tensors are returned as float16. The
+    rounding error of an element is at most ``s / 2``. Storage only: :func:`dequantize_int8` turns
+    the file back into floating tensors before a module sees it (no int8 arithmetic anywhere).
+
+    Returns a new dict (contiguous CPU tensors), about half the bytes of float16.
+    """
+    out: dict[str, torch.Tensor] = {}
+    for key, value in sd.items():
+        w = value.detach().to("cpu", torch.float32)
+        if not value.is_floating_point() or w.ndim < 2 or w.numel() < INT8_MIN_NUMEL:
+            out[key] = w.half().contiguous() if value.is_floating_point() else value.contiguous()
+            continue
+        rows = w.reshape(w.shape[0], -1)
+        scale = rows.abs().amax(dim=1) / 127.0
+        scale = torch.where(scale > 0, scale, torch.ones_like(scale))
+        out[key] = torch.round(rows / scale[:, None]).clamp_(-127, 127).to(torch.int8).reshape(w.shape).contiguous()
+        out[key + INT8_SCALE_SUFFIX] = scale.contiguous()
+    return out
+
+
+def dequantize_int8(sd: dict[str, torch.Tensor], source: str) -> dict[str, torch.Tensor]:
+    """The inverse of :func:`quantize_int8`: every int8 tensor times its per-row scales, as float32.
+
+    A state dict without ``.int8_scale`` keys is returned as it is (float16/float32 files).
+
+    Raises:
+        CheckpointError: a scale without its tensor, an int8 tensor without its scale, or a scale
+            that is not one float per row of its tensor (the key named).
+    """
+    scales = {k[:-len(INT8_SCALE_SUFFIX)]: v for k, v in sd.items() if k.endswith(INT8_SCALE_SUFFIX)}
+    unscaled = [k for k, v in sd.items() if v.dtype == torch.int8 and k not in scales]
+    if unscaled:
+        raise CheckpointError(f"{source}: int8 tensor {unscaled[0]!r} has no {unscaled[0] + INT8_SCALE_SUFFIX!r}")
+    if not scales:
+        return sd
+    out = {k: v for k, v in sd.items() if not k.endswith(INT8_SCALE_SUFFIX)}
+    for key, scale in scales.items():
+        q = out.get(key)
+        if q is None or q.dtype != torch.int8:
+            raise CheckpointError(f"{source}: {key + INT8_SCALE_SUFFIX!r} scales "
+                                  f"{'no tensor' if q is None else f'a {q.dtype} tensor'} (an int8 {key!r} expected)")
+        if not scale.is_floating_point() or scale.ndim != 1 or scale.numel() != q.shape[0]:
+            raise CheckpointError(f"{source}: {key + INT8_SCALE_SUFFIX!r} is {scale.dtype} {list(scale.shape)}, "
+                                  f"not one float per row of {key!r} {list(q.shape)}")
+        out[key] = q.float() * scale.float().reshape(-1, *([1] * (q.ndim - 1)))
+    return out
+
+
+__all__ = ["INT8_MIN_NUMEL", "INT8_SCALE_SUFFIX", "check_state_dict", "dequantize_int8", "file_identity",
+           "quantize_int8", "read_json", "read_state_dict", "strip_prefix"]
