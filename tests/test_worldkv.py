@@ -234,7 +234,8 @@ def test_a_bank_on_cuda_serves_a_model_on_the_cpu_what_a_cpu_bank_does(cache):
     for c in range(12):
         for w in (a, b):
             w.begin_chunk(3 * c)
-        events = [{**e, "bank_device": f"cuda:{torch.cuda.current_device()}"} for e in a.events()]  # the one field that should differ
+        # the one field that should differ: where each bank lives
+        events = [{**e, "bank_device": f"cuda:{torch.cuda.current_device()}"} for e in a.events()]
         assert a.slots() == b.slots() and events == b.events()
         for layer in range(GEOM.num_layers):
             for x, y in zip(a.read(layer), b.read(layer)):

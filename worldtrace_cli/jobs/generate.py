@@ -23,8 +23,8 @@ from pathlib import Path
 from ..errors import Aborted, Interrupted
 from ..runs import RunFolder
 from ..schemas import SCHEMA_VERSION
-from ..video import ffmpeg_exe
 from ..runs.resume import restore_run_state, save_run_state
+from ..video import ffmpeg_exe
 from .inputs import RunInputs, prepare_inputs
 from .sinks import RunSinks, StopFlag
 

@@ -138,10 +138,14 @@ def quantize_int8(sd: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     """
     out: dict[str, torch.Tensor] = {}
     for key, value in sd.items():
-        w = value.detach().to("cpu", torch.float32)
-        if not value.is_floating_point() or w.ndim < 2 or w.numel() < INT8_MIN_NUMEL:
-            out[key] = w.half().contiguous() if value.is_floating_point() else value.contiguous()
+        value = value.detach().cpu()
+        if not value.is_floating_point():
+            out[key] = value.contiguous()
             continue
+        if value.ndim < 2 or value.numel() < INT8_MIN_NUMEL:
+            out[key] = value.half().contiguous()
+            continue
+        w = value.float()
         rows = w.reshape(w.shape[0], -1)
         scale = rows.abs().amax(dim=1) / 127.0
         scale = torch.where(scale > 0, scale, torch.ones_like(scale))
