@@ -25,7 +25,8 @@ _GOP_FRAMES = 12  # one keyframe (= one MP4 fragment) per 12 pixel frames, about
 def ffmpeg_exe() -> str:
     """Path of the ffmpeg executable imageio-ffmpeg uses (``IMAGEIO_FFMPEG_EXE``, its bundled binary,
     or one on PATH). Raises OutputError, one line, when there is none (e.g. an imageio-ffmpeg
-    installed without its binary)."""
+    installed without its binary). Wraps ``imageio_ffmpeg.get_ffmpeg_exe``; called before a run folder
+    is touched (``generate``) and by every ffmpeg process the module starts."""
     try:
         return imageio_ffmpeg.get_ffmpeg_exe()
     except RuntimeError as err:

@@ -134,6 +134,13 @@ def quantize_int8(sd: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     rounding error of an element is at most ``s / 2``. Storage only: :func:`dequantize_int8` turns
     the file back into floating tensors before a module sees it (no int8 arithmetic anywhere).
 
+    The scheme is the common per-channel symmetric int8 one (PyTorch's ``per_channel_symmetric``
+    qscheme with the range [-127, 127], zero points 0); written out here because only its storage is
+    wanted: torch's quantized tensors cannot be saved as safetensors, and nothing here computes in int8.
+
+    Args:
+        sd: name -> tensor (any dtype, any device); not modified.
+
     Returns a new dict (contiguous CPU tensors), about half the bytes of float16.
     """
     out: dict[str, torch.Tensor] = {}
@@ -158,6 +165,8 @@ def dequantize_int8(sd: dict[str, torch.Tensor], source: str) -> dict[str, torch
     """The inverse of :func:`quantize_int8`: every int8 tensor times its per-row scales, as float32.
 
     A state dict without ``.int8_scale`` keys is returned as it is (float16/float32 files).
+    ``source`` names the file in error messages. Quantised tensors come back float32 in their stored
+    shape (``q [out, ...] * scale [out]`` broadcast over the trailing dimensions); the rest unchanged.
 
     Raises:
         CheckpointError: a scale without its tensor, an int8 tensor without its scale, or a scale
