@@ -64,6 +64,31 @@ def _flag_of(handler) -> StopFlag | None:
     return owner if isinstance(owner, StopFlag) else None
 
 
+def finish_record(out, plan, waypoints: dict, scorer, frames_per_chunk: int) -> dict:
+    """Complete a decoded chunk's ``chunks.jsonl`` record in place and return it: ``pixel_frames``
+    ``[start, end)``, ``actions`` (the plan's display name of the chunk's actions), ``waypoints``,
+    ``frames_sha256`` (of the decoded uint8 [T, H, W, 3] frames' bytes) and ``metrics``
+    (``scorer.add_chunk``, in chunk order). The one place a record is finished: ``generate``'s
+    :class:`RunSinks` and live sessions (:class:`~worldtrace_cli.session.Session`) both call it.
+
+    Args:
+        out: a decoded :class:`~worldtrace_cli.rollout.ChunkOutput`; plan: the ActionPlan (its
+            ``chunk_actions`` cover the chunk); waypoints: chunk -> labels; scorer: OnlineMetrics.
+    """
+    from torch import no_grad
+
+    from ..trajectory import chunk_rows
+
+    c, rec = out.record["chunk"], out.record
+    rec["pixel_frames"] = list(chunk_rows(c, frames_per_chunk))
+    rec["actions"] = plan.chunk_actions[c]
+    rec["waypoints"] = waypoints.get(c, [])
+    rec["frames_sha256"] = hashlib.sha256(out.frames.numpy().tobytes()).hexdigest()
+    with no_grad():
+        rec["metrics"] = scorer.add_chunk(out.latents, out.frames)
+    return rec
+
+
 class RunSinks:
     """Writes each decoded chunk of a run: video frames (``video.mp4``, or ``video.part.mp4`` after a
     resume), online metrics, its ``chunks.jsonl`` record (fsync'ed), the progress bar, totals.
@@ -95,20 +120,11 @@ class RunSinks:
 
     def write(self, outs) -> None:
         """Write decoded :class:`~worldtrace_cli.rollout.ChunkOutput` s in order."""
-        from torch import no_grad
-
-        from ..trajectory import chunk_rows
-
         totals, peak = self.progress["totals"], self.progress["peak"]
         for out in outs:
-            c, rec = out.record["chunk"], out.record
+            rec = out.record
             self.video.write(out.frames)
-            rec["pixel_frames"] = list(chunk_rows(c, self.frames_per_chunk))
-            rec["actions"] = self.plan.chunk_actions[c]
-            rec["waypoints"] = self.waypoints.get(c, [])
-            rec["frames_sha256"] = hashlib.sha256(out.frames.numpy().tobytes()).hexdigest()
-            with no_grad():
-                rec["metrics"] = self.scorer.add_chunk(out.latents, out.frames)
+            finish_record(out, self.plan, self.waypoints, self.scorer, self.frames_per_chunk)
             self.jsonl.write(rec)
             self.records.append(rec)
             for k, v in rec["timings_s"].items():
