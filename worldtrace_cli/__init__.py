@@ -1,3 +1,30 @@
 """worldtrace: long-horizon video generation with addressable KV-cache memory for MG2."""
 
 __version__ = "0.1.0"
+
+
+def open(*args, **kwargs):
+    """Open a live session: :func:`worldtrace_cli.session.open` (imported on first use, so that
+    ``import worldtrace_cli`` stays light)."""
+    from .session import open as _open
+
+    return _open(*args, **kwargs)
+
+
+def load(path, pipeline=None):
+    """A saved session: :meth:`worldtrace_cli.session.Session.load`."""
+    from .session import Session
+
+    return Session.load(path, pipeline)
+
+
+__all__ = ["Session", "StepResult", "__version__", "load", "open"]
+
+
+def __getattr__(name):
+    """``worldtrace_cli.Session`` / ``StepResult`` without importing torch at package import."""
+    if name in ("Session", "StepResult"):
+        from . import session
+
+        return getattr(session, name)
+    raise AttributeError(f"module 'worldtrace_cli' has no attribute {name!r}")
