@@ -231,6 +231,21 @@ class Session:
         """Chunks generated so far (the index of the next one)."""
         return self.plan.num_chunks
 
+    def actions_taken(self) -> list:
+        """The actions of every chunk so far, each as :meth:`step` takes it (action words, or a list
+        of one entry per pixel frame), so ``for a in s.actions_taken(): other.step(a)`` replays them."""
+        out = []
+        for segs in self._segments:
+            if len(segs) == 1 and "action" in segs[0]:
+                out.append(segs[0]["action"])
+                continue
+            rows = []
+            for seg in segs:
+                body = seg["action"] if "action" in seg else {k: v for k, v in seg.items() if k != "frames"}
+                rows += [body] * seg["frames"]
+            out.append(rows)
+        return out
+
     def rows_next(self) -> int:
         """Pixel frames (action rows) the next chunk takes: 9 for chunk 0, 12 after (MG2)."""
         from .actions import chunk_rows

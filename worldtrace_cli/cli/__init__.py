@@ -12,7 +12,7 @@ import logging
 import click
 
 from .. import __version__
-from . import bench, compare, generate, loopbench, metrics, parity, presets, train, world
+from . import bench, compare, generate, loopbench, metrics, parity, play, presets, train, world
 from .common import EchoHandler
 
 
@@ -33,7 +33,7 @@ def main(verbose: bool) -> None:
 
 
 for _command in (generate.generate, metrics.metrics_cmd, bench.bench, compare.compare, loopbench.loopbench,
-                 train.train, world.world, presets.list_presets, parity.parity):
+                 train.train, world.world, presets.list_presets, parity.parity, play.play):
     main.add_command(_command)
 
 

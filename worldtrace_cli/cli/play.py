@@ -1,0 +1,112 @@
+"""``worldtrace play``: a local web server with live sessions (:mod:`worldtrace_cli.play.server`)."""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+import click
+
+from .common import run_job
+from .options import SEED, device_options, memory_options
+
+log = logging.getLogger("worldtrace")
+
+LOOPBACK = ("127.0.0.1", "localhost", "::1")
+
+
+@click.command("play")
+@click.option("--preset", default="loopworld", show_default=True, metavar="NAME|FILE",
+              help="An MG2-architecture preset: loopworld (trained embedded world with ground truth, CPU), tiny "
+                   "(random weights), mg2-universal (with --checkpoint), or a preset YAML.")
+@click.option("--cache", default=None, metavar="WRITER",
+              help="The first writer (the page switches writers and opens a second one beside it). Default: "
+                   "the model's own cache (MG2: sliding).")
+@click.option("--checkpoint", type=click.Path(path_type=Path), default=None, metavar="DIR",
+              help="The official Matrix-Game-2.0 folder (mg2-* presets).")
+@click.option("--random-weights", is_flag=True, help="Run a checkpoint preset at full size with seeded random weights.")
+@click.option("--image", type=click.Path(path_type=Path), default=None,
+              help="Conditioning image (loopworld: its world's start view unless given, then without ground truth).")
+@click.option("--world-seed", type=SEED, default=0, show_default=True, help="loopworld: the world to walk.")
+@click.option("--seed", type=SEED, default=0, show_default=True, help="Noise seed.")
+@memory_options
+@device_options
+@click.option("--compile", "compile_mode", type=click.Choice(["none", "default", "reduce-overhead", "max-autotune"]),
+              default="none", show_default=True,
+              help="torch.compile the DiT blocks (on a GPU: reduce-overhead is the fast path; the first chunk "
+                   "pays the compilation).")
+@click.option("--metrics", type=click.Choice(["none", "fast", "all"]), default="fast", show_default=True,
+              help="Per-chunk metrics (fast: TempSSIM, LatentDiff and GT-PSNR on loopworld).")
+@click.option("--host", default="127.0.0.1", show_default=True,
+              help="Address to bind. Anything but the loopback exposes the model to your network.")
+@click.option("--port", type=click.IntRange(0, 65535), default=8000, show_default=True,
+              help="TCP port (0: any free port; the URL on stdout names it).")
+@click.option("--max-sessions", type=click.IntRange(1, 64), default=1, show_default=True,
+              help="Pages served at once (each holds its own sessions and caches); more are refused.")
+@click.option("--runs-dir", type=click.Path(path_type=Path), default=Path("play-runs"), show_default=True,
+              help="Where every session is recorded as a run folder (video.mp4, chunks.jsonl, summary.json, "
+                   "trajectory.yaml that worldtrace generate replays).")
+@click.option("--no-record", is_flag=True, help="Do not record sessions (nothing is written; save is off).")
+def play(preset, cache, checkpoint, random_weights, image, world_seed, seed, device, dtype, compile_mode, metrics,
+         host, port, max_sessions, runs_dir, no_record, **memory):
+    """Walk a world live in your browser, with its KV-cache memory on screen.
+
+    Serves one page at http://HOST:PORT/ (printed on stdout): WASD to walk, arrow keys or mouse drag
+    to look, one chunk per step; the true view and GT-PSNR beside the generated one on loopworld;
+    the cache's slots (recent / summary, source frames, virtual positions, landmarks, retrievals)
+    drawn chunk by chunk. Switch the writer, or open a second one beside it driven by the same keys
+    (walk away from a place and back: which one remembers?). Every session is recorded under
+    --runs-dir. Ctrl-C stops the server and completes every recording.
+
+    \b
+    Example (CPU, the embedded world):
+      worldtrace play --cache landmark
+      # then open http://127.0.0.1:8000/
+    """
+
+    def serve():
+        import time
+
+        from ..config import load_preset, memory_config
+        from ..errors import InputError
+        from ..jobs.inputs import check_image, check_writers
+        from ..writer_options import WRITER_OPTIONS
+
+        resolved = load_preset(preset)
+        if resolved.is_lingbot:
+            raise InputError(f"--preset {resolved.name}: play runs MG2-architecture models; LingBot-World runs "
+                             f"with worldtrace generate")
+        if image is not None:
+            check_image(image, resolved.height, resolved.width)
+        elif not resolved.has_world:
+            raise InputError(f"--preset {resolved.name}: needs --image (only loopworld has a world of its own)")
+        options = {k: v for k, v in memory.items() if v is not None}
+        from ..config import default_cache
+
+        first = cache or default_cache(resolved)["cache"]
+        check_writers([memory_config(preset=resolved, cache=first, **options)], resolved)
+        if host not in LOOPBACK:
+            log.warning(f"--host {host}: the server is reachable from other machines; anyone who can reach "
+                        f"{host}:{port} can drive the model (there is no authentication)")
+        runs_dir.mkdir(parents=True, exist_ok=True) if not no_record else None
+        kwargs = {"checkpoint": checkpoint, "random_weights": random_weights, "image": image,
+                  "world_seed": world_seed, "seed": seed, "device": device, "dtype": dtype, "compile": compile_mode,
+                  "metrics": metrics, **options}
+        from ..config import RunConfig
+        from ..pipeline import Pipeline
+
+        start = time.perf_counter()
+        log.info(f"loading {resolved.name} ...")
+        cfg = RunConfig(preset=resolved, trajectory=Path("<play>"), output=Path("<play>"), device=device, dtype=dtype,
+                        checkpoint=None if checkpoint is None else checkpoint.resolve(), random_weights=random_weights,
+                        compile=compile_mode)
+        pipeline = Pipeline.from_config(cfg)
+        log.info(f"loaded {resolved.name} on {pipeline.device} in {time.perf_counter() - start:.1f} s")
+        kwargs["checkpoint"] = cfg.checkpoint
+        from ..play.server import PlaySettings, serve_forever
+
+        writers = sorted(WRITER_OPTIONS)
+        settings = PlaySettings(kwargs, first, writers, runs_dir.resolve(), max_sessions, not no_record, pipeline)
+        serve_forever(settings, host, port)
+
+    run_job(serve)

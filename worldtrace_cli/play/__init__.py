@@ -1,0 +1,1 @@
+"""``worldtrace play``: live sessions in a web page (:mod:`.server`; the page is ``static/``)."""
