@@ -116,24 +116,29 @@ def test_replay_turns_tf32_off_and_restores_the_callers_settings(monkeypatch):
     """compare() and compare_lingbot() replay in IEEE float32 (TF32 moved an H200's CUDA replay by 6.9e-4, off: 2.9e-6):
     inside the replay both TF32 switches are off; afterwards, also after an error, the caller's
     settings are back."""
+    from worldtrace_cli import parity_lingbot
+    from worldtrace_cli.model.lingbot import checkpoint
+
     seen = []
-    monkeypatch.setattr(torch.backends.cudnn, "allow_tf32", True)
-    monkeypatch.setattr(torch.backends.cuda.matmul, "allow_tf32", True)
 
     def spy(*args, **kwargs):
         seen.append((torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32))
         raise RuntimeError("stop after the check")
 
-    monkeypatch.setattr(parity, "load_fixture", spy)
-    with pytest.raises(RuntimeError, match="stop after the check"):
-        parity.compare(FIXTURES)
-    assert seen == [(False, False)]
-    assert torch.backends.cuda.matmul.allow_tf32 and torch.backends.cudnn.allow_tf32
-    from worldtrace_cli import parity_lingbot
-    from worldtrace_cli.model.lingbot import checkpoint
-
-    monkeypatch.setattr(checkpoint, "load_lingbot_dit", spy)  # LingBot-World's replay: the same
-    with pytest.raises(RuntimeError, match="stop after the check"):
-        parity_lingbot.compare_lingbot(Path(__file__).parent / "data" / "lingbot")
-    assert seen == [(False, False), (False, False)]
-    assert torch.backends.cuda.matmul.allow_tf32 and torch.backends.cudnn.allow_tf32
+    # Not monkeypatch.setattr for the switches: cuBLASModule's allow_tf32 is computed (__getattr__),
+    # so pytest >= 9.2 undoes such a patch with delattr, which torch refuses. Saved and restored here.
+    saved = torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32
+    torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = True
+    try:
+        monkeypatch.setattr(parity, "load_fixture", spy)
+        with pytest.raises(RuntimeError, match="stop after the check"):
+            parity.compare(FIXTURES)
+        assert seen == [(False, False)]
+        assert torch.backends.cuda.matmul.allow_tf32 and torch.backends.cudnn.allow_tf32
+        monkeypatch.setattr(checkpoint, "load_lingbot_dit", spy)  # LingBot-World's replay: the same
+        with pytest.raises(RuntimeError, match="stop after the check"):
+            parity_lingbot.compare_lingbot(Path(__file__).parent / "data" / "lingbot")
+        assert seen == [(False, False), (False, False)]
+        assert torch.backends.cuda.matmul.allow_tf32 and torch.backends.cudnn.allow_tf32
+    finally:
+        torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = saved
