@@ -102,6 +102,7 @@ class Page:
         self.lanes: list = []
         self.pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="worldtrace-play")
         self.busy = asyncio.Lock()
+        self.closed = False
 
     # -- sessions (worker thread) -------------------------------------------------------------
     def _open(self, cache: str):
@@ -196,6 +197,7 @@ class Page:
         lanes = []
         for lane, (frames, record) in zip(self.lanes, results):
             lanes.append({"writer": lane.cfg.memory.cache, "frames": jpeg_b64(frames),
+                          "frames_sha256": record["frames_sha256"],
                           "gt_psnr": (record.get("metrics") or {}).get("gt_psnr"),
                           "slots": slot_view(record), "events": event_view(record),
                           "max_offset": record["cache"]["max_offset"], "trained_offset": record["cache"]["trained_offset"],
@@ -254,8 +256,11 @@ class Page:
         await self.send({"op": "lanes", "lanes": self.lane_info(), "closed": [Path(d).name for d in done]})
 
     async def close(self) -> None:
-        """Finish every session (recordings complete) once the running chunk is done."""
+        """Finish every session (recordings complete) once the running chunk is done. Idempotent."""
         async with self.busy:
+            if self.closed:
+                return
+            self.closed = True
             await self.run(self.close_sessions)
         self.pool.shutdown(wait=True)
 
@@ -273,6 +278,9 @@ def make_app(settings: PlaySettings):
 
     async def index(request):
         return web.FileResponse(STATIC / "index.html")
+
+    async def no_icon(request):
+        return web.Response(status=204)
 
     async def websocket(request):
         ws = web.WebSocketResponse(max_msg_size=WS_MAX_MESSAGE_BYTES, heartbeat=30)
@@ -314,6 +322,7 @@ def make_app(settings: PlaySettings):
     app = web.Application()
     app.router.add_get("/", index)
     app.router.add_get("/ws", websocket)
+    app.router.add_get("/favicon.ico", no_icon)
     app.router.add_static("/static/", STATIC, show_index=False, follow_symlinks=False)
     app.on_shutdown.append(on_shutdown)
     app["pages"] = pages
