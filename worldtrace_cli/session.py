@@ -133,6 +133,30 @@ def _clone_tree(parts: dict) -> dict:
     return {name: unpack(t, cloned) for name, t in tree.items()}
 
 
+class _MemoTruth:
+    """A :class:`~worldtrace_cli.world.truth.GroundTruth` whose latest rendered frame range is kept, so
+    the metrics and :meth:`Session.truth` render a chunk's true frames once (attributes delegate)."""
+
+    def __init__(self, truth):
+        self._truth, self._last = truth, (None, None)
+
+    def __getattr__(self, name):
+        return getattr(self._truth, name)
+
+    def __setattr__(self, name, value):
+        if name in ("_truth", "_last"):
+            object.__setattr__(self, name, value)
+        else:  # poses, as the session grows them
+            setattr(self._truth, name, value)
+            object.__setattr__(self, "_last", (None, None))
+
+    def frames(self, start: int, end: int):
+        """uint8 [end - start, H, W, 3]: the true pixel frames ``start .. end - 1`` (the last range kept)."""
+        if self._last[0] != (start, end):
+            self._last = ((start, end), self._truth.frames(start, end))
+        return self._last[1]
+
+
 class Session:
     """A live rollout: actions in, decoded frames and chunk records out, one chunk per :meth:`step`.
 
@@ -265,7 +289,8 @@ class Session:
 
             from .world.truth import GroundTruth
 
-            self.truth_source = GroundTruth(self.cfg.world_seed, self.plan, self.preset.height, self.preset.width)
+            self.truth_source = _MemoTruth(GroundTruth(self.cfg.world_seed, self.plan, self.preset.height,
+                                                       self.preset.width))
             self.scorer.truth = self.truth_source
             image = Image.fromarray(self.truth_source.start_image())
         else:

@@ -8,6 +8,7 @@ const S = {
   keyChangedAt: null,   // when the held keys last changed (performance.now(), ms)
   drawn: [],            // times of the frames drawn in the last second
   psnr: [[], []], timeline: [[], []], lanes: [],
+  latencies: [], fpsSamples: [], serverTimes: [],  // key-to-frame seconds and displayed fps once a second (benchmarks)
 };
 const KEYS = new Set(["w", "a", "s", "d", "arrowleft", "arrowright", "arrowup", "arrowdown"]);
 
@@ -48,6 +49,7 @@ function onChunk(msg) {
   }
   $("chunk").textContent = msg.chunk; $("action").textContent = msg.action;
   $("made").textContent = msg.server_s.toFixed(2);
+  S.serverTimes.push(msg.server_s);
   msg.lanes.forEach((lane, i) => {
     S.psnr[i].push(lane.gt_psnr);
     S.timeline[i].push({ slots: lane.slots, events: lane.events });
@@ -66,11 +68,16 @@ function drawFrame() {
   if (item) {
     [$("gen0"), $("gen1")].forEach((c, i) => { if (item.imgs[i]) paint(c, item.imgs[i]); });
     if (item.truth) paint($("truth"), item.truth);
-    if (item.first && item.first.keyAt !== null) $("latency").textContent = ((now - item.first.keyAt) / 1000).toFixed(2);
+    if (item.first && item.first.keyAt !== null) {
+      const latency = (now - item.first.keyAt) / 1000;
+      S.latencies.push(latency);  // read by benchmarks/play_latency.py
+      $("latency").textContent = latency.toFixed(2);
+    }
     S.drawn.push(now);
   }
   while (S.drawn.length && S.drawn[0] < now - 1000) S.drawn.shift();
   $("fps").textContent = S.drawn.length;
+  if (!S.paused && (!S.lastSample || now - S.lastSample >= 1000)) { S.fpsSamples.push(S.drawn.length); S.lastSample = now; }
   pump();
 }
 
