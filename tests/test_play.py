@@ -235,13 +235,16 @@ def test_a_browser_walks_and_the_cache_panel_follows(server, tmp_path):
         driver.quit()
 
 
-def test_play_refuses_bad_settings_before_loading(tmp_path):
+def test_play_refuses_bad_settings_before_loading(server, tmp_path):
     env = {**os.environ, "PYTHONWARNINGS": "ignore"}
-    for args, message in ((["--preset", "lingbot-tiny"], "LingBot-World runs with worldtrace generate"),
-                          (["--preset", "tiny"], "needs --image"),
-                          (["--cache", "nope"], "nope")):
-        start = time.time()
+    port = server[0].rsplit(":", 1)[1].strip("/")
+    (tmp_path / "a-file").write_text("")
+    for args, code, message in ((["--preset", "lingbot-tiny"], 2, "LingBot-World runs with worldtrace generate"),
+                                (["--preset", "tiny"], 2, "needs --image"),
+                                (["--cache", "nope"], 2, "nope"),
+                                (["--port", port], 4, f"--port {port}: cannot listen"),
+                                (["--runs-dir", str(tmp_path / "a-file")], 4, "a-file")):
         out = subprocess.run([sys.executable, "-m", "worldtrace_cli", "play", "--runs-dir", str(tmp_path), *args],
                              capture_output=True, text=True, env=env, timeout=60)
-        assert out.returncode == 2 and message in out.stderr and out.stdout == ""
-        assert time.time() - start < 30
+        assert out.returncode == code and message in out.stderr and out.stdout == "", out.stderr
+        assert "loading" not in out.stderr  # refused before the model loads

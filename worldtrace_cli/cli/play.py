@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import logging
+import os
+import socket
 from pathlib import Path
 
 import click
@@ -13,6 +15,28 @@ from .options import SEED, device_options, memory_options
 log = logging.getLogger("worldtrace")
 
 LOOPBACK = ("127.0.0.1", "localhost", "::1")
+
+
+def check_port(host: str, port: int) -> None:
+    """Bind ``host:port`` once and let go, so a port in use or an address this machine lacks is
+    refused before the model loads (the server binds it again when it starts; port 0 always passes).
+
+    Raises:
+        OutputError: the address cannot be bound (exit 4).
+    """
+    from ..errors import OutputError
+
+    try:
+        infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
+    except socket.gaierror as exc:
+        raise OutputError(f"--host {host}: unknown address ({exc.strerror})") from None
+    family, kind, proto, _, address = infos[0]
+    with socket.socket(family, kind, proto) as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            sock.bind(address)
+        except OSError as exc:
+            raise OutputError(f"--host {host} --port {port}: cannot listen ({exc.strerror or exc})") from None
 
 
 @click.command("play")
@@ -68,7 +92,7 @@ def play(preset, cache, checkpoint, random_weights, image, world_seed, seed, dev
         import time
 
         from ..config import load_preset, memory_config
-        from ..errors import InputError
+        from ..errors import InputError, OutputError
         from ..jobs.inputs import check_image, check_writers
         from ..writer_options import WRITER_OPTIONS
 
@@ -85,10 +109,20 @@ def play(preset, cache, checkpoint, random_weights, image, world_seed, seed, dev
 
         first = cache or default_cache(resolved)["cache"]
         check_writers([memory_config(preset=resolved, cache=first, **options)], resolved)
+        if not no_record:
+            from ..runs import RunFolder
+
+            RunFolder(runs_dir).make()  # OutputError naming the folder, before the model loads
+            probe = runs_dir / f".worldtrace-write-test-{os.getpid()}"
+            try:
+                probe.write_bytes(b"")
+                probe.unlink()
+            except OSError as exc:
+                raise OutputError(f"--runs-dir {runs_dir}: not writable ({exc.strerror or exc})") from None
+        check_port(host, port)
         if host not in LOOPBACK:
             log.warning(f"--host {host}: the server is reachable from other machines; anyone who can reach "
                         f"{host}:{port} can drive the model (there is no authentication)")
-        runs_dir.mkdir(parents=True, exist_ok=True) if not no_record else None
         kwargs = {"checkpoint": checkpoint, "random_weights": random_weights, "image": image,
                   "world_seed": world_seed, "seed": seed, "device": device, "dtype": dtype, "compile": compile_mode,
                   "metrics": metrics, **options}
