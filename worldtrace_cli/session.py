@@ -197,7 +197,7 @@ class Session:
         self.rollout = self.truth_source = self._conditioned = None
         self.decoder = pipeline.decoder()
         self.scorer = OnlineMetrics(cfg.metrics, pipeline.world.clip if cfg.metrics == "all" else None, None)
-        self._decode = None
+        self._loop = None
         self._stack = ExitStack()
         self.folder = self._sinks = None
         self._started = time.time()
@@ -281,8 +281,8 @@ class Session:
     def _start(self) -> None:
         """Condition and build the rollout at the first chunk (loopworld's start view is the pose
         after the first action row, so it waits for that row)."""
+        from .engine.loop import ChunkLoop
         from .jobs.sinks import RunSinks
-        from .rollout import DecodePipeline
 
         if self.preset.has_world and self.cfg.image is None:
             from PIL import Image
@@ -302,10 +302,11 @@ class Session:
         self.rollout = self.pipeline.rollout(self.writer, self._conditioned, self.plan.keyboard[None],
                                              None if self.plan.mouse is None else self.plan.mouse[None],
                                              self._seed())
-        self._decode = DecodePipeline(self.decoder, self.pipeline.device, overlap=False)
         if self.folder is not None:
             self._sinks = RunSinks(self.folder, self.preset, self.plan, self.scorer, self.records, self._progress,
                                    0, False, self.writer.name)
+        self._loop = ChunkLoop(self.rollout, self.decoder, self.pipeline.device, self.scorer, self.plan,
+                               overlap=False, sinks=self._sinks, records=self.records)
 
     def _seed(self) -> int:
         return 0 if self.cfg.seed is None else int(self.cfg.seed)
@@ -348,18 +349,12 @@ class Session:
             if self.rollout is None:
                 self._start()
             self._feed_actions()
-            out = self.rollout.step()
+            (out,) = self._loop.advance()  # generate's chunk loop: decoded, record finished and written
         except BaseException:
             self._drop_last()
             raise
-        (out,) = self._decode.submit(out)
         if self._sinks is not None:
-            self._sinks.write([out])  # finishes the record, appends it to self.records
             self._write_trajectory()
-        else:
-            from .jobs.sinks import finish_record
-
-            self.records.append(finish_record(out, self.plan, {}, self.scorer, self.preset.frames_per_chunk))
         self._last_record = out.record
         return StepResult(out.frames.numpy(), out.record)
 
@@ -538,14 +533,13 @@ class Session:
         self._closed = True
         result = None
         try:
+            if self._loop is not None:
+                self._loop.close(failing=False)
             if self._sinks is not None:
                 from .files import write_json_atomic
 
-                self._sinks.close(self._decode, failing=False)
                 result = self.summary("complete")
                 write_json_atomic(self.folder.summary_path, result)
-            elif self._decode is not None:
-                self._decode.close()
         finally:
             self._stack.close()
         return result

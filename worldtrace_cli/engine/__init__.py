@@ -1,0 +1,1 @@
+"""The engine: the chunk loop that ``generate`` and live sessions share (:mod:`.loop`)."""

@@ -1,0 +1,90 @@
+"""The one chunk loop: generate a chunk, decode it, finish its record, write it.
+
+``worldtrace generate`` (:mod:`worldtrace_cli.jobs.generate`) and live sessions
+(:class:`~worldtrace_cli.session.Session`) both drive a :class:`ChunkLoop`; what differs is only
+where the actions come from (a trajectory's plan, laid out in advance, or the caller chunk by
+chunk) and the job's policy around it (resume states, Ctrl-C, the summary).
+"""
+
+from __future__ import annotations
+
+import logging
+
+log = logging.getLogger("worldtrace")
+
+
+class ChunkLoop:
+    """Rollout step -> :class:`~worldtrace_cli.rollout.DecodePipeline` -> finished records
+    (:func:`~worldtrace_cli.jobs.sinks.finish_record`) -> the run folder's sinks.
+
+    Args:
+        rollout: a :class:`~worldtrace_cli.rollout.Rollout` (or LingBot-World's) whose ``step()``
+            returns a :class:`~worldtrace_cli.rollout.ChunkOutput`.
+        decoder: its streaming VAE decoder; device: where generation runs (torch.device).
+        scorer: :class:`~worldtrace_cli.metrics.OnlineMetrics`; plan: the ActionPlan whose
+            ``chunk_actions`` name each chunk's actions (it may grow chunk by chunk).
+        overlap: decode one chunk behind generation (``--overlap-decode``).
+        sinks: a :class:`~worldtrace_cli.jobs.sinks.RunSinks` writing the run folder (it finishes
+            and keeps the records), or None: records are finished into ``records``.
+        records: the list unrecorded chunks' records are appended to (None: a new list).
+    """
+
+    def __init__(self, rollout, decoder, device, scorer, plan, overlap: bool = False, sinks=None, records=None):
+        from ..rollout import DecodePipeline
+
+        self.rollout, self.scorer, self.plan, self.sinks = rollout, scorer, plan, sinks
+        self.records = sinks.records if sinks is not None else ([] if records is None else records)
+        self.decode = DecodePipeline(decoder, device, overlap)  # after any decoder restore (its docstring)
+        self.waypoints: dict[int, list[str]] = {}
+        for chunk_index, label in plan.waypoints:
+            self.waypoints.setdefault(chunk_index, []).append(label)
+
+    def advance(self) -> list:
+        """Generate the next chunk; returns the chunks decoded now, oldest first (without overlap,
+        that chunk; with overlap, the one before it), their records finished and written.
+
+        Raises:
+            whatever the rollout raises (RunError: non-finite latents, a failed compile); the chunks
+            decoded before the failure are still written first. KeyboardInterrupt passes at once.
+        """
+        try:
+            out = self.rollout.step()
+        except KeyboardInterrupt:  # a second Ctrl-C: abort now, without waiting for a decode
+            raise
+        except BaseException:
+            self.drain()
+            raise
+        return self._finish(self.decode.submit(out))
+
+    def flush(self) -> list:
+        """Wait for every chunk still decoding; returns them, written."""
+        return self._finish(self.decode.flush())
+
+    def _finish(self, ready: list) -> list:
+        from ..jobs.sinks import finish_record
+
+        if self.sinks is not None:
+            self.sinks.write(ready)
+        else:
+            for out in ready:
+                self.records.append(finish_record(out, self.plan, self.waypoints, self.scorer,
+                                                  self.plan.frames_per_chunk))
+        return ready
+
+    def drain(self) -> None:
+        """After a failure: write the chunks still decoding (a failure here is only logged)."""
+        try:
+            self.flush()
+        except Exception as exc:
+            log.warning(f"while writing the chunks before the failure: {exc}")
+
+    def close(self, failing: bool = False) -> None:
+        """Stop the decode worker and close the sinks (video, records, timeline); with ``failing``
+        a closing error is logged, not raised (it must not hide the real one)."""
+        if self.sinks is not None:
+            self.sinks.close(self.decode, failing)
+        else:
+            self.decode.close()
+
+
+__all__ = ["ChunkLoop"]
