@@ -1,0 +1,116 @@
+"""A session's actions: one chunk's action words parsed with the trajectory parser, and the actions
+taken laid out as trajectory segments (``trajectory.yaml``)."""
+
+from __future__ import annotations
+
+import json
+
+from ..errors import InputError, TrajectoryError
+
+
+def parse_chunk_actions(actions, mode: str, rows: int) -> tuple[str, list[dict], list[tuple]]:
+    """Parse one chunk's actions with the trajectory parser (:func:`~worldtrace_cli.trajectory.parse_trajectory`).
+
+    Args:
+        actions: action words (``"forward"``, ``"forward+camera_l"``: macros joined by ``+``), a dict
+            ``{"keys": "WA" | ["W", "A"], "mouse": [pitch, yaw]}``, or a list of ``rows`` of those
+            (one per pixel frame).
+        mode: the preset's action mode; rows: pixel frames of the chunk (9 for chunk 0, else 12).
+    Returns:
+        (display name joined by ``>``, trajectory segments as YAML dicts with ``frames``,
+        per-row ``(keyboard tuple, mouse tuple | None)``).
+    Raises:
+        InputError: the actions' one-line problem (an unknown word, contradicting keys, a list of
+            the wrong length).
+    """
+    from ..trajectory import parse_trajectory
+
+    if isinstance(actions, (list, tuple)):
+        if len(actions) != rows:
+            raise InputError(f"step: a list of actions gives one per pixel frame: this chunk has {rows}, "
+                             f"got {len(actions)}")
+        items = list(actions)
+    else:
+        items = [actions]
+    segments: list[dict] = []
+    for item in items:
+        if isinstance(item, str):
+            seg = {"action": item}
+        elif isinstance(item, dict) and set(item) <= {"keys", "mouse"} and item:
+            keys = item.get("keys", [])
+            seg = {"keys": list(keys) if isinstance(keys, str) else keys} if "keys" in item else {}
+            if "mouse" in item:
+                seg["mouse"] = item["mouse"]
+        else:
+            raise InputError(f"step: actions must be action words (e.g. 'forward+camera_l'), a dict with keys/mouse, "
+                             f"or a list of them per pixel frame; got {str(item)[:80]!r}")
+        if segments and segments[-1]["seg"] == seg:
+            segments[-1]["frames"] += 1 if len(items) > 1 else 0
+        else:
+            segments.append({"seg": seg, "frames": 1 if len(items) > 1 else rows})
+    doc = {"mode": mode, "segments": [{**s["seg"], "frames": s["frames"]} for s in segments]}
+    try:
+        traj = parse_trajectory(json.dumps(doc), source="step")
+    except TrajectoryError as exc:  # "step:1: segments[0].action: problem" -> "step: actions: problem"
+        message = str(exc).split(": ", 2)[-1]
+        raise InputError(f"step: actions {str(actions)[:80]!r}: {message}") from None
+    per_row: list[tuple] = []
+    names: list[str] = []
+    for seg in traj.segments:
+        per_row += [(seg.keyboard, seg.mouse)] * seg.num_frames
+        if not names or names[-1] != seg.action:
+            names.append(seg.action)
+    return ">".join(names), doc["segments"], per_row
+
+
+def merge_segments(chunks: list[list[dict]]) -> list[dict]:
+    """Trajectory segments of every chunk so far, neighbours with the same action merged."""
+    out: list[dict] = []
+    for segs in chunks:
+        for seg in segs:
+            body = {k: v for k, v in seg.items() if k != "frames"}
+            if out and {k: v for k, v in out[-1].items() if k != "frames"} == body:
+                out[-1]["frames"] += seg["frames"]
+            else:
+                out.append(dict(seg))
+    return out
+
+
+def trajectory_text(mode: str, seed: int, segments: list[list[dict]], replay: str) -> str:
+    """A trajectory YAML of the chunks' ``segments`` (:func:`merge_segments`), with ``mode``,
+    ``seed`` and the ``replay`` command line in its header comment."""
+    import yaml
+
+    head = f"# Recorded by a worldtrace session: {len(segments)} chunks.\n# Replay: {replay}\nmode: {mode}\nseed: {seed}\n"
+    if not segments:
+        return head + "segments: []\n"
+    return head + yaml.safe_dump({"segments": merge_segments(segments)}, sort_keys=False, default_flow_style=None)
+
+
+def replay_command(cfg, trajectory: str) -> str:
+    """The ``worldtrace generate`` command that replays a session of ``cfg`` (a RunConfig) from
+    ``trajectory``: its preset, writer and every memory setting that differs from the writer
+    spec's defaults, its checkpoint, image or world seed."""
+    from dataclasses import fields
+
+    from ..config import memory_config
+
+    m, preset = cfg.memory, cfg.preset
+    words = ["worldtrace generate", trajectory, "--preset", preset.name, "--cache", m.cache]
+    if cfg.checkpoint is not None:
+        words += ["--checkpoint", str(cfg.checkpoint)]
+    if cfg.random_weights:
+        words += ["--random-weights", "--weights-seed", str(cfg.weights_seed)]
+    if cfg.image is not None:
+        words += ["--image", str(cfg.image)]
+    elif preset.has_world:
+        words += ["--world-seed", str(cfg.world_seed)]
+    default = memory_config(m.cache, preset=preset)
+    for f in fields(m):
+        value = getattr(m, f.name)
+        if f.name != "cache" and value != getattr(default, f.name):
+            words += [f"--{f.name.replace('_', '-')}", str(value)]
+    return " ".join(words)
+
+
+__all__ = ["merge_segments", "parse_chunk_actions", "replay_command", "trajectory_text"]

@@ -1,0 +1,67 @@
+"""``open``: a live session from a preset name and writer spec, checked before the model loads."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from ..errors import InputError
+from .live import Session
+
+
+def open(preset: str = "loopworld", cache: str | None = None, *, checkpoint: str | Path | None = None,
+         image: str | Path | None = None, world_seed: int = 0, seed: int = 0, device: str = "auto",
+         dtype: str = "auto", compile: str = "none", rope_precision: str = "float32", metrics: str = "fast",
+         random_weights: bool = False, weights_seed: int = 0, record: str | Path | None = None,
+         overwrite: bool = False, pipeline=None, **writer_options) -> Session:
+    """Open a live :class:`Session` (``import worldtrace_cli as wt; s = wt.open("loopworld", cache="landmark")``).
+
+    Args:
+        preset: a preset name (``worldtrace presets``) or YAML file; MG2 architecture.
+        cache: the writer spec as ``--cache`` takes it (``sliding``, ``field``, ``landmark``,
+            ``mixed:2``, ...); None = the model's own cache.
+        checkpoint: the official MG2 folder (mg2-* presets). image: a conditioning image (loopworld
+            uses its world's start view, with ground truth, unless given). world_seed: loopworld's
+            world. seed: the noise seed (chunk c draws from (seed, c)).
+        device, dtype, compile, rope_precision: as ``generate``'s flags. metrics: ``none`` | ``fast`` | ``all``.
+        record: a run folder to record into (refused when it holds a run, unless ``overwrite``).
+        pipeline: a loaded pipeline to share (``worldtrace play`` shares one between sessions).
+        writer_options: ``generate``'s memory flags as keywords: ``budget``, ``summary_slots``,
+            ``recent_slots``, ``landmark_threshold``, ``positions``, ``sink_frames``, ``top_k``, ...
+    Raises:
+        InputError: an unknown preset, writer or option, a bad image, a LingBot preset.
+        CheckpointError: missing checkpoint files. OutputError / FolderBusy: the record folder.
+    """
+    from ..config import RunConfig, default_cache, load_preset, memory_config
+    from ..jobs.inputs import check_image, check_writers
+    from ..pipeline import Pipeline
+
+    resolved = load_preset(preset) if isinstance(preset, (str, Path)) else preset
+    if resolved.is_lingbot:
+        raise InputError(f"preset {resolved.name}: sessions run MG2-architecture models; LingBot-World runs with "
+                         f"worldtrace generate")
+    options = {**default_cache(resolved), **writer_options} if cache is None else {"cache": cache, **writer_options}
+    try:
+        memory = memory_config(preset=resolved, **options)
+    except TypeError:
+        known = ", ".join(sorted(f for f in memory_config.__code__.co_varnames if f not in ("cache", "preset")))
+        raise InputError(f"open: unknown writer option among {sorted(writer_options)} (known: {known})") from None
+    for name, value in (("seed", seed), ("world_seed", world_seed)):
+        if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+            raise InputError(f"open: {name} must be an integer >= 0, got {value!r}")
+    if image is not None:
+        check_image(image, resolved.height, resolved.width)
+    elif not resolved.has_world:
+        raise InputError(f"preset {resolved.name}: needs a conditioning image: open(..., image=PATH)")
+    check_writers([memory], resolved)
+    cfg = RunConfig(preset=resolved, trajectory=Path("<session>"), output=Path("<session>"),
+                    image=None if image is None else Path(image).resolve(), seed=seed, device=device, dtype=dtype,
+                    checkpoint=None if checkpoint is None else Path(checkpoint).resolve(),
+                    random_weights=random_weights, weights_seed=weights_seed, world_seed=world_seed, memory=memory,
+                    overwrite=overwrite, progress=False, metrics=metrics, save_every=0, rope_precision=rope_precision,
+                    compile=compile)
+    if pipeline is None or not pipeline.serves(cfg):
+        pipeline = Pipeline.from_config(cfg)
+    return Session(pipeline, cfg, record)
+
+
+__all__ = ["open"]
