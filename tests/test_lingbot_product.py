@@ -272,8 +272,12 @@ def test_compiled_lingbot_replays_the_fixtures(one_thread):
     assert float(result.output.strip().splitlines()[-1].split("=")[1]) <= 1e-4
 
 
-def test_missing_or_wrong_checkpoint_files_are_one_line_errors(tmp_path):
+def test_missing_or_wrong_checkpoint_files_are_one_line_errors(tmp_path, monkeypatch):
     import shutil
+
+    from worldtrace_cli.model import layout
+
+    monkeypatch.setattr(layout, "physical_memory_bytes", lambda: 2**40)  # lingbot-fast fits: reach the file checks
 
     line = one_line_error(invoke("generate", "--preset", "lingbot-fast", ABA, "-o", tmp_path / "a"))
     assert "needs --checkpoint DIR" in line

@@ -10,13 +10,55 @@ from __future__ import annotations
 import logging
 
 import click
+from click.exceptions import NoArgsIsHelpError
 
 from .. import __version__
 from . import bench, compare, generate, loopbench, metrics, parity, play, presets, train, world
 from .common import EchoHandler
 
 
-@click.group(context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
+class OneLineUsageError(click.UsageError):
+    """A usage error (bad or unknown option, missing argument) as one line on stderr, exit 2, like
+    every other worldtrace error: ``worldtrace: error: --chunks: 0 is not in the range ... (worldtrace
+    generate --help)`` instead of click's three lines of usage, hint and message."""
+
+    def __init__(self, err: click.UsageError):
+        param = getattr(err, "param", None)
+        if isinstance(err, click.BadParameter) and not isinstance(err, click.MissingParameter) and param is not None:
+            # name the option (its longest spelling) or the argument, then click's reason
+            name = max(param.opts, key=len) if isinstance(param, click.Option) else param.human_readable_name
+            message = f"{name}: {err.message}"
+        else:  # "Missing option '--output'.", "No such option ...": click's sentence is the message
+            message = err.format_message()
+        super().__init__(" ".join(str(message).split()).rstrip("."), err.ctx)
+
+    def show(self, file=None) -> None:
+        where = f" (see {self.ctx.command_path} --help)" if self.ctx is not None else ""
+        click.echo(f"worldtrace: error: {self.message}{where}", err=True)
+
+
+class Main(click.Group):
+    """The ``worldtrace`` group: click's usage errors of any command as one line
+    (:class:`OneLineUsageError`)."""
+
+    def make_context(self, info_name, args, parent=None, **extra):
+        try:
+            return super().make_context(info_name, args, parent=parent, **extra)
+        except NoArgsIsHelpError:
+            raise
+        except click.UsageError as err:
+            raise OneLineUsageError(err) from None
+
+    def invoke(self, ctx):
+        try:
+            return super().invoke(ctx)
+        except (NoArgsIsHelpError, OneLineUsageError):
+            raise
+        except click.UsageError as err:
+            raise OneLineUsageError(err) from None
+
+
+@click.group(cls=Main, context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
 @click.version_option(__version__, prog_name="worldtrace")
 @click.option("-v", "--verbose", is_flag=True, help="Debug logging on stderr.")
 def main(verbose: bool) -> None:

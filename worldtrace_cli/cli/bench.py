@@ -8,7 +8,7 @@ from pathlib import Path
 import click
 
 from .common import run_job
-from .options import device_options, int_list, name_list, speed_options
+from .options import NonEmptyPath, device_options, int_list, name_list, speed_options
 
 
 def _writers(ctx, param, value):
@@ -68,7 +68,7 @@ def bench():
 @click.option("--seed", type=int, default=0, show_default=True)
 @click.option("--landmark-threshold", type=click.FloatRange(0, 2, min_open=True), default=0.1, show_default=True,
               help="tau of the landmark detector (a cosine distance, 0-2).")
-@click.option("-o", "--output", type=click.Path(path_type=Path), default=Path("bench-results"), show_default=True,
+@click.option("-o", "--output", type=NonEmptyPath(path_type=Path), default=Path("bench-results"), show_default=True,
               help="Folder for the results.")
 @click.option("--name", default="mechanism", show_default=True, help="File stem of the results.")
 def bench_mechanism(writers, schemes, routes, legs, seed, landmark_threshold, output, name):
@@ -91,7 +91,7 @@ def bench_mechanism(writers, schemes, routes, legs, seed, landmark_threshold, ou
               help="View change (degrees per latent frame) that counts as a scene entry (ground-truth runs).")
 @click.option("--rate", type=click.FloatRange(0, 1, min_open=True, max_open=True), default=0.1, show_default=True,
               help="Landmark share of frames for the suggestion without ground truth.")
-@click.option("-o", "--output", type=click.Path(path_type=Path), default=None,
+@click.option("-o", "--output", type=NonEmptyPath(path_type=Path), default=None,
               help="Folder for tau.json and tau.md (default: print only).")
 def bench_tau(run_dirs, min_change, rate, output):
     """Suggest the landmark threshold tau from the detector distances that landmark runs logged
@@ -134,7 +134,7 @@ def bench_tau(run_dirs, min_change, rate, output):
                    "Use 6 to compare writers at one cache size.")
 @click.option("--repeats", type=click.IntRange(1), default=1, show_default=True,
               help="Run the writers in turn this many times; the summary takes medians.")
-@click.option("-o", "--output", type=click.Path(path_type=Path), default=Path("bench-results"), show_default=True,
+@click.option("-o", "--output", type=NonEmptyPath(path_type=Path), default=Path("bench-results"), show_default=True,
               help="Folder for the results (JSON and Markdown; files of the same --name are replaced).")
 @click.option("--name", default=None, help="File stem of the results (default: speed-<preset>-<device>).")
 def bench_speed(preset, random_weights, caches, chunks, device, dtype, image, warmup, no_decode, rope_precision,

@@ -7,7 +7,7 @@ from pathlib import Path
 import click
 
 from .common import run_job
-from .options import CHUNKS, SEED, device_options, memory_options, name_list, speed_config, speed_options
+from .options import CHUNKS, NonEmptyPath, SEED, device_options, memory_options, name_list, speed_config, speed_options
 
 
 @click.command("compare")
@@ -33,7 +33,7 @@ from .options import CHUNKS, SEED, device_options, memory_options, name_list, sp
 @click.option("--metrics", type=click.Choice(["fast", "all"]), default="all", show_default=True,
               help="fast = TempSSIM + LatentDiff; all = + Scene Drift and PAC.")
 @device_options
-@click.option("-o", "--output", type=click.Path(path_type=Path), default=None, metavar="DIR",
+@click.option("-o", "--output", type=NonEmptyPath(path_type=Path), default=None, metavar="DIR",
               help="Output folder (default: runs/compare-<trajectory>).")
 @click.option("--overwrite", is_flag=True, help="Replace a comparison or runs already in DIR.")
 @click.option("--progress/--no-progress", default=False, show_default=True, help="Per-chunk progress bars (one per run).")

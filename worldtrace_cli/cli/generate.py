@@ -9,7 +9,7 @@ import click
 
 from ..config import memory_config
 from .common import run_job
-from .options import CHUNKS, SEED, device_options, memory_options, speed_config, speed_options
+from .options import CHUNKS, NonEmptyPath, SEED, device_options, memory_options, speed_config, speed_options
 
 
 @click.command("generate")
@@ -42,7 +42,7 @@ from .options import CHUNKS, SEED, device_options, memory_options, speed_config,
                    "or truncates the trajectory. Default: the trajectory's length.")
 @click.option("--seed", type=SEED, default=None,
               help="Noise seed >= 0 (default: the trajectory's seed, else 0).")
-@click.option("-o", "--output", type=click.Path(path_type=Path), default=None, metavar="DIR",
+@click.option("-o", "--output", type=NonEmptyPath(path_type=Path), default=None, metavar="DIR",
               help="Run folder (default: runs/<trajectory>-<cache>).")
 @click.option("--overwrite", is_flag=True, help="Replace a run (finished or not) already in the output folder.")
 @click.option("--cache", default=None, metavar="WRITER",
@@ -105,6 +105,9 @@ def generate(trajectory, preset, checkpoint, prompt, poses, intrinsics, random_w
             return
         if trajectory is None:
             raise InputError("missing TRAJECTORY (or --resume RUN_DIR); see worldtrace generate --help")
+        if cache is not None and "," in cache:
+            raise InputError(f"--cache {cache}: generate runs one writer; to run several on one trajectory, side by "
+                             f"side: worldtrace compare {trajectory} --cache {cache}")
         name = preset
         if name is None:
             name = default_preset_name(load_trajectory(trajectory).mode, checkpoint)

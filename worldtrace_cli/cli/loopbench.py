@@ -12,7 +12,7 @@ import click
 
 from ..loopbench.configs import CONFIGS
 from .common import run_job
-from .options import CHUNKS, device_options, memory_options, name_list, speed_config, speed_options
+from .options import CHUNKS, NonEmptyPath, device_options, memory_options, name_list, speed_config, speed_options
 
 _DEFAULT_CONFIGS = ",".join(n for n, c in CONFIGS.items() if c.tier in (1, 2, 3, 4))
 
@@ -59,7 +59,7 @@ def loopbench():
               help="A per-chunk progress bar for every job (off: one log line per job).")
 @memory_options
 @speed_options
-@click.option("-o", "--output", type=click.Path(path_type=Path), required=True, metavar="DIR",
+@click.option("-o", "--output", type=NonEmptyPath(path_type=Path), required=True, metavar="DIR",
               help="Sweep folder: DIR/<config>/<cache>/<image>/seed<N>/ per job, DIR/failures.jsonl.")
 def run_cmd(preset, configs, caches, images, worlds, seeds, chunks, metrics, shard, device, dtype, checkpoint,
             random_weights, progress, rope_precision, compile_mode, overlap_decode, output, **memory):
@@ -115,7 +115,7 @@ def run_cmd(preset, configs, caches, images, worlds, seeds, chunks, metrics, sha
 
 @loopbench.command("report")
 @click.argument("sweep_dir", type=click.Path(path_type=Path), metavar="DIR")
-@click.option("-o", "--output", type=click.Path(path_type=Path), default=None, metavar="DEST",
+@click.option("-o", "--output", type=NonEmptyPath(path_type=Path), default=None, metavar="DEST",
               help="Folder for the report (default: DIR).")
 def report_cmd(sweep_dir, output):
     """Aggregate the complete runs of a sweep folder DIR into report.md / .csv / .json and plots.

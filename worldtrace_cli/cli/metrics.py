@@ -8,6 +8,7 @@ import click
 
 from ..schemas import versioned
 from .common import run_job
+from .options import NonEmptyPath
 
 
 @click.command("metrics")
@@ -21,7 +22,7 @@ from .common import run_job
                    "follows the run's own trajectory; this one stands in only when that file is gone.")
 @click.option("--device", type=click.Choice(["auto", "cuda", "cpu"]), default="auto", show_default=True,
               help="Where the CLIP tower runs for --level all (auto = cuda when available).")
-@click.option("-o", "--output", type=click.Path(path_type=Path), default=None,
+@click.option("-o", "--output", type=NonEmptyPath(path_type=Path), default=None,
               help="Write the JSON here (default: RUN_DIR/metrics.json). Also printed on stdout.")
 def metrics_cmd(run_dir, level, trajectory, device, output):
     """Compute metrics afterwards from a finished or interrupted RUN_DIR (video.mp4 + chunks.jsonl)."""

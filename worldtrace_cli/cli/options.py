@@ -15,6 +15,16 @@ class _SeedRange(click.IntRange):
         return "0<=x<2**63"
 
 
+class NonEmptyPath(click.Path):
+    """``click.Path`` that refuses an empty string: ``-o ""`` would otherwise be the current folder
+    (``Path("")`` is ``.``), and a run's files would land among the user's own. A usage error (exit 2)."""
+
+    def convert(self, value, param, ctx):
+        if isinstance(value, str) and not value.strip():
+            self.fail("an empty path; name a folder (e.g. -o out/)", param, ctx)
+        return super().convert(value, param, ctx)
+
+
 SEED = _SeedRange(0, 2**63 - 1)  # noise seeds (torch generators take 64-bit seeds)
 CHUNKS = click.IntRange(1, 100_000)  # = trajectory.MAX_CHUNKS: checked at parse time, before anything loads
 

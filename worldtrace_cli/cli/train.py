@@ -8,7 +8,7 @@ from pathlib import Path
 import click
 
 from .common import run_job
-from .options import SEED
+from .options import NonEmptyPath, SEED
 
 
 def _settings(steps, minutes, lr, warmup, seed, threads, save_every, log_every, ema=0.0):
@@ -39,7 +39,7 @@ def loop_options(default_steps: int, default_lr: float):
     """Options every trainer takes: budget, schedule, seed, threads, output folder."""
     def wrap(command):
         for option in reversed([
-            click.option("-o", "--output", type=click.Path(path_type=Path), required=True, metavar="DIR",
+            click.option("-o", "--output", type=NonEmptyPath(path_type=Path), required=True, metavar="DIR",
                          help="Training folder (created; rerun the same command to continue a stopped run)."),
             click.option("--steps", type=click.IntRange(1), default=default_steps, show_default=True,
                          help="Optimiser steps in all."),
@@ -116,7 +116,7 @@ def train_vae_cmd(output, steps, minutes, lr, warmup, seed, threads, save_every,
 @train.command("encode")
 @click.option("--vae", "vae_weights", type=click.Path(exists=True, dir_okay=False, path_type=Path), required=True,
               help="The trained VAE (DIR/vae.safetensors of `train vae`).")
-@click.option("-o", "--output", type=click.Path(path_type=Path), required=True, metavar="DIR",
+@click.option("-o", "--output", type=NonEmptyPath(path_type=Path), required=True, metavar="DIR",
               help="Data folder (shards clips-NNNNN.safetensors; rerun to continue or to add shards).")
 @click.option("--shards", type=click.IntRange(1), default=100, show_default=True, help="Shards of 32 clips wanted.")
 @click.option("--seed", type=SEED, default=0, show_default=True,
@@ -289,7 +289,7 @@ def train_eval_cmd(dit_dir, vae_weights, preset, data, clips, rollouts, rollout_
               help="Preset of the DiT that is grown.")
 @click.option("--dit", "dit_file", type=click.Path(exists=True, dir_okay=False, path_type=Path), default=None,
               help="The DiT to grow (a dit.safetensors of `train dit`; default: the --from preset's bundled weights).")
-@click.option("-o", "--output", type=click.Path(dir_okay=False, path_type=Path), required=True,
+@click.option("-o", "--output", type=NonEmptyPath(dir_okay=False, path_type=Path), required=True,
               help="Grown DiT weights (float32 safetensors) for `train dit --preset PRESET --init FILE`.")
 @click.option("--seed", type=SEED, default=0, show_default=True,
               help="Seeds the weights of action modules that no old block provides.")
@@ -314,7 +314,7 @@ def train_grow_cmd(target, source, dit_file, output, seed):
               help="DIR/dit.safetensors of `train dit`.")
 @click.option("--vae", "vae_weights", type=click.Path(exists=True, dir_okay=False, path_type=Path), required=True,
               help="DIR/vae.safetensors of `train vae`.")
-@click.option("-o", "--output", type=click.Path(dir_okay=False, path_type=Path), required=True,
+@click.option("-o", "--output", type=NonEmptyPath(dir_okay=False, path_type=Path), required=True,
               help="Bundle file (the loopworld preset reads worldtrace_cli/presets/loopworld.safetensors).")
 @click.option("--dit-format", type=click.Choice(["float16", "int8"]), default="float16", show_default=True,
               help="How the DiT is stored. int8: its matrices as int8 with one float32 scale per output row "

@@ -7,7 +7,7 @@ from pathlib import Path
 import click
 
 from .common import run_job
-from .options import SEED
+from .options import NonEmptyPath, SEED
 
 
 @click.group("world")
@@ -22,7 +22,7 @@ def world():
               help="Chunks to cover (default: the trajectory's length), as `generate --chunks`.")
 @click.option("--preset", default="loopworld", show_default=True, metavar="NAME|FILE",
               help="Takes the frame size and fps from this preset.")
-@click.option("-o", "--output", type=click.Path(path_type=Path), required=True, metavar="DIR",
+@click.option("-o", "--output", type=NonEmptyPath(path_type=Path), required=True, metavar="DIR",
               help="Folder for video.mp4 and poses.json (created; existing files are replaced).")
 @click.option("--no-progress/--progress", "no_progress", default=False, help="No progress bar (default: --progress, on stderr).")
 def render_cmd(trajectory, world_seed, chunks, preset, output, no_progress):

@@ -25,7 +25,7 @@ from ..runs import RunFolder
 from ..schemas import SCHEMA_VERSION
 from ..runs.resume import restore_run_state, save_run_state
 from ..video import ffmpeg_exe
-from .inputs import RunInputs, prepare_inputs
+from .inputs import RunInputs, check_inputs, prepare_inputs
 from .sinks import RunSinks, StopFlag
 
 log = logging.getLogger("worldtrace")
@@ -34,8 +34,9 @@ log = logging.getLogger("worldtrace")
 def run_generation(cfg, resume: bool = False, pipeline=None) -> dict:
     """Run ``worldtrace generate``; returns the summary also written to ``summary.json``.
 
-    Inputs are validated (options, trajectory, image header: :func:`~worldtrace_cli.jobs.inputs.check_inputs`)
-    before torch is imported, then the output folder, all before any model is loaded.
+    Inputs are validated (options, trajectory, checkpoint files, model size, image:
+    :func:`~worldtrace_cli.jobs.inputs.check_inputs`) and the output folder checked (a file, or a run
+    already there without ``--overwrite``) before torch is imported, all before any model is loaded.
     With ``resume``, ``cfg`` must be :func:`~worldtrace_cli.runs.resume.resume_config` of
     ``cfg.output``. ``pipeline``: a loaded :class:`~worldtrace_cli.pipeline.Pipeline` to reuse when
     it serves ``cfg`` (compare and loopbench pass theirs), else one is loaded.
@@ -52,9 +53,12 @@ def run_generation(cfg, resume: bool = False, pipeline=None) -> dict:
                       checkpoint=None if cfg.checkpoint is None else Path(cfg.checkpoint).resolve(),
                       poses=None if cfg.poses is None else Path(cfg.poses).resolve(),
                       intrinsics=None if cfg.intrinsics is None else Path(cfg.intrinsics).resolve())
-    inputs = prepare_inputs(cfg)
+    folder, traj = RunFolder(cfg.output), None
+    if not resume:  # a taken -o is refused before the inputs are loaded (the truth rendered, torch imported)
+        traj = check_inputs(cfg)
+        folder.refuse_occupied(cfg.overwrite)
     ffmpeg_exe()  # the MP4 needs it: fail before the run folder is touched or a model loaded
-    folder = RunFolder(cfg.output)
+    inputs = prepare_inputs(cfg, traj)
     with folder.lock("generate --resume" if resume else "generate"):
         if not resume:
             folder.prepare(cfg.overwrite)

@@ -14,7 +14,8 @@ import warnings
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..errors import CheckpointError, InputError
+from ..errors import InputError, OutputError
+from ..model.layout import check_model_size, check_weights_source
 
 log = logging.getLogger("worldtrace")
 
@@ -52,14 +53,17 @@ def sha256_file(path: str | Path) -> str:
 
 
 def check_image(path: str | Path, height: int, width: int) -> None:
-    """Check an image file from its header (PIL, no decode, no torch): it exists, is an image, and
-    MG2's centre crop to the aspect ``height:width`` is not empty
-    (:func:`~worldtrace_cli.model.conditioning.preprocess_image`).
+    """Check an image file with PIL, no torch: it exists, is an image, MG2's centre crop to the
+    aspect ``height:width`` is not empty (:func:`~worldtrace_cli.model.conditioning.preprocess_image`),
+    and its pixel data decode (:func:`~worldtrace_cli.images.load_image`, at reduced size for a
+    large image: a 24 MP JPEG or PNG of noise took 0.2 s here), so a truncated file is refused before torch loads.
 
     Raises:
         InputError: ``image <path>: <problem>`` (one line).
     """
     from PIL import Image, UnidentifiedImageError
+
+    from ..images import load_image
 
     path = Path(path)
     if not path.is_file():
@@ -79,19 +83,24 @@ def check_image(path: str | Path, height: int, width: int) -> None:
     if min(crop) < 1:
         raise InputError(f"image {path}: a {w}x{h} image is too small for the preset's {width}x{height} "
                          f"aspect crop")
+    load_image(path, (height, width))  # every pixel decoded (at reduced size when large): truncated data fails now
 
 
 def check_inputs(cfg, traj=None):
     """The checks of :func:`prepare_inputs` that need neither torch nor the model: option ranges,
-    the trajectory (size, syntax, mode) and the image's header. ``generate``, ``compare`` and
+    the trajectory (size, syntax, mode), the checkpoint folder's files, the model's size against this
+    machine's memory, ``--spill-dir`` and the image (fully decoded by PIL). ``generate``, ``compare`` and
     ``loopbench run`` run them first, so a bad input is reported in a fraction of a second. Returns
     the parsed :class:`~worldtrace_cli.trajectory.Trajectory` (``traj``, when the caller parsed
     ``cfg.trajectory`` already).
 
     Raises:
-        InputError / TrajectoryError: as :func:`prepare_inputs`. CheckpointError: ``--checkpoint``
-            is not a folder, for a checkpoint preset without ``random_weights`` (the only runs that
-            read it; its files are checked when the model loads).
+        InputError / TrajectoryError: as :func:`prepare_inputs`; ``--checkpoint`` with a preset that
+            ships its weights, or none for a checkpoint preset; a model larger than this machine's
+            memory (:func:`check_model_size`).
+        CheckpointError: ``--checkpoint`` is not a folder or lacks a file the preset reads (one line
+            listing them; the files' contents are checked when the model loads).
+        OutputError: ``--spill-dir`` names a file.
     """
     from ..trajectory import load_trajectory
 
@@ -103,9 +112,11 @@ def check_inputs(cfg, traj=None):
     if traj.mode != cfg.preset.mode:
         raise InputError(f"{cfg.trajectory}: mode {traj.mode!r} does not match preset {cfg.preset.name} "
                          f"(mode {cfg.preset.mode!r})")
-    reads_checkpoint = cfg.preset.weights == "checkpoint" and not cfg.random_weights
-    if reads_checkpoint and cfg.checkpoint is not None and not Path(cfg.checkpoint).is_dir():  # files: at load
-        raise CheckpointError(f"--checkpoint {cfg.checkpoint}: not a folder")
+    check_weights_source(cfg.preset, cfg.checkpoint, cfg.random_weights)  # the folder's files, not their bytes
+    check_model_size(cfg.preset, cfg.device, cfg.dtype)
+    spill = cfg.memory.spill_dir
+    if spill is not None and Path(spill).exists() and not Path(spill).is_dir():
+        raise OutputError(f"--spill-dir {spill}: exists and is not a folder")
     path = cfg.image or (None if cfg.preset.has_world else traj.image)
     if path is not None:
         check_image(path, cfg.preset.height, cfg.preset.width)
@@ -177,15 +188,17 @@ def check_writers(memories, preset, flag: str = "--cache") -> None:
         raise InputError(re.sub(r"--cache\b", flag, str(exc))) from None
 
 
-def prepare_inputs(cfg) -> RunInputs:
+def prepare_inputs(cfg, traj=None) -> RunInputs:
     """Check and load a :class:`~worldtrace_cli.config.RunConfig`'s inputs (no model involved).
+    ``traj``: what :func:`check_inputs` returned when the caller ran it already (not repeated).
 
     Raises:
         InputError / TrajectoryError: a malformed trajectory (file:line: field), a mode other than
             the preset's, no or an unreadable image, a negative seed or world seed, bad flag values,
             a writer flag the writer refuses (:func:`check_writers`).
     """
-    traj = check_inputs(cfg)  # before torch is imported: a bad input is reported at once
+    if traj is None:
+        traj = check_inputs(cfg)  # before torch is imported: a bad input is reported at once
     check_writers([cfg.memory], cfg.preset)  # torch-free first, all before the model loads
     from ..model.conditioning import load_image
     from ..trajectory import plan_actions

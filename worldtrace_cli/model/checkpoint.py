@@ -14,6 +14,7 @@ import torch
 from torch import nn
 
 from ..errors import CheckpointError
+from .layout import resolve_checkpoint_files  # noqa: F401  (re-exported; torch-free)
 from .weights import (check_state_dict, dequantize_int8, file_identity, read_json, read_state_dict,  # noqa: F401
                       strip_prefix)  # (re-exported)
 
@@ -26,23 +27,6 @@ def load_dit_weights(model: nn.Module, path: str | Path) -> None:
     sd = strip_prefix(read_state_dict(path))
     check_state_dict(model, sd, str(path))
     model.load_state_dict(sd, strict=True)
-
-
-def resolve_checkpoint_files(files: dict[str, str], folder: str | Path, preset_name: str) -> dict[str, Path]:
-    """Map each role (dit, vae, clip) to its file in an official MG2 folder (spec §15).
-
-    Raises:
-        CheckpointError: the folder is missing, or one line listing every expected file not found.
-    """
-    folder = Path(folder)
-    if not folder.is_dir():
-        raise CheckpointError(f"--checkpoint {folder}: not a folder")
-    paths = {role: folder / rel for role, rel in files.items()}
-    missing = [str(rel) for role, rel in files.items() if not paths[role].is_file()]
-    if missing:
-        raise CheckpointError(f"--checkpoint {folder}: missing {', '.join(missing)} "
-                              f"(preset {preset_name} expects: {', '.join(files.values())})")
-    return paths
 
 
 class WorldModel:

@@ -210,13 +210,7 @@ class RunFolder:
             OutputError: the folder cannot be created or written, or holds a run.
         """
         self.make()
-        if not overwrite:
-            if self.is_complete():
-                raise OutputError(f"output folder {self.path} already holds a finished run (use --overwrite)")
-            if self.holds_run() or self.has_state():
-                hint = (f"resume it with: worldtrace generate --resume {self.path}" if self.has_state()
-                        else "use --overwrite to replace it")
-                raise OutputError(f"output folder {self.path} holds an unfinished run ({hint})")
+        self.refuse_occupied(overwrite)
         probe = self.path / f".worldtrace-write-test-{os.getpid()}"
         try:
             for name in RUN_FILES + LEFTOVERS:
@@ -230,6 +224,26 @@ class RunFolder:
         except OSError as err:
             raise OutputError(f"output folder {self.path} is not writable: {_reason(err)}") from None
         return self
+
+    def refuse_occupied(self, overwrite: bool) -> None:
+        """The refusals of :meth:`prepare` that read the folder without changing it (no lock, no
+        torch): commands call it with their input checks, before a model loads, so a taken ``-o`` is
+        reported at once; :meth:`prepare` repeats it under the lock.
+
+        Raises:
+            OutputError: the path exists and is not a folder; without ``overwrite``, the folder holds a
+                finished run or an unfinished one (the message says how to resume or replace it).
+        """
+        if self.path.exists() and not self.path.is_dir():
+            raise OutputError(f"output folder {self.path} exists and is not a folder")
+        if overwrite:
+            return
+        if self.is_complete():
+            raise OutputError(f"output folder {self.path} already holds a finished run (use --overwrite)")
+        if self.holds_run() or self.has_state():
+            hint = (f"resume it with: worldtrace generate --resume {self.path}" if self.has_state()
+                    else "use --overwrite to replace it")
+            raise OutputError(f"output folder {self.path} holds an unfinished run ({hint})")
 
     def clear_state(self) -> None:
         """Remove the resume state (after the run completed)."""

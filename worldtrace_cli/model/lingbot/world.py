@@ -23,12 +23,13 @@ import torch
 
 from ...errors import CheckpointError, InputError
 from ..checkpoint import WorldModel, file_identity
+from ..layout import LINGBOT_ALTERNATIVES, LINGBOT_OPTIONAL_ROLES, lingbot_checkpoint_paths
 from .checkpoint import load_lingbot_dit, weight_files
 from .dit import LingbotDiT
 from .text import ByteTokenizer, UMT5TextEncoder, tiny_umt5
 
-OPTIONAL_ROLES = ("clip",)
-ALTERNATIVES = {"text_encoder": "text_encoder"}  # role -> path used when the preset's file is absent (HF-format umT5)
+OPTIONAL_ROLES = LINGBOT_OPTIONAL_ROLES
+ALTERNATIVES = LINGBOT_ALTERNATIVES  # role -> path used when the preset's file is absent (HF-format umT5)
 
 
 class LingbotWorld(WorldModel):
@@ -41,24 +42,9 @@ class LingbotWorld(WorldModel):
 
 
 def checkpoint_paths(preset, folder: str | Path) -> dict[str, Path]:
-    """Each role of ``preset.files`` in ``folder``; the optional CLIP file is left out when absent.
-
-    Raises:
-        CheckpointError: not a folder, or one line listing every required file or folder missing.
-    """
-    folder = Path(folder)
-    if not folder.is_dir():
-        raise CheckpointError(f"--checkpoint {folder}: not a folder")
-    paths = {role: folder / rel for role, rel in preset.files.items()}
-    for role, alternative in ALTERNATIVES.items():
-        if role in paths and not paths[role].exists() and (folder / alternative).exists():
-            paths[role] = folder / alternative
-    missing = [rel + (f" (or {ALTERNATIVES[role]}/)" if role in ALTERNATIVES else "")
-               for role, rel in preset.files.items() if role not in OPTIONAL_ROLES and not paths[role].exists()]
-    if missing:
-        raise CheckpointError(f"--checkpoint {folder}: missing {', '.join(missing)} (preset {preset.name} expects: "
-                              f"{', '.join(v for k, v in preset.files.items() if k not in OPTIONAL_ROLES)})")
-    return {role: p for role, p in paths.items() if p.exists()}
+    """:func:`~worldtrace_cli.model.layout.lingbot_checkpoint_paths` (torch-free, also run with the
+    input checks before torch loads)."""
+    return lingbot_checkpoint_paths(preset, folder)
 
 
 def random_dit(cfg, seed: int, device: torch.device, dtype: torch.dtype) -> LingbotDiT:

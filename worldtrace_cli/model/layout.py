@@ -1,0 +1,128 @@
+"""Which weights a preset reads and whether a checkpoint folder holds them, torch-free.
+
+``generate``, ``compare`` and ``loopbench run`` call :func:`check_weights_source` with the other input
+checks, before torch is imported, so a wrong ``--checkpoint`` (or none) is a one-line error at once
+instead of after the model starts loading; the loaders call the same functions again
+(:func:`resolve_checkpoint_files` for MG2, :func:`lingbot_checkpoint_paths` for LingBot-World).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from ..errors import CheckpointError, InputError
+
+LINGBOT_OPTIONAL_ROLES = ("clip",)  # LingBot has no image encoder; the CLIP file only feeds --metrics all
+LINGBOT_ALTERNATIVES = {"text_encoder": "text_encoder"}  # role -> path used when the preset's file is absent
+
+
+def resolve_checkpoint_files(files: dict[str, str], folder: str | Path, preset_name: str) -> dict[str, Path]:
+    """Map each role (dit, vae, clip) to its file in an official MG2 folder (spec §15).
+
+    Raises:
+        CheckpointError: the folder is missing, or one line listing every expected file not found.
+    """
+    folder = Path(folder)
+    if not folder.is_dir():
+        raise CheckpointError(f"--checkpoint {folder}: not a folder")
+    paths = {role: folder / rel for role, rel in files.items()}
+    missing = [str(rel) for role, rel in files.items() if not paths[role].is_file()]
+    if missing:
+        raise CheckpointError(f"--checkpoint {folder}: missing {', '.join(missing)} "
+                              f"(preset {preset_name} expects: {', '.join(files.values())})")
+    return paths
+
+
+def lingbot_checkpoint_paths(preset, folder: str | Path) -> dict[str, Path]:
+    """Each role of a LingBot preset's ``files`` in ``folder``; the optional CLIP file is left out when
+    absent; a ``text_encoder/`` folder stands in for the umT5 ``.pth``.
+
+    Raises:
+        CheckpointError: not a folder, or one line listing every required file or folder missing.
+    """
+    folder = Path(folder)
+    if not folder.is_dir():
+        raise CheckpointError(f"--checkpoint {folder}: not a folder")
+    paths = {role: folder / rel for role, rel in preset.files.items()}
+    for role, alternative in LINGBOT_ALTERNATIVES.items():
+        if role in paths and not paths[role].exists() and (folder / alternative).exists():
+            paths[role] = folder / alternative
+    missing = [rel + (f" (or {LINGBOT_ALTERNATIVES[role]}/)" if role in LINGBOT_ALTERNATIVES else "")
+               for role, rel in preset.files.items() if role not in LINGBOT_OPTIONAL_ROLES and not paths[role].exists()]
+    if missing:
+        raise CheckpointError(f"--checkpoint {folder}: missing {', '.join(missing)} (preset {preset.name} expects: "
+                              f"{', '.join(v for k, v in preset.files.items() if k not in LINGBOT_OPTIONAL_ROLES)})")
+    return {role: p for role, p in paths.items() if p.exists()}
+
+
+def check_weights_source(preset, checkpoint, random_weights: bool) -> None:
+    """Check that a run's weights can be found, before anything loads: a preset that ships its weights
+    takes no ``--checkpoint``; a checkpoint preset needs ``--checkpoint`` (or ``--random-weights``),
+    a folder holding every file the preset expects (names and presence only; their contents are
+    checked when the model loads).
+
+    Raises:
+        InputError: ``--checkpoint`` with a bundled preset, or none for a checkpoint preset.
+        CheckpointError: not a folder, or files missing (one line listing them).
+    """
+    if preset.weights == "bundled" and checkpoint is not None:
+        raise InputError(f"--checkpoint: preset {preset.name} ships its own weights ({preset.bundle}); "
+                         f"drop --checkpoint, or choose an mg2-* preset")
+    if preset.weights != "checkpoint" or random_weights:
+        return
+    if checkpoint is None:
+        what = ("a LingBot-World causal-fast folder holding "
+                + ", ".join(v for k, v in preset.files.items() if k not in LINGBOT_OPTIONAL_ROLES)
+                if preset.is_lingbot else f"an official Matrix-Game-2.0 folder holding {', '.join(preset.files.values())}")
+        raise InputError(f"preset {preset.name} needs --checkpoint DIR ({what}) or --random-weights")
+    if preset.is_lingbot:
+        lingbot_checkpoint_paths(preset, checkpoint)
+    else:
+        resolve_checkpoint_files(preset.files, checkpoint, preset.name)
+
+
+GPU_MEMORY_BOUND = 192 * 2**30  # bytes: the largest single GPU's memory today (192 GB class); a bound, not a query
+
+
+def dit_parameters_lower_bound(dit) -> int:
+    """A lower bound on a DiT configuration's parameter count, from its widths alone (no torch):
+    per block the self-attention's and cross-attention's q, k, v, o (8 dim^2) and the FFN
+    (2 dim ffn_dim). mg2-universal: 1.39 B of its 1.62 B; LingBot-World fast 14.1 B of 18.5 B;
+    loopworld 4.2 M of 5.8 M."""
+    return int(dit.num_layers) * (8 * int(dit.dim) ** 2 + 2 * int(dit.dim) * int(dit.ffn_dim))
+
+
+def physical_memory_bytes() -> int | None:
+    """This machine's RAM in bytes (``os.sysconf``), or None where the OS does not say."""
+    import os
+
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError, AttributeError):
+        return None
+
+
+def check_model_size(preset, device: str = "auto", dtype: str = "auto") -> None:
+    """Refuse a preset whose DiT cannot fit before anything is allocated (a preset YAML with
+    ``dim: 1000000000`` was an allocator traceback): the weights' lower bound
+    (:func:`dit_parameters_lower_bound`, 4 bytes each in float32, 2 in bf16) against the memory the
+    run has: this machine's RAM on a CPU (``--device cpu``, or ``auto`` without an NVIDIA device
+    node), else the larger of the RAM and :data:`GPU_MEMORY_BOUND` (GPU memory is not queried without torch).
+
+    Raises:
+        InputError: one line naming the preset, its widths, the estimate and the memory (exit 2).
+    """
+    import os
+
+    params = dit_parameters_lower_bound(preset.dit)
+    ram = physical_memory_bytes()
+    gpu = device == "cuda" or (device == "auto" and os.path.exists("/dev/nvidiactl"))
+    per_param = 2 if dtype == "bf16" or (dtype == "auto" and gpu) else 4
+    need = params * per_param
+    have = max(ram or 0, GPU_MEMORY_BOUND) if gpu else ram
+    if have and need > have:
+        where = (f"this machine's {ram / 1e9:.1f} GB of RAM and any single GPU's ({GPU_MEMORY_BOUND / 1e9:.0f} GB)"
+                 if gpu else f"this machine's {have / 1e9:.1f} GB of RAM")
+        raise InputError(f"preset {preset.name}: dit: dim {preset.dit.dim}, ffn_dim {preset.dit.ffn_dim}, "
+                         f"{preset.dit.num_layers} layers: at least {params:.3g} parameters, {need / 1e9:.3g} GB in "
+                         f"{'bf16' if per_param == 2 else 'float32'}, more than {where}")
