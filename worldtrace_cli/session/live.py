@@ -12,7 +12,7 @@ from pathlib import Path
 
 import numpy as np
 
-from ..errors import InputError
+from ..errors import InputError, WorldtraceError
 from .actions import parse_chunk_actions, replay_command, trajectory_text
 from .parts import MemoTruth, clone_tree
 
@@ -88,6 +88,10 @@ class Session:
             self._stack.enter_context(self.folder.lock("session"))
             try:
                 self.folder.prepare(cfg.overwrite)
+            except WorldtraceError as exc:  # the CLI's words, in the API's
+                self._stack.close()
+                message = str(exc).replace("(use --overwrite)", "(open it with overwrite=True)")
+                raise type(exc)(message.replace("use --overwrite", "use overwrite=True")) from None
             except BaseException:
                 self._stack.close()
                 raise
