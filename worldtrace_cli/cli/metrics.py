@@ -23,14 +23,32 @@ from .options import NonEmptyPath
 @click.option("--device", type=click.Choice(["auto", "cuda", "cpu"]), default="auto", show_default=True,
               help="Where the CLIP tower runs for --level all (auto = cuda when available).")
 @click.option("-o", "--output", type=NonEmptyPath(path_type=Path), default=None,
-              help="Write the JSON here (default: RUN_DIR/metrics.json). Also printed on stdout.")
-def metrics_cmd(run_dir, level, trajectory, device, output):
-    """Compute metrics afterwards from a finished or interrupted RUN_DIR (video.mp4 + chunks.jsonl)."""
+              help="Write the JSON here (default: RUN_DIR/metrics.json); its path is printed on stdout.")
+@click.option("--json", "print_json", is_flag=True, help="Print the JSON on stdout instead of the file's path.")
+def metrics_cmd(run_dir, level, trajectory, device, output, print_json):
+    """Compute metrics afterwards from a finished or interrupted RUN_DIR (video.mp4 + chunks.jsonl).
+
+    Writes RUN_DIR/metrics.json (or -o FILE) and prints its path on stdout (--json: the JSON itself).
+    A folder a run is still writing is refused (exit 6): run it when the run has finished."""
     import json
 
     from ..errors import InputError
 
     def job():
+        from ..errors import FolderBusy
+        from ..runs import RunFolder
+
+        folder = RunFolder(run_dir)
+        if not folder.path.exists():
+            raise InputError(f"{run_dir}: the folder does not exist")
+        if not folder.path.is_dir():
+            raise InputError(f"{run_dir}: not a folder (give a run folder, e.g. out/)")
+        holder = folder.busy()  # a run still writing it: its records and video are not final yet
+        if holder is not None:
+            raise FolderBusy(f"{run_dir} is still being written by {holder}; run worldtrace metrics when it "
+                             f"has finished")
+        if not folder.video.is_file():
+            raise InputError(f"{run_dir}: no video.mp4 (not a worldtrace run folder)")
         import torch
 
         from ..config import RunConfig
@@ -38,13 +56,9 @@ def metrics_cmd(run_dir, level, trajectory, device, output):
         from ..model.checkpoint import load_clip_tower
         from ..outputs import write_json_atomic
         from ..pipeline import resolve_device
-        from ..runs import RunFolder
         from ..runs.resume import resume_config
         from ..trajectory import frames_for_chunks
 
-        folder = RunFolder(run_dir)
-        if not folder.video.is_file():
-            raise InputError(f"{run_dir}: no video.mp4 (not a worldtrace run folder)")
         # the model's chunk layout (LingBot: 4 latent frames per chunk); a killed run without summary: MG2's
         fpc = ((folder.read_summary() or {}).get("config") or {}).get("preset", {}).get("frames_per_chunk", 3)
         checked = folder.check(lambda n: frames_for_chunks(n, fpc))  # FolderInconsistent (exit 7) for a contradiction
@@ -62,7 +76,9 @@ def metrics_cmd(run_dir, level, trajectory, device, output):
         result["status"] = checked["status"]
         result["notes"] = checked["notes"] + result["notes"]
         result = versioned(result)
-        write_json_atomic(output or run_dir / "metrics.json", result, indent=1)
-        click.echo(json.dumps(result, indent=1))
+        path = output or run_dir / "metrics.json"
+        write_json_atomic(path, result, indent=1)
+        click.echo(f"worldtrace: wrote {path} ({checked['status']} run, {checked['chunks']} chunks)", err=True)
+        click.echo(json.dumps(result, indent=1) if print_json else str(path))  # stdout: one line for scripts
 
     run_job(job)

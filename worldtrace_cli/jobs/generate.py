@@ -20,7 +20,7 @@ import time
 from dataclasses import replace
 from pathlib import Path
 
-from ..errors import Aborted, Interrupted
+from ..errors import Aborted, Interrupted, OutputError
 from ..runs import RunFolder
 from ..schemas import SCHEMA_VERSION
 from ..runs.resume import restore_run_state, save_run_state
@@ -45,6 +45,8 @@ def run_generation(cfg, resume: bool = False, pipeline=None) -> dict:
         InputError, CheckpointError, OutputError (FolderBusy, FolderInconsistent), RunError: see
             :mod:`worldtrace_cli.errors`.
         Interrupted: Ctrl-C / SIGTERM; the resume state is saved first. Aborted: a second Ctrl-C.
+        OutputError: also when every chunk was generated but ``video.mp4`` holds fewer frames than
+            the records cover (checked before the run reports success; the summary says "failed").
     """
     started = time.time()
     if not resume:  # absolute paths: a resume may start from another working directory
@@ -168,6 +170,12 @@ def _generate(cfg, inputs: RunInputs, folder: RunFolder, resume: bool, pipeline,
             write_json_atomic(folder.summary_path, summary("stopped"))
             raise Interrupted(f"interrupted after chunk {stopped} of {plan.num_chunks}; every finished chunk is in "
                               f"{folder.path}; resume with: worldtrace generate --resume {folder.path}")
+        have, need = folder.video_frames(), frames_for_chunks(plan.num_chunks, preset.frames_per_chunk)
+        if have < need:  # e.g. video.mp4 deleted or replaced while the run wrote it: not a success
+            write_json_atomic(folder.summary_path, summary("failed"))
+            raise OutputError(f"{folder.video}: holds {have} of the run's {need} pixel frames (deleted or replaced "
+                              f"while the run wrote it?); chunks.jsonl has every chunk, the video does not: "
+                              f"run again with --overwrite")
         result = summary("complete")
         if (result["cache"]["max_offset"] or 0) > rollout.geometry.trained_offset:
             log.info(f"{writer.name} read the cache at query-key offsets up to {result['cache']['max_offset']} latent "

@@ -80,7 +80,8 @@ class RunFolder:
 
         Raises:
             FolderBusy: another process holds it (its pid, command and start time are named).
-            OutputError: the folder cannot be created.
+            OutputError: the folder cannot be created, or the lock file cannot be (read-only filesystem,
+                permissions).
         """
         from filelock import FileLock, Timeout
 
@@ -91,6 +92,9 @@ class RunFolder:
         except Timeout:
             raise FolderBusy(f"{self.path} is in use by {self._holder()}; wait for it to finish or use "
                              f"another -o folder") from None
+        except OSError as err:  # a read-only filesystem, no permission to create the lock file
+            raise OutputError(f"output folder {self.path} is not writable: cannot create its lock "
+                              f"{LOCK} ({_reason(err)})") from None
         # the descriptor, for the video encoder to inherit (filelock does not publish it: read defensively)
         self.lock_fd = getattr(getattr(lock, "_context", None), "lock_file_fd", None)
         info = {"pid": os.getpid(), "command": what, "argv": sys.argv,
@@ -142,6 +146,20 @@ class RunFolder:
                 pass
         except (FolderBusy, OutputError):  # a run is writing the folder, or it is read-only
             pass
+
+    def busy(self) -> str | None:
+        """Who holds the folder's lock (a run still writing it), or None when nobody does. Takes and
+        releases the lock at once; a folder that does not exist, or whose lock file cannot be created
+        (read-only), counts as free."""
+        if not self.path.is_dir():
+            return None
+        try:
+            with self.lock("check"):
+                return None
+        except FolderBusy:
+            return self._holder()
+        except OutputError:
+            return None
 
     def _holder(self) -> str:
         try:

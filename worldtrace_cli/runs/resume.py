@@ -43,12 +43,13 @@ def restore_run_state(folder: RunFolder, rollout, decoder, scorer, inputs: dict)
     Returns:
         (next chunk, progress dict, the run's original command line).
     Raises:
-        InputError: no or an unreadable state, one from another version, or a trajectory / image
-            changed since the run started.
+        InputError: no or an unreadable state, one whose tensors fail the sha256 recorded in
+            ``state.json``, one from another version, or a trajectory / image changed since the run
+            started (each message says to start again with ``--overwrite``).
     """
     from ..state import load_state, unpack
 
-    meta, parts, tensors = load_state(folder.state)
+    meta, parts, tensors = load_state(folder.state, remedy="start again with --overwrite")
     if meta.get("version") != STATE_VERSION:
         raise InputError(f"{folder.path}: resume state from another worldtrace version "
                          f"(state version {meta.get('version')!r}, this one reads {STATE_VERSION}); "
