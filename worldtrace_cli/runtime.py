@@ -13,7 +13,6 @@ from dataclasses import dataclass
 
 import torch
 
-from . import __version__
 from .errors import InputError
 
 log = logging.getLogger("worldtrace")
@@ -51,7 +50,11 @@ def versions() -> dict:
     """Versions of Python, torch and the libraries around the core (for summary.json)."""
     import importlib.metadata as md
 
-    out = {"worldtrace": __version__, "python": platform.python_version(), "torch": torch.__version__}
+    try:  # the installed distribution's version (the package's __version__ is the same; importing it would cycle)
+        own = md.version("worldtrace")
+    except md.PackageNotFoundError:
+        own = None
+    out = {"worldtrace": own, "python": platform.python_version(), "torch": torch.__version__}
     for name in ("diffusers", "transformers", "imageio-ffmpeg", "safetensors"):
         try:
             out[name] = md.version(name)

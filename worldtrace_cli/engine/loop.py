@@ -8,14 +8,41 @@ chunk) and the job's policy around it (resume states, Ctrl-C, the summary).
 
 from __future__ import annotations
 
+import hashlib
 import logging
 
 log = logging.getLogger("worldtrace")
 
 
+def finish_record(out, plan, waypoints: dict, scorer, frames_per_chunk: int) -> dict:
+    """Complete a decoded chunk's ``chunks.jsonl`` record in place and return it: ``pixel_frames``
+    ``[start, end)``, ``actions`` (the plan's display name of the chunk's actions), ``waypoints``,
+    ``frames_sha256`` (of the decoded uint8 [T, H, W, 3] frames' bytes) and ``metrics``
+    (``scorer.add_chunk``, in chunk order). The one place a record is finished: ``generate``'s
+    :class:`~worldtrace_cli.runs.sinks.RunSinks` and live sessions (:class:`~worldtrace_cli.session.Session`), through :class:`ChunkLoop`, both call it.
+
+    Args:
+        out: a decoded :class:`~worldtrace_cli.rollout.ChunkOutput`; plan: the ActionPlan (its
+            ``chunk_actions`` cover the chunk); waypoints: chunk -> labels; scorer: OnlineMetrics.
+    """
+    from torch import no_grad
+
+    from ..trajectory import chunk_rows
+
+    c, rec = out.record["chunk"], out.record
+    rec["pixel_frames"] = list(chunk_rows(c, frames_per_chunk))
+    rec["actions"] = plan.chunk_actions[c]
+    rec["waypoints"] = waypoints.get(c, [])
+    rec["frames_sha256"] = hashlib.sha256(out.frames.numpy().tobytes()).hexdigest()
+    with no_grad():
+        rec["metrics"] = scorer.add_chunk(out.latents, out.frames)
+    return rec
+
+
+
 class ChunkLoop:
     """Rollout step -> :class:`~worldtrace_cli.rollout.DecodePipeline` -> finished records
-    (:func:`~worldtrace_cli.jobs.sinks.finish_record`) -> the run folder's sinks.
+    (:func:`finish_record`) -> the run folder's sinks.
 
     Args:
         rollout: a :class:`~worldtrace_cli.rollout.Rollout` (or LingBot-World's) whose ``step()``
@@ -24,7 +51,7 @@ class ChunkLoop:
         scorer: :class:`~worldtrace_cli.metrics.OnlineMetrics`; plan: the ActionPlan whose
             ``chunk_actions`` name each chunk's actions (it may grow chunk by chunk).
         overlap: decode one chunk behind generation (``--overlap-decode``).
-        sinks: a :class:`~worldtrace_cli.jobs.sinks.RunSinks` writing the run folder (it finishes
+        sinks: a :class:`~worldtrace_cli.runs.sinks.RunSinks` writing the run folder (it finishes
             and keeps the records), or None: records are finished into ``records``.
         records: the list unrecorded chunks' records are appended to (None: a new list).
     """
@@ -61,8 +88,6 @@ class ChunkLoop:
         return self._finish(self.decode.flush())
 
     def _finish(self, ready: list) -> list:
-        from ..jobs.sinks import finish_record
-
         if self.sinks is not None:
             self.sinks.write(ready)
         else:
@@ -87,4 +112,4 @@ class ChunkLoop:
             self.decode.close()
 
 
-__all__ = ["ChunkLoop"]
+__all__ = ["ChunkLoop", "finish_record"]

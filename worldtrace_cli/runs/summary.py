@@ -21,7 +21,7 @@ def run_summary(status: str, cfg, run_dir, command: list[str], resumed_by, pipel
         started: ``time.time()`` at the run's start (seconds); image_label: the image path or
             ``world:N``; seed / world_seed: resolved; resumed_at: the chunk a resume started at.
         cond_s: seconds spent conditioning; account: split the wall clock into phases
-            (:meth:`~worldtrace_cli.jobs.sinks.RunSinks.totals`).
+            (:meth:`~worldtrace_cli.runs.sinks.RunSinks.totals`).
     """
     import torch
 

@@ -39,7 +39,7 @@ class Session:
     """A live rollout: actions in, decoded frames and chunk records out, one chunk per :meth:`step`.
 
     Build one with :func:`open` (or :meth:`load`); every chunk goes through the same code as
-    ``worldtrace generate`` (Rollout, DecodePipeline, :func:`~worldtrace_cli.jobs.sinks.finish_record`).
+    ``worldtrace generate`` (Rollout, DecodePipeline, :func:`~worldtrace_cli.engine.loop.finish_record`).
     Not thread-safe: call it from one thread at a time (``worldtrace play`` runs each session's
     steps on one worker thread).
 
@@ -164,7 +164,7 @@ class Session:
         """Condition and build the rollout at the first chunk (loopworld's start view is the pose
         after the first action row, so it waits for that row)."""
         from ..engine.loop import ChunkLoop
-        from ..jobs.sinks import RunSinks
+        from ..runs.sinks import RunSinks
 
         if self.preset.has_world and self.cfg.image is None:
             from PIL import Image

@@ -32,8 +32,10 @@ def open(preset: str = "loopworld", cache: str | None = None, *, checkpoint: str
         CheckpointError: missing checkpoint files. OutputError / FolderBusy: the record folder.
     """
     from ..config import RunConfig, default_cache, load_preset, memory_config
-    from ..jobs.inputs import check_image, check_writers
+    from ..images import load_image
+    from ..memory import build_writer
     from ..pipeline import Pipeline
+    from ..writer_options import check_memory
 
     resolved = load_preset(preset) if isinstance(preset, (str, Path)) else preset
     if resolved.is_lingbot:
@@ -43,16 +45,21 @@ def open(preset: str = "loopworld", cache: str | None = None, *, checkpoint: str
     try:
         memory = memory_config(preset=resolved, **options)
     except TypeError:
-        known = ", ".join(sorted(f for f in memory_config.__code__.co_varnames if f not in ("cache", "preset")))
+        from dataclasses import fields
+
+        from ..config import MemoryConfig
+
+        known = ", ".join(f.name for f in fields(MemoryConfig) if f.name != "cache")
         raise InputError(f"open: unknown writer option among {sorted(writer_options)} (known: {known})") from None
     for name, value in (("seed", seed), ("world_seed", world_seed)):
         if isinstance(value, bool) or not isinstance(value, int) or value < 0:
             raise InputError(f"open: {name} must be an integer >= 0, got {value!r}")
     if image is not None:
-        check_image(image, resolved.height, resolved.width)
+        load_image(image, (resolved.height, resolved.width))  # decoded now: a bad file is refused before the model
     elif not resolved.has_world:
         raise InputError(f"preset {resolved.name}: needs a conditioning image: open(..., image=PATH)")
-    check_writers([memory], resolved)
+    check_memory(memory, resolved.window, resolved.default_budget)  # torch-free first, as generate's checks
+    build_writer(memory, resolved.default_budget, resolved.window)  # a --bank-device this machine lacks
     cfg = RunConfig(preset=resolved, trajectory=Path("<session>"), output=Path("<session>"),
                     image=None if image is None else Path(image).resolve(), seed=seed, device=device, dtype=dtype,
                     checkpoint=None if checkpoint is None else Path(checkpoint).resolve(),
