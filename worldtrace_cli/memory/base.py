@@ -122,10 +122,12 @@ class CacheWriter:
     def set_poses(self, poses: torch.Tensor | None) -> None:
         """Give the writer every latent frame's camera pose for this rollout (after :meth:`reset`).
 
-        The rollout calls it once, before the first chunk, with the poses of all latent frames it
+        ``generate`` calls it once, before the first chunk, with the poses of all latent frames it
         will generate (the trajectory is known in advance: for MG2 dead-reckoned from the actions by
         the one motion model, :func:`~worldtrace_cli.world.motion.camera_to_world`; for LingBot its
-        camera-to-world poses). Writers read ``self.frame_poses[f]`` for latent frame f and never
+        camera-to-world poses); a live session (:class:`~worldtrace_cli.session.Session`) calls it
+        before every chunk with the poses known so far, a prefix of the same numbers (a writer
+        reads only the frames generated and the current chunk's). Writers read ``self.frame_poses[f]`` for latent frame f and never
         derive poses themselves. Not part of :meth:`state_dict` (rebuilt from the trajectory).
 
         Args:

@@ -246,7 +246,8 @@ class Session:
         """The KV cache as the latest chunk read it: its record's ``cache`` (``writer``, ``slots``
         as runs with role (recent | summary), source latent frames, virtual positions and offsets,
         ``events`` such as landmark detections and retrievals, ``kv_bytes``); None before the first
-        chunk. The next chunk's slots exist only once it begins (writers evict at ``begin_chunk``)."""
+        chunk. What the next chunk reads is decided when it begins (the recent window has already
+        moved at the last commit; retrieval writers pick their frames at ``begin_chunk``)."""
         return None if self._last_record is None else self._last_record["cache"]
 
     def truth(self, chunk: int | None = None) -> np.ndarray | None:
