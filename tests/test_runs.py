@@ -372,6 +372,8 @@ def test_ctrl_c_before_the_run_starts_claims_no_chunks(tmp_path, monkeypatch):
     result = CliRunner().invoke(main, ["generate", str(ROOT / "trajectories" / "aba.yaml"), "--preset", "tiny",
                                        "--image", str(ROOT / "assets" / "images" / "mg2_universal_0000.png"),
                                        "--chunks", "2", "-o", str(tmp_path / "run")])
-    assert result.exit_code == 131 and result.output.strip().splitlines()[-1] == "worldtrace: interrupted"
+    # issue 37: one Ctrl-C is a stop (130); 131 is a second Ctrl-C aborting a run
+    assert result.exit_code == 130 and result.output.strip().splitlines()[-1] == (
+        "worldtrace: stopped: interrupted while starting, before any chunk was generated")
     assert "finished chunk" not in result.output and "resume" not in result.output
     assert not (tmp_path / "run" / "chunks.jsonl").exists()

@@ -19,7 +19,9 @@ class EchoHandler(logging.Handler):
 
 def run_job(fn, *args, **kwargs):
     """Call ``fn``; print WorldtraceErrors as one line on stderr and exit with their code
-    (:mod:`worldtrace_cli.errors`); a bare KeyboardInterrupt exits 131."""
+    (:mod:`worldtrace_cli.errors`). A bare KeyboardInterrupt (one Ctrl-C before a run installed its
+    own handler: while torch and the model load) exits 130, as a stop; nothing was generated, so
+    nothing needs resuming. A second Ctrl-C during a run is the run's :class:`Aborted` (131)."""
     try:
         return fn(*args, **kwargs)
     except WorldtraceError as exc:
@@ -27,5 +29,5 @@ def run_job(fn, *args, **kwargs):
         click.echo(f"worldtrace: {kind}: {exc}", err=True)
         sys.exit(exc.exit_code)
     except KeyboardInterrupt:
-        click.echo("worldtrace: interrupted", err=True)
-        sys.exit(Aborted.exit_code)
+        click.echo("worldtrace: stopped: interrupted while starting, before any chunk was generated", err=True)
+        sys.exit(Interrupted.exit_code)

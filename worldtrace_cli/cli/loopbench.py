@@ -15,6 +15,9 @@ from .common import run_job
 from .options import CHUNKS, NonEmptyPath, device_options, memory_options, name_list, speed_config, speed_options
 
 _DEFAULT_CONFIGS = ",".join(n for n, c in CONFIGS.items() if c.tier in (1, 2, 3, 4))
+# the default sweep is quick (18 jobs on loopworld, minutes on a CPU); --full is the paper's (1,440 jobs, hours)
+QUICK = {"configs": ["aba", "abca", "pan_90"], "worlds": "0-1", "seeds": "0"}
+FULL = {"configs": _DEFAULT_CONFIGS.split(","), "worlds": "0-7", "seeds": "0,42,123,456,789"}
 
 
 @click.group("loopbench")
@@ -32,7 +35,11 @@ def loopbench():
 @click.option("--preset", default="loopworld", show_default=True, metavar="NAME|FILE",
               help="Model preset (loopworld = the trained embedded world on CPU, scored against ground truth; "
                    "tiny = random weights; mg2-universal with --checkpoint).")
-@click.option("--configs", default=_DEFAULT_CONFIGS, show_default="the 12 configurations of tiers 1-4",
+@click.option("--full", is_flag=True,
+              help="The paper's sweep: the 12 configurations of tiers 1-4, worlds 0-7, seeds 0,42,123,456,789 "
+                   "(1,440 jobs with the default writers: hours on a CPU). Default: a quick sweep of aba, abca, "
+                   "pan_90 x worlds 0-1 x seed 0 (18 jobs). --configs, --worlds and --seeds override either.")
+@click.option("--configs", default=None, show_default="aba,abca,pan_90 (--full: the 12 of tiers 1-4)",
               callback=name_list,
               help="Comma-separated LoopBench configurations (e.g. aba,abca,aba_n64) or trajectory .yaml files. "
                    f"Known: {', '.join(CONFIGS)}.")
@@ -42,8 +49,8 @@ def loopbench():
 @click.option("--images", default=None, metavar="DIR|A.png,B.png",
               help="Conditioning images (one scene each): every image in a folder, or a comma list.")
 @click.option("--worlds", default=None, metavar="0-7|0,3,5",
-              help="Procedural worlds as scenes (loopworld; default 0-7 when no --images is given).")
-@click.option("--seeds", default="0,42,123,456,789", show_default=True, help="Comma-separated noise seeds.")
+              help="Procedural worlds as scenes (loopworld; default 0-1, --full 0-7, when no --images is given).")
+@click.option("--seeds", default=None, show_default="0 (--full: 0,42,123,456,789)", help="Comma-separated noise seeds.")
 @click.option("--chunks", type=CHUNKS, default=None,
               help="Override every rollout's length in chunks (smoke tests; truncation can remove the revisit, "
                    "and then PAC). Default: each configuration's own N.")
@@ -61,9 +68,11 @@ def loopbench():
 @speed_options
 @click.option("-o", "--output", type=NonEmptyPath(path_type=Path), required=True, metavar="DIR",
               help="Sweep folder: DIR/<config>/<cache>/<image>/seed<N>/ per job, DIR/failures.jsonl.")
-def run_cmd(preset, configs, caches, images, worlds, seeds, chunks, metrics, shard, device, dtype, checkpoint,
+def run_cmd(preset, full, configs, caches, images, worlds, seeds, chunks, metrics, shard, device, dtype, checkpoint,
             random_weights, progress, rope_precision, compile_mode, overlap_decode, output, **memory):
-    """Generate a LoopBench sweep: every configuration x writer x image x seed.
+    """Generate a LoopBench sweep: every configuration x writer x image x seed. By default a quick
+    one (aba, abca, pan_90 x sliding, field, landmark x worlds 0-1 x seed 0: 18 jobs); --full runs
+    the paper's (1,440 jobs).
 
     Jobs whose folder holds a complete run are skipped, so rerunning the same command resumes a
     killed sweep: an unfinished job continues from its resume state when it saved one (on SIGTERM
@@ -93,9 +102,11 @@ def run_cmd(preset, configs, caches, images, worlds, seeds, chunks, metrics, sha
             raise InputError(f"--images: required with preset {preset} (only procedural-world presets take --worlds)")
         if worlds is not None and not world_preset:
             raise InputError(f"--worlds: preset {preset} has no procedural world (use --images)")
-        world_list = plan.parse_worlds(worlds or "0-7") if worlds is not None or images is None else []
-        jobs = plan.plan_jobs(configs, caches, plan.resolve_images(images) if images else [],
-                                plan.parse_seeds(seeds), scratch=output / ".trajectories", worlds=world_list)
+        sweep = FULL if full else QUICK
+        world_list = plan.parse_worlds(worlds or sweep["worlds"]) if worlds is not None or images is None else []
+        jobs = plan.plan_jobs(configs or sweep["configs"], caches, plan.resolve_images(images) if images else [],
+                              plan.parse_seeds(seeds or sweep["seeds"]), scratch=output / ".trajectories",
+                              worlds=world_list)
         rank, world, env_device = plan.shard_from_env()
         index, count = plan.combine_shards(plan.parse_shard(shard), (rank, world))
         mine = plan.shard(jobs, index, count)
@@ -117,21 +128,25 @@ def run_cmd(preset, configs, caches, images, worlds, seeds, chunks, metrics, sha
 @click.argument("sweep_dir", type=click.Path(path_type=Path), metavar="DIR")
 @click.option("-o", "--output", type=NonEmptyPath(path_type=Path), default=None, metavar="DEST",
               help="Folder for the report (default: DIR).")
-def report_cmd(sweep_dir, output):
+@click.option("--print", "print_markdown", is_flag=True,
+              help="Print report.md on stdout instead of its path.")
+def report_cmd(sweep_dir, output, print_markdown):
     """Aggregate the complete runs of a sweep folder DIR into report.md / .csv / .json and plots.
 
     Tables as the paper's Tab. "loopbench_full": rows = writer, columns = tier or configuration,
     entries PAC / TempSSIM (and on loopworld the return legs' GT-PSNR and GT detail) as mean ± 95% CI
     over scenes (seeds averaged per scene first), with a paired t-test against sliding over matched
     (configuration, scene, seed) runs. Plots:
-    pac_vs_chunks.png (ABA loops, PAC vs N per writer) and tiers.png (per-tier bars).
+    pac_vs_chunks.png (ABA loops, PAC vs N per writer) and tiers.png (per-tier bars). Prints the
+    path of report.md on stdout (--print: its Markdown).
     """
 
     def job():
         from ..loopbench.report import report
 
         paths = report(sweep_dir, output)
-        click.echo(paths["report.md"].read_text(encoding="utf-8"))
         click.echo(f"worldtrace: wrote {', '.join(str(p) for p in paths.values())}", err=True)
+        # stdout: one line for scripts (the report's path), or the Markdown itself with --print
+        click.echo(paths["report.md"].read_text(encoding="utf-8") if print_markdown else str(paths["report.md"]))
 
     run_job(job)

@@ -28,7 +28,7 @@ def world():
 def render_cmd(trajectory, world_seed, chunks, preset, output, no_progress):
     """Render the true frames of TRAJECTORY: DIR/video.mp4 (one frame per action row, as `generate`
     lays them out) and DIR/poses.json (x, y, yaw_deg, pitch_deg of every pixel frame, from the
-    project's one motion model)."""
+    project's one motion model). Prints DIR on stdout."""
 
     def job():
         from ..config import load_preset
@@ -54,5 +54,6 @@ def render_cmd(trajectory, world_seed, chunks, preset, output, no_progress):
             "poses": [[round(v, 6) for v in row] for row in truth.poses.tolist()]}, indent=None)
         click.echo(f"worldtrace: wrote {output}/video.mp4 ({len(truth.poses)} frames of world {world_seed}) "
                    f"and poses.json", err=True)
+        click.echo(str(output))  # stdout: the folder, for scripts
 
     run_job(job)

@@ -17,6 +17,7 @@ from __future__ import annotations
 import logging
 import sys
 import time
+from contextlib import contextmanager
 from dataclasses import replace
 from pathlib import Path
 
@@ -29,6 +30,17 @@ from .inputs import RunInputs, check_inputs, prepare_inputs
 from .sinks import RunSinks, StopFlag
 
 log = logging.getLogger("worldtrace")
+
+
+@contextmanager
+def stage(label: str, level: int = logging.INFO):
+    """Log a start-up stage so the seconds before the first chunk are not silent: ``<label> ...``
+    when it starts and ``<label> ... 3.1 s`` when it ends (on stderr through the CLI; ``level``
+    DEBUG for the runs of compare and LoopBench, which share one loaded model and log per job)."""
+    log.log(level, f"{label} ...")
+    start = time.perf_counter()
+    yield
+    log.log(level, f"{label} ... {time.perf_counter() - start:.1f} s")
 
 
 def run_generation(cfg, resume: bool = False, pipeline=None) -> dict:
@@ -60,7 +72,9 @@ def run_generation(cfg, resume: bool = False, pipeline=None) -> dict:
         traj = check_inputs(cfg)
         folder.refuse_occupied(cfg.overwrite)
     ffmpeg_exe()  # the MP4 needs it: fail before the run folder is touched or a model loaded
-    inputs = prepare_inputs(cfg, traj)
+    level = logging.INFO if pipeline is None else logging.DEBUG  # a batch job's runs: only -v shows their stages
+    with stage("reading the inputs (importing torch, rendering the start view)", level):
+        inputs = prepare_inputs(cfg, traj)
     with folder.lock("generate --resume" if resume else "generate"):
         if not resume:
             folder.prepare(cfg.overwrite)
@@ -79,13 +93,15 @@ def _generate(cfg, inputs: RunInputs, folder: RunFolder, resume: bool, pipeline,
     plan, preset = inputs.plan, cfg.preset
     loaded_here = pipeline is None or not pipeline.serves(cfg)
     if loaded_here:
-        pipeline = Pipeline.from_config(cfg)
+        with stage(f"loading {preset.name}"):
+            pipeline = Pipeline.from_config(cfg)
     writer = pipeline.build_writer(cfg.memory)
     t0 = time.perf_counter()
-    if preset.is_lingbot:  # a prompt and camera poses besides the image
-        conditioned = pipeline.condition(inputs.image, plan.num_chunks, inputs.lingbot)
-    else:
-        conditioned = pipeline.condition(inputs.image, plan.num_chunks)
+    with stage(f"conditioning on {inputs.image_label}", logging.INFO if loaded_here else logging.DEBUG):
+        if preset.is_lingbot:  # a prompt and camera poses besides the image
+            conditioned = pipeline.condition(inputs.image, plan.num_chunks, inputs.lingbot)
+        else:
+            conditioned = pipeline.condition(inputs.image, plan.num_chunks)
     cond_s = time.perf_counter() - t0
     device = pipeline.device
     if device.type == "cuda":

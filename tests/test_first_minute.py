@@ -1,0 +1,55 @@
+"""Issue 37: a newcomer's first minute. The start-up stages say what they do and how long they took,
+each command prints one scriptable line on stdout (what it wrote) with the long output in files, and
+`loopbench run` starts with a quick sweep (--full: the paper's)."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from types import SimpleNamespace
+
+from click.testing import CliRunner
+
+from worldtrace_cli.cli import main
+
+ROOT = Path(__file__).parent.parent
+IMAGE = ROOT / "assets" / "images" / "mg2_universal_0000.png"
+ABA = ROOT / "trajectories" / "aba.yaml"
+
+
+def test_start_up_stages_are_logged_with_their_seconds(tmp_path):
+    result = CliRunner().invoke(main, ["generate", "--preset", "tiny", "--image", str(IMAGE), str(ABA), "--chunks", "1",
+                                       "-o", str(tmp_path / "run"), "--no-progress"])
+    assert result.exit_code == 0, result.output
+    for stage in (r"reading the inputs \(importing torch, rendering the start view\)", r"loading tiny",
+                  r"conditioning on .*mg2_universal_0000\.png"):
+        assert re.search(rf"^worldtrace: {stage} \.\.\.$", result.output, re.M), result.output  # at once
+        assert re.search(rf"^worldtrace: {stage} \.\.\. \d+\.\d s$", result.output, re.M), result.output  # when done
+
+
+def test_world_render_prints_its_folder(tmp_path):
+    out = tmp_path / "truth"
+    result = CliRunner().invoke(main, ["world", "render", str(ABA), "--chunks", "1", "-o", str(out), "--no-progress"])
+    assert result.exit_code == 0, result.output
+    assert result.stdout.strip() == str(out) and (out / "video.mp4").is_file()
+
+
+def _planned(monkeypatch, tmp_path, *args) -> int:
+    import worldtrace_cli.jobs.loopbench as jobs
+
+    seen = {}
+
+    def run_jobs(mine, output, **kwargs):
+        seen["jobs"] = mine
+        return SimpleNamespace(done=len(mine), skipped=0, failed=0)
+
+    monkeypatch.setattr(jobs, "run_jobs", run_jobs)
+    result = CliRunner().invoke(main, ["loopbench", "run", *args, "-o", str(tmp_path / "lb")])
+    assert result.exit_code == 0, result.output
+    return len(seen["jobs"])
+
+
+def test_loopbench_run_defaults_to_a_quick_sweep(monkeypatch, tmp_path):
+    assert _planned(monkeypatch, tmp_path) == 3 * 3 * 2 * 1  # aba, abca, pan_90 x 3 writers x worlds 0-1 x seed 0
+    assert _planned(monkeypatch, tmp_path, "--full") == 12 * 3 * 8 * 5  # the paper's sweep
+    assert _planned(monkeypatch, tmp_path, "--full", "--seeds", "0") == 12 * 3 * 8  # options still override
