@@ -8,14 +8,17 @@ Exit codes (documented in the README, section "When things go wrong"):
 ==== ===================================================================
 0    success
 1    internal error (a bug: please report it with the traceback)
-2    bad input: command-line usage, trajectory file, image, preset, flags
+2    bad input: command-line usage, trajectory file, image, preset (also one too large for the
+     machine's memory), flags, a damaged resume state
 3    checkpoint: missing file, wrong/missing/extra keys, shapes, dtypes
-4    output: folder not writable, already holds a finished run, disk full
+4    output: folder not writable (or its lock file), a file where a folder belongs, already holds a
+     finished run, a video that lost frames while the run wrote it, disk full
 5    run failure: non-finite latents, memory cap reached
 6    run folder busy: another worldtrace process holds its lock (the holder is named)
 7    run folder inconsistent: its records contradict each other or the video
-130  stopped (Ctrl-C / SIGTERM) with a resume state saved: ``--resume`` continues it
-131  stopped without a resume state (a second Ctrl-C, a stop before the first chunk)
+130  stopped (Ctrl-C / SIGTERM): with a resume state saved, ``--resume`` continues it; during
+     start-up nothing was generated
+131  stopped without a resume state (a second Ctrl-C during a run, a stop before the first chunk)
 ==== ===================================================================
 """
 
