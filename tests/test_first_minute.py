@@ -53,3 +53,26 @@ def test_loopbench_run_defaults_to_a_quick_sweep(monkeypatch, tmp_path):
     assert _planned(monkeypatch, tmp_path) == 3 * 3 * 2 * 1  # aba, abca, pan_90 x 3 writers x worlds 0-1 x seed 0
     assert _planned(monkeypatch, tmp_path, "--full") == 12 * 3 * 8 * 5  # the paper's sweep
     assert _planned(monkeypatch, tmp_path, "--full", "--seeds", "0") == 12 * 3 * 8  # options still override
+
+
+def test_repeated_warnings_are_said_once_with_what_to_do_and_recorded(tmp_path, monkeypatch):
+    """Every field run on MG2's window read offsets past the trained 5 and every aba.yaml run on
+    loopworld replaced the trajectory's image: said once per process now, with what to do, and
+    recorded in each run's summary.json."""
+    import json
+
+    from worldtrace_cli.jobs import inputs
+
+    monkeypatch.setattr(inputs, "_SAID", set())
+    outputs = []
+    for name in ("a", "b"):
+        result = CliRunner().invoke(main, ["generate", str(ABA), "--cache", "field", "--chunks", "3", "-o",
+                                           str(tmp_path / name), "--no-progress"])
+        assert result.exit_code == 0, result.output
+        outputs.append(result.output)
+        warnings = json.loads((tmp_path / name / "summary.json").read_text())["warnings"]
+        assert len(warnings) == 2, warnings
+        assert "start image is world 0's view" in warnings[0] and "pass --image" in warnings[0]
+        assert "trained to 5" in warnings[1] and "--budget 3 keeps every offset" in warnings[1]
+    assert "trained to 5" in outputs[0] and "start image is world 0" in outputs[0]
+    assert "trained to 5" not in outputs[1] and "start image is world 0" not in outputs[1]

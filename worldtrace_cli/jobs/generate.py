@@ -43,6 +43,24 @@ def stage(label: str, level: int = logging.INFO):
     log.log(level, f"{label} ... {time.perf_counter() - start:.1f} s")
 
 
+def offset_warning(writer: str, max_offset, trained: int, frames_per_chunk: int, budget) -> list[str]:
+    """``[note]`` when the run read its cache at query-key temporal offsets (latent frames) past the
+    model's trained ``trained`` (WorldTrace writers' default 6 past slots reach 8 on MG2, trained to
+    5), with what to do; logged once per process (:func:`~worldtrace_cli.jobs.inputs.warn_once`);
+    ``[]`` otherwise."""
+    from .inputs import warn_once
+
+    if max_offset is None or max_offset <= trained:
+        return []
+    fits = trained - frames_per_chunk + 1  # past slots whose offsets stay within the trained window
+    slots = f"{budget} past slots" if budget else "the writer's default past slots"
+    text = (f"{writer} read the cache at query-key offsets up to {max_offset} latent frames; the model was trained "
+            f"to {trained}: expected with {slots} (README: 'Memory writers'); --budget {fits} keeps every offset "
+            f"within the trained window, with fewer memory slots")
+    warn_once(f"offsets {writer} {max_offset}", text)
+    return [text]
+
+
 def run_generation(cfg, resume: bool = False, pipeline=None) -> dict:
     """Run ``worldtrace generate``; returns the summary also written to ``summary.json``.
 
@@ -139,6 +157,8 @@ def _generate(cfg, inputs: RunInputs, folder: RunFolder, resume: bool, pipeline,
             "cache": {**writer.describe(), "kv_bytes": writer.kv_bytes(), "host_bytes": writer.host_bytes(),
                       "trained_offset": rollout.geometry.trained_offset, "max_offset": sinks.max_offset()},
             "metrics": scorer.summary(plan) if status == "complete" else None,
+            "warnings": inputs.warnings + offset_warning(writer.name, sinks.max_offset(), rollout.geometry.trained_offset,
+                                                         preset.frames_per_chunk, cfg.memory.budget),
             "totals": sinks.totals(plan.num_chunks if status == "complete" else len(sinks.records),
                                    pipeline.load_seconds, cond_s, cfg.overlap_decode, started, device,
                                    # the wall clock splits into phases only for one whole run in this process
@@ -193,9 +213,6 @@ def _generate(cfg, inputs: RunInputs, folder: RunFolder, resume: bool, pipeline,
                               f"while the run wrote it?); chunks.jsonl has every chunk, the video does not: "
                               f"run again with --overwrite")
         result = summary("complete")
-        if (result["cache"]["max_offset"] or 0) > rollout.geometry.trained_offset:
-            log.info(f"{writer.name} read the cache at query-key offsets up to {result['cache']['max_offset']} latent "
-                     f"frames; the model was trained to {rollout.geometry.trained_offset}")
         write_json_atomic(folder.summary_path, result)
         folder.clear_state()
         return result

@@ -11,7 +11,7 @@ import hashlib
 import logging
 import re
 import warnings
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..errors import InputError, OutputError
@@ -32,6 +32,8 @@ class RunInputs:
         hashes: ``trajectory_sha256`` and ``image_sha256`` (a resume refuses changed inputs); with
             LingBot pose files also ``poses_sha256`` / ``intrinsics_sha256``.
         lingbot: a LingBot preset's :class:`~worldtrace_cli.model.lingbot.inputs.LingbotInputs`, else None.
+        warnings: what the run should be told about its inputs, with what to do (recorded in
+            ``summary.json``'s ``warnings``; logged once per process by :func:`warn_once`).
     """
 
     plan: object
@@ -41,6 +43,19 @@ class RunInputs:
     seed: int
     hashes: dict
     lingbot: object = None
+    warnings: list = field(default_factory=list)
+
+
+_SAID: set[str] = set()
+
+
+def warn_once(key: str, message: str) -> None:
+    """Log ``message`` (INFO, on stderr through the CLI) the first time this process meets ``key``:
+    compare and LoopBench run many jobs in one process, and a note that holds for all of them is said
+    once, not once per job. Each run still records its own in ``summary.json``'s ``warnings``."""
+    if key not in _SAID:
+        _SAID.add(key)
+        log.info(message)
 
 
 def sha256_file(path: str | Path) -> str:
@@ -207,7 +222,7 @@ def prepare_inputs(cfg, traj=None) -> RunInputs:
     plan = plan_actions(traj, cfg.chunks, preset.frames_per_chunk)
     for note in plan.notes:
         log.info(note)
-    truth = None
+    truth, warnings = None, []
     if preset.has_world and cfg.image is None:
         from PIL import Image
 
@@ -215,8 +230,9 @@ def prepare_inputs(cfg, traj=None) -> RunInputs:
 
         truth = GroundTruth(cfg.world_seed, plan, preset.height, preset.width)
         if traj.image is not None:
-            log.info(f"preset {preset.name}: the start image is world {cfg.world_seed}'s view, not the "
-                     f"trajectory's image (--image overrides, without ground truth)")
+            warnings.append(f"preset {preset.name}: the start image is world {cfg.world_seed}'s view, not the "
+                            f"trajectory's image {traj.image} (that is what makes ground truth possible; pass "
+                            f"--image to condition on the trajectory's image instead, without ground truth)")
         start_view = truth.start_image()
         image, label = Image.fromarray(start_view), f"world:{cfg.world_seed}"
         image_sha = hashlib.sha256(start_view.tobytes()).hexdigest()
@@ -241,4 +257,6 @@ def prepare_inputs(cfg, traj=None) -> RunInputs:
                              f"({plan.num_frames}): " + (f"use --chunks {fit} or fewer" if fit else "too few for one chunk"))
         hashes.update({f"{name}_sha256": sha256_file(path) for name, path in (("poses", poses),
                                                                               ("intrinsics", intrinsics)) if path})
-    return RunInputs(plan, image, label, truth, seed, hashes, lingbot)
+    for text in warnings:
+        warn_once(text.split(":", 1)[0] + ": start image", text)
+    return RunInputs(plan, image, label, truth, seed, hashes, lingbot, warnings)
