@@ -597,6 +597,22 @@ def test_report_has_a_ground_truth_column(tmp_path, summaries_only):
     assert cell["gt_return_detail"]["mean"] == pytest.approx(0.28) and cell["gt_return_detail"]["scenes"] == 3
 
 
+def test_report_leads_with_ground_truth_and_prints_no_impossible_interval(tmp_path, summaries_only):
+    """Issue 37: the report led with PAC (which does not track ground truth here) and, over two
+    scenes, printed intervals past what a metric can take (PAC above 1, GT detail below 0)."""
+    out = tmp_path / "two"
+    for scene, (pac, gt, detail) in {"world0": (0.99, 14.0, 0.02), "world1": (0.40, 15.0, 0.60)}.items():
+        write_run(out, "aba", "sliding", scene, 0, pac, 0.8, gt=gt, detail=detail)
+    report(out)
+    md = (out / "report.md").read_text()
+    assert "Entries: GT-PSNR on return legs (dB) / GT detail on return legs / PAC / TempSSIM" in md
+    line = next(ln for ln in md.splitlines() if ln.startswith("| sliding |"))
+    psnr, detail, pac, ssim = line.strip(" |").split(" | ")[1].split(" / ")
+    assert psnr.startswith("14.500 ± ")  # 14.5 +- 6.4 dB stays above 0
+    assert detail == "0.310 (too few scenes for an interval)" and pac == "0.695 (too few scenes for an interval)"
+    assert ssim == "0.800 ± 0.000"
+
+
 def test_report_of_runs_before_gt_detail_has_no_detail_entry(tmp_path, summaries_only):
     """Runs scored before GT detail existed (no return-leg detail) keep the three entries: no column
     of dashes."""

@@ -10,6 +10,9 @@ GT_DETAIL = "gt_return_detail"  # generated over true neighbouring-pixel differe
 GT_METRICS = (GT_METRIC, GT_DETAIL)
 METRIC_NAMES = {"pac": "PAC", "temp_ssim": "TempSSIM", GT_METRIC: "GT-PSNR on return legs (dB)",
                 GT_DETAIL: "GT detail on return legs"}
+# the values each metric can take (None: unbounded): PAC and TempSSIM are cosine / SSIM in [-1, 1],
+# PSNR and the detail ratio are >= 0; a confidence interval reaching past them says too little data
+METRIC_RANGE = {"pac": (-1.0, 1.0), "temp_ssim": (-1.0, 1.0), GT_METRIC: (0.0, None), GT_DETAIL: (0.0, None)}
 
 TIER_TITLES = {1: "Tier 1: topology", 2: "Tier 2: rollout length (ABA)", 3: "Tier 3: camera orientation",
                4: "Tier 4: multi-revisit", "sweep": "ABA sweep", "custom": "Custom trajectories"}
@@ -21,4 +24,4 @@ def writers_of(rows: list[dict]) -> list[str]:
     return sorted({r["cache"] for r in rows}, key=lambda w: (w != BASELINE, w))
 
 
-__all__ = ["BASELINE", "GT_DETAIL", "GT_METRIC", "GT_METRICS", "METRICS", "METRIC_NAMES", "TIER_ORDER", "TIER_TITLES", "writers_of"]
+__all__ = ["BASELINE", "GT_DETAIL", "GT_METRIC", "GT_METRICS", "METRICS", "METRIC_NAMES", "METRIC_RANGE", "TIER_ORDER", "TIER_TITLES", "writers_of"]

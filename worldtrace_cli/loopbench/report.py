@@ -21,7 +21,8 @@ from ..runs import RunFolder
 from ..schemas import SCHEMA_VERSION
 from ..trajectory import frames_for_chunks
 from .configs import CONFIGS
-from .names import BASELINE, GT_DETAIL, GT_METRIC, GT_METRICS, METRIC_NAMES, METRICS, TIER_ORDER, TIER_TITLES, writers_of
+from .names import (BASELINE, GT_DETAIL, GT_METRIC, GT_METRICS, METRIC_NAMES, METRIC_RANGE, METRICS, TIER_ORDER,
+                    TIER_TITLES, writers_of)
 from .plots import plot_pac_vs_chunks, plot_tiers
 from .plan import FAILED_NAME
 
@@ -32,9 +33,10 @@ ROW_FIELDS = ("config", "tier", "cache", "image", "seed", "chunks", "pac", "temp
 
 
 def metrics_of(rows: list[dict]) -> tuple[str, ...]:
-    """The table's entries: PAC / TempSSIM, plus each return-leg ground-truth metric (GT-PSNR, GT
-    detail) that any run has (runs of a procedural world; GT detail since 2026-11-26)."""
-    return METRICS + tuple(m for m in GT_METRICS if any(r.get(m) is not None for r in rows))
+    """The table's entries: each return-leg ground-truth metric (GT-PSNR, GT detail) that any run has
+    (runs of a procedural world; GT detail since 2026-11-26), first, then PAC / TempSSIM (PAC with the
+    tiny CLIP tower does not track ground truth: README)."""
+    return tuple(m for m in GT_METRICS if any(r.get(m) is not None for r in rows)) + METRICS
 
 
 def tier_of(config: str) -> int | str:
@@ -200,10 +202,22 @@ def aggregate(rows: list[dict]) -> dict:
 # --------------------------------------------------------------------------- Markdown
 
 
-def _num(stat: dict) -> str:
+TOO_FEW = "too few scenes for an interval"
+
+
+def _num(stat: dict, metric: str | None = None) -> str:
+    """``mean ± ci``; ``mean (too few scenes for an interval)`` when the interval reaches values
+    ``metric`` cannot take (:data:`~worldtrace_cli.loopbench.names.METRIC_RANGE`: PAC above 1, GT
+    detail below 0), which a t-interval over two or three scenes easily does."""
     if stat["mean"] is None:
         return "—"
-    return f"{stat['mean']:.3f}" + (f" ± {stat['ci']:.3f}" if stat["ci"] is not None else "")
+    mean, ci = stat["mean"], stat["ci"]
+    if ci is None:
+        return f"{mean:.3f}"
+    low, high = METRIC_RANGE.get(metric, (None, None))
+    if (low is not None and mean - ci < low) or (high is not None and mean + ci > high):
+        return f"{mean:.3f} ({TOO_FEW})"
+    return f"{mean:.3f} ± {ci:.3f}"
 
 
 def _p(stat: dict) -> str:
@@ -239,7 +253,7 @@ def _grid(cells: list[dict], column_key: str, columns: list, titles: dict, write
         row = [w]
         for col in columns:
             c = index.get((w, col))
-            row.append(" / ".join(_num(c[m]) for m in metrics) if c else "—")
+            row.append(" / ".join(_num(c[m], m) for m in metrics) if c else "—")
             if with_p[col]:
                 row.append(" / ".join(_p(c[m]) for m in metrics) if c and w != BASELINE else "—")
         body.append(row)
@@ -273,7 +287,8 @@ def markdown(rows: list[dict], agg: dict, failed: list[dict], out_dir: Path) -> 
         f"Entries: {names} ("
         + ("higher is better; GT detail: nearer 1 is better" if GT_DETAIL in metrics else "all higher is better")
         + "), mean ± 95% CI half-width over scenes (each scene "
-        "averaged over its seeds first; t-distribution; no CI with one scene). p vs sliding: paired t-test "
+        f"averaged over its seeds first; t-distribution; no CI with one scene; \"{TOO_FEW}\" where the "
+        "interval would reach values the metric cannot take). p vs sliding: paired t-test "
         f"over runs matched on (configuration, scene, seed), in the same order; — with fewer than 2 pairs."
         + (" GT-PSNR: generated vs true frames (the world rendered at the same poses), over the chunks that "
            "return to a place seen before." if GT_METRIC in metrics else "")
