@@ -76,3 +76,40 @@ def test_repeated_warnings_are_said_once_with_what_to_do_and_recorded(tmp_path, 
         assert "trained to 5" in warnings[1] and "--budget 3 keeps every offset" in warnings[1]
     assert "trained to 5" in outputs[0] and "start image is world 0" in outputs[0]
     assert "trained to 5" not in outputs[1] and "start image is world 0" not in outputs[1]
+
+
+def test_compare_shows_one_overall_bar_on_a_terminal_and_prints_one_line(tmp_path):
+    """compare ran for minutes without any progress unless --progress; on a terminal it now shows one
+    overall bar (runs done) by default, and stdout is the path of compare.md, not the whole table."""
+    import os
+    import pty
+    import subprocess
+    import sys
+
+    import fcntl
+    import struct
+    import termios
+
+    out = tmp_path / "cmp"
+    master, slave = pty.openpty()
+    fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", 24, 100, 0, 0))  # a terminal 100 columns wide
+    proc = subprocess.Popen([sys.executable, "-m", "worldtrace_cli", "compare", str(ABA), "--preset", "tiny", "--image",
+                             str(IMAGE), "--cache", "sliding,field", "--chunks", "1", "--metrics", "fast", "-o", str(out)],
+                            stdout=subprocess.PIPE, stderr=slave, text=True)
+    os.close(slave)
+    err = b""
+    while True:
+        try:
+            chunk = os.read(master, 4096)
+        except OSError:  # the child closed the terminal
+            break
+        if not chunk:
+            break
+        err += chunk
+    stdout = proc.stdout.read()
+    assert proc.wait(timeout=300) == 0, err.decode(errors="replace")
+    os.close(master)
+    text = err.decode(errors="replace")
+    assert "compare: 100%" in text and "2/2" in text, text
+    assert "chunk/s" not in text  # no per-chunk bars by default
+    assert stdout.strip() == str(out / "compare.md")

@@ -7,7 +7,8 @@ from pathlib import Path
 import click
 
 from .common import run_job
-from .options import CHUNKS, NonEmptyPath, SEED, device_options, memory_options, name_list, speed_config, speed_options
+from .options import (CHUNKS, SEED, NonEmptyPath, device_options, memory_options, name_list, overall_progress,
+                      speed_config, speed_options)
 
 
 @click.command("compare")
@@ -36,14 +37,18 @@ from .options import CHUNKS, NonEmptyPath, SEED, device_options, memory_options,
 @click.option("-o", "--output", type=NonEmptyPath(path_type=Path), default=None, metavar="DIR",
               help="Output folder (default: runs/compare-<trajectory>).")
 @click.option("--overwrite", is_flag=True, help="Replace a comparison or runs already in DIR.")
-@click.option("--progress/--no-progress", default=False, show_default=True, help="Per-chunk progress bars (one per run).")
+@click.option("--progress/--no-progress", default=None,
+              help="Default: one overall progress bar (runs done) on stderr when it is a terminal; --progress adds "
+                   "every run's per-chunk bar; --no-progress shows none.")
+@click.option("--print", "print_markdown", is_flag=True, help="Print compare.md on stdout instead of its path.")
 @click.option("--scale", type=click.IntRange(1, 8), default=1, show_default=True,
               help="Upscale the panels of compare.mp4 / compare.png by this integer factor (nearest "
                    "neighbour), e.g. 3 for the 176x96 loopworld and tiny models.")
 @memory_options
 @speed_options
 def compare(trajectory, caches, preset, checkpoint, random_weights, image, seed, world_seed, chunks, hud, metrics,
-            device, dtype, output, overwrite, progress, scale, rope_precision, compile_mode, overlap_decode, **memory):
+            device, dtype, output, overwrite, progress, print_markdown, scale, rope_precision, compile_mode, overlap_decode,
+            **memory):
     """Run TRAJECTORY through several cache writers and show them side by side.
 
     Each writer runs with the same image, seed and actions into DIR/<cache>/ (a normal run folder);
@@ -51,7 +56,7 @@ def compare(trajectory, caches, preset, checkpoint, random_weights, image, seed,
     panel labelled, with an optional HUD of the keys and mouse of the current pixel frame, and
     DIR/compare.png shows a few frames of each (loopworld: the true frames first).
     DIR/compare.md and compare.json list per writer s/chunk, peak RSS / GPU memory, KV-cache bytes
-    and the metrics.
+    and the metrics. Prints the path of compare.md on stdout (--print: its Markdown).
 
     \b
     Example (CPU, the embedded loopworld model, scored against the true render):
@@ -61,11 +66,13 @@ def compare(trajectory, caches, preset, checkpoint, random_weights, image, seed,
 
     def job():
         out = output or Path("runs") / f"compare-{trajectory.stem}"
+        overall, per_chunk = overall_progress(progress)
         result = run_compare(trajectory, caches, out, preset, image,
                              seed, chunks, hud, metrics, device, dtype, checkpoint, random_weights, overwrite,
-                             progress, speed_config(rope_precision, compile_mode, overlap_decode), world_seed,
-                             memory, scale)
-        click.echo(compare_markdown(result))
+                             per_chunk, speed_config(rope_precision, compile_mode, overlap_decode), world_seed,
+                             memory, scale, overall=overall)
         click.echo(f"worldtrace: wrote {out / 'compare.mp4'}, compare.md, compare.json", err=True)
+        # stdout: one line for scripts (the table's file), or the Markdown itself with --print
+        click.echo(compare_markdown(result) if print_markdown else str(out / "compare.md"))
 
     run_job(job)

@@ -12,7 +12,8 @@ import click
 
 from ..loopbench.configs import CONFIGS
 from .common import run_job
-from .options import CHUNKS, NonEmptyPath, device_options, memory_options, name_list, speed_config, speed_options
+from .options import (CHUNKS, NonEmptyPath, device_options, memory_options, name_list, overall_progress, speed_config,
+                      speed_options)
 
 _DEFAULT_CONFIGS = ",".join(n for n, c in CONFIGS.items() if c.tier in (1, 2, 3, 4))
 # the default sweep is quick (18 jobs on loopworld, minutes on a CPU); --full is the paper's (1,440 jobs, hours)
@@ -62,8 +63,9 @@ def loopbench():
 @click.option("--checkpoint", type=click.Path(path_type=Path), default=None, metavar="DIR",
               help="Official Matrix-Game-2.0 folder (for the mg2-* presets).")
 @click.option("--random-weights", is_flag=True, help="Run a checkpoint preset with seeded random weights.")
-@click.option("--progress/--no-progress", default=False, show_default=True,
-              help="A per-chunk progress bar for every job (off: one log line per job).")
+@click.option("--progress/--no-progress", default=None,
+              help="Default: one overall progress bar (jobs done) on stderr when it is a terminal, and one log "
+                   "line per job; --progress adds every job's per-chunk bar; --no-progress shows none.")
 @memory_options
 @speed_options
 @click.option("-o", "--output", type=NonEmptyPath(path_type=Path), required=True, metavar="DIR",
@@ -112,9 +114,10 @@ def run_cmd(preset, full, configs, caches, images, worlds, seeds, chunks, metric
         mine = plan.shard(jobs, index, count)
         log = logging.getLogger("worldtrace")
         log.info(f"loopbench: {len(mine)} of {len(jobs)} jobs (shard {index}/{count}) into {output}")
+        overall, per_chunk = overall_progress(progress)
         counts = run_jobs(mine, output, preset=preset, device=env_device if device == "auto" and env_device
                           else device, dtype=dtype, metrics=metrics, chunks=chunks, checkpoint=checkpoint,
-                          random_weights=random_weights, progress=progress,
+                          random_weights=random_weights, progress=per_chunk, overall=overall,
                           speed=speed_config(rope_precision, compile_mode, overlap_decode), memory=memory)
         click.echo(f"worldtrace: loopbench shard {index}/{count}: {counts.done} done, {counts.skipped} skipped, "
                    f"{counts.failed} failed", err=True)

@@ -25,6 +25,17 @@ class NonEmptyPath(click.Path):
         return super().convert(value, param, ctx)
 
 
+def overall_progress(value) -> tuple[bool, bool]:
+    """``--progress/--no-progress`` of compare and loopbench run (None when not given) as (one overall
+    bar over the runs or jobs, per-chunk bars of every run): not given, the overall bar alone when
+    stderr is a terminal; ``--progress`` both; ``--no-progress`` neither."""
+    import sys
+
+    if value is None:
+        return sys.stderr.isatty(), False
+    return value, value
+
+
 SEED = _SeedRange(0, 2**63 - 1)  # noise seeds (torch generators take 64-bit seeds)
 CHUNKS = click.IntRange(1, 100_000)  # = trajectory.MAX_CHUNKS: checked at parse time, before anything loads
 

@@ -12,6 +12,7 @@ is a still: one row per mode, a few frames across the rollout. With a procedural
 from __future__ import annotations
 
 import logging
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -218,10 +219,11 @@ def run_compare(trajectory: str | Path, caches: list[str], out_dir: str | Path, 
                 hud: bool = True, metrics: str = "all", device: str = "auto", dtype: str = "auto",
                 checkpoint: str | Path | None = None, random_weights: bool = False, overwrite: bool = False,
                 progress: bool = False, speed: dict | None = None, world_seed: int = 0,
-                memory: dict | None = None, scale: int = 1) -> dict:
+                memory: dict | None = None, scale: int = 1, overall: bool = False) -> dict:
     """Run ``trajectory`` once per cache writer into ``out_dir/<cache>/`` and write the grid video
     ``compare.mp4`` plus ``compare.json`` / ``compare.md`` (returns the JSON dict). ``scale``:
     integer upscaling of the panels of ``compare.mp4`` / ``compare.png`` (the runs are unchanged).
+    ``overall``: one tqdm bar on stderr over the runs (``progress``: each run's per-chunk bar).
 
     ``memory``: :func:`~worldtrace_cli.options.memory_config` keywords every writer gets (``budget``,
     ``summary_slots``, ...). ``preset`` None = ``mg2-<trajectory mode>`` with a checkpoint, else ``loopworld`` (universal) or
@@ -245,6 +247,8 @@ def run_compare(trajectory: str | Path, caches: list[str], out_dir: str | Path, 
     from ..outputs import atomic_path, cache_folder, write_json_atomic
     from ..runs import RunFolder
     from ..trajectory import MODES, load_trajectory, plan_actions
+    from tqdm import tqdm
+
     from .inputs import check_inputs, check_writers
 
     trajectory, out_dir = Path(trajectory), Path(out_dir)
@@ -274,18 +278,23 @@ def run_compare(trajectory: str | Path, caches: list[str], out_dir: str | Path, 
         try:
             # a signal heard between runs, or in a run's last chunk (that run then completes), stops
             # the comparison before its next run
-            with StopFlag("stopping after the current run (Ctrl-C again to abort now)") as stop:
+            with StopFlag("stopping after the current run (Ctrl-C again to abort now)") as stop, \
+                    tqdm(total=len(caches), unit="run", desc="compare", file=sys.stderr, disable=not overall,
+                         dynamic_ncols=True) as bar:
                 for cache, (step, what) in zip(caches, steps):
+                    bar.set_postfix_str(cache)
                     log.info(f"compare: {cache} -> {out_dir / cache_folder(cache)}"
                              + {"reuse": " (complete, reused)", "resume": " (resumed)", "run": ""}[step])
                     if step == "reuse":
                         summaries.append(what)
+                        bar.update()
                         continue
                     if stop.signal is not None:
                         raise Interrupted(f"stopped before the {cache} run")
                     if pipeline is None or not pipeline.serves(what):
                         pipeline = Pipeline.from_config(what)
                     summaries.append(run_generation(what, resume=step == "resume", pipeline=pipeline))
+                    bar.update()
         except Interrupted as exc:
             raise Interrupted(f"{exc}; finish the comparison by running the same compare command again") from None
     videos, labels = [out_dir / f / "video.mp4" for f in folders], list(caches)

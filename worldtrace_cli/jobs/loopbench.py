@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import sys
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -88,7 +89,8 @@ def _duration(seconds: float) -> str:
 def run_jobs(jobs: Sequence[Job], out_dir: str | Path, preset: str = "tiny", device: str = "auto",
              dtype: str = "auto", metrics: str = "all", chunks: int | None = None,
              checkpoint: str | Path | None = None, random_weights: bool = False,
-             progress: bool = False, speed: dict | None = None, memory: dict | None = None) -> SweepCounts:
+             progress: bool = False, speed: dict | None = None, memory: dict | None = None,
+             overall: bool = False) -> SweepCounts:
     """Run ``jobs`` one after another in this process (the model is loaded once and reused).
 
     Each job's folder decides (:func:`~worldtrace_cli.runs.resume.next_step`): a complete run of the
@@ -104,7 +106,8 @@ def run_jobs(jobs: Sequence[Job], out_dir: str | Path, preset: str = "tiny", dev
             rollout length override (None = each configuration's own N); speed: RunConfig speed
             fields (:func:`~worldtrace_cli.options.speed_config`; the model compiles once per process);
             memory: the memory settings every job's writer gets besides its spec (``--budget``,
-            ``--summary-slots``, ...: :func:`~worldtrace_cli.options.memory_config` keywords).
+            ``--summary-slots``, ...: :func:`~worldtrace_cli.options.memory_config` keywords);
+            overall: one tqdm bar on stderr over the jobs (``progress``: each job's per-chunk bar).
 
     Returns:
         :class:`SweepCounts` (done, skipped, failed).
@@ -145,10 +148,14 @@ def run_jobs(jobs: Sequence[Job], out_dir: str | Path, preset: str = "tiny", dev
     if clashes:
         raise OutputError(f"{len(clashes)} of {len(jobs)} jobs: {clashes[0]}")
     with StopFlag("stopping after the current job (Ctrl-C again to abort now)") as sweep_stop:
-        return _run_steps(jobs, steps, out_dir, sweep_stop, generate_job)
+        from tqdm import tqdm
+
+        with tqdm(total=len(jobs), unit="job", desc="loopbench", file=sys.stderr, disable=not overall,
+                  dynamic_ncols=True) as bar:
+            return _run_steps(jobs, steps, out_dir, sweep_stop, generate_job, bar)
 
 
-def _run_steps(jobs, steps, out_dir, sweep_stop, generate_job) -> SweepCounts:
+def _run_steps(jobs, steps, out_dir, sweep_stop, generate_job, bar=None) -> SweepCounts:
     """The job loop of :func:`run_jobs`: each job's decided step in turn. A signal heard between jobs
     or during a job that then finished anyway (its last chunk) stops the sweep before the next job;
     one heard while a job sets up reaches that job's own flag (:class:`StopFlag` nesting)."""
@@ -160,6 +167,8 @@ def _run_steps(jobs, steps, out_dir, sweep_stop, generate_job) -> SweepCounts:
     job_seconds: list[float] = []
     for k, (job, (step, what)) in enumerate(zip(jobs, steps), 1):
         folder, tag = job.folder(out_dir), f"[{k}/{len(jobs)}] {job.key}"
+        if bar is not None and k > 1:
+            bar.update()  # the job before this one is done (complete, skipped or failed)
         if sweep_stop.signal is not None:
             raise Interrupted(f"stopped before job {tag}; finished jobs are kept: rerun the same command to "
                               f"resume the sweep")
@@ -202,6 +211,8 @@ def _run_steps(jobs, steps, out_dir, sweep_stop, generate_job) -> SweepCounts:
         mean = sum(job_seconds) / len(job_seconds)
         eta = f"; about {_duration(left * mean)} for the {left} left" if left > 0 else ""
         log.info(f"{tag}: done in {seconds:.1f} s ({_brief(summary)}){eta}")
+    if bar is not None and jobs:
+        bar.update()  # the last job
     return SweepCounts(done, skipped, failed)
 
 
