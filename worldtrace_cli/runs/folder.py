@@ -148,18 +148,22 @@ class RunFolder:
             pass
 
     def busy(self) -> str | None:
-        """Who holds the folder's lock (a run still writing it), or None when nobody does. Takes and
-        releases the lock at once; a folder that does not exist, or whose lock file cannot be created
-        (read-only), counts as free."""
-        if not self.path.is_dir():
+        """Who holds the folder's lock (a run still writing it), or None when nobody does. Tries the
+        lock and releases it at once, writing nothing: a folder without a lock file (no worldtrace
+        process ever wrote it) or whose lock cannot be opened counts as free."""
+        from filelock import FileLock, Timeout
+
+        if not (self.path / LOCK).is_file():
             return None
+        lock = FileLock(str(self.path / LOCK), timeout=0)
         try:
-            with self.lock("check"):
-                return None
-        except FolderBusy:
+            lock.acquire()
+        except Timeout:
             return self._holder()
-        except OutputError:
+        except OSError:
             return None
+        lock.release()
+        return None
 
     def _holder(self) -> str:
         try:
