@@ -113,3 +113,12 @@ def test_compare_shows_one_overall_bar_on_a_terminal_and_prints_one_line(tmp_pat
     assert "compare: 100%" in text and "2/2" in text, text
     assert "chunk/s" not in text  # no per-chunk bars by default
     assert stdout.strip() == str(out / "compare.md")
+
+
+def test_loopbench_run_prints_its_sweep_folder(monkeypatch, tmp_path):
+    import worldtrace_cli.jobs.loopbench as jobs
+
+    monkeypatch.setattr(jobs, "run_jobs", lambda mine, output, **kwargs: SimpleNamespace(done=len(mine), skipped=0,
+                                                                                            failed=0))
+    result = CliRunner().invoke(main, ["loopbench", "run", "-o", str(tmp_path / "lb")])
+    assert result.exit_code == 0 and result.stdout.strip() == str(tmp_path / "lb"), result.output

@@ -163,7 +163,7 @@ def bench_speed(preset, random_weights, caches, chunks, device, dtype, image, wa
         stem = name or f"speed-{preset}-{result['meta']['device'].split(':')[0]}"
         (output / f"{stem}.json").write_text(json.dumps(result, indent=1))
         (output / f"{stem}.md").write_text(f"# Speed: {stem}\n\n`{' '.join(sys.argv)}`\n\n" + speed_markdown(result) + "\n")
-        click.echo(speed_markdown(result))
         click.echo(f"worldtrace: wrote {output / stem}.json and .md", err=True)
+        click.echo(f"{output / stem}.md")  # stdout: one line for scripts (the table's file)
 
     run_job(job)

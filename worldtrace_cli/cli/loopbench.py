@@ -123,6 +123,7 @@ def run_cmd(preset, full, configs, caches, images, worlds, seeds, chunks, metric
                    f"{counts.failed} failed", err=True)
         if counts.failed:
             raise RunError(f"{counts.failed} of {len(mine)} jobs failed (see {output / plan.FAILURES_NAME})")
+        click.echo(str(output))  # stdout: the sweep folder, for scripts (worldtrace loopbench report "$dir")
 
     run_job(job)
 

@@ -268,7 +268,7 @@ def run_compare(trajectory: str | Path, caches: list[str], out_dir: str | Path, 
     plan = plan_actions(traj, chunks, preset_obj.frames_per_chunk)
     from ..pipeline import Pipeline
     from ..runs.resume import next_step
-    from .generate import run_generation
+    from .generate import run_generation, stage
     from .sinks import StopFlag
 
     with RunFolder(out_dir).lock("compare"):
@@ -299,7 +299,9 @@ def run_compare(trajectory: str | Path, caches: list[str], out_dir: str | Path, 
             raise Interrupted(f"{exc}; finish the comparison by running the same compare command again") from None
     videos, labels = [out_dir / f / "video.mp4" for f in folders], list(caches)
     if preset_obj.has_world and image is None:
-        videos, labels = [write_truth_video(out_dir / "truth", world_seed, plan, preset_obj)] + videos, ["truth"] + labels
+        with stage(f"rendering the truth of world {world_seed}"):
+            truth = write_truth_video(out_dir / "truth", world_seed, plan, preset_obj)
+        videos, labels = [truth] + videos, ["truth"] + labels
     video = write_grid_video(videos, labels, out_dir / "compare.mp4", preset_obj.fps, hud_rows(plan) if hud else None,
                              MODES[traj.mode].key_letters, scale)
     still = write_keyframes(videos, labels, out_dir / "compare.png", plan, scale=scale)
