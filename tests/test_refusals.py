@@ -53,6 +53,20 @@ def test_a_finished_or_unfinished_run_in_the_output_folder(tmp_path):
     assert "holds an unfinished run" in refuse(["generate", LOOK, "-o", killed], 4, tmp_path)
 
 
+def test_compare_and_loopbench_refuse_complete_runs_of_other_settings(tmp_path):
+    other = json.dumps({"status": "complete", "config": {"chunks": 5}, "totals": {"chunks": 5}})
+    (tmp_path / "cmp" / "sliding").mkdir(parents=True)
+    (tmp_path / "cmp" / "sliding" / "summary.json").write_text(other)
+    line = refuse(["compare", ABA, "--preset", "tiny", "--image", IMAGE, "--cache", "sliding,field", "--chunks", "1",
+                   "-o", "cmp"], 4, tmp_path)
+    assert "cmp/sliding holds a complete run made with chunks 5 (now 1)" in line
+    job = tmp_path / "lb" / "aba" / "sliding" / "world0" / "seed0"  # a job of the quick default sweep
+    job.mkdir(parents=True)
+    (job / "summary.json").write_text(other)
+    assert "1 of 18 jobs: lb/aba/sliding/world0/seed0 holds a complete run" in refuse(["loopbench", "run", "-o", "lb"],
+                                                                                      4, tmp_path)
+
+
 def test_output_and_spill_dir_naming_a_file_or_nothing(tmp_path):
     (tmp_path / "afile").write_text("mine")
     assert "exists and is not a folder" in refuse(["generate", LOOK, "-o", "afile"], 4, tmp_path)

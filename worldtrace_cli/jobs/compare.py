@@ -264,6 +264,11 @@ def run_compare(trajectory: str | Path, caches: list[str], out_dir: str | Path, 
                          **(speed or {}))
                for cache, folder in zip(caches, folders)]
     check_inputs(configs[0], traj)  # options, trajectory, image: before torch is imported
+    if not overwrite:  # complete runs of other settings: refused before torch loads too (again under the lock)
+        from ..runs.resume import next_step
+
+        for cfg in configs:
+            next_step(cfg.output, cfg)
     check_writers([cfg.memory for cfg in configs], preset_obj)  # every writer's flags: torch-free first
     plan = plan_actions(traj, chunks, preset_obj.frames_per_chunk)
     from ..pipeline import Pipeline

@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import re
 import sys
 import time
 from collections.abc import Sequence
@@ -25,7 +26,7 @@ log = logging.getLogger("worldtrace")
 
 
 def check_jobs(jobs: Sequence[Job], preset, chunks: int | None = None, memory: dict | None = None,
-               checkpoint: str | Path | None = None, random_weights: bool = False) -> None:
+               checkpoint: str | Path | None = None, random_weights: bool = False, writers: bool = True) -> None:
     """Check a sweep's inputs before the model loads, as ``generate`` does
     (:func:`~worldtrace_cli.jobs.inputs.check_inputs`): every distinct trajectory (size, syntax, its
     mode against the preset's) with every image (header, large enough for the aspect crop) and
@@ -35,7 +36,8 @@ def check_jobs(jobs: Sequence[Job], preset, chunks: int | None = None, memory: d
     Args:
         jobs: the sweep's jobs; preset: the :class:`~worldtrace_cli.config.Preset`; chunks: the
             ``--chunks`` override; memory: the memory keywords every writer gets; checkpoint,
-            random_weights: as ``generate``'s.
+            random_weights: as ``generate``'s; writers: False leaves out the writer checks that
+            import torch (only :func:`~worldtrace_cli.writer_options.check_memory`'s run).
     Raises:
         InputError / TrajectoryError: the first bad input, one line naming the file or flag;
             CheckpointError: a ``--checkpoint`` the sweep would read that is not a folder.
@@ -48,7 +50,17 @@ def check_jobs(jobs: Sequence[Job], preset, chunks: int | None = None, memory: d
         cfg = RunConfig(preset=preset, trajectory=trajectory, output=Path("."), image=image, chunks=chunks,
                         checkpoint=checkpoint, random_weights=random_weights)
         parsed[trajectory] = check_inputs(cfg, parsed.get(trajectory))
-    check_writers([memory_config(c, preset=preset, **(memory or {})) for c in sorted({j.cache for j in jobs})], preset, "--caches")
+    memories = [memory_config(c, preset=preset, **(memory or {})) for c in sorted({j.cache for j in jobs})]
+    if writers:
+        check_writers(memories, preset, "--caches")
+    else:
+        from ..writer_options import check_memory
+
+        try:
+            for m in memories:
+                check_memory(m, preset.window, preset.default_budget)
+        except InputError as exc:
+            raise InputError(re.sub(r"--cache\b", "--caches", str(exc))) from None
 
 
 
@@ -123,7 +135,8 @@ def run_jobs(jobs: Sequence[Job], out_dir: str | Path, preset: str = "tiny", dev
 
     out_dir = Path(out_dir)
     preset_obj = load_preset(preset)
-    check_jobs(jobs, preset_obj, chunks, memory, checkpoint, random_weights)  # a typo stops the sweep, not each job
+    # a typo stops the sweep, not each job; torch-free first, so the refusals below come before torch loads
+    check_jobs(jobs, preset_obj, chunks, memory, checkpoint, random_weights, writers=False)
     out_dir.mkdir(parents=True, exist_ok=True)
     device = _select_device(device)
 
@@ -147,6 +160,10 @@ def run_jobs(jobs: Sequence[Job], out_dir: str | Path, preset: str = "tiny", dev
             steps.append(("error", exc))
     if clashes:
         raise OutputError(f"{len(clashes)} of {len(jobs)} jobs: {clashes[0]}")
+    from .inputs import check_writers
+
+    check_writers([memory_config(c, preset=preset_obj, **(memory or {})) for c in sorted({j.cache for j in jobs})],
+                  preset_obj, "--caches")  # then with torch: e.g. a --bank-device this machine lacks
     with StopFlag("stopping after the current job (Ctrl-C again to abort now)") as sweep_stop:
         from tqdm import tqdm
 
