@@ -222,7 +222,7 @@ def prepare_inputs(cfg, traj=None) -> RunInputs:
     plan = plan_actions(traj, cfg.chunks, preset.frames_per_chunk)
     for note in plan.notes:
         log.info(note)
-    truth, warnings = None, []
+    truth, told = None, []
     if preset.has_world and cfg.image is None:
         from PIL import Image
 
@@ -230,9 +230,9 @@ def prepare_inputs(cfg, traj=None) -> RunInputs:
 
         truth = GroundTruth(cfg.world_seed, plan, preset.height, preset.width)
         if traj.image is not None:
-            warnings.append(f"preset {preset.name}: the start image is world {cfg.world_seed}'s view, not the "
-                            f"trajectory's image {traj.image} (that is what makes ground truth possible; pass "
-                            f"--image to condition on the trajectory's image instead, without ground truth)")
+            told.append(f"preset {preset.name}: the start image is world {cfg.world_seed}'s view, not the "
+                        f"trajectory's image {traj.image} (that is what makes ground truth possible; pass "
+                        f"--image to condition on the trajectory's image instead, without ground truth)")
         start_view = truth.start_image()
         image, label = Image.fromarray(start_view), f"world:{cfg.world_seed}"
         image_sha = hashlib.sha256(start_view.tobytes()).hexdigest()
@@ -257,6 +257,6 @@ def prepare_inputs(cfg, traj=None) -> RunInputs:
                              f"({plan.num_frames}): " + (f"use --chunks {fit} or fewer" if fit else "too few for one chunk"))
         hashes.update({f"{name}_sha256": sha256_file(path) for name, path in (("poses", poses),
                                                                               ("intrinsics", intrinsics)) if path})
-    for text in warnings:
+    for text in told:
         warn_once(text.split(":", 1)[0] + ": start image", text)
-    return RunInputs(plan, image, label, truth, seed, hashes, lingbot, warnings)
+    return RunInputs(plan, image, label, truth, seed, hashes, lingbot, told)
