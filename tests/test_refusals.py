@@ -112,3 +112,28 @@ def test_a_preset_too_large_for_the_machine(tmp_path):
 ])
 def test_usage_errors_are_one_line(tmp_path, args, needle):
     assert needle in refuse(args, 2, tmp_path)
+
+
+def test_model_size_against_the_memory_the_run_has(monkeypatch):
+    """The estimate's branches: float32 against the RAM on a CPU; bf16 against the larger of the RAM
+    and the largest single GPU's memory with CUDA (auto: when an NVIDIA device node exists)."""
+    from dataclasses import replace
+
+    from worldtrace_cli.config import load_preset
+    from worldtrace_cli.errors import InputError
+    from worldtrace_cli.model import layout
+
+    monkeypatch.setattr(layout, "nvidia_present", lambda: False)
+    mg2, lingbot = load_preset("mg2-universal"), load_preset("lingbot-fast")
+    monkeypatch.setattr(layout, "physical_memory_bytes", lambda: 4 * 10**9)
+    with pytest.raises(InputError, match=r"5.57 GB in float32, more than this machine's 4.0 GB of RAM"):
+        layout.check_model_size(mg2, "cpu")
+    layout.check_model_size(mg2, "cuda")  # 2.8 GB in bf16 on a GPU
+    layout.check_model_size(lingbot, "cuda")  # 28 GB: an H100 or H200
+    with pytest.raises(InputError, match="4.0 GB of RAM"):
+        layout.check_model_size(lingbot, "auto")  # no NVIDIA device (patched above): float32 in RAM
+    monkeypatch.setattr(layout, "nvidia_present", lambda: True)
+    layout.check_model_size(lingbot, "auto")  # auto with a GPU present: bf16 on the GPU
+    huge = replace(mg2, dit=replace(mg2.dit, dim=10**6))
+    with pytest.raises(InputError, match="any single GPU's"):
+        layout.check_model_size(huge, "cuda")

@@ -102,6 +102,13 @@ def physical_memory_bytes() -> int | None:
         return None
 
 
+def nvidia_present() -> bool:
+    """Whether this machine has an NVIDIA GPU driver loaded (its control device node), without torch."""
+    import os
+
+    return os.path.exists("/dev/nvidiactl")
+
+
 def check_model_size(preset, device: str = "auto", dtype: str = "auto") -> None:
     """Refuse a preset whose DiT cannot fit before anything is allocated (a preset YAML with
     ``dim: 1000000000`` was an allocator traceback): the weights' lower bound
@@ -112,11 +119,9 @@ def check_model_size(preset, device: str = "auto", dtype: str = "auto") -> None:
     Raises:
         InputError: one line naming the preset, its widths, the estimate and the memory (exit 2).
     """
-    import os
-
     params = dit_parameters_lower_bound(preset.dit)
     ram = physical_memory_bytes()
-    gpu = device == "cuda" or (device == "auto" and os.path.exists("/dev/nvidiactl"))
+    gpu = device == "cuda" or (device == "auto" and nvidia_present())
     per_param = 2 if dtype == "bf16" or (dtype == "auto" and gpu) else 4
     need = params * per_param
     have = max(ram or 0, GPU_MEMORY_BOUND) if gpu else ram
