@@ -73,6 +73,9 @@ def test_output_and_spill_dir_naming_a_file_or_nothing(tmp_path):
     line = refuse(["generate", LOOK, "--cache", "field", "--spill-dir", "afile", "-o", "o"], 4, tmp_path)
     assert "--spill-dir afile: exists and is not a folder" in line
     assert "--output: an empty path" in refuse(["generate", LOOK, "-o", ""], 2, tmp_path)
+    assert "exists and is not a folder" in refuse(["loopbench", "run", "-o", "afile"], 4, tmp_path)  # was a traceback
+    line = refuse(["compare", LOOK, "--cache", "sliding", "-o", "afile"], 4, tmp_path)
+    assert "afile exists and is not a folder" in line
     assert sorted(p.name for p in tmp_path.iterdir()) == ["afile"]  # nothing written anywhere
 
 

@@ -95,7 +95,7 @@ def run_cmd(preset, full, configs, caches, images, worlds, seeds, chunks, metric
 
     def job():
         from ..config import load_preset
-        from ..errors import InputError, RunError
+        from ..errors import InputError, OutputError, RunError
         from ..jobs.loopbench import run_jobs
         from ..loopbench import plan
 
@@ -104,6 +104,8 @@ def run_cmd(preset, full, configs, caches, images, worlds, seeds, chunks, metric
             raise InputError(f"--images: required with preset {preset} (only procedural-world presets take --worlds)")
         if worlds is not None and not world_preset:
             raise InputError(f"--worlds: preset {preset} has no procedural world (use --images)")
+        if output.exists() and not output.is_dir():
+            raise OutputError(f"output folder {output} exists and is not a folder")
         sweep = FULL if full else QUICK
         world_list = plan.parse_worlds(worlds or sweep["worlds"]) if worlds is not None or images is None else []
         jobs = plan.plan_jobs(configs or sweep["configs"], caches, plan.resolve_images(images) if images else [],

@@ -243,7 +243,7 @@ def run_compare(trajectory: str | Path, caches: list[str], out_dir: str | Path, 
         Interrupted: Ctrl-C / SIGTERM during a run (its state saved; the same command finishes).
     """
     from ..config import RunConfig, default_preset_name, load_preset, memory_config
-    from ..errors import InputError, Interrupted
+    from ..errors import InputError, Interrupted, OutputError
     from ..outputs import atomic_path, cache_folder, write_json_atomic
     from ..runs import RunFolder
     from ..trajectory import MODES, load_trajectory, plan_actions
@@ -264,6 +264,8 @@ def run_compare(trajectory: str | Path, caches: list[str], out_dir: str | Path, 
                          **(speed or {}))
                for cache, folder in zip(caches, folders)]
     check_inputs(configs[0], traj)  # options, trajectory, image: before torch is imported
+    if out_dir.exists() and not out_dir.is_dir():
+        raise OutputError(f"output folder {out_dir} exists and is not a folder")
     if not overwrite:  # complete runs of other settings: refused before torch loads too (again under the lock)
         from ..runs.resume import next_step
 

@@ -137,7 +137,12 @@ def run_jobs(jobs: Sequence[Job], out_dir: str | Path, preset: str = "tiny", dev
     preset_obj = load_preset(preset)
     # a typo stops the sweep, not each job; torch-free first, so the refusals below come before torch loads
     check_jobs(jobs, preset_obj, chunks, memory, checkpoint, random_weights, writers=False)
-    out_dir.mkdir(parents=True, exist_ok=True)
+    try:
+        out_dir.mkdir(parents=True, exist_ok=True)
+    except FileExistsError:
+        raise OutputError(f"output folder {out_dir} exists and is not a folder") from None
+    except OSError as err:
+        raise OutputError(f"cannot create output folder {out_dir}: {err.strerror or err}") from None
     device = _select_device(device)
 
     def job_config(job):
