@@ -55,27 +55,25 @@ def test_loopbench_run_defaults_to_a_quick_sweep(monkeypatch, tmp_path):
     assert _planned(monkeypatch, tmp_path, "--full", "--seeds", "0") == 12 * 3 * 8  # options still override
 
 
-def test_repeated_warnings_are_said_once_with_what_to_do_and_recorded(tmp_path, monkeypatch):
-    """Every field run on MG2's window read offsets past the trained 5 and every aba.yaml run on
-    loopworld replaced the trajectory's image: said once per process now, with what to do, and
-    recorded in each run's summary.json."""
+def test_repeated_warnings_are_said_once_with_what_to_do_and_recorded(tmp_path):
+    """Every field or landmark run on MG2's window read offsets past the trained 5 and every aba.yaml
+    run on loopworld replaced the trajectory's image: a compare of two writers said both twice. Now
+    once per command, with what to do, and recorded in each run's summary.json."""
     import json
 
-    from worldtrace_cli.jobs import inputs
-
-    monkeypatch.setattr(inputs, "_SAID", set())
-    outputs = []
-    for name in ("a", "b"):
-        result = CliRunner().invoke(main, ["generate", str(ABA), "--cache", "field", "--chunks", "3", "-o",
-                                           str(tmp_path / name), "--no-progress"])
-        assert result.exit_code == 0, result.output
-        outputs.append(result.output)
-        warnings = json.loads((tmp_path / name / "summary.json").read_text())["warnings"]
+    out = tmp_path / "cmp"
+    result = CliRunner().invoke(main, ["compare", str(ABA), "--cache", "field,landmark", "--chunks", "3", "--metrics",
+                                       "fast", "-o", str(out)])
+    assert result.exit_code == 0, result.output
+    for cache in ("field", "landmark"):
+        warnings = json.loads((out / cache / "summary.json").read_text())["warnings"]
         assert len(warnings) == 2, warnings
         assert "start image is world 0's view" in warnings[0] and "pass --image" in warnings[0]
         assert "trained to 5" in warnings[1] and "--budget 3 keeps every offset" in warnings[1]
-    assert "trained to 5" in outputs[0] and "start image is world 0" in outputs[0]
-    assert "trained to 5" not in outputs[1] and "start image is world 0" not in outputs[1]
+    assert result.output.count("trained to 5") == 1 and result.output.count("start image is world 0") == 1
+    again = CliRunner().invoke(main, ["compare", str(ABA), "--cache", "field,landmark", "--chunks", "3", "--metrics",
+                                      "fast", "-o", str(out), "--overwrite"])
+    assert again.output.count("trained to 5") == 1  # a new command says it again
 
 
 def test_compare_shows_one_overall_bar_on_a_terminal_and_prints_one_line(tmp_path):
@@ -112,6 +110,7 @@ def test_compare_shows_one_overall_bar_on_a_terminal_and_prints_one_line(tmp_pat
     text = err.decode(errors="replace")
     assert "compare: 100%" in text and "2/2" in text, text
     assert "chunk/s" not in text  # no per-chunk bars by default
+    assert text.count("truncated to 1 chunks") == 1  # the trajectory's note, said once for both runs
     assert stdout.strip() == str(out / "compare.md")
 
 

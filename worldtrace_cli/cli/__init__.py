@@ -72,6 +72,9 @@ def main(verbose: bool) -> None:
         logger.addHandler(EchoHandler())
     logger.setLevel(logging.DEBUG if verbose else logging.INFO)
     logger.propagate = False
+    from ..jobs.inputs import reset_warnings
+
+    reset_warnings()  # notes said once per command (several commands may run in one process: tests, scripts)
 
 
 for _command in (generate.generate, metrics.metrics_cmd, bench.bench, compare.compare, loopbench.loopbench,

@@ -46,18 +46,18 @@ def stage(label: str, level: int = logging.INFO):
 def offset_warning(writer: str, max_offset, trained: int, frames_per_chunk: int, budget) -> list[str]:
     """``[note]`` when the run read its cache at query-key temporal offsets (latent frames) past the
     model's trained ``trained`` (WorldTrace writers' default 6 past slots reach 8 on MG2, trained to
-    5), with what to do; logged once per process (:func:`~worldtrace_cli.jobs.inputs.warn_once`);
-    ``[]`` otherwise."""
+    5), with what to do; logged once per command (:func:`~worldtrace_cli.jobs.inputs.warn_once`);
+    ``[]`` otherwise. ``writer``: its name (the summary that records the note names it already)."""
     from .inputs import warn_once
 
     if max_offset is None or max_offset <= trained:
         return []
     fits = trained - frames_per_chunk + 1  # past slots whose offsets stay within the trained window
     slots = f"{budget} past slots" if budget else "the writer's default past slots"
-    text = (f"{writer} read the cache at query-key offsets up to {max_offset} latent frames; the model was trained "
+    text = (f"the cache was read at query-key offsets up to {max_offset} latent frames; the model was trained "
             f"to {trained}: expected with {slots} (README: 'Memory writers'); --budget {fits} keeps every offset "
             f"within the trained window, with fewer memory slots")
-    warn_once(f"offsets {writer} {max_offset}", text)
+    warn_once(text, text)  # a compare's or sweep's writers share it: said once per command
     return [text]
 
 

@@ -50,12 +50,18 @@ _SAID: set[str] = set()
 
 
 def warn_once(key: str, message: str) -> None:
-    """Log ``message`` (INFO, on stderr through the CLI) the first time this process meets ``key``:
-    compare and LoopBench run many jobs in one process, and a note that holds for all of them is said
-    once, not once per job. Each run still records its own in ``summary.json``'s ``warnings``."""
+    """Log ``message`` (INFO, on stderr through the CLI) the first time this command meets ``key``:
+    compare and LoopBench run many jobs in one command, and a note that holds for all of them is said
+    once, not once per job. Each run still records its own in ``summary.json``'s ``warnings``. The CLI
+    starts every command with :func:`reset_warnings`."""
     if key not in _SAID:
         _SAID.add(key)
         log.info(message)
+
+
+def reset_warnings() -> None:
+    """Forget what :func:`warn_once` said: a new command (the CLI calls it for each) says it again."""
+    _SAID.clear()
 
 
 def sha256_file(path: str | Path) -> str:
@@ -220,8 +226,8 @@ def prepare_inputs(cfg, traj=None) -> RunInputs:
 
     preset = cfg.preset
     plan = plan_actions(traj, cfg.chunks, preset.frames_per_chunk)
-    for note in plan.notes:
-        log.info(note)
+    for note in plan.notes:  # the same for every run of a compare or sweep on this trajectory: said once
+        warn_once(note, note)
     truth, told = None, []
     if preset.has_world and cfg.image is None:
         from PIL import Image
