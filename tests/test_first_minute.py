@@ -21,7 +21,7 @@ def test_start_up_stages_are_logged_with_their_seconds(tmp_path):
     result = CliRunner().invoke(main, ["generate", "--preset", "tiny", "--image", str(IMAGE), str(ABA), "--chunks", "1",
                                        "-o", str(tmp_path / "run"), "--no-progress"])
     assert result.exit_code == 0, result.output
-    for stage in (r"reading the inputs \(importing torch, rendering the start view\)", r"loading tiny",
+    for stage in (r"reading the inputs \(importing torch, reading the start image\)", r"loading tiny",
                   r"conditioning on .*mg2_universal_0000\.png"):
         assert re.search(rf"^worldtrace: {stage} \.\.\.$", result.output, re.M), result.output  # at once
         assert re.search(rf"^worldtrace: {stage} \.\.\. \d+\.\d s$", result.output, re.M), result.output  # when done

@@ -91,7 +91,8 @@ def run_generation(cfg, resume: bool = False, pipeline=None) -> dict:
         folder.refuse_occupied(cfg.overwrite)
     ffmpeg_exe()  # the MP4 needs it: fail before the run folder is touched or a model loaded
     level = logging.INFO if pipeline is None else logging.DEBUG  # a batch job's runs: only -v shows their stages
-    with stage("reading the inputs (importing torch, rendering the start view)", level):
+    start = "rendering the start view" if cfg.preset.has_world and cfg.image is None else "reading the start image"
+    with stage(f"reading the inputs (importing torch, {start})", level):
         inputs = prepare_inputs(cfg, traj)
     with folder.lock("generate --resume" if resume else "generate"):
         if not resume:
