@@ -23,7 +23,6 @@ from pathlib import Path
 
 from ..errors import Aborted, Interrupted, OutputError
 from ..runs import RunFolder
-from ..schemas import SCHEMA_VERSION
 from ..runs.resume import restore_run_state, save_run_state
 from ..video import ffmpeg_exe
 from .inputs import RunInputs, check_inputs, prepare_inputs
@@ -105,8 +104,9 @@ def _generate(cfg, inputs: RunInputs, folder: RunFolder, resume: bool, pipeline,
 
     from ..metrics import OnlineMetrics
     from ..outputs import write_json_atomic
-    from ..pipeline import Pipeline, versions
-    from ..rollout import DecodePipeline
+    from ..engine.loop import ChunkLoop
+    from ..pipeline import Pipeline
+    from ..runs.summary import run_summary
     from ..trajectory import frames_for_chunks
 
     plan, preset = inputs.plan, cfg.preset
@@ -141,68 +141,55 @@ def _generate(cfg, inputs: RunInputs, folder: RunFolder, resume: bool, pipeline,
         log.info(f"resuming {folder.path} at chunk {start} of {plan.num_chunks}")
     sinks = RunSinks(folder, preset, plan, scorer, records, progress, start, cfg.progress, writer.name)
     stop = StopFlag().__enter__()  # held until the summary is written: a late Ctrl-C finishes cleanly
-    decode = None
+    loop = None
 
     def summary(status: str) -> dict:
-        return {
-            "schema_version": SCHEMA_VERSION, "status": status, "run_dir": str(folder.path),
-            "command": command,
-            "resumed_by": sys.argv if resume else None,
-            "config": cfg.to_dict(),
-            "resolved": {"seed": inputs.seed, "device": str(device), "dtype": str(pipeline.dtype).replace("torch.", ""),
-                         "trajectory": str(Path(cfg.trajectory).resolve()), "waypoints": plan.waypoints,
-                         "chunks": plan.num_chunks, "image": inputs.image_label, "notes": plan.notes,
-                         "world_seed": None if inputs.truth is None else inputs.truth.world_seed,
-                         "resumed_at_chunk": start or None, "threads": torch.get_num_threads()},
-            "checkpoint": pipeline.world.files, "versions": versions(),
-            "cache": {**writer.describe(), "kv_bytes": writer.kv_bytes(), "host_bytes": writer.host_bytes(),
-                      "trained_offset": rollout.geometry.trained_offset, "max_offset": sinks.max_offset()},
-            "metrics": scorer.summary(plan) if status == "complete" else None,
-            "warnings": inputs.warnings + offset_warning(writer.name, sinks.max_offset(), rollout.geometry.trained_offset,
-                                                         preset.frames_per_chunk, cfg.memory.budget),
-            "totals": sinks.totals(plan.num_chunks if status == "complete" else len(sinks.records),
-                                   pipeline.load_seconds, cond_s, cfg.overlap_decode, started, device,
-                                   # the wall clock splits into phases only for one whole run in this process
-                                   # that loaded its own model (a shared model loaded before it started)
-                                   account=loaded_here and not resume),
-        }
+        told = inputs.warnings + offset_warning(writer.name, sinks.max_offset(), rollout.geometry.trained_offset,
+                                                preset.frames_per_chunk, cfg.memory.budget)
+        # the wall clock splits into phases only for one whole run in this process that loaded its
+        # own model (a shared model loaded before it started)
+        return run_summary(status, cfg, folder.path, command, sys.argv if resume else None, pipeline, writer,
+                           rollout, scorer, plan, sinks, started, image_label=inputs.image_label, seed=inputs.seed,
+                           world_seed=None if inputs.truth is None else inputs.truth.world_seed, resumed_at=start,
+                           cond_s=cond_s, account=loaded_here and not resume, warnings=told)
+
+    def close(failing: bool) -> None:
+        if loop is None:
+            sinks.close(None, failing)
+        else:
+            loop.close(failing)
 
     try:
         stopped = None
         try:
-            decode = DecodePipeline(decoder, device, cfg.overlap_decode)  # after any decoder restore
+            # the one chunk loop (sessions drive it too); built after any decoder restore
+            loop = ChunkLoop(rollout, decoder, device, scorer, plan, overlap=cfg.overlap_decode, sinks=sinks)
             for c in range(start, plan.num_chunks):
-                try:
-                    ready = decode.submit(rollout.step())
-                except KeyboardInterrupt:  # a second Ctrl-C: abort now, without waiting for a decode
-                    raise
-                except BaseException:
-                    sinks.drain(decode)  # the chunks generated before the failure are still written
-                    raise
-                sinks.write(ready)
+                loop.advance()  # generated, decoded (one chunk behind with overlap), written; on a failure
+                # the chunks decoded before it are written first
                 last = c == plan.num_chunks - 1
                 signalled = stop.signal is not None  # read once: a signal arriving now counts next chunk
                 save = not last and (signalled or (cfg.save_every and (c + 1) % cfg.save_every == 0))
                 if save or last or signalled:
-                    sinks.write(decode.flush())  # the decoder state must cover every chunk saved
+                    loop.flush()  # the decoder state must cover every chunk saved
                 if save:
                     save_run_state(folder, cfg, rollout, decoder, scorer, progress, inputs.hashes, command)
                 if signalled and not last:
                     stopped = c
                     break
         except KeyboardInterrupt:
-            sinks.close(decode, failing=True)
+            close(failing=True)
             write_json_atomic(folder.summary_path, summary("aborted"))
             raise Aborted(f"aborted after {len(sinks.records)} chunks; {folder.path} keeps every written chunk "
                           f"but no resume state for them: start again with --overwrite") from None
         except BaseException:
-            sinks.close(decode, failing=True)
+            close(failing=True)
             try:
                 write_json_atomic(folder.summary_path, summary("failed"))
             except Exception as exc:  # the original error is the one to report
                 log.warning(f"while writing the partial summary: {exc}")
             raise
-        sinks.close(decode, failing=False)
+        close(failing=False)
         if stopped is not None:
             write_json_atomic(folder.summary_path, summary("stopped"))
             raise Interrupted(f"interrupted after chunk {stopped} of {plan.num_chunks}; every finished chunk is in "

@@ -56,14 +56,6 @@ class RunSinks:
                 peak[k] = max(peak[k], rec["memory"].get(k, 0))
             self.bar.update(1)
 
-    def drain(self, decode) -> None:
-        """After a failure: write the chunks still in the decode pipeline (the original error is the
-        one reported, a failure here only logged)."""
-        try:
-            self.write(decode.flush())
-        except Exception as exc:
-            log.warning(f"while writing the chunks before the failure: {exc}")
-
     def close(self, decode, failing: bool) -> None:
         """Close the decode pipeline, bar, records and video; join a resumed run's video part; draw
         the cache timeline. With ``failing`` a closing error is logged, not raised (it must not hide

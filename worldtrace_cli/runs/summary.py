@@ -8,7 +8,8 @@ from pathlib import Path
 
 def run_summary(status: str, cfg, run_dir, command: list[str], resumed_by, pipeline, writer, rollout, scorer, plan,
                 sinks, started: float, *, image_label: str, seed: int, world_seed: int | None,
-                resumed_at: int | None = None, cond_s: float = 0.0, account: bool = False) -> dict:
+                resumed_at: int | None = None, cond_s: float = 0.0, account: bool = False,
+                warnings: list | None = None) -> dict:
     """The summary of a run that generated ``len(sinks.records)`` chunks of ``plan``.
 
     Args:
@@ -21,7 +22,8 @@ def run_summary(status: str, cfg, run_dir, command: list[str], resumed_by, pipel
         started: ``time.time()`` at the run's start (seconds); image_label: the image path or
             ``world:N``; seed / world_seed: resolved; resumed_at: the chunk a resume started at.
         cond_s: seconds spent conditioning; account: split the wall clock into phases
-            (:meth:`~worldtrace_cli.runs.sinks.RunSinks.totals`).
+            (:meth:`~worldtrace_cli.runs.sinks.RunSinks.totals`); warnings: what the run told the
+            user once, with what to do (summary.json's ``warnings``).
     """
     import torch
 
@@ -45,6 +47,7 @@ def run_summary(status: str, cfg, run_dir, command: list[str], resumed_by, pipel
         "cache": {**writer.describe(), "kv_bytes": writer.kv_bytes(), "host_bytes": writer.host_bytes(),
                   "trained_offset": trained, "max_offset": sinks.max_offset()},
         "metrics": scorer.summary(plan) if status == "complete" else None,
+        "warnings": list(warnings or []),
         "totals": sinks.totals(done, pipeline.load_seconds, cond_s, cfg.overlap_decode, started, device,
                                account=account),
     }
