@@ -8,8 +8,8 @@ frame"), displayed frames in each second, and the server's seconds per chunk. Wr
 prints its path.
 
     python benchmarks/play_latency.py --seconds 60 -o benchmarks/results/play-cpu-2026-11-27/loopworld.json
-    python benchmarks/play_latency.py --device cuda --preset mg2-universal --random-weights \\
-        --compile reduce-overhead -o gpu.json   # on a GPU
+    python benchmarks/play_latency.py --device cuda --preset mg2-universal -o gpu.json \\
+        -- --random-weights --compile reduce-overhead   # on a GPU (needs chromium there too)
 
 Targets (issue 38): the next chunk on screen within 1.5 chunk-times of the key, >= 12 fps displayed.
 """
