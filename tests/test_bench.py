@@ -45,6 +45,7 @@ def test_mechanism_cli_writes_tables(tmp_path):
     rows = json.loads((tmp_path / "mechanism.json").read_text())["rows"]
     assert json.loads((tmp_path / "mechanism.json").read_text())["meta"]["setup"]["seed"] == 7
     assert len(rows) == 4 and "| landmark | slot_rank |" in (tmp_path / "mechanism.md").read_text()
+    assert result.stdout.strip() == str(tmp_path / "mechanism.md")  # one scriptable line on stdout
 
 
 def test_speed_bench_smoke_on_cpu():

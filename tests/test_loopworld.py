@@ -240,6 +240,7 @@ def test_bench_tau_calibrates_on_logged_distances(tmp_path, one_thread):
     result = CliRunner().invoke(main, ["bench", "tau", str(run), "--rate", "0.2", "-o", str(tmp_path / "tau")])
     assert result.exit_code == 0, result.output
     data = json.loads((tmp_path / "tau" / "tau.json").read_text())
+    assert result.stdout.strip() == str(tmp_path / "tau" / "tau.md")  # one scriptable line on stdout
     distances = [e["distance"] for e in detector_events(run)]
     assert data["frames"] == len(distances) > 0
     assert data["by_rate"]["tau"] == pytest.approx(float(np.quantile(distances, 0.8)))

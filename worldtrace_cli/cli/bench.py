@@ -79,8 +79,10 @@ def bench_mechanism(writers, schemes, routes, legs, seed, landmark_threshold, ou
     def job():
         setup = SceneSetup(seed=seed)
         rows = mechanism_benchmark(writers, schemes, tuple(routes), tuple(legs), setup, landmark_threshold)
-        for path in write_mechanism_report(rows, output, name, setup):
+        paths = write_mechanism_report(rows, output, name, setup)
+        for path in paths:
             click.echo(f"worldtrace: wrote {path}", err=True)
+        click.echo(str(paths[-1]))  # stdout: one line for scripts (the tables' file)
 
     run_job(job)
 
@@ -91,13 +93,14 @@ def bench_mechanism(writers, schemes, routes, legs, seed, landmark_threshold, ou
               help="View change (degrees per latent frame) that counts as a scene entry (ground-truth runs).")
 @click.option("--rate", type=click.FloatRange(0, 1, min_open=True, max_open=True), default=0.1, show_default=True,
               help="Landmark share of frames for the suggestion without ground truth.")
-@click.option("-o", "--output", type=NonEmptyPath(path_type=Path), default=None,
-              help="Folder for tau.json and tau.md (default: print only).")
-def bench_tau(run_dirs, min_change, rate, output):
+@click.option("-o", "--output", type=NonEmptyPath(path_type=Path), default=Path("bench-results"), show_default=True,
+              help="Folder for tau.json and tau.md.")
+@click.option("--print", "show", is_flag=True, help="Print the Markdown on stdout instead of tau.md's path.")
+def bench_tau(run_dirs, min_change, rate, output, show):
     """Suggest the landmark threshold tau from the detector distances that landmark runs logged
     (RUN_DIRS: run folders of --cache landmark; for loopworld runs, against the true view changes)."""
     from ..calibrate import calibrate, calibration_markdown
-    from ..outputs import write_json_atomic
+    from ..outputs import atomic_path, write_json_atomic
 
     def job():
         try:
@@ -107,11 +110,18 @@ def bench_tau(run_dirs, min_change, rate, output):
 
             raise InputError(str(exc)) from None
         text = calibration_markdown(result)
-        if output is not None:
+        try:
             output.mkdir(parents=True, exist_ok=True)
-            write_json_atomic(output / "tau.json", result, indent=1)
-            (output / "tau.md").write_text(text)
-        click.echo(text)
+        except OSError as exc:
+            from ..errors import OutputError
+
+            raise OutputError(f"-o {output}: cannot create the folder ({exc.strerror or exc})") from None
+        write_json_atomic(output / "tau.json", result, indent=1)
+        with atomic_path(output / "tau.md") as tmp:  # never a torn tau.md on a full disk
+            Path(tmp).write_text(text)
+        tau = result.get("tau", result["by_rate"]["tau"])  # against the true view changes where known
+        click.echo(f"worldtrace: suggested tau {tau:.4f}; wrote {output / 'tau.json'} and tau.md", err=True)
+        click.echo(text if show else str(output / "tau.md"))  # stdout: one line for scripts unless --print
 
     run_job(job)
 
