@@ -94,10 +94,21 @@ def test_imports_go_downward():
     for mod, deps in g.items():
         if mod.startswith("worldtrace_cli.model"):  # the networks know nothing of writers, runs or jobs
             assert not {d for d in deps if d.split(".")[1] in ("memory", "jobs", "runs", "cli", "loopbench",
-                                                               "pipeline", "rollout")}, mod
+                                                               "pipeline", "rollout", "config", "engine",
+                                                               "session", "play")}, mod  # nor of presets
         if not mod.startswith("worldtrace_cli.cli") and mod != "worldtrace_cli.__main__":
             assert not {d for d in deps if d.startswith("worldtrace_cli.cli")}, mod  # library code never imports the CLI
         if not mod.startswith(("worldtrace_cli.cli", "worldtrace_cli.jobs")):  # jobs are run by the CLI only
             assert not {d for d in deps if d.startswith("worldtrace_cli.jobs")}, mod
         if mod.startswith("worldtrace_cli.memory"):
             assert not {d for d in deps if d.split(".")[1] in ("jobs", "runs", "cli", "pipeline")}, mod
+
+
+def test_no_library_module_runs_the_cli_as_a_script():
+    """``python -m worldtrace_cli COMMAND`` is the one script entry (``__main__.py``); a library module
+    whose ``__main__`` block imported the CLI closed a cycle (parity.py <-> cli/parity.py)."""
+    for path in PACKAGE.rglob("*.py"):
+        text = path.read_text()
+        if path.name != "__main__.py" and 'if __name__ == "__main__":' in text:
+            block = text.split('if __name__ == "__main__":', 1)[1]
+            assert ".cli" not in block, path

@@ -14,7 +14,7 @@ from typing import Any
 import yaml
 
 from .errors import InputError
-from .model.config import DiTConfig
+from .model.config import SAMPLERS, DiTConfig
 from .model.lingbot.config import LingbotConfig, trained_window
 
 MODES = ("universal", "gta_drive", "templerun")
@@ -23,7 +23,6 @@ _PRESET_KEYS = {"description", "mode", "height", "width", "fps", "denoising_step
                 "weights", "vae", "clip", "files", "dit", "frames_per_chunk", "bundle", "world", "architecture",
                 "landmark_threshold", "sampler", "extends"}
 _FILE_ROLES = ("dit", "vae", "clip", "text_encoder", "tokenizer")
-SAMPLERS = ("renoise", "euler")  # MG2's x0-then-fresh-noise step | the deterministic flow-ODE (Euler) step
 LANDMARK_TAU = 0.1  # the landmark detector's threshold without a calibrated one (the paper's, set for MG2)
 # Preset keys that are only defaults of run settings (the tau a run uses is memory.landmark_threshold): not
 # part of what a training run or a generated video is made with

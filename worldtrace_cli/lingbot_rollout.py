@@ -22,7 +22,7 @@ from .memory import CacheGeometry, CacheWriter
 from .model.lingbot.config import TRAINED_WINDOW
 from .model.lingbot.dit import LingbotChunk
 from .model.lingbot.sampler import CausalFastSchedule, add_noise, flow_to_x0
-from .rollout import ChunkOutput, _Timer, begin_chunk, chunk_record, noise_draws
+from .rollout import ChunkOutput, PhaseTimer, begin_chunk, chunk_record, noise_draws
 
 
 
@@ -84,7 +84,7 @@ class LingbotRollout:
         a = c * f
         if a + f > self.camera.num_frames:
             raise RunError(f"chunk {c}: the camera covers {self.camera.num_frames} latent frames only")
-        timer = _Timer(self.device)
+        timer = PhaseTimer(self.device)
         with timer.phase("cache"):
             read = begin_chunk(self.writer, a, self.geometry.num_layers)  # before this chunk's commit
         chunk = LingbotChunk(rollout=self.state, past=read.past, text_context=self.text_context,

@@ -141,9 +141,3 @@ def _compare(folder, rope_precision, compile_mode, device):
     latents = replay(model, inputs, on_call, device=device)
     diffs["output_latents"] = (latents - outputs["output_latents"]).abs().max().item()
     return diffs
-
-
-if __name__ == "__main__":  # ``python -m worldtrace_cli.parity`` = ``worldtrace parity``
-    from .cli.parity import parity
-
-    parity(prog_name="python -m worldtrace_cli.parity")

@@ -37,7 +37,7 @@ def process_rss_bytes() -> int:
         return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
 
 
-class _Timer:
+class PhaseTimer:
     """Wall-clock seconds per phase, synchronising the current CUDA stream so its GPU work is
     attributed to its phase (a decode on a side stream is not waited for)."""
 
@@ -138,7 +138,7 @@ class Rollout:
         """
         c, f = self.chunk, self.frames_per_chunk
         sf = c * f
-        timer = _Timer(self.device)
+        timer = PhaseTimer(self.device)
         with timer.phase("cache"):
             read = begin_chunk(self.writer, sf, self.geometry.num_layers)  # before this chunk's commit
         chunk = ChunkInputs(rollout=self.state, past=read.past, frame_start=sf, keyboard=self.keyboard,
@@ -269,7 +269,7 @@ class DecodePipeline:
 
 
 def chunk_record(writer: CacheWriter, geometry: CacheGeometry, chunk: int, frame_start: int, read: CacheRead,
-                 timer: _Timer, x0: torch.Tensor) -> dict:
+                 timer: PhaseTimer, x0: torch.Tensor) -> dict:
     """The ``chunks.jsonl`` record of a generated chunk (before decoding): index, latent frames
     ``[start, end)``, the cache as read (writer, scheme, :func:`slot_records`, trained and largest
     offset, KV bytes read, host bytes, events), phase seconds, memory and the latents' mean / std.

@@ -54,8 +54,8 @@ case "${1:-check}" in
           --ignore=tests/test_schemas.py --ignore=tests/test_speed.py
       CUDA_LAUNCH_BLOCKING=1 step 90 python3 -m pytest -q -m gpu tests/test_speed.py -k "not max" \
           -p no:cacheprovider -p no:logging -rfE --tb=short; } 2>&1 | tee "$OUT/gpu-tests.log"
-    { for f in ${PARITY_FIXTURES:-tests/data/fixtures tests/data/lingbot}; do step 25 python3 -m worldtrace_cli.parity "$f" --device "$DEVICE"; done
-      step 50 python3 -m worldtrace_cli.parity tests/data/fixtures --device "$DEVICE" --rope-precision float32 \
+    { for f in ${PARITY_FIXTURES:-tests/data/fixtures tests/data/lingbot}; do step 25 python3 -m worldtrace_cli parity "$f" --device "$DEVICE"; done
+      step 50 python3 -m worldtrace_cli parity tests/data/fixtures --device "$DEVICE" --rope-precision float32 \
           --compile reduce-overhead; } 2>&1 | grep -E "^==|^max_abs_diff|Error|error" | tee "$OUT/parity-cuda.log"
     step 170 python3 -m worldtrace_cli bench speed --preset "$PRESET" --random-weights --device "$DEVICE" \
         --caches sliding,field,landmark --chunks "${QUICK_CHUNKS:-16}" --repeats 3 --warmup 4 -o "$OUT" \
@@ -92,7 +92,7 @@ case "${1:-check}" in
     for args in "" "--rope-precision float32" "--rope-precision float32 --compile default" \
                 "--rope-precision float32 --compile reduce-overhead"; do
       for f in tests/data/fixtures tests/data/fixtures/templerun tests/data/fixtures/universal_la4; do
-        echo "== $f $args" ; python3 -m worldtrace_cli.parity "$f" --device cuda $args 2>&1 | tail -1
+        echo "== $f $args" ; python3 -m worldtrace_cli parity "$f" --device cuda $args 2>&1 | tail -1
       done
     done 2>&1 | tee "$OUT/parity-cuda.log"
     ;;

@@ -11,6 +11,10 @@ from typing import Any
 
 from ..errors import CheckpointError
 
+# the names a preset's ``sampler`` takes: MG2's x0-then-fresh-noise step | the deterministic flow-ODE
+# (Euler) step (:func:`worldtrace_cli.model.sampler.next_x`); torch-free, so presets check it early
+SAMPLERS = ("renoise", "euler")
+
 ACTION_ROPE_THETA = 256.0  # the action module's 1-D RoPE (MG2 spec §8): theta
 ACTION_ROPE_CHANNELS = 8   # rotated channels of each action-attention head
 

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from ..config import SAMPLERS  # the names a preset's ``sampler`` takes
+from .config import SAMPLERS  # the names a preset's ``sampler`` takes
 
 NUM_TRAIN_TIMESTEPS = 1000
 
