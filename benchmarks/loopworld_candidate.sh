@@ -42,7 +42,7 @@ sed -e "s#^bundle: .*#bundle: loopworld.safetensors#" "${CANDIDATE_PRESET:-world
     > "$out/loopworld.yaml"
 mkdir -p "$out/dit"; ln -sf "$dit" "$out/dit/dit.safetensors"
 OMP_NUM_THREADS=1 worldtrace train eval "$out/dit" --preset "$out/loopworld.yaml" --vae "$vae" --clips 24 --pictures "$out/drift.png" \
-    > "$out/eval.json" 2> "$out/eval.log" &
+    -o "$out/eval.json" > /dev/null 2> "$out/eval.log" &
 OMP_NUM_THREADS=1 worldtrace compare trajectories/look_back.yaml --preset "$out/loopworld.yaml" --world-seed 7 \
     --cache sliding,field,landmark -o "$out/compare" > "$out/compare.log" 2>&1 &
 wait

@@ -647,7 +647,8 @@ def test_eval_of_a_bare_weights_folder(tmp_path, vae_file, one_thread):
     assert r.exit_code != 0 and "pass --preset" in r.output and "Traceback" not in r.output
     r = CliRunner().invoke(main, args + ["--preset", "tiny"])
     assert r.exit_code == 0, r.output
-    out = json.loads(r.output[r.output.index("{"):])
+    assert r.stdout.strip() == str(folder / "eval.json")  # one scriptable line; the results in the file
+    out = json.loads((folder / "eval.json").read_text())
     assert out["clips"] == 2 and np.isfinite(out["full"]) and len(out["drift"]["free"]) == 2
     assert (folder / "late_conditioning.safetensors").is_file() and (folder / "heldout.safetensors").is_file()
 

@@ -229,9 +229,13 @@ def train_dit_cmd(data, preset, output, steps, minutes, lr, warmup, seed, thread
               help="Also write the first 2 drift-test walks as a picture: truth, teacher-forced, free rollout.")
 @click.option("--threads", type=click.IntRange(1), default=1, show_default=True,
               help="CPU threads for torch (1 is fastest beside other work on a small machine).")
-def train_eval_cmd(dit_dir, vae_weights, preset, data, clips, rollouts, rollout_chunks, use_ema, pictures, threads):
-    """Memory and drift tests of a DiT folder (prints JSON; held-out clips are cached in the data folder
-    and encoded again when --vae is another file than the one that encoded them).
+@click.option("-o", "--output", type=click.Path(dir_okay=False, path_type=Path), default=None, metavar="JSON",
+              help="Where the results go (default: DIT_DIR/eval.json); its path is printed on stdout.")
+@click.option("--print", "show", is_flag=True, help="Print the JSON on stdout instead of the file's path.")
+def train_eval_cmd(dit_dir, vae_weights, preset, data, clips, rollouts, rollout_chunks, use_ema, pictures, threads,
+                   output, show):
+    """Memory and drift tests of a DiT folder (writes eval.json and prints its path; held-out clips are
+    cached in the data folder and encoded again when --vae is another file than the one that encoded them).
 
     Memory: return-frame latent MSE with the first visit in the cache, removed, or replaced by another
     world's frame. Drift: per-chunk latent MSE of free rollouts (the model reads its own chunks) vs
@@ -276,7 +280,12 @@ def train_eval_cmd(dit_dir, vae_weights, preset, data, clips, rollouts, rollout_
                 with atomic_path(pictures) as tmp:
                     drift_pictures(build_wan_vae("loopworld", vae_weights), out["drift"].pop("latents")).save(tmp, "PNG")
                 out["pictures"] = str(pictures)
-        click.echo(json.dumps(out, indent=2))
+        from ..outputs import write_json_atomic
+
+        target = output if output is not None else dit_dir / "eval.json"
+        write_json_atomic(target, out)
+        click.echo(f"worldtrace: wrote {target}", err=True)
+        click.echo(json.dumps(out, indent=2) if show else str(target))  # stdout: one line unless --print
 
     run_job(job)
 
