@@ -226,6 +226,8 @@ def test_a_browser_walks_and_the_cache_panel_follows(server, tmp_path):
         assert "W" in [k.text for k in driver.find_elements(By.CSS_SELECTOR, ".key.on")]
         assert driver.find_element(By.ID, "action").text == "forward"
         ActionChains(driver).key_up("w").perform()
+        ActionChains(driver).drag_and_drop_by_offset(driver.find_element(By.ID, "gen0"), 120, 0).perform()
+        wait_for(lambda: "camera_r" in driver.find_element(By.ID, "action").text, "a chunk turned by a mouse drag")
         after = driver.find_element(By.ID, "slots0").text
         assert after != before and "recent" in after
         wait_for(lambda: driver.find_element(By.ID, "latency").text not in ("-", ""), "a key-to-frame latency")
