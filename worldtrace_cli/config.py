@@ -35,7 +35,8 @@ PRESET_ADDED = {"architecture": "mg2", "sampler": "renoise"}
 class MemoryConfig:
     """User-facing memory settings (``--cache``, ``--positions``, ``--budget``, slot counts).
 
-    ``None`` means "the writer's default" (see :meth:`CacheWriter.resolve`).
+    ``None`` means "the writer's default" (each writer resolves it when built and at ``reset``:
+    :func:`~worldtrace_cli.writer_options.writer_sizes`).
     """
 
     cache: str = "sliding"

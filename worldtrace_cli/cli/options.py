@@ -167,7 +167,7 @@ def memory_options(command):
                      callback=_finite,
                      help="full/yarn: refuse before the KV cache (3 copies per chunk) exceeds this many GB."),
         click.option("--spill-dir", type=click.Path(path_type=Path), default=None,
-                     help="field: keep evicted frames on disk here instead of host memory (very long runs)."),
+                     help="field, naive, mixed: keep evicted frames on disk here instead of host memory (very long runs)."),
         # range checks are the writers' (one-line InputErrors naming the flag, also for library callers)
         click.option("--top-k", type=int, default=None,
                      help="worldkv: banked chunks retrieved per chunk by camera pose (default 6, as released)."),
