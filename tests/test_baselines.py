@@ -9,7 +9,7 @@ import pytest
 import torch
 
 import worldtrace_cli.memory as memory
-from worldtrace_cli.bench import evaluate, mechanism_benchmark, SceneSetup
+from worldtrace_cli.jobs.bench_mechanism import evaluate, mechanism_benchmark, SceneSetup
 from worldtrace_cli.errors import InputError
 from worldtrace_cli.memory import SCHEMES, WRITERS, CacheGeometry, MemoryConfig, build_writer, example_specs
 

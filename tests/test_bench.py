@@ -5,7 +5,7 @@ import json
 
 from click.testing import CliRunner
 
-from worldtrace_cli.bench import SceneSetup, evaluate
+from worldtrace_cli.jobs.bench_mechanism import SceneSetup, evaluate
 from worldtrace_cli.jobs.bench_speed import speed_benchmark, speed_markdown
 from worldtrace_cli.cli import main
 

@@ -19,7 +19,7 @@ from worldtrace_cli.model.lingbot.checkpoint import load_lingbot_dit
 from worldtrace_cli.model.lingbot.config import official_memory
 from worldtrace_cli.model.lingbot.sampler import OfficialNoise
 from worldtrace_cli.model.rope import MainRope
-from worldtrace_cli.parity_lingbot import load_lingbot_fixture, replay_variant
+from worldtrace_cli.jobs.parity_lingbot import load_lingbot_fixture, replay_variant
 
 DATA = Path(__file__).parent / "data" / "lingbot"
 VARIANTS = {"main": (18, 6), "nosink_la10": (10, 0), "global": (-1, 0)}

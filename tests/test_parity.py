@@ -9,7 +9,7 @@ import shutil
 import pytest
 import torch
 
-from worldtrace_cli import parity
+from worldtrace_cli.jobs import parity
 from worldtrace_cli.model.speed import configure_speed
 from worldtrace_cli.model.rope import MainRope
 
@@ -116,7 +116,7 @@ def test_replay_turns_tf32_off_and_restores_the_callers_settings(monkeypatch):
     """compare() and compare_lingbot() replay in IEEE float32 (TF32 moved an H200's CUDA replay by 6.9e-4, off: 2.9e-6):
     inside the replay both TF32 switches are off; afterwards, also after an error, the caller's
     settings are back."""
-    from worldtrace_cli import parity_lingbot
+    from worldtrace_cli.jobs import parity_lingbot
     from worldtrace_cli.model.lingbot import checkpoint
 
     seen = []

@@ -339,7 +339,7 @@ def test_worldkv_runs_through_the_lingbot_rollout(one_thread):
     """WorldKV on LingBot's 4-frame chunks: the fixture inputs through the product's LingbotRollout
     (poses from LingBot's camera track, handed over by set_poses)."""
     from worldtrace_cli.model.lingbot.checkpoint import load_lingbot_dit
-    from worldtrace_cli.parity_lingbot import load_lingbot_fixture, replay_variant
+    from worldtrace_cli.jobs.parity_lingbot import load_lingbot_fixture, replay_variant
 
     data_dir = Path(__file__).parent / "data" / "lingbot"
     model = load_lingbot_dit(data_dir / "tiny_config.json", weights=data_dir / "tiny_weights.safetensors")

@@ -74,7 +74,7 @@ def bench():
 def bench_mechanism(writers, schemes, routes, legs, seed, landmark_threshold, output, name):
     """Attention mismatch ||alpha_hat P - alpha||_1 and scene-A recall mass of every writer x scheme
     on synthetic scene keys (paper App. B), computed with the real RoPE code."""
-    from ..bench import SceneSetup, mechanism_benchmark, write_mechanism_report
+    from ..jobs.bench_mechanism import SceneSetup, mechanism_benchmark, write_mechanism_report
 
     def job():
         setup = SceneSetup(seed=seed)

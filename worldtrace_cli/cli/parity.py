@@ -29,8 +29,8 @@ def parity(folder, rope_precision, compile_mode, device, lingbot):
     import torch
 
     from ..errors import WorldtraceError
-    from ..parity import TOLERANCE, compare
-    from ..parity_lingbot import compare_lingbot, is_lingbot_fixture
+    from ..jobs.parity import TOLERANCE, compare
+    from ..jobs.parity_lingbot import compare_lingbot, is_lingbot_fixture
 
     if device == "cuda" and not torch.cuda.is_available():
         click.echo("worldtrace: error: --device cuda: no CUDA device is available", err=True)

@@ -19,14 +19,14 @@ from pathlib import Path
 
 import torch
 
-from .errors import InputError
-from .memory import build_writer
-from .memory.base import MemoryConfig
-from .model.checkpoint import check_state_dict, read_json, read_state_dict
-from .model.config import DiTConfig
-from .model.dit import CausalWanDiT
-from .model.speed import configure_speed, tf32_allowed
-from .model.sampler import FlowMatchSchedule
+from ..errors import InputError
+from ..memory import build_writer
+from ..memory.base import MemoryConfig
+from ..model.checkpoint import check_state_dict, read_json, read_state_dict
+from ..model.config import DiTConfig
+from ..model.dit import CausalWanDiT
+from ..model.speed import configure_speed, tf32_allowed
+from ..model.sampler import FlowMatchSchedule
 
 TOLERANCE = 1e-4
 FRAMES_PER_CHUNK = 3
@@ -87,7 +87,7 @@ def replay(model: CausalWanDiT, inputs: dict, on_call=None, writer=None, device:
     to the MG2-native sliding writer (budget local_attn_size - 3); the rollout resets it. ``device``:
     where the rollout runs (``model`` must be there); x0 and the latents come back on the CPU.
     """
-    from .rollout import Rollout
+    from ..rollout import Rollout
 
     cfg = model.cfg
     noise, draws = inputs["noise"], inputs["add_noise_draws"]

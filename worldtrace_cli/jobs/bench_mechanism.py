@@ -28,8 +28,8 @@ from dataclasses import dataclass
 
 import torch
 
-from .memory import SCHEMES, CacheGeometry, MemoryConfig, build_writer, example_specs
-from .model.rope import MainRope
+from ..memory import SCHEMES, CacheGeometry, MemoryConfig, build_writer, example_specs
+from ..model.rope import MainRope
 
 HEAD_DIM = 128
 
@@ -185,7 +185,7 @@ def write_mechanism_report(rows: list[dict], folder, stem: str = "mechanism",
             "setup": setup.__dict__}
     (folder / f"{stem}.json").write_text(json.dumps({"meta": meta, "rows": rows}, indent=1))
     parts = ["# Mechanism benchmark (synthetic scenes, real RoPE)\n",
-             "Produced by `worldtrace bench mechanism`; definitions in `worldtrace_cli/bench.py`.\n"]
+             "Produced by `worldtrace bench mechanism`; definitions in `worldtrace_cli/jobs/bench_mechanism.py`.\n"]
     for route in sorted({r["route"] for r in rows}):
         for metric, what in (("scene_a_mass", "return-query attention mass on scene-A content (higher = recall)"),
                              ("mismatch", "distribution mismatch vs full attention at actual offsets (lower = closer)"),

@@ -24,8 +24,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from .errors import InputError
-from .model.checkpoint import read_state_dict
+from ..errors import InputError
+from ..model.checkpoint import read_state_dict
 
 TOLERANCE = 1e-4
 LINGBOT_VARIANTS = {"main": (18, 6), "nosink_la10": (10, 0), "global": (-1, 0)}  # the extract's settings
@@ -95,11 +95,11 @@ def replay_variant(model, inputs: dict, local_attn_size: int, sink_size: int, de
     Returns:
         (x0 per ``"c{c}_s{s}_x0"`` [16, 4, lh, lw], latents [16, lat_f, lh, lw]) on the CPU, and the writer.
     """
-    from .lingbot_rollout import LingbotRollout
-    from .memory import MemoryConfig, build_writer
-    from .model.conditioning import ConditioningLatents
-    from .model.lingbot.camera import CameraTrack, frame_counts
-    from .model.lingbot.config import official_memory, trained_window
+    from ..lingbot_rollout import LingbotRollout
+    from ..memory import MemoryConfig, build_writer
+    from ..model.conditioning import ConditioningLatents
+    from ..model.lingbot.camera import CameraTrack, frame_counts
+    from ..model.lingbot.config import official_memory, trained_window
 
     lat = inputs["vae_latent"]
     lh, lw = lat.shape[2:]
@@ -128,21 +128,21 @@ def compare_lingbot(folder: str | Path, rope_precision: str = "float32", device:
     :func:`~worldtrace_cli.model.speed.configure_speed`).
 
     On CUDA the replay runs in IEEE float32 (:func:`~worldtrace_cli.model.speed.tf32_allowed` off),
-    as MG2's :func:`~worldtrace_cli.parity.compare` does: PyTorch's default runs cuDNN convolutions
+    as MG2's :func:`~worldtrace_cli.jobs.parity.compare` does: PyTorch's default runs cuDNN convolutions
     (the patch embedding) in TF32, which moved MG2's CUDA replay by 6.6-6.9e-4, over the 1e-4 bound.
 
     Raises:
         InputError / CheckpointError: an incomplete or unreadable folder.
     """
-    from .model.speed import tf32_allowed
+    from ..model.speed import tf32_allowed
 
     with tf32_allowed(False):
         return _compare_lingbot(Path(folder), rope_precision, device, compile_mode)
 
 
 def _compare_lingbot(folder: Path, rope_precision: str, device: str, compile_mode: str) -> dict[str, float]:
-    from .model.lingbot.checkpoint import load_lingbot_dit
-    from .model.speed import configure_speed
+    from ..model.lingbot.checkpoint import load_lingbot_dit
+    from ..model.speed import configure_speed
 
     model = load_lingbot_dit(_need(folder / "tiny_config.json"), weights=_need(folder / "tiny_weights.safetensors"),
                              device=device)
