@@ -11,7 +11,7 @@ import torch
 
 from worldtrace_cli.errors import InputError, RunError
 from worldtrace_cli.memory import SCHEMES, WRITERS, CacheGeometry, MemoryConfig, build_writer, example_specs
-from worldtrace_cli.state import load_state, save_state, unpack
+from worldtrace_cli.runs.state import load_state, save_state, unpack
 
 GEOM = CacheGeometry(num_layers=2, heads=2, head_dim=128, tokens_per_frame=4, frames_per_chunk=3, trained_offset=5)
 UNBOUNDED = {"full", "yarn"}

@@ -68,7 +68,7 @@ def test_views_of_one_storage_are_saved_without_copies_and_overlapping_ones_are_
     """A resume state of a slab-backed host store: non-overlapping views are packed as they are (no
     clone: a clone per frame would double a store the size of host RAM at every save); an
     overlapping view is cloned (safetensors refuses overlap); all come back bit-identical."""
-    from worldtrace_cli.state import load_state, pack, save_state, unpack
+    from worldtrace_cli.runs.state import load_state, pack, save_state, unpack
 
     arena = PinnedArena(pin=False)
     frames = [arena.copy(torch.randn(3, 4, 128).to(torch.bfloat16)) for _ in range(7)]
@@ -92,7 +92,7 @@ def test_field_host_store_restored_into_slabs_saves_and_resumes_again_bit_identi
     """Field without --spill-dir: save, restore (the store goes into arena slabs), save that writer
     again and restore it: every later read equals the uninterrupted writer's."""
     from worldtrace_cli.memory import CacheGeometry, MemoryConfig, build_writer
-    from worldtrace_cli.state import load_state, save_state, unpack
+    from worldtrace_cli.runs.state import load_state, save_state, unpack
 
     geometry = CacheGeometry(num_layers=2, heads=2, head_dim=16, tokens_per_frame=4, frames_per_chunk=3,
                              trained_offset=5)

@@ -210,7 +210,7 @@ def test_resume_state_files_follow_the_umask(tmp_path, umask):
 
     import torch
 
-    from worldtrace_cli.state import save_state
+    from worldtrace_cli.runs.state import save_state
 
     old = os.umask(umask)
     try:

@@ -17,7 +17,7 @@ from worldtrace_cli.memory import CacheGeometry, MemoryConfig, build_writer
 from worldtrace_cli.memory.bank import ChunkBank, keep_indices, kept_per_frame, nearest, pose_distances
 from worldtrace_cli.model.chunk import CacheView, LayerPast
 from worldtrace_cli.model.rope import MainRope
-from worldtrace_cli.state import load_state, save_state, unpack
+from worldtrace_cli.runs.state import load_state, save_state, unpack
 from worldtrace_cli.world.motion import camera_to_world
 
 GEOM = CacheGeometry(num_layers=2, heads=2, head_dim=128, tokens_per_frame=8, frames_per_chunk=3, trained_offset=5)

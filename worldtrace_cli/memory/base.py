@@ -176,7 +176,7 @@ class CacheWriter:
         """Everything :meth:`reset` creates and the rollout changes, as plain data.
 
         A nested structure of dicts with str keys, lists, ints, floats, str, bool, None and
-        tensors (no objects), for :func:`worldtrace_cli.state.save_state`. Tensors are the writer's
+        tensors (no objects), for :func:`worldtrace_cli.runs.state.save_state`. Tensors are the writer's
         live ones (no copies): save them before the next :meth:`commit`. The geometry and config
         are not included (they are rebuilt); ``writer``/``version``/``budget`` identify the layout.
 

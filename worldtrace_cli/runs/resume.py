@@ -1,5 +1,5 @@
 """Resume states of ``worldtrace generate``: explicit ``state_dict()`` of every stateful part, saved
-as safetensors + JSON (no pickle; :mod:`worldtrace_cli.state`) in ``RUN_DIR/resume/``.
+as safetensors + JSON (no pickle; :mod:`worldtrace_cli.runs.state`) in ``RUN_DIR/resume/``.
 
 What is saved: the cache writer's :meth:`~worldtrace_cli.memory.CacheWriter.state_dict` (its
 contents and host stores), the DiT's action caches (:meth:`RolloutState.state_dict`), the
@@ -28,7 +28,7 @@ def save_run_state(folder: RunFolder, cfg, rollout, decoder, scorer, progress: d
     """Atomically save everything a resume needs after ``rollout.chunk`` chunks (call after the
     decode pipeline was flushed); ``inputs``: the trajectory's and image's sha256, ``command``: the
     run's original command line. Raises OutputError (disk full, permissions)."""
-    from ..state import save_state
+    from .state import save_state
 
     parts = {"writer": rollout.writer.state_dict(), "action_caches": rollout.state.state_dict(),
              "decoder": decoder.state(), "metrics": scorer.state_dict(), "progress": progress}
@@ -47,7 +47,7 @@ def restore_run_state(folder: RunFolder, rollout, decoder, scorer, inputs: dict)
             ``state.json``, one from another version, or a trajectory / image changed since the run
             started (each message says to start again with ``--overwrite``).
     """
-    from ..state import load_state, unpack
+    from .state import load_state, unpack
 
     meta, parts, tensors = load_state(folder.state, remedy="start again with --overwrite")
     if meta.get("version") != STATE_VERSION:
@@ -78,7 +78,7 @@ def resume_config(run_dir: str | Path):
             run already completed.
     """
     from ..config import RunConfig
-    from ..state import load_meta
+    from .state import load_meta
 
     folder = RunFolder(run_dir)
     if folder.is_complete():

@@ -295,7 +295,7 @@ class Session:
         Raises:
             InputError: nothing generated yet. OutputError: the folder cannot be written.
         """
-        from ..state import save_state
+        from ..runs.state import save_state
 
         if self.rollout is None:
             raise InputError("save: the session has no chunk yet; step first")
@@ -317,7 +317,7 @@ class Session:
         """
         from ..config import RunConfig
         from ..pipeline import Pipeline
-        from ..state import load_state, unpack
+        from ..runs.state import load_state, unpack
 
         meta, parts, tensors = load_state(path)
         if meta.get("version") != SESSION_STATE_VERSION or "segments" not in meta:

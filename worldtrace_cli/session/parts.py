@@ -5,9 +5,9 @@ from __future__ import annotations
 
 def clone_tree(parts: dict) -> dict:
     """An independent copy of nested state dicts (every tensor cloned on its device), through the
-    resume state's own packing (:func:`~worldtrace_cli.state.pack`), so a fork copies exactly what a
+    resume state's own packing (:func:`~worldtrace_cli.runs.state.pack`), so a fork copies exactly what a
     save would."""
-    from ..state import pack, unpack
+    from ..runs.state import pack, unpack
 
     tensors: dict = {}
     tree = {name: pack(value, tensors, prefix=f"{name}.") for name, value in parts.items()}

@@ -19,7 +19,7 @@ from typing import Any
 
 import torch
 
-from .errors import InputError, OutputError
+from ..errors import InputError, OutputError
 
 
 def pack(obj: Any, tensors: dict[str, torch.Tensor], prefix: str = "t") -> Any:
