@@ -14,7 +14,7 @@ import logging
 log = logging.getLogger("worldtrace")
 
 
-def finish_record(out, plan, waypoints: dict, scorer, frames_per_chunk: int) -> dict:
+def finish_record(out, plan, scorer, frames_per_chunk: int) -> dict:
     """Complete a decoded chunk's ``chunks.jsonl`` record in place and return it: ``pixel_frames``
     ``[start, end)``, ``actions`` (the plan's display name of the chunk's actions), ``waypoints``,
     ``frames_sha256`` (of the decoded uint8 [T, H, W, 3] frames' bytes) and ``metrics``
@@ -23,7 +23,7 @@ def finish_record(out, plan, waypoints: dict, scorer, frames_per_chunk: int) -> 
 
     Args:
         out: a decoded :class:`~worldtrace_cli.rollout.ChunkOutput`; plan: the ActionPlan (its
-            ``chunk_actions`` cover the chunk); waypoints: chunk -> labels; scorer: OnlineMetrics.
+            ``chunk_actions`` cover the chunk; its ``waypoints`` give the chunk's labels); scorer: OnlineMetrics.
     """
     from torch import no_grad
 
@@ -32,7 +32,7 @@ def finish_record(out, plan, waypoints: dict, scorer, frames_per_chunk: int) -> 
     c, rec = out.record["chunk"], out.record
     rec["pixel_frames"] = list(chunk_rows(c, frames_per_chunk))
     rec["actions"] = plan.chunk_actions[c]
-    rec["waypoints"] = waypoints.get(c, [])
+    rec["waypoints"] = [label for chunk, label in plan.waypoints if chunk == c]
     rec["frames_sha256"] = hashlib.sha256(out.frames.numpy().tobytes()).hexdigest()
     with no_grad():
         rec["metrics"] = scorer.add_chunk(out.latents, out.frames)
@@ -62,9 +62,6 @@ class ChunkLoop:
         self.rollout, self.scorer, self.plan, self.sinks = rollout, scorer, plan, sinks
         self.records = sinks.records if sinks is not None else ([] if records is None else records)
         self.decode = DecodePipeline(decoder, device, overlap)  # after any decoder restore (its docstring)
-        self.waypoints: dict[int, list[str]] = {}
-        for chunk_index, label in plan.waypoints:
-            self.waypoints.setdefault(chunk_index, []).append(label)
 
     def advance(self) -> list:
         """Generate the next chunk; returns the chunks decoded now, oldest first (without overlap,
@@ -92,7 +89,7 @@ class ChunkLoop:
             self.sinks.write(ready)
         else:
             for out in ready:
-                self.records.append(finish_record(out, self.plan, self.waypoints, self.scorer,
+                self.records.append(finish_record(out, self.plan, self.scorer,
                                                   self.plan.frames_per_chunk))
         return ready
 

@@ -30,9 +30,6 @@ class RunSinks:
 
         self.folder, self.plan, self.scorer, self.records, self.start = folder, plan, scorer, records, start
         self.progress = progress
-        self.waypoints: dict[int, list[str]] = {}
-        for chunk_index, label in plan.waypoints:
-            self.waypoints.setdefault(chunk_index, []).append(label)
         self.video = VideoStreamWriter(folder.video_part if start else folder.video, preset.width, preset.height,
                                        preset.fps, pass_fds=() if folder.lock_fd is None else (folder.lock_fd,))
         self.jsonl = JsonlWriter(folder.chunks, append=True)
@@ -47,7 +44,7 @@ class RunSinks:
         for out in outs:
             rec = out.record
             self.video.write(out.frames)
-            finish_record(out, self.plan, self.waypoints, self.scorer, self.frames_per_chunk)
+            finish_record(out, self.plan, self.scorer, self.frames_per_chunk)
             self.jsonl.write(rec)
             self.records.append(rec)
             for k, v in rec["timings_s"].items():
