@@ -41,7 +41,7 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from worldtrace_cli.actions import chunk_rows, chunks_for_frames  # noqa: E402
+from worldtrace_cli.trajectory.actions import chunk_rows, chunks_for_frames  # noqa: E402
 from worldtrace_cli.errors import InputError  # noqa: E402
 from worldtrace_cli.loopbench.plan import parse_worlds  # noqa: E402
 from worldtrace_cli.outputs import read_video_frames  # noqa: E402

@@ -74,7 +74,7 @@ def skip_without_ffmpeg():
     machine's image has none, and imageio-ffmpeg's 80 MB binary cannot travel there (the device tool
     carries at most 64 MiB with the tracked tree; benchmarks/gpu/fetch-wheels.sh slims the wheel)."""
     from worldtrace_cli.errors import OutputError
-    from worldtrace_cli.video import ffmpeg_exe
+    from worldtrace_cli.outputs.video import ffmpeg_exe
 
     try:
         ffmpeg_exe()

@@ -8,8 +8,8 @@ import torch
 from PIL import Image
 
 from worldtrace_cli.errors import InputError
-from worldtrace_cli.model.conditioning import (ConditioningLatents, build_conditioning, load_image,
-                                               preprocess_image)
+from worldtrace_cli.model.conditioning import ConditioningLatents, build_conditioning, preprocess_image
+from worldtrace_cli.trajectory.images import load_image
 from worldtrace_cli.model.image_encoder import build_clip_tower
 from worldtrace_cli.model.vae import build_wan_vae
 

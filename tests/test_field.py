@@ -18,7 +18,7 @@ from worldtrace_cli.memory.field_streaming import FieldStreamingWriter
 from worldtrace_cli.memory.naive import NaiveWriter
 from worldtrace_cli.writer_options import resolve_slots
 from worldtrace_cli.model.rope import MainRope
-from worldtrace_cli.runs.records import expand_slot_records
+from worldtrace_cli.outputs.records import expand_slot_records
 
 FIXTURES = Path(__file__).parent / "data" / "fixtures"
 # head_dim 24: temporal pairs with omega = 1, 0.1, 0.01, 0.001 (axis_channels -> 8 temporal channels)
@@ -300,7 +300,7 @@ def test_writers_register_with_their_default_positions():
 @pytest.mark.parametrize("cache", ["field", "field-streaming", "naive"])
 def test_tiny_rollout_end_to_end(cache, dit):
     from worldtrace_cli.model.sampler import FlowMatchSchedule
-    from worldtrace_cli.rollout import Rollout
+    from worldtrace_cli.engine.rollout import Rollout
 
     hw, chunks = (4, 8), 12
     gen = torch.Generator().manual_seed(11)

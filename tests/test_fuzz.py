@@ -232,7 +232,7 @@ def test_any_options_pass_or_are_a_one_line_error(monkeypatch, command, options,
     """The real ``generate`` and ``compare`` commands (click parsing, the job's checks) up to the
     model load (an option one command lacks is a usage error, exit 2, like any other)."""
     from worldtrace_cli.cli import main
-    from worldtrace_cli.pipeline import Pipeline
+    from worldtrace_cli.engine.pipeline import Pipeline
 
     def would_load(*args, **kwargs):
         raise ModelWouldLoad

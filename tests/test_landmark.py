@@ -12,7 +12,7 @@ from worldtrace_cli.memory import CacheGeometry, MemoryConfig, build_writer
 from worldtrace_cli.memory.landmark import LandmarkSummary, LandmarkWriter, frame_descriptor
 from worldtrace_cli.memory.window import split_frames
 from worldtrace_cli.model.rope import MainRope
-from worldtrace_cli.runs.records import expand_slot_records
+from worldtrace_cli.outputs.records import expand_slot_records
 
 FIXTURES = Path(__file__).parent / "data" / "fixtures"
 GEOM = CacheGeometry(num_layers=2, heads=2, head_dim=128, tokens_per_frame=8, frames_per_chunk=3)
@@ -222,7 +222,7 @@ def test_tiny_rollout_runs_with_landmark_slots(dit, cache):
         pytest.importorskip("worldtrace_cli.memory.field")
         import worldtrace_cli.memory.mixed  # noqa: F401
     from worldtrace_cli.model.sampler import FlowMatchSchedule
-    from worldtrace_cli.rollout import Rollout
+    from worldtrace_cli.engine.rollout import Rollout
 
     chunks = 12
     gen = torch.Generator().manual_seed(11)

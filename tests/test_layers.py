@@ -1,6 +1,7 @@
-"""The house's structure (design.md §2): no import cycle, even through imports inside functions, and
-imports strictly downward between the layers (model/ knows nothing of memory/, writers or jobs;
-library code never imports the CLI)."""
+"""The house's structure (docs/architecture.md §4-5): rooms that name their purpose, no import cycle
+even through imports inside functions, imports strictly downward between the rooms (model/ knows
+nothing of memory/, writers or jobs; library code never imports the CLI), at most 8 levels, and no
+module over 400 lines."""
 
 import ast
 from pathlib import Path
@@ -81,6 +82,74 @@ def cycles(g: dict[str, set[str]]) -> list[list[str]]:
 def test_the_cycle_finder_finds_cycles():
     assert cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
     assert cycles({"a": {"b"}, "b": set()}) == []
+
+
+def room(module: str) -> str:
+    """The room of a module: the first folder or root module under the package (``engine`` for
+    ``worldtrace_cli.engine.loop``); ``(root)`` for the package's own ``__init__``."""
+    parts = module.split(".")
+    return parts[1] if len(parts) > 1 else "(root)"
+
+
+# every room, lowest first: a room imports only rooms before it (imports inside functions included)
+ROOMS = ["errors", "schemas", "writer_options", "trajectory", "outputs", "model", "config", "world", "memory",
+         "metrics", "engine", "runs", "loopbench", "train", "session", "jobs", "play", "(root)", "cli", "__main__"]
+
+
+def room_graph(g: dict[str, set[str]]) -> dict[str, set[str]]:
+    rooms: dict[str, set[str]] = {}
+    for mod, deps in g.items():
+        rooms.setdefault(room(mod), set()).update(room(d) for d in deps if room(d) != room(mod))
+    return rooms
+
+
+def upward(rooms: dict[str, set[str]], order: list[str]) -> list[tuple[str, str]]:
+    """The room imports that point up ``order`` (or to a room it does not list)."""
+    rank = {r: i for i, r in enumerate(order)}
+    return sorted((r, d) for r, deps in rooms.items() for d in deps if rank.get(d, len(order)) >= rank.get(r, -1))
+
+
+def levels(rooms: dict[str, set[str]]) -> dict[str, int]:
+    """A room's import level: 1 for a room that imports no other, else 1 + the highest level it imports
+    (an acyclic graph: :func:`upward` finds none)."""
+    out: dict[str, int] = {}
+
+    def level(r):
+        if r not in out:
+            out[r] = 1 + max((level(d) for d in rooms.get(r, ())), default=0)
+        return out[r]
+
+    for r in rooms:
+        level(r)
+    return out
+
+
+def test_the_room_checks_catch_what_they_are_for():
+    assert upward({"a": {"b"}, "b": set()}, ["a", "b"]) == [("a", "b")]
+    assert upward({"a": set(), "b": {"a"}}, ["a", "b"]) == []
+    assert upward({"a": {"x"}}, ["a"]) == [("a", "x")]  # a room the order does not know is an error
+    assert levels({"a": {"b"}, "b": {"c"}, "c": set()}) == {"a": 3, "b": 2, "c": 1}
+
+
+def test_the_package_root_holds_only_what_every_room_shares():
+    """Issue 40: the engine, metrics, outputs and trajectory parser live in rooms named for them."""
+    loose = sorted(p.name for p in PACKAGE.glob("*.py"))
+    assert loose == ["__init__.py", "__main__.py", "config.py", "errors.py", "writer_options.py"], loose
+    folders = {p.name for p in PACKAGE.iterdir() if p.is_dir() and (p / "__init__.py").exists()}
+    assert {"engine", "memory", "model", "metrics", "outputs", "trajectory", "runs", "jobs", "session",
+            "cli"} <= folders
+
+
+def test_rooms_import_downward():
+    rooms = room_graph(graph())
+    assert set(rooms) == set(ROOMS), set(rooms) ^ set(ROOMS)  # a new room takes its place in ROOMS
+    assert upward(rooms, ROOMS) == []
+
+
+def test_no_module_is_over_400_lines():
+    long = {str(p.relative_to(PACKAGE)): n for p in PACKAGE.rglob("*.py")
+            if (n := len(p.read_text().splitlines())) > 400}
+    assert long == {}, long
 
 
 def test_no_import_cycle():

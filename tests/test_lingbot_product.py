@@ -41,7 +41,7 @@ def one_line_error(result, code=2):
 
 @pytest.fixture(scope="module")
 def pipe():
-    from worldtrace_cli.pipeline import Pipeline
+    from worldtrace_cli.engine.pipeline import Pipeline
 
     return Pipeline.from_preset(load_preset("lingbot-tiny"), device="cpu")
 
@@ -65,7 +65,7 @@ def test_bad_architecture_and_window_are_one_line_errors(tmp_path):
 
 
 def test_from_preset_dispatches_on_architecture(pipe):
-    from worldtrace_cli.lingbot_pipeline import LingbotPipeline
+    from worldtrace_cli.engine.lingbot import LingbotPipeline
     from worldtrace_cli.model.lingbot.dit import LingbotDiT
 
     assert isinstance(pipe, LingbotPipeline) and isinstance(pipe.world.dit, LingbotDiT)

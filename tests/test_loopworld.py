@@ -180,7 +180,7 @@ def test_landmark_needs_tau_calibrated_for_the_model(tmp_path, one_thread):
     summary = json.loads((tmp_path / "calibrated" / "landmark" / "summary.json").read_text())
     assert summary["config"]["memory"]["landmark_threshold"] == 0.0047
 
-    from worldtrace_cli.calibrate import detector_events
+    from worldtrace_cli.metrics.calibrate import detector_events
 
     def scene_entries(run):  # landmarks after the first frame (which always is one)
         return sum(e["landmark"] for e in detector_events(run))
@@ -234,7 +234,7 @@ def test_compare_shows_the_truth_first_and_a_keyframe_sheet(tmp_path, one_thread
 
 
 def test_bench_tau_calibrates_on_logged_distances(tmp_path, one_thread):
-    from worldtrace_cli.calibrate import detector_events, view_changes
+    from worldtrace_cli.metrics.calibrate import detector_events, view_changes
 
     run, _ = generate(tmp_path, "lm", ROOT / "trajectories" / "look_back.yaml", "--chunks", 5, "--cache", "landmark")
     result = CliRunner().invoke(main, ["bench", "tau", str(run), "--rate", "0.2", "-o", str(tmp_path / "tau")])

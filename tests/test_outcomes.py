@@ -40,7 +40,7 @@ def tiny(out, chunks=2, **kw) -> list[str]:
 
 def test_a_damaged_resume_state_is_refused(tmp_path, monkeypatch):
     """Bytes flipped inside state.safetensors used to resume silently into a different video."""
-    import worldtrace_cli.rollout as rollout_mod
+    import worldtrace_cli.engine.rollout as rollout_mod
 
     out = tmp_path / "run"
     cfg = RunConfig(preset=load_preset("tiny"), trajectory=ABA, output=out, image=IMAGE, chunks=5, progress=False,

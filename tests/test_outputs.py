@@ -278,10 +278,10 @@ def test_a_full_disk_leaves_no_zero_byte_or_torn_timeline(tmp_path, monkeypatch)
 
     import matplotlib.figure
 
-    from worldtrace_cli.timeline import plot_cache_timeline
+    from worldtrace_cli.outputs.timeline import plot_cache_timeline
 
     from worldtrace_cli.memory.slots import Slot
-    from worldtrace_cli.runs.records import slot_records
+    from worldtrace_cli.outputs.records import slot_records
 
     records = [{"chunk": c, "cache": {"writer": "sliding", "positions": "actual", "events": [],
                                       "slots": slot_records([Slot("past", (c,), "recent")], [-1.0], c + 1, [8], [64])}}
@@ -339,8 +339,8 @@ def test_a_timeline_of_hundreds_of_slots_stays_a_bounded_picture(tmp_path):
     from PIL import Image
 
     from worldtrace_cli.memory.slots import Slot
-    from worldtrace_cli.runs.records import slot_records
-    from worldtrace_cli.timeline import LABELLED_SLOTS, plot_cache_timeline
+    from worldtrace_cli.outputs.records import slot_records
+    from worldtrace_cli.outputs.timeline import LABELLED_SLOTS, plot_cache_timeline
 
     def record(c, n):
         slots = [Slot("past", (f,), "recent") for f in range(n)]

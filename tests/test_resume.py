@@ -136,7 +136,7 @@ def test_non_finite_latents_stop_the_run_naming_the_chunk(tmp_path, monkeypatch,
 
 
 def test_a_failure_while_writing_the_last_chunks_does_not_hide_the_real_error(tmp_path, monkeypatch):
-    from worldtrace_cli import rollout
+    from worldtrace_cli.engine import decode
     from worldtrace_cli.model import dit
 
     original = dit.CausalWanDiT.forward
@@ -149,7 +149,7 @@ def test_a_failure_while_writing_the_last_chunks_does_not_hide_the_real_error(tm
         raise OSError("No space left on device")
 
     monkeypatch.setattr(dit.CausalWanDiT, "forward", poisoned)
-    monkeypatch.setattr(rollout.DecodePipeline, "flush", broken_flush)
+    monkeypatch.setattr(decode.DecodePipeline, "flush", broken_flush)
     with pytest.raises(RunError, match="chunk 2: .*NaN"):
         run_generation(config(tmp_path / "o", "sliding", overlap_decode=True))
     assert [r["chunk"] for r in read_jsonl(tmp_path / "o" / "chunks.jsonl")] == [0]
@@ -165,7 +165,7 @@ def test_resume_refuses_changed_inputs_and_lost_chunks(tmp_path):
     out = tmp_path / "run"
     cfg = RunConfig(preset=load_preset("tiny"), trajectory=traj, output=out, image=IMAGE, chunks=CHUNKS,
                     progress=False, save_every=2)
-    real_step = __import__("worldtrace_cli.rollout", fromlist=["Rollout"]).Rollout.step
+    real_step = __import__("worldtrace_cli.engine.rollout", fromlist=["Rollout"]).Rollout.step
     calls = {"n": 0}
 
     def dying_step(self):
@@ -174,7 +174,7 @@ def test_resume_refuses_changed_inputs_and_lost_chunks(tmp_path):
             raise RunError("simulated crash")
         return real_step(self)
 
-    import worldtrace_cli.rollout as rollout_mod
+    import worldtrace_cli.engine.rollout as rollout_mod
     rollout_mod.Rollout.step = dying_step
     try:
         with pytest.raises(RunError, match="simulated"):

@@ -7,8 +7,8 @@ import torch
 
 from worldtrace_cli.memory import MemoryConfig, build_writer
 from worldtrace_cli.model.sampler import FlowMatchSchedule
-from worldtrace_cli.rollout import Rollout
-from worldtrace_cli.runs.records import expand_slot_records
+from worldtrace_cli.engine.rollout import Rollout
+from worldtrace_cli.outputs.records import expand_slot_records
 
 FIXTURES = Path(__file__).parent / "data" / "fixtures"
 LATENT_HW = (4, 8)  # 2 x 4 = 8 tokens per latent frame

@@ -363,7 +363,7 @@ def test_ctrl_c_before_the_run_starts_claims_no_chunks(tmp_path, monkeypatch):
     """Issue 15: a Ctrl-C while the model loaded printed that the run folder held every finished
     chunk, before any chunk (or folder) existed."""
     from worldtrace_cli.cli import main
-    from worldtrace_cli.pipeline import Pipeline
+    from worldtrace_cli.engine.pipeline import Pipeline
 
     def interrupted(*args, **kwargs):
         raise KeyboardInterrupt

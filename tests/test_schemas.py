@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from worldtrace_cli.memory.base import Slot
-from worldtrace_cli.runs.records import expand_slot_records, frame_ranges, slot_records
+from worldtrace_cli.outputs.records import expand_slot_records, frame_ranges, slot_records
 from worldtrace_cli.schemas import NAMES, load_schema
 
 

@@ -21,7 +21,7 @@ ACTIONS = ["forward", "forward+camera_l",
 @pytest.fixture(scope="module")
 def pipeline():
     from worldtrace_cli.config import load_preset
-    from worldtrace_cli.pipeline import Pipeline
+    from worldtrace_cli.engine.pipeline import Pipeline
 
     return Pipeline.from_preset(load_preset("loopworld"), device="cpu", dtype="fp32")
 

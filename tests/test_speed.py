@@ -14,7 +14,8 @@ from worldtrace_cli.model.speed import compile_blocks, configure_speed
 from worldtrace_cli.model.rope import MainRope
 from worldtrace_cli.model.sampler import FlowMatchSchedule
 from worldtrace_cli.model.vae import StreamingDecoder, build_wan_vae
-from worldtrace_cli.rollout import ChunkOutput, DecodePipeline, Rollout
+from worldtrace_cli.engine.decode import DecodePipeline
+from worldtrace_cli.engine.rollout import ChunkOutput, Rollout
 
 from test_rollout import LATENT_HW, ConstantConditioning
 

@@ -195,7 +195,8 @@ def _tiny_preset():
 def test_dit_training_lowers_the_loss_and_resumes(tmp_path, data, one_thread):
     from safetensors.torch import load_file
 
-    from worldtrace_cli.train.dit import ClipPool, build_dit, clip_loss, train_dit
+    from worldtrace_cli.train.dit import build_dit, train_dit
+    from worldtrace_cli.train.objective import ClipPool, clip_loss
 
     preset, pool = _tiny_preset(), ClipPool(data)
     schedule = FlowMatchSchedule()
@@ -239,7 +240,8 @@ def test_batched_clips_give_each_clips_own_loss(data, one_thread):
     """A ClipBatch runs B clips through the context passes (their own caches and action rows) and the
     target chunk in one DiT call per chunk: every clip's loss is the loss it has alone, on every target
     chunk, early and late clips alike; clips at other latent frames are not stacked."""
-    from worldtrace_cli.train.dit import ClipBatch, ClipPool, build_dit, context_state, target_losses
+    from worldtrace_cli.train.dit import build_dit
+    from worldtrace_cli.train.objective import ClipBatch, ClipPool, context_state, target_losses
 
     preset, pool = _tiny_preset(), ClipPool(data)
     dit = build_dit(preset, 3)
@@ -270,7 +272,8 @@ def test_batched_training_lowers_the_loss(tmp_path, data, one_thread):
     is not continued the other way)."""
     from safetensors.torch import load_file
 
-    from worldtrace_cli.train.dit import ClipPool, build_dit, clip_loss, train_dit
+    from worldtrace_cli.train.dit import build_dit, train_dit
+    from worldtrace_cli.train.objective import ClipPool, clip_loss
 
     preset, pool = _tiny_preset(), ClipPool(data)
 
@@ -358,7 +361,7 @@ def test_clips_encoded_on_cuda_match_the_cpu(tmp_path, vae_file):
 def test_target_chunk_shares():
     """choose_target: the shipped draws at the default share; --start-share moves chunk 0's share of
     rollout-start clips, never of late clips (which hold no chunk 0)."""
-    from worldtrace_cli.train.dit import START_SHARE, choose_target
+    from worldtrace_cli.train.objective import START_SHARE, choose_target
 
     old, new = np.random.default_rng(5), np.random.default_rng(5)
     assert [choose_target(new, True) for _ in range(20)] == [int(old.choice([0, 1, 2, 2, 2, 2])) for _ in range(20)]
@@ -375,7 +378,8 @@ def test_self_generated_context(data, one_thread):
     """--self-context: the last ``generated`` context chunks are the model's own samples (the product's
     sampler), committed like any chunk at the same positions, drawn from the trainer's stream; at 0
     no random draw is taken (older runs keep their streams)."""
-    from worldtrace_cli.train.dit import ClipPool, build_dit, clip_loss, context_state, self_generated_chunks
+    from worldtrace_cli.train.dit import build_dit
+    from worldtrace_cli.train.objective import ClipPool, clip_loss, context_state, self_generated_chunks
 
     dit, pool = build_dit(_tiny_preset(), 0).eval(), ClipPool(data)
     schedule = FlowMatchSchedule()
@@ -415,7 +419,8 @@ def _other_encoder(vae_path, dest):
 def test_drift_test_free_vs_teacher_forced(data, vae_file, one_thread, tmp_path_factory):
     """The drift test: a free rollout reads the model's own chunks, a teacher-forced one the true
     chunks; the observe hook sees exactly what is committed; held-out walks are encoded once."""
-    from worldtrace_cli.train.dit import ClipPool, build_dit, context_state
+    from worldtrace_cli.train.dit import build_dit
+    from worldtrace_cli.train.objective import ClipPool, context_state
     from worldtrace_cli.train.evaluate import ROLLOUT_FILE, heldout_rollout_clips, rollout_drift
 
     walks = heldout_rollout_clips(data, vae_file[0], 2, chunks=3, height=48, width=96)
@@ -528,7 +533,8 @@ def test_memory_test_and_bundle(tmp_path, data, vae_file, one_thread):
 
     from worldtrace_cli.model.checkpoint import load_world_model
     from worldtrace_cli.train.dataset import read_shard, shard_paths
-    from worldtrace_cli.train.dit import ClipPool, build_dit, export_bundle
+    from worldtrace_cli.train.dit import build_dit, export_bundle
+    from worldtrace_cli.train.objective import ClipPool
     from worldtrace_cli.train.evaluate import memory_effect
 
     preset = _tiny_preset()
@@ -889,7 +895,8 @@ def test_grown_dit_computes_what_it_grew_from_and_then_learns(tmp_path, data, on
     from safetensors.torch import load_file, save_file
 
     from worldtrace_cli.model.dit import CausalWanDiT
-    from worldtrace_cli.train.dit import ClipPool, build_dit, clip_loss, train_dit
+    from worldtrace_cli.train.dit import build_dit, train_dit
+    from worldtrace_cli.train.objective import ClipPool, clip_loss
     from worldtrace_cli.train.grow import block_sources, grow_dit
 
     assert block_sources(2, 5) == [(0, False), (0, True), (1, False), (1, True), (1, True)]

@@ -122,7 +122,7 @@ def test_ground_truth_and_gt_scores():
 def test_gt_detail_says_how_much_of_the_picture_is_left():
     """GT detail: 1 for the truth itself, below 1 for a blurred copy, above 1 for added noise, 0 for
     a flat frame; detail exact on a known pattern; None against a flat truth."""
-    from worldtrace_cli.scores import detail, detail_ratio
+    from worldtrace_cli.metrics.scores import detail, detail_ratio
 
     plan = plan_of("{label: A, action: camera_r, chunks: 1}")
     frames = GroundTruth(3, plan, 48, 88).frames(0, 5)

@@ -317,7 +317,7 @@ def test_pose_writers_refuse_a_model_without_poses():
 @pytest.mark.parametrize("cache,flags", [("worldkv", {"keep_ratio": 0.25}), ("retrieval", {"keep_ratio": 0.5})])
 def test_writers_run_through_the_mg2_rollout(dit, cache, flags, one_thread):
     from worldtrace_cli.model.sampler import FlowMatchSchedule
-    from worldtrace_cli.rollout import Rollout
+    from worldtrace_cli.engine.rollout import Rollout
     from test_rollout import LATENT_HW, ConstantConditioning
 
     chunks = 5

@@ -299,7 +299,7 @@ class RunConfig:
         compile: ``none`` | ``default`` | ``reduce-overhead`` | ``max-autotune``: torch.compile of the
             DiT blocks' pure parts (:func:`~worldtrace_cli.model.speed.compile_blocks`).
         overlap_decode: decode each chunk while the next one is generated
-            (:class:`~worldtrace_cli.rollout.DecodePipeline`).
+            (:class:`~worldtrace_cli.engine.decode.DecodePipeline`).
         prompt, poses, intrinsics: LingBot presets only: the text prompt and LingBot's own
             ``poses.npy`` / ``intrinsics.npy`` (override the trajectory's ``prompt`` / ``poses`` /
             ``intrinsics``; without poses the trajectory's actions drive the camera).

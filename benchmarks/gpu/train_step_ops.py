@@ -25,7 +25,8 @@ from torch.profiler import ProfilerActivity, profile
 from worldtrace_cli.config import load_preset
 from worldtrace_cli.model.sampler import FlowMatchSchedule
 import worldtrace_cli.train.dit as train_dit
-from worldtrace_cli.train.dit import ClipPool, build_dit, grouped_loss
+from worldtrace_cli.train.dit import build_dit
+from worldtrace_cli.train.objective import ClipPool, grouped_loss
 
 
 def main(argv=None) -> None:

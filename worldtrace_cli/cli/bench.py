@@ -99,7 +99,7 @@ def bench_mechanism(writers, schemes, routes, legs, seed, landmark_threshold, ou
 def bench_tau(run_dirs, min_change, rate, output, show):
     """Suggest the landmark threshold tau from the detector distances that landmark runs logged
     (RUN_DIRS: run folders of --cache landmark; for loopworld runs, against the true view changes)."""
-    from ..calibrate import calibrate, calibration_markdown
+    from ..metrics.calibrate import calibrate, calibration_markdown
     from ..outputs import atomic_path, write_json_atomic
 
     def job():

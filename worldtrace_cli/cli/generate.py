@@ -77,7 +77,7 @@ def generate(trajectory, preset, checkpoint, prompt, poses, intrinsics, random_w
     """
     from ..config import RunConfig, default_cache, default_preset_name, load_preset
     from ..errors import InputError
-    from ..files import cache_folder
+    from ..outputs.files import cache_folder
     from ..trajectory import load_trajectory
 
     ctx = click.get_current_context()

@@ -55,7 +55,7 @@ def metrics_cmd(run_dir, level, trajectory, device, output, print_json):
         from ..metrics import summarise_run
         from ..model.checkpoint import load_clip_tower
         from ..outputs import write_json_atomic
-        from ..pipeline import resolve_device
+        from ..engine.pipeline import resolve_device
         from ..runs.resume import resume_config
         from ..trajectory import frames_for_chunks
 

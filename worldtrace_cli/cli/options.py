@@ -56,7 +56,7 @@ def _set_threads(ctx, param, value):
 def device_options(command):
     """``--device auto|cuda|cpu``, ``--dtype auto|bf16|fp32`` (parameters ``device``, ``dtype``) and
     ``--threads N`` (applied at parse time, no parameter), the same for every command that runs the
-    model (:func:`~worldtrace_cli.pipeline.resolve_device`, :func:`~worldtrace_cli.pipeline.resolve_dtype`)."""
+    model (:func:`~worldtrace_cli.engine.pipeline.resolve_device`, :func:`~worldtrace_cli.engine.pipeline.resolve_dtype`)."""
     command = click.option("--threads", type=click.IntRange(1, 1024), default=None, expose_value=False,
                            callback=_set_threads, is_eager=True,
                            help="CPU threads for torch (default: torch's, one per core). On a shared or busy "

@@ -127,7 +127,7 @@ def play(preset, cache, checkpoint, random_weights, image, world_seed, seed, dev
                   "world_seed": world_seed, "seed": seed, "device": device, "dtype": dtype, "compile": compile_mode,
                   "metrics": metrics, **options}
         from ..config import RunConfig
-        from ..pipeline import Pipeline
+        from ..engine.pipeline import Pipeline
 
         start = time.perf_counter()
         log.info(f"loading {resolved.name} ...")

@@ -138,7 +138,7 @@ def train_vae_cmd(output, steps, minutes, lr, warmup, seed, threads, save_every,
 @click.option("--no-progress/--progress", "no_progress", default=False, help="No progress bar (default: --progress, on stderr).")
 def train_encode_cmd(vae_weights, output, shards, seed, late, loop, max_angle, vary_return, threads, device, no_progress):
     """Render and encode training clips for `train dit` (can run while it trains)."""
-    from ..runtime import resolve_device
+    from ..engine.base import resolve_device
     from ..train.dataset import ClipMix, encode_clips
 
     stop = _StopFlag()
@@ -192,8 +192,9 @@ def train_dit_cmd(data, preset, output, steps, minutes, lr, warmup, seed, thread
     """Train the DiT on encoded clips through MG2's sliding cache; writes DIR/dit.safetensors
     (and DIR/dit-ema.safetensors with --ema)."""
     from ..config import load_preset
-    from ..runtime import resolve_device
-    from ..train.dit import START_SHARE, train_dit
+    from ..engine.base import resolve_device
+    from ..train.dit import train_dit
+    from ..train.objective import START_SHARE
 
     stop = _StopFlag()
 

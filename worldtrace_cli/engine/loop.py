@@ -8,45 +8,20 @@ chunk) and the job's policy around it (resume states, Ctrl-C, the summary).
 
 from __future__ import annotations
 
-import hashlib
 import logging
+
+from .record import finish_record
 
 log = logging.getLogger("worldtrace")
 
 
-def finish_record(out, plan, scorer, frames_per_chunk: int) -> dict:
-    """Complete a decoded chunk's ``chunks.jsonl`` record in place and return it: ``pixel_frames``
-    ``[start, end)``, ``actions`` (the plan's display name of the chunk's actions), ``waypoints``,
-    ``frames_sha256`` (of the decoded uint8 [T, H, W, 3] frames' bytes) and ``metrics``
-    (``scorer.add_chunk``, in chunk order). The one place a record is finished: ``generate``'s
-    :class:`~worldtrace_cli.runs.sinks.RunSinks` and live sessions (:class:`~worldtrace_cli.session.Session`), through :class:`ChunkLoop`, both call it.
-
-    Args:
-        out: a decoded :class:`~worldtrace_cli.rollout.ChunkOutput`; plan: the ActionPlan (its
-            ``chunk_actions`` cover the chunk; its ``waypoints`` give the chunk's labels); scorer: OnlineMetrics.
-    """
-    from torch import no_grad
-
-    from ..trajectory import chunk_rows
-
-    c, rec = out.record["chunk"], out.record
-    rec["pixel_frames"] = list(chunk_rows(c, frames_per_chunk))
-    rec["actions"] = plan.chunk_actions[c]
-    rec["waypoints"] = [label for chunk, label in plan.waypoints if chunk == c]
-    rec["frames_sha256"] = hashlib.sha256(out.frames.numpy().tobytes()).hexdigest()
-    with no_grad():
-        rec["metrics"] = scorer.add_chunk(out.latents, out.frames)
-    return rec
-
-
-
 class ChunkLoop:
-    """Rollout step -> :class:`~worldtrace_cli.rollout.DecodePipeline` -> finished records
+    """Rollout step -> :class:`~worldtrace_cli.engine.decode.DecodePipeline` -> finished records
     (:func:`finish_record`) -> the run folder's sinks.
 
     Args:
-        rollout: a :class:`~worldtrace_cli.rollout.Rollout` (or LingBot-World's) whose ``step()``
-            returns a :class:`~worldtrace_cli.rollout.ChunkOutput`.
+        rollout: a :class:`~worldtrace_cli.engine.rollout.Rollout` (or LingBot-World's) whose ``step()``
+            returns a :class:`~worldtrace_cli.engine.rollout.ChunkOutput`.
         decoder: its streaming VAE decoder; device: where generation runs (torch.device).
         scorer: :class:`~worldtrace_cli.metrics.OnlineMetrics`; plan: the ActionPlan whose
             ``chunk_actions`` name each chunk's actions (it may grow chunk by chunk).
@@ -57,7 +32,7 @@ class ChunkLoop:
     """
 
     def __init__(self, rollout, decoder, device, scorer, plan, overlap: bool = False, sinks=None, records=None):
-        from ..rollout import DecodePipeline
+        from .decode import DecodePipeline
 
         self.rollout, self.scorer, self.plan, self.sinks = rollout, scorer, plan, sinks
         self.records = sinks.records if sinks is not None else ([] if records is None else records)

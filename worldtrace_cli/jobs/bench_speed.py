@@ -1,5 +1,5 @@
 """``worldtrace bench speed``: seconds per chunk by phase, wall-clock seconds per chunk, DiT forward
-time, fps and peak memory of each writer on one loaded :class:`~worldtrace_cli.pipeline.Pipeline`
+time, fps and peak memory of each writer on one loaded :class:`~worldtrace_cli.engine.pipeline.Pipeline`
 (random weights at the preset's full size). Results are JSON + Markdown with the device and versions.
 """
 
@@ -49,9 +49,10 @@ def speed_benchmark(preset_name: str = "tiny", caches: tuple[str, ...] = ("slidi
     import time
 
     from ..config import load_preset
-    from ..model.conditioning import load_image
-    from ..pipeline import Pipeline
-    from ..rollout import DecodePipeline, process_rss_bytes
+    from ..trajectory.images import load_image
+    from ..engine.pipeline import Pipeline
+    from ..engine.decode import DecodePipeline
+    from ..engine.record import process_rss_bytes
     from ..trajectory import MODES, chunk_rows, frames_for_chunks
 
     if repeats < 1:

@@ -18,7 +18,7 @@ from pathlib import Path
 import numpy as np
 
 from ..schemas import SCHEMA_VERSION
-from ..sheet import font as _sheet_font, frame_sheet
+from ..outputs.sheet import font as _sheet_font, frame_sheet
 
 log = logging.getLogger("worldtrace")
 
@@ -273,7 +273,7 @@ def run_compare(trajectory: str | Path, caches: list[str], out_dir: str | Path, 
             next_step(cfg.output, cfg)
     check_writers([cfg.memory for cfg in configs], preset_obj)  # every writer's flags: torch-free first
     plan = plan_actions(traj, chunks, preset_obj.frames_per_chunk)
-    from ..pipeline import Pipeline
+    from ..engine.pipeline import Pipeline
     from ..runs.resume import next_step
     from .generate import run_generation, stage
     from .sinks import StopFlag

@@ -24,7 +24,7 @@ from pathlib import Path
 from ..errors import Aborted, Interrupted, OutputError
 from ..runs import RunFolder
 from ..runs.resume import restore_run_state, save_run_state
-from ..video import ffmpeg_exe
+from ..outputs.video import ffmpeg_exe
 from .inputs import RunInputs, check_inputs, prepare_inputs
 from .sinks import RunSinks, StopFlag
 
@@ -67,7 +67,7 @@ def run_generation(cfg, resume: bool = False, pipeline=None) -> dict:
     :func:`~worldtrace_cli.jobs.inputs.check_inputs`) and the output folder checked (a file, or a run
     already there without ``--overwrite``) before torch is imported, all before any model is loaded.
     With ``resume``, ``cfg`` must be :func:`~worldtrace_cli.runs.resume.resume_config` of
-    ``cfg.output``. ``pipeline``: a loaded :class:`~worldtrace_cli.pipeline.Pipeline` to reuse when
+    ``cfg.output``. ``pipeline``: a loaded :class:`~worldtrace_cli.engine.pipeline.Pipeline` to reuse when
     it serves ``cfg`` (compare and loopbench pass theirs), else one is loaded.
 
     Raises:
@@ -105,7 +105,7 @@ def _generate(cfg, inputs: RunInputs, folder: RunFolder, resume: bool, pipeline,
     from ..metrics import OnlineMetrics
     from ..outputs import write_json_atomic
     from ..engine.loop import ChunkLoop
-    from ..pipeline import Pipeline
+    from ..engine.pipeline import Pipeline
     from ..runs.summary import run_summary
     from ..trajectory import frames_for_chunks
 

@@ -76,7 +76,7 @@ def sha256_file(path: str | Path) -> str:
 def check_image(path: str | Path, height: int, width: int) -> None:
     """Check an image file with PIL, no torch: it exists, is an image, MG2's centre crop to the
     aspect ``height:width`` is not empty (:func:`~worldtrace_cli.model.conditioning.preprocess_image`),
-    and its pixel data decode (:func:`~worldtrace_cli.images.load_image`, at reduced size for a
+    and its pixel data decode (:func:`~worldtrace_cli.trajectory.images.load_image`, at reduced size for a
     large image: a 24 MP JPEG or PNG of noise took 0.2 s here), so a truncated file is refused before torch loads.
 
     Raises:
@@ -84,7 +84,7 @@ def check_image(path: str | Path, height: int, width: int) -> None:
     """
     from PIL import Image, UnidentifiedImageError
 
-    from ..images import load_image
+    from ..trajectory.images import load_image
 
     path = Path(path)
     if not path.is_file():
@@ -221,7 +221,7 @@ def prepare_inputs(cfg, traj=None) -> RunInputs:
     if traj is None:
         traj = check_inputs(cfg)  # before torch is imported: a bad input is reported at once
     check_writers([cfg.memory], cfg.preset)  # torch-free first, all before the model loads
-    from ..model.conditioning import load_image
+    from ..trajectory.images import load_image
     from ..trajectory import plan_actions
 
     preset = cfg.preset

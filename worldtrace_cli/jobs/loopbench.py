@@ -108,7 +108,7 @@ def run_jobs(jobs: Sequence[Job], out_dir: str | Path, preset: str = "tiny", dev
     Each job's folder decides (:func:`~worldtrace_cli.runs.resume.next_step`): a complete run of the
     same settings is skipped, a stopped one with a saved state resumes (generate saves one on SIGTERM
     and every 16 chunks), anything else is regenerated from chunk 0; complete runs of other settings
-    (e.g. another ``--chunks``) refuse the whole sweep before any job runs. One :class:`~worldtrace_cli.pipeline.Pipeline` serves every job. A job that raises is recorded by
+    (e.g. another ``--chunks``) refuse the whole sweep before any job runs. One :class:`~worldtrace_cli.engine.pipeline.Pipeline` serves every job. A job that raises is recorded by
     :func:`record_failure` and the loop goes on; Ctrl-C / SIGTERM (exit code 130, the state
     saved) and KeyboardInterrupt stop it. One log line per job goes to the ``worldtrace`` logger.
 
@@ -181,7 +181,7 @@ def _run_steps(jobs, steps, out_dir, sweep_stop, generate_job, bar=None) -> Swee
     """The job loop of :func:`run_jobs`: each job's decided step in turn. A signal heard between jobs
     or during a job that then finished anyway (its last chunk) stops the sweep before the next job;
     one heard while a job sets up reaches that job's own flag (:class:`StopFlag` nesting)."""
-    from ..pipeline import Pipeline  # torch and the model only after the inputs passed
+    from ..engine.pipeline import Pipeline  # torch and the model only after the inputs passed
 
     to_run = sum(step != "reuse" for step, _ in steps)
     done = skipped = failed = 0

@@ -80,14 +80,14 @@ class _FixtureConditioning:
 
 
 def replay(model: CausalWanDiT, inputs: dict, on_call=None, writer=None, device: str = "cpu") -> torch.Tensor:
-    """Replay the fixture rollout through :class:`~worldtrace_cli.rollout.Rollout` with the stored
+    """Replay the fixture rollout through :class:`~worldtrace_cli.engine.rollout.Rollout` with the stored
     noise draws; return the output latents [1,16,N,h,w].
 
     ``on_call(name, x0)`` is called with ``call_c{c}_s{s}`` names and each x0. ``writer`` defaults
     to the MG2-native sliding writer (budget local_attn_size - 3); the rollout resets it. ``device``:
     where the rollout runs (``model`` must be there); x0 and the latents come back on the CPU.
     """
-    from ..rollout import Rollout
+    from ..engine.rollout import Rollout
 
     cfg = model.cfg
     noise, draws = inputs["noise"], inputs["add_noise_draws"]

@@ -10,7 +10,7 @@ Two folder layouts are read (``lingbot-architecture.md`` fixtures README):
   ``make_test_data.py``): the same inputs and every variant's x0 and final latents.
 
 Each variant (``main`` window 18 sink 6, ``nosink_la10``, ``global``) runs its 8 chunks through
-:class:`~worldtrace_cli.lingbot_rollout.LingbotRollout` with the official cache as one of our writers
+:class:`~worldtrace_cli.engine.lingbot_rollout.LingbotRollout` with the official cache as one of our writers
 (:func:`~worldtrace_cli.model.lingbot.config.official_memory`), the camera from the pose files
 (:class:`~worldtrace_cli.model.lingbot.camera.CameraTrack`), the stored text context, VAE latent and
 noise draws, in float32; every denoising call's x0 and the final latents are compared.
@@ -95,7 +95,7 @@ def replay_variant(model, inputs: dict, local_attn_size: int, sink_size: int, de
     Returns:
         (x0 per ``"c{c}_s{s}_x0"`` [16, 4, lh, lw], latents [16, lat_f, lh, lw]) on the CPU, and the writer.
     """
-    from ..lingbot_rollout import LingbotRollout
+    from ..engine.lingbot_rollout import LingbotRollout
     from ..memory import MemoryConfig, build_writer
     from ..model.conditioning import ConditioningLatents
     from ..model.lingbot.camera import CameraTrack, frame_counts

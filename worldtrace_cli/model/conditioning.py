@@ -10,8 +10,6 @@ import numpy as np
 import torch
 from PIL import Image
 
-# the start image's reader needs no torch: generate checks the image with it before torch loads
-from ..images import KEEP_SCALE, _reduction, load_image  # noqa: F401  (re-exported)
 from .vae import CONDITIONING_ENCODE_LATENT_FRAMES, encode_conditioning_latents
 
 MASK_CHANNELS = 4
@@ -120,4 +118,4 @@ def build_conditioning(image: torch.Tensor, vae, clip_tower, num_latent_frames: 
 
 
 __all__ = ["CONDITIONING_ENCODE_LATENT_FRAMES", "ConditioningLatents", "MASK_CHANNELS", "build_conditioning",
-           "load_image", "preprocess_image"]
+           "preprocess_image"]

@@ -60,7 +60,7 @@ def jpeg_b64(frames) -> list[str]:
 def slot_view(record: dict) -> list[dict]:
     """A chunk record's slots as the page draws them: one dict per slot with ``role``, ``kind``,
     ``frames`` (source latent frames), ``mean`` (their mean) and ``vpos`` (virtual position)."""
-    from ..runs.records import expand_slot_records
+    from ..outputs.records import expand_slot_records
 
     return [{"role": s["role"], "kind": s["kind"], "frames": s["frames"][:8], "n": len(s["frames"]),
              "mean": sum(s["frames"]) / len(s["frames"]) if s["frames"] else None, "vpos": s["virtual_position"]}

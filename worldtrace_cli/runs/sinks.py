@@ -37,7 +37,7 @@ class RunSinks:
                         desc=desc)
 
     def write(self, outs) -> None:
-        """Write decoded :class:`~worldtrace_cli.rollout.ChunkOutput` s in order."""
+        """Write decoded :class:`~worldtrace_cli.engine.rollout.ChunkOutput` s in order."""
         from ..engine.loop import finish_record
 
         totals, peak = self.progress["totals"], self.progress["peak"]
@@ -58,7 +58,7 @@ class RunSinks:
         the cache timeline. With ``failing`` a closing error is logged, not raised (it must not hide
         the real one)."""
         from ..outputs import concat_videos
-        from ..timeline import plot_cache_timeline
+        from ..outputs.timeline import plot_cache_timeline
 
         steps = ([] if decode is None else [decode.close]) + [self.bar.close, self.jsonl.close, self.video.close]
         if self.start:

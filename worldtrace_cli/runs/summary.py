@@ -27,7 +27,7 @@ def run_summary(status: str, cfg, run_dir, command: list[str], resumed_by, pipel
     """
     import torch
 
-    from ..pipeline import versions
+    from ..engine.pipeline import versions
     from ..schemas import SCHEMA_VERSION
 
     device = pipeline.device

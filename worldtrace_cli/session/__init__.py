@@ -1,7 +1,7 @@
 """Live sessions: a world model driven one chunk at a time from Python (``worldtrace play`` too).
 
 A :class:`Session` is the library face of ``worldtrace generate``: the same pipeline, cache writer,
-:class:`~worldtrace_cli.rollout.Rollout`, :class:`~worldtrace_cli.rollout.DecodePipeline`, metrics
+:class:`~worldtrace_cli.engine.rollout.Rollout`, :class:`~worldtrace_cli.engine.decode.DecodePipeline`, metrics
 and run-folder sinks, but the actions arrive chunk by chunk instead of from a trajectory file::
 
     import worldtrace_cli as wt

@@ -1,5 +1,5 @@
-"""A session's actions: one chunk's action words parsed with the trajectory parser, and the actions
-taken laid out as trajectory segments (``trajectory.yaml``)."""
+"""A session's actions: one chunk's action words parsed with the trajectory parser, the log of the
+actions taken (:class:`ActionLog`), and that log laid out as trajectory segments (``trajectory.yaml``)."""
 
 from __future__ import annotations
 
@@ -63,6 +63,98 @@ def parse_chunk_actions(actions, mode: str, rows: int) -> tuple[str, list[dict],
     return ">".join(names), doc["segments"], per_row
 
 
+
+class ActionLog:
+    """The actions a session has taken, chunk by chunk: the rows the rollout reads (an
+    :class:`~worldtrace_cli.trajectory.actions.ActionPlan` grown in place, so the chunk loop's
+    reference stays valid) and each chunk's trajectory segments (for ``trajectory.yaml``, saved
+    states and forks).
+
+    Args:
+        mode: the preset's action mode; frames_per_chunk: latent frames per chunk (3 for MG2).
+    Attributes:
+        plan: the ActionPlan (keyboard float32 [R, keyboard_dim], mouse float32 [R, 2] or None,
+            one row per pixel frame; ``chunk_actions`` the chunks' display names);
+        segments: per chunk, its segments as trajectory YAML dicts (with ``frames``).
+    """
+
+    def __init__(self, mode: str, frames_per_chunk: int):
+        import torch
+
+        from ..trajectory.actions import MODES, ActionPlan
+
+        spec = MODES[mode]
+        self.mode = mode
+        keyboard = torch.zeros(0, spec.keyboard_dim, dtype=torch.float32)
+        mouse = torch.zeros(0, 2, dtype=torch.float32) if spec.mouse else None
+        self.plan = ActionPlan(mode, 0, keyboard, mouse, [], [], [], frames_per_chunk)
+        self.segments: list[list[dict]] = []
+
+    @property
+    def chunks(self) -> int:
+        """Chunks whose actions are in the log."""
+        return self.plan.num_chunks
+
+    def rows_next(self) -> int:
+        """Pixel frames (action rows) the next chunk takes: 9 for chunk 0, 12 after (MG2)."""
+        from ..trajectory.actions import chunk_rows
+
+        start, end = chunk_rows(self.chunks, self.plan.frames_per_chunk)
+        return end - start
+
+    def append(self, name: str, segments: list[dict], per_row: list[tuple]) -> None:
+        """Add one chunk's actions: its display ``name``, ``segments`` and per-row
+        ``(keyboard tuple, mouse tuple | None)`` (:func:`parse_chunk_actions`'s result)."""
+        import torch
+
+        plan = self.plan
+        plan.keyboard = torch.cat([plan.keyboard, torch.tensor([k for k, _ in per_row], dtype=torch.float32)])
+        if plan.mouse is not None:
+            plan.mouse = torch.cat([plan.mouse, torch.tensor([m for _, m in per_row], dtype=torch.float32)])
+        plan.num_chunks += 1
+        plan.chunk_actions.append(name)
+        self.segments.append(segments)
+
+    def append_saved(self, segments: list[dict], name: str) -> None:
+        """Add a chunk from its saved ``segments`` (a session state's or a parent's), re-parsed.
+
+        Raises:
+            TrajectoryError: segments that do not parse (a damaged state).
+        """
+        from ..trajectory import parse_trajectory
+
+        traj = parse_trajectory(json.dumps({"mode": self.mode, "segments": segments}), source="session state")
+        self.append(name, segments, [(s.keyboard, s.mouse) for s in traj.segments for _ in range(s.num_frames)])
+
+    def drop_last(self) -> None:
+        """Undo :meth:`append` (a chunk that failed is not part of the session)."""
+        from ..trajectory.actions import frames_for_chunks
+
+        plan = self.plan
+        plan.num_chunks -= 1
+        rows = frames_for_chunks(plan.num_chunks, plan.frames_per_chunk) if plan.num_chunks else 0
+        plan.keyboard = plan.keyboard[:rows]
+        if plan.mouse is not None:
+            plan.mouse = plan.mouse[:rows]
+        plan.chunk_actions.pop()
+        self.segments.pop()
+
+    def taken(self) -> list:
+        """Every chunk's actions as ``Session.step`` takes them (action words, or a list of one entry
+        per pixel frame), so replaying them gives the same rows."""
+        out = []
+        for segs in self.segments:
+            if len(segs) == 1 and "action" in segs[0]:
+                out.append(segs[0]["action"])
+                continue
+            rows = []
+            for seg in segs:
+                body = seg["action"] if "action" in seg else {k: v for k, v in seg.items() if k != "frames"}
+                rows += [body] * seg["frames"]
+            out.append(rows)
+        return out
+
+
 def merge_segments(chunks: list[list[dict]]) -> list[dict]:
     """Trajectory segments of every chunk so far, neighbours with the same action merged."""
     out: list[dict] = []
@@ -113,4 +205,4 @@ def replay_command(cfg, trajectory: str) -> str:
     return " ".join(words)
 
 
-__all__ = ["merge_segments", "parse_chunk_actions", "replay_command", "trajectory_text"]
+__all__ = ["ActionLog", "merge_segments", "parse_chunk_actions", "replay_command", "trajectory_text"]

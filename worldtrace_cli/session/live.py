@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import logging
 import sys
 import time
@@ -13,7 +12,7 @@ from pathlib import Path
 import numpy as np
 
 from ..errors import InputError, WorldtraceError
-from .actions import parse_chunk_actions, replay_command, trajectory_text
+from .actions import ActionLog, parse_chunk_actions, replay_command, trajectory_text
 from .parts import MemoTruth, clone_tree
 
 log = logging.getLogger("worldtrace")
@@ -44,13 +43,14 @@ class Session:
     steps on one worker thread).
 
     Args:
-        pipeline: a loaded MG2 :class:`~worldtrace_cli.runtime.PipelineBase` serving ``cfg``.
+        pipeline: a loaded MG2 :class:`~worldtrace_cli.engine.base.PipelineBase` serving ``cfg``.
         cfg: the session's :class:`~worldtrace_cli.config.RunConfig` (its ``trajectory`` and
             ``output`` are the recording's; ``chunks`` is unused).
         record: a run folder to record into (video.mp4, chunks.jsonl, summary.json,
             trajectory.yaml, cache_timeline.png), or None.
     Attributes:
-        chunk: chunks generated so far; records: the chunks.jsonl records this object generated
+        chunk: chunks generated so far; actions: the :class:`~.actions.ActionLog` (its ``plan`` holds
+            the rows); records: the chunks.jsonl records this object generated
             (a fork starts with its parent's; a loaded session with none); preset, pipeline, cfg.
     Raises:
         InputError: a LingBot-World preset (sessions run MG2 models); OutputError / FolderBusy: the
@@ -58,18 +58,15 @@ class Session:
     """
 
     def __init__(self, pipeline, cfg, record: str | Path | None = None):
-        from ..actions import ActionPlan, MODES
         from ..metrics import OnlineMetrics
 
         if cfg.preset.is_lingbot:
             raise InputError(f"preset {cfg.preset.name}: sessions run MG2-architecture models; LingBot-World runs "
                              f"with worldtrace generate")
         self.pipeline, self.cfg, self.preset = pipeline, cfg, cfg.preset
-        self.spec = MODES[self.preset.mode]
         self.writer = pipeline.build_writer(cfg.memory)
-        self.plan = ActionPlan(self.preset.mode, 0, self._empty_keyboard(), self._empty_mouse(), [], [], [],
-                               self.preset.frames_per_chunk)
-        self._segments: list[list[dict]] = []
+        self.actions = ActionLog(self.preset.mode, self.preset.frames_per_chunk)
+        self.plan = self.actions.plan
         self.records: list[dict] = []
         self._last_record: dict | None = None
         self.rollout = self.truth_source = self._conditioned = None
@@ -97,41 +94,6 @@ class Session:
                 raise
             self.cfg = cfg = replace(cfg, output=self.folder.path, trajectory=self.folder.path / "trajectory.yaml")
 
-    # -- actions --------------------------------------------------------------------------------
-    def _empty_keyboard(self):
-        import torch
-
-        return torch.zeros(0, self.spec.keyboard_dim, dtype=torch.float32)
-
-    def _empty_mouse(self):
-        import torch
-
-        return torch.zeros(0, 2, dtype=torch.float32) if self.spec.mouse else None
-
-    def _append(self, name: str, segments: list[dict], per_row: list[tuple]) -> None:
-        """Add one chunk's action rows to the plan (keyboard [R, kd], mouse [R, 2] float32)."""
-        import torch
-
-        kb = torch.tensor([k for k, _ in per_row], dtype=torch.float32)
-        self.plan.keyboard = torch.cat([self.plan.keyboard, kb])
-        if self.plan.mouse is not None:
-            self.plan.mouse = torch.cat([self.plan.mouse, torch.tensor([m for _, m in per_row], dtype=torch.float32)])
-        self.plan.num_chunks += 1
-        self.plan.chunk_actions.append(name)
-        self._segments.append(segments)
-
-    def _drop_last(self) -> None:
-        """Undo :meth:`_append` (a chunk that failed is not part of the session)."""
-        from ..actions import frames_for_chunks
-
-        self.plan.num_chunks -= 1
-        rows = frames_for_chunks(self.plan.num_chunks, self.plan.frames_per_chunk) if self.plan.num_chunks else 0
-        self.plan.keyboard = self.plan.keyboard[:rows]
-        if self.plan.mouse is not None:
-            self.plan.mouse = self.plan.mouse[:rows]
-        self.plan.chunk_actions.pop()
-        self._segments.pop()
-
     @property
     def chunk(self) -> int:
         """Chunks generated so far (the index of the next one)."""
@@ -140,24 +102,11 @@ class Session:
     def actions_taken(self) -> list:
         """The actions of every chunk so far, each as :meth:`step` takes it (action words, or a list
         of one entry per pixel frame), so ``for a in s.actions_taken(): other.step(a)`` replays them."""
-        out = []
-        for segs in self._segments:
-            if len(segs) == 1 and "action" in segs[0]:
-                out.append(segs[0]["action"])
-                continue
-            rows = []
-            for seg in segs:
-                body = seg["action"] if "action" in seg else {k: v for k, v in seg.items() if k != "frames"}
-                rows += [body] * seg["frames"]
-            out.append(rows)
-        return out
+        return self.actions.taken()
 
     def rows_next(self) -> int:
         """Pixel frames (action rows) the next chunk takes: 9 for chunk 0, 12 after (MG2)."""
-        from ..actions import chunk_rows
-
-        start, end = chunk_rows(self.chunk, self.preset.frames_per_chunk)
-        return end - start
+        return self.actions.rows_next()
 
     # -- the chunk loop -------------------------------------------------------------------------
     def _start(self) -> None:
@@ -176,7 +125,7 @@ class Session:
             self.scorer.truth = self.truth_source
             image = Image.fromarray(self.truth_source.start_image())
         else:
-            from ..model.conditioning import load_image
+            from ..trajectory.images import load_image
 
             image = load_image(self.cfg.image, (self.preset.height, self.preset.width))
         if self._conditioned is None:
@@ -226,14 +175,14 @@ class Session:
         if self._closed:
             raise InputError("step: the session is closed")
         name, segments, per_row = parse_chunk_actions(actions, self.preset.mode, self.rows_next())
-        self._append(name, segments, per_row)
+        self.actions.append(name, segments, per_row)
         try:
             if self.rollout is None:
                 self._start()
             self._feed_actions()
             (out,) = self._loop.advance()  # generate's chunk loop: decoded, record finished and written
         except BaseException:
-            self._drop_last()
+            self.actions.drop_last()
             raise
         if self._sinks is not None:
             self._write_trajectory()
@@ -258,7 +207,7 @@ class Session:
         Raises:
             InputError: no such chunk yet.
         """
-        from ..actions import chunk_rows
+        from ..trajectory.actions import chunk_rows
 
         c = self.chunk - 1 if chunk is None else chunk
         if not 0 <= c < self.chunk:
@@ -270,14 +219,14 @@ class Session:
     def trajectory_yaml(self) -> str:
         """The actions taken so far as a trajectory YAML that ``worldtrace generate`` replays to the
         same frames (:func:`~.actions.trajectory_text`; the replay command in its header)."""
-        return trajectory_text(self.preset.mode, self._seed(), self._segments, self.replay_command("trajectory.yaml"))
+        return trajectory_text(self.preset.mode, self._seed(), self.actions.segments, self.replay_command("trajectory.yaml"))
 
     def replay_command(self, trajectory: str) -> str:
         """The ``worldtrace generate`` command line that replays this session from ``trajectory``."""
         return replay_command(self.cfg, trajectory)
 
     def _write_trajectory(self) -> None:
-        from ..files import atomic_path
+        from ..outputs.files import atomic_path
 
         with atomic_path(self.folder.path / "trajectory.yaml") as tmp:
             Path(tmp).write_text(self.trajectory_yaml())
@@ -300,7 +249,7 @@ class Session:
         if self.rollout is None:
             raise InputError("save: the session has no chunk yet; step first")
         meta = {"version": SESSION_STATE_VERSION, "config": self.cfg.to_dict(), "next_chunk": self.chunk,
-                "segments": self._segments, "chunk_actions": self.plan.chunk_actions, "last_record": self._last_record}
+                "segments": self.actions.segments, "chunk_actions": self.plan.chunk_actions, "last_record": self._last_record}
         save_state(path, meta, self._parts())
         return Path(path)
 
@@ -316,7 +265,7 @@ class Session:
             InputError: no or an unreadable state, another version, or a state that does not fit.
         """
         from ..config import RunConfig
-        from ..pipeline import Pipeline
+        from ..engine.pipeline import Pipeline
         from ..runs.state import load_state, unpack
 
         meta, parts, tensors = load_state(path)
@@ -339,12 +288,7 @@ class Session:
     def _replay_rows(self, segments: list[list[dict]], names: list[str]) -> None:
         """Rebuild the plan from saved per-chunk segments (no generation), then the rollout."""
         for segs, name in zip(segments, names):
-            doc = {"mode": self.preset.mode, "segments": segs}
-            from ..trajectory import parse_trajectory
-
-            traj = parse_trajectory(json.dumps(doc), source="session state")
-            rows = [(s.keyboard, s.mouse) for s in traj.segments for _ in range(s.num_frames)]
-            self._append(name, segs, rows)
+            self.actions.append_saved(segs, name)
         self._start()
         self._feed_actions()
 
@@ -371,7 +315,7 @@ class Session:
             raise InputError("fork: a writer spilling to disk (spill_dir) cannot be forked; open it without spill_dir")
         twin = Session(self.pipeline, self.cfg)
         twin._conditioned = self._conditioned
-        twin._replay_rows(self._segments, self.plan.chunk_actions)
+        twin._replay_rows(self.actions.segments, self.plan.chunk_actions)
         twin._load_parts(clone_tree(self._parts()))
         twin.records, twin._last_record = list(self.records), self._last_record
         return twin
@@ -399,7 +343,7 @@ class Session:
             if self._loop is not None:
                 self._loop.close(failing=False)
             if self._sinks is not None:
-                from ..files import write_json_atomic
+                from ..outputs.files import write_json_atomic
 
                 result = self.summary("complete")
                 write_json_atomic(self.folder.summary_path, result)

@@ -32,9 +32,9 @@ def open(preset: str = "loopworld", cache: str | None = None, *, checkpoint: str
         CheckpointError: missing checkpoint files. OutputError / FolderBusy: the record folder.
     """
     from ..config import RunConfig, default_cache, load_preset, memory_config
-    from ..images import load_image
+    from ..trajectory.images import load_image
     from ..memory import build_writer
-    from ..pipeline import Pipeline
+    from ..engine.pipeline import Pipeline
     from ..writer_options import check_memory
 
     resolved = load_preset(preset) if isinstance(preset, (str, Path)) else preset

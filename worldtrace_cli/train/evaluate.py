@@ -38,8 +38,8 @@ from ..model.dit import LayerPast
 from ..model.sampler import FlowMatchSchedule
 from .dataset import (LATE_CONDITIONING_FILE, ClipMix, EncodedClip, make_clip, make_encoder, read_shard,
                       shard_metadata, store_late_conditioning, write_shard)
-from ..rollout import read_past
-from .dit import context_state, sample_x0, target_chunk_inputs
+from ..engine.rollout import read_past
+from .objective import context_state, sample_x0, target_chunk_inputs
 
 HELDOUT_FILE = "heldout.safetensors"
 ROLLOUT_FILE = "heldout-rollouts-{chunks}.safetensors"
@@ -144,7 +144,7 @@ def drift_pictures(vae, kept: list[tuple[torch.Tensor, torch.Tensor, torch.Tenso
     codec), the teacher-forced and the free rollout, each chunk's last pixel frame decoded with the
     product's streaming decoder. Returns a PIL image."""
     from ..model.vae import StreamingDecoder
-    from ..sheet import frame_sheet
+    from ..outputs.sheet import frame_sheet
 
     rows, labels = [], []
     for w, triple in enumerate(kept):

@@ -80,7 +80,7 @@ class OfficialNoise:
     rollout's initial noise [16, lat_f, lh, lw] first, then three [16, F, lh, lw] re-noising draws per
     chunk, in order. On the CPU this reproduces the official CPU run's draws exactly; CUDA generators
     draw different numbers. Use as the ``noise`` of
-    :class:`~worldtrace_cli.lingbot_rollout.LingbotRollout` (chunks in order only; the product draws
+    :class:`~worldtrace_cli.engine.lingbot_rollout.LingbotRollout` (chunks in order only; the product draws
     per chunk instead, so a resumed run continues with the same numbers)."""
 
     def __init__(self, seed: int, latent_frames: int, latent_hw: tuple[int, int], device="cpu"):

@@ -1,8 +1,8 @@
 """The LingBot-World chunk loop behind the product's rollout interface (lingbot-architecture.md §9.1).
 
-:class:`LingbotRollout` is to the LingBot DiT what :class:`~worldtrace_cli.rollout.Rollout` is to
+:class:`LingbotRollout` is to the LingBot DiT what :class:`~worldtrace_cli.engine.rollout.Rollout` is to
 MG2's: one chunk of F = 4 latent frames per :meth:`~LingbotRollout.step` through any cache writer,
-returning a :class:`~worldtrace_cli.rollout.ChunkOutput` with the same ``chunks.jsonl`` record, so
+returning a :class:`~worldtrace_cli.engine.rollout.ChunkOutput` with the same ``chunks.jsonl`` record, so
 ``generate``, ``compare``, ``loopbench``, ``bench speed`` and resume states treat both models alike.
 Per chunk: four denoising calls at timesteps [999, 967, 908, 768] with the spec's two sigma
 look-ups (§8), then the context pass at t = 0 whose canonical K/V the writer commits (§14).
@@ -17,12 +17,13 @@ from __future__ import annotations
 
 import torch
 
-from .errors import RunError
-from .memory import CacheGeometry, CacheWriter
-from .model.lingbot.config import TRAINED_WINDOW
-from .model.lingbot.dit import LingbotChunk
-from .model.lingbot.sampler import CausalFastSchedule, add_noise, flow_to_x0
-from .rollout import ChunkOutput, PhaseTimer, begin_chunk, chunk_record, noise_draws
+from ..errors import RunError
+from ..memory import CacheGeometry, CacheWriter
+from ..model.lingbot.config import TRAINED_WINDOW
+from ..model.lingbot.dit import LingbotChunk
+from ..model.lingbot.sampler import CausalFastSchedule, add_noise, flow_to_x0
+from .record import chunk_record
+from .rollout import ChunkOutput, PhaseTimer, begin_chunk, noise_draws
 
 
 
@@ -72,7 +73,7 @@ class LingbotRollout:
 
     @torch.no_grad()
     def step(self) -> ChunkOutput:
-        """Generate and commit the next chunk (decoding: :class:`~worldtrace_cli.rollout.DecodePipeline`).
+        """Generate and commit the next chunk (decoding: :class:`~worldtrace_cli.engine.decode.DecodePipeline`).
 
         Returns:
             :class:`ChunkOutput` with latents [1, 16, F, lh, lw] float32 and the chunk's record.

@@ -16,7 +16,7 @@ from pathlib import Path
 from types import MappingProxyType
 from typing import TYPE_CHECKING
 
-from .errors import InputError
+from ..errors import InputError
 
 if TYPE_CHECKING:  # torch is imported lazily so that parsing a file stays light
     import torch

@@ -1,8 +1,8 @@
 """What every loaded world model shares (design.md §2): device and dtype resolution, library versions,
 the key that says when two runs can share a loaded model, and :class:`PipelineBase`, the interface
-the jobs use (:mod:`worldtrace_cli.pipeline` picks the architecture's pipeline:
-:class:`~worldtrace_cli.mg2_pipeline.MG2Pipeline` or
-:class:`~worldtrace_cli.lingbot_pipeline.LingbotPipeline`).
+the jobs use (:mod:`worldtrace_cli.engine.pipeline` picks the architecture's pipeline:
+:class:`~worldtrace_cli.engine.mg2.MG2Pipeline` or
+:class:`~worldtrace_cli.engine.lingbot.LingbotPipeline`).
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 import torch
 
-from .errors import InputError
+from ..errors import InputError
 
 log = logging.getLogger("worldtrace")
 
@@ -100,7 +100,7 @@ def check_speed(rope_precision: str, compile_mode: str) -> None:
     Raises:
         InputError: an unknown precision or compile mode (names the flag and the choices).
     """
-    from .model.speed import COMPILE_MODES, ROPE_PRECISIONS
+    from ..model.speed import COMPILE_MODES, ROPE_PRECISIONS
 
     if rope_precision not in ROPE_PRECISIONS:
         raise InputError(f"--rope-precision: must be one of {', '.join(ROPE_PRECISIONS)}, got {rope_precision!r}")
@@ -169,7 +169,7 @@ class PipelineBase:
 
     def decoder(self):
         """A fresh :class:`~worldtrace_cli.model.vae.StreamingDecoder` over this model's VAE."""
-        from .model.vae import StreamingDecoder
+        from ..model.vae import StreamingDecoder
 
         return StreamingDecoder(self.world.vae)
 
@@ -179,7 +179,7 @@ class PipelineBase:
         Raises:
             InputError: unknown writer, scheme or invalid settings.
         """
-        from .memory import build_writer
+        from ..memory import build_writer
 
         return build_writer(memory, self.default_budget, self.window)
 

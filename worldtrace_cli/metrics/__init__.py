@@ -6,8 +6,8 @@ definition here is ours, see ``docs/metrics.md``). Recall: :func:`pac` (Position
 over the frame pairs that :func:`revisit_pairs` finds from a trajectory's waypoint labels or from
 poses dead-reckoned out of its actions (:func:`dead_reckon`).
 
-The per-frame metrics are in :mod:`worldtrace_cli.scores` and the pairing in
-:mod:`worldtrace_cli.revisit` (both re-exported here); this module scores whole runs: a finished
+The per-frame metrics are in :mod:`worldtrace_cli.metrics.scores` and the pairing in
+:mod:`worldtrace_cli.metrics.revisit` (both re-exported here); this module scores whole runs: a finished
 run folder (:func:`summarise_run`) or a rollout as it goes (:class:`OnlineMetrics`).
 """
 
@@ -18,8 +18,8 @@ from pathlib import Path
 
 import torch
 
-from .actions import chunk_rows, chunks_for_frames
-from .errors import InputError
+from ..trajectory.actions import chunk_rows, chunks_for_frames
+from ..errors import InputError
 from .revisit import dead_reckon, pairs_from_poses, pairs_from_waypoints, revisit_pairs
 from .scores import (PSNR_CAP_DB, SSIM_BATCH_BYTES, SSIM_WINDOW, _frames_tensor, _mean, clip_embeddings, detail_ratio,
                      gt_scores, gt_summary, latent_diff, pac, scene_drift, temp_ssim)
@@ -53,8 +53,8 @@ def summarise_run(run_dir: str | Path, tower=None, level: str = "fast",
             or a ``trajectory`` standing in for it that is not in universal mode.
         ValueError: an unknown ``level``, or ``"all"`` without ``tower``.
     """
-    from .outputs import read_jsonl, read_video_frames
-    from .trajectory import load_trajectory, plan_actions
+    from ..outputs import read_jsonl, read_video_frames
+    from ..trajectory import load_trajectory, plan_actions
 
     if level not in ("fast", "all"):
         raise ValueError(f"level must be 'fast' or 'all', got {level!r}")
@@ -87,7 +87,7 @@ def summarise_run(run_dir: str | Path, tower=None, level: str = "fast",
            "scene_drift": None, "pac": None, "revisit": None, "gt": None, "notes": notes}
     world_seed = (summary or {}).get("resolved", {}).get("world_seed")
     if world_seed is not None and t_frames:  # a procedural-world run: score the video against the truth
-        from .world.truth import GroundTruth
+        from ..world.truth import GroundTruth
 
         cfg = summary["config"]
         # the truth is rendered along the run's own trajectory (the actions it was generated with);

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import numpy as np
 
-from .outputs import atomic_path
+from . import atomic_path
 
 
 LABELLED_SLOTS = 32  # slots drawn one labelled row each; more share a figure of this height
@@ -34,7 +34,7 @@ def plot_cache_timeline(records: list[dict], path: str | Path, title: str = "") 
     import matplotlib.pyplot as plt
     import matplotlib.ticker
 
-    from .runs.records import expand_slot_records
+    from .records import expand_slot_records
 
     if not records:
         raise ValueError("no chunk records to plot")

@@ -1,5 +1,5 @@
-"""Run outputs: the streaming MP4 (:mod:`worldtrace_cli.video`), per-chunk JSONL records and summary
-JSON (:mod:`worldtrace_cli.files`), re-exported here as one namespace.
+"""Run outputs: the streaming MP4 (:mod:`worldtrace_cli.outputs.video`), per-chunk JSONL records and summary
+JSON (:mod:`worldtrace_cli.outputs.files`), re-exported here as one namespace.
 
 Everything is written so that a run killed at any moment leaves valid files: the video is
 fragmented MP4 encoded by a separate ffmpeg process, JSONL records are fsync'ed one by one, and

@@ -11,7 +11,7 @@ from pathlib import Path
 
 from PIL import Image, ImageOps, UnidentifiedImageError
 
-from .errors import InputError
+from ..errors import InputError
 
 KEEP_SCALE = 4  # a reduced decode keeps at least 4x the target size in the crop (MG2's images decode fully)
 

@@ -4,17 +4,17 @@
 :meth:`Pipeline.from_config` / :meth:`Pipeline.from_preset` and pass it to every run they make;
 nothing is cached per process, and no run changes a pipeline's settings (a run that needs other
 settings gets its own pipeline, see ``serves``). The preset's ``architecture`` picks the class:
-:class:`~worldtrace_cli.mg2_pipeline.MG2Pipeline` or
-:class:`~worldtrace_cli.lingbot_pipeline.LingbotPipeline`, both
-:class:`~worldtrace_cli.runtime.PipelineBase`. Imports go strictly downward: this module imports
-both pipelines, they import :mod:`worldtrace_cli.runtime`, never this module.
+:class:`~worldtrace_cli.engine.mg2.MG2Pipeline` or
+:class:`~worldtrace_cli.engine.lingbot.LingbotPipeline`, both
+:class:`~worldtrace_cli.engine.base.PipelineBase`. Imports go strictly downward: this module imports
+both pipelines, they import :mod:`worldtrace_cli.engine.base`, never this module.
 """
 
 from __future__ import annotations
 
-from .lingbot_pipeline import LingbotPipeline
-from .mg2_pipeline import Conditioned, MG2Pipeline
-from .runtime import ModelKey, PipelineBase, resolve_device, resolve_dtype, versions
+from .lingbot import LingbotPipeline
+from .mg2 import Conditioned, MG2Pipeline
+from .base import ModelKey, PipelineBase, resolve_device, resolve_dtype, versions
 
 
 class Pipeline:

@@ -1,40 +1,28 @@
-"""The chunk loop: denoising steps -> context pass and cache commit -> decode.
+"""MG2's chunk generation: denoising steps -> context pass and cache commit.
 
 :class:`Rollout` generates one chunk (3 latent frames for MG2) per :meth:`Rollout.step` through a
-cache writer (MG2 spec §11, design.md §3); :class:`DecodePipeline` decodes the chunks in order.
+cache writer (MG2 spec §11, docs/architecture.md §1); :class:`~worldtrace_cli.engine.decode.DecodePipeline`
+decodes the chunks in order and :mod:`worldtrace_cli.engine.record` builds their records.
 The model's geometry (latent channels, tokens per latent frame) comes from the DiT; the jobs build
-rollouts through :class:`~worldtrace_cli.pipeline.Pipeline`.
+rollouts through :class:`~worldtrace_cli.engine.pipeline.Pipeline`.
 """
 
 from __future__ import annotations
 
 import logging
-import os
 import time
 from contextlib import contextmanager
 from dataclasses import dataclass
 
 import torch
 
-from .errors import RunError
-from .runs.records import slot_records
-from .schemas import SCHEMA_VERSION
-from .memory import CacheGeometry, CacheWriter
-from .model.dit import ChunkInputs, LayerPast
-from .model.sampler import FlowMatchSchedule, chunk_generator, flow_to_x0, next_x
+from ..errors import RunError
+from ..memory import CacheGeometry, CacheWriter
+from ..model.dit import ChunkInputs, LayerPast
+from ..model.sampler import FlowMatchSchedule, chunk_generator, flow_to_x0, next_x
+from .record import chunk_record
 
 log = logging.getLogger("worldtrace")
-
-
-def process_rss_bytes() -> int:
-    """Resident set size of this process in bytes (Linux /proc; peak RSS elsewhere)."""
-    try:
-        with open("/proc/self/statm") as fh:
-            return int(fh.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
-    except (OSError, ValueError):
-        import resource
-
-        return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
 
 
 class PhaseTimer:
@@ -166,142 +154,6 @@ class Rollout:
         return ChunkOutput(x0, None, record)
 
 
-class DecodePipeline:
-    """Decodes generated chunks in order with a streaming VAE decoder, either at once or one chunk
-    behind generation so that chunk c's decode overlaps chunk c+1's DiT work.
-
-    Overlap runs the decode on a side CUDA stream (waiting on the main stream's work so far; frames
-    come back through pinned memory) on CUDA, and on a single worker thread on CPU. The decoder is
-    stateful (causal feature cache), so chunks are always decoded in submission order, by one
-    stream or thread. :meth:`flush` waits for everything submitted: call it before reading or
-    loading the decoder's state (resume states) and at the end. Build the pipeline after restoring
-    a decoder state: the restored tensors were made on the main stream, and the first side-stream
-    decode marks them as used there, so the allocator does not hand their memory to the next
-    chunk's DiT while the decode still reads them.
-
-    Each returned :class:`ChunkOutput` has ``frames`` (uint8 [T, H, W, 3] on the CPU), its record's
-    ``memory`` re-read after the decode (peak GPU bytes include it), and in ``timings_s``: ``decode`` (seconds the decode itself took: side-stream CUDA events or
-    the worker's wall clock) and with overlap ``decode_wait`` (seconds generation waited for it:
-    the part of the decode on the critical path).
-
-    Args:
-        decoder: a :class:`~worldtrace_cli.model.vae.StreamingDecoder`.
-        device: the device generation runs on.
-        overlap: decode one chunk behind (True) or at submission (False).
-    """
-
-    def __init__(self, decoder, device: torch.device, overlap: bool = False):
-        self.decoder, self.device, self.overlap = decoder, torch.device(device), overlap
-        self._pending: list = []
-        self._stream = self._pool = None
-        self._state_marked = False
-        if overlap and self.device.type == "cuda":
-            self._stream = torch.cuda.Stream(self.device)
-        elif overlap:
-            from concurrent.futures import ThreadPoolExecutor
-
-            self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="worldtrace-decode")
-
-    def _decode_timed(self, latents: torch.Tensor):
-        start = time.perf_counter()
-        frames = self.decoder.decode(latents)
-        return frames, time.perf_counter() - start
-
-    def _launch(self, out: ChunkOutput):
-        if self._stream is None:
-            return self._pool.submit(self._decode_timed, out.latents)
-        main = torch.cuda.current_stream(self.device)
-        self._stream.wait_stream(main)  # the latents (and a restored decoder state) are ready
-        if not self._state_marked:  # a restored feature cache was allocated on the main stream
-            for t in self.decoder.state()["cache"]:
-                if isinstance(t, torch.Tensor) and t.is_cuda:
-                    t.record_stream(self._stream)
-            self._state_marked = True
-        with torch.cuda.stream(self._stream):
-            begin, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            begin.record()
-            pixels = self.decoder.decode_pixels(out.latents)
-            host = torch.empty(pixels.shape, dtype=torch.uint8, pin_memory=True)
-            host.copy_(pixels, non_blocking=True)
-            end.record()
-        out.latents.record_stream(self._stream)  # the allocator must not reuse them under the decode
-        return host, pixels, begin, end
-
-    def _collect(self, out: ChunkOutput, handle) -> ChunkOutput:
-        start = time.perf_counter()
-        if self._stream is None:
-            out.frames, seconds = handle.result()
-        else:
-            host, _pixels, begin, end = handle
-            end.synchronize()
-            out.frames, seconds = host, begin.elapsed_time(end) / 1000.0
-        timings = out.record["timings_s"]
-        timings["decode"] = round(seconds, 6)
-        timings["decode_wait"] = round(time.perf_counter() - start, 6)
-        out.record["memory"] = memory_record(self.device)
-        return out
-
-    def submit(self, out: ChunkOutput) -> list[ChunkOutput]:
-        """Queue ``out`` (its ``latents`` [1, 16, F, h, w]) for decoding; returns the chunks whose
-        frames are ready, oldest first (without overlap: ``out`` itself; with: the previous chunk)."""
-        if not self.overlap:
-            out.frames, seconds = self._decode_timed(out.latents)
-            out.record["timings_s"]["decode"] = round(seconds, 6)
-            out.record["memory"] = memory_record(self.device)
-            return [out]
-        self._pending.append((out, self._launch(out)))
-        ready = []
-        while len(self._pending) > 1:
-            ready.append(self._collect(*self._pending.pop(0)))
-        return ready
-
-    def flush(self) -> list[ChunkOutput]:
-        """Wait for every queued chunk; returns them with their frames, oldest first."""
-        ready = [self._collect(*item) for item in self._pending]
-        self._pending.clear()
-        return ready
-
-    def close(self) -> None:
-        """Drop what is still queued (after a failure) and stop the worker thread."""
-        self._pending.clear()
-        if self._pool is not None:
-            self._pool.shutdown(wait=True)
-
-
-def chunk_record(writer: CacheWriter, geometry: CacheGeometry, chunk: int, frame_start: int, read: CacheRead,
-                 timer: PhaseTimer, x0: torch.Tensor) -> dict:
-    """The ``chunks.jsonl`` record of a generated chunk (before decoding): index, latent frames
-    ``[start, end)``, the cache as read (writer, scheme, :func:`slot_records`, trained and largest
-    offset, KV bytes read, host bytes, events), phase seconds, memory and the latents' mean / std.
-    ``read`` is what the chunk read (:func:`begin_chunk`), taken before its commit."""
-    f = geometry.frames_per_chunk
-    slots, tokens = read.slots, read.tokens
-    token_bytes = writer.token_bytes()
-    per_slot = [int(col[0]) if bool((col == col[0]).all()) else round(col.double().mean().item(), 2)
-                for col in tokens.T] if len(slots) else []  # tokens per layer (mean when layers differ)
-    slot_bytes = [int(col.sum()) * token_bytes for col in tokens.T] if len(slots) else []
-    slot_recs = slot_records(slots, read.positions.tolist(), frame_start, per_slot, slot_bytes, f)
-    return {
-        "schema_version": SCHEMA_VERSION,
-        "chunk": chunk,
-        "latent_frames": [frame_start, frame_start + f],
-        "cache": {
-            "writer": writer.name,
-            "positions": writer.positions_scheme,
-            "slots": slot_recs,
-            "trained_offset": geometry.trained_offset,
-            "slot_count": len(slots),
-            "max_offset": max((s["max_offset"] for s in slot_recs), default=None),
-            "kv_bytes": read.kv_bytes,
-            "host_bytes": writer.host_bytes(),
-            "events": writer.events(),
-        },
-        "timings_s": {k: round(v, 6) for k, v in timer.seconds.items()},
-        "memory": memory_record(timer.device),
-        "latents": {"mean": round(x0.mean().item(), 6), "std": round(x0.std().item(), 6)},
-    }
-
-
 @dataclass
 class CacheRead:
     """What a chunk reads from its writer, taken once before the chunk's commit: ``slots``,
@@ -346,11 +198,3 @@ def read_past(writer: CacheWriter, num_layers: int) -> list[LayerPast]:
     (canonical K, V, per-slot positions and, for compressed slots, per-slot token counts): what the
     DiT reads this chunk. Used by both rollouts, training and its evaluation (design.md §3)."""
     return [LayerPast(*writer.read(layer), writer.token_counts(layer)) for layer in range(num_layers)]
-
-
-def memory_record(device: torch.device) -> dict:
-    """Peak GPU bytes since the last reset (cuda) and current process RSS bytes."""
-    rec = {"rss_bytes": process_rss_bytes()}
-    if device.type == "cuda":
-        rec["gpu_peak_bytes"] = torch.cuda.max_memory_allocated(device)
-    return rec

@@ -1,4 +1,4 @@
-"""A loaded LingBot-World model behind the :class:`~worldtrace_cli.runtime.PipelineBase` interface.
+"""A loaded LingBot-World model behind the :class:`~worldtrace_cli.engine.base.PipelineBase` interface.
 
 ``Pipeline.from_preset`` returns a :class:`LingbotPipeline` for a preset with ``architecture:
 lingbot``; the jobs call the same methods as for MG2 (``build_writer``, ``condition``, ``rollout``,
@@ -18,9 +18,9 @@ from dataclasses import dataclass
 
 import torch
 
-from .errors import InputError
-from .model.lingbot.inputs import LingbotInputs
-from .runtime import ModelKey, PipelineBase, check_speed, resolve_device, resolve_dtype
+from ..errors import InputError
+from ..model.lingbot.inputs import LingbotInputs
+from .base import ModelKey, PipelineBase, check_speed, resolve_device, resolve_dtype
 
 log = logging.getLogger("worldtrace")
 
@@ -40,7 +40,7 @@ class LingbotPipeline(PipelineBase):
     """A LingBot preset's DiT, VAE, umT5 encoder (and optional CLIP tower for metrics), loaded once.
 
     ``world`` is a :class:`~worldtrace_cli.model.lingbot.world.LingbotWorld`; other attributes as
-    :class:`~worldtrace_cli.runtime.PipelineBase`.
+    :class:`~worldtrace_cli.engine.base.PipelineBase`.
     """
 
     @classmethod
@@ -57,9 +57,9 @@ class LingbotPipeline(PipelineBase):
         """
         import time
 
-        from .model.lingbot.sampler import CausalFastSchedule
-        from .model.lingbot.world import load_lingbot_world
-        from .model.speed import configure_speed
+        from ..model.lingbot.sampler import CausalFastSchedule
+        from ..model.lingbot.world import load_lingbot_world
+        from ..model.speed import configure_speed
 
         check_speed(rope_precision, compile_mode)
         steps = CausalFastSchedule(preset.timestep_shift).timesteps().tolist()
@@ -79,9 +79,9 @@ class LingbotPipeline(PipelineBase):
     def condition(self, pil_image, num_chunks: int, inputs: LingbotInputs | None = None) -> LingbotConditioned:
         """Encode a PIL start image (squashed to the preset's size, spec §10.2) and the prompt for a
         rollout of ``num_chunks`` chunks."""
-        from .model.conditioning import ConditioningLatents
-        from .model.lingbot.conditioning import preprocess_image
-        from .model.vae import encode_conditioning_latents
+        from ..model.conditioning import ConditioningLatents
+        from ..model.lingbot.conditioning import preprocess_image
+        from ..model.vae import encode_conditioning_latents
 
         inputs = inputs or LingbotInputs()
         image = preprocess_image(pil_image, self.preset.height, self.preset.width).to(self.device, self.dtype)
@@ -98,8 +98,8 @@ class LingbotPipeline(PipelineBase):
         Raises:
             InputError: fewer pose rows than pixel frames, or invalid poses / intrinsics.
         """
-        from .model.lingbot.camera import CameraTrack
-        from .world.motion import camera_to_world, frame_poses
+        from ..model.lingbot.camera import CameraTrack
+        from ..world.motion import camera_to_world, frame_poses
 
         rows = keyboard.shape[1]
         if inputs.poses is not None:
@@ -114,7 +114,7 @@ class LingbotPipeline(PipelineBase):
 
     def rollout(self, writer, conditioned: LingbotConditioned, keyboard: torch.Tensor, mouse: torch.Tensor | None,
                 seed: int, noise=None, on_step=None):
-        """A fresh :class:`~worldtrace_cli.lingbot_rollout.LingbotRollout` through ``writer`` (reset;
+        """A fresh :class:`~worldtrace_cli.engine.lingbot_rollout.LingbotRollout` through ``writer`` (reset;
         given every latent frame's camera-to-world pose).
 
         Args:
@@ -122,7 +122,7 @@ class LingbotPipeline(PipelineBase):
             seed: noise seed (chunk c draws from ``chunk_generator(seed, c)``).
         """
         from .lingbot_rollout import LingbotRollout
-        from .model.lingbot.sampler import CausalFastSchedule
+        from ..model.lingbot.sampler import CausalFastSchedule
 
         track = self.camera(keyboard, mouse, conditioned.inputs)
         return LingbotRollout(self.world.dit, writer, conditioned.latents, conditioned.text_context, track, seed,

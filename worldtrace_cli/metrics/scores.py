@@ -14,7 +14,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from .actions import chunk_of_row, chunk_rows
+from ..trajectory.actions import chunk_of_row, chunk_rows
 from .revisit import revisit_pairs
 
 SSIM_WINDOW = 11  # pytorch_msssim's default Gaussian window (sigma 1.5), Wang et al. 2004
@@ -63,7 +63,7 @@ def temp_ssim(frames, batch_size: int | None = None, frames_per_chunk: int = 3) 
     Args:
         frames: uint8 RGB ``[T, H, W, 3]`` (numpy or torch), H and W >= 11.
         frames_per_chunk: latent frames per chunk F (MG2 3, LingBot-World 4): chunk 0 owns
-            4F - 3 pixel frames, every later chunk 4F (:func:`~worldtrace_cli.actions.chunk_of_row`).
+            4F - 3 pixel frames, every later chunk 4F (:func:`~worldtrace_cli.trajectory.actions.chunk_of_row`).
 
     Returns:
         ``{"pairs": [T-1 floats], "per_chunk": [...], "mean": float}``; pair t-1 belongs to the

@@ -4,7 +4,7 @@
 (:func:`~worldtrace_cli.model.checkpoint.load_world_model`), the speed settings applied to them once
 (RoPE precision, ``torch.compile``), the model's geometry (latent grid from the VAE's spatial factor,
 tokens per latent frame from the DiT's patch size, latent channels, frames per chunk) and the image
-conditioning. Jobs get it from :class:`worldtrace_cli.pipeline.Pipeline`.
+conditioning. Jobs get it from :class:`worldtrace_cli.engine.pipeline.Pipeline`.
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 import torch
 
-from .runtime import ModelKey, PipelineBase, check_speed, log, resolve_device, resolve_dtype
+from .base import ModelKey, PipelineBase, check_speed, log, resolve_device, resolve_dtype
 
 
 @dataclass
@@ -30,7 +30,7 @@ class MG2Pipeline(PipelineBase):
     """An MG2 preset's DiT, VAE and CLIP tower loaded once, with fixed speed settings.
 
     ``world`` is a :class:`~worldtrace_cli.model.checkpoint.WorldModel`; other attributes as
-    :class:`~worldtrace_cli.runtime.PipelineBase`.
+    :class:`~worldtrace_cli.engine.base.PipelineBase`.
     """
 
     @classmethod
@@ -47,8 +47,8 @@ class MG2Pipeline(PipelineBase):
         """
         import time
 
-        from .model.checkpoint import load_world_model
-        from .model.speed import configure_speed
+        from ..model.checkpoint import load_world_model
+        from ..model.speed import configure_speed
 
         check_speed(rope_precision, compile_mode)
         dev = resolve_device(device)
@@ -69,7 +69,7 @@ class MG2Pipeline(PipelineBase):
         Raises:
             InputError: an image too small for the preset's crop.
         """
-        from .model.conditioning import build_conditioning, preprocess_image
+        from ..model.conditioning import build_conditioning, preprocess_image
 
         image = preprocess_image(pil_image, self.preset.height, self.preset.width).to(self.device, self.dtype)
         latents, visual_context = build_conditioning(image, self.world.vae, self.world.clip,
@@ -78,13 +78,13 @@ class MG2Pipeline(PipelineBase):
 
     def rollout(self, writer, conditioned: Conditioned, keyboard: torch.Tensor, mouse: torch.Tensor | None,
                 seed: int, noise=None, on_step=None):
-        """A fresh :class:`~worldtrace_cli.rollout.Rollout` of this model through ``writer`` (reset).
+        """A fresh :class:`~worldtrace_cli.engine.rollout.Rollout` of this model through ``writer`` (reset).
 
         Args:
             keyboard: [1, R, keyboard_dim] action rows (pixel frames); mouse: [1, R, 2] or None.
             seed: noise seed (chunk c draws from ``chunk_generator(seed, c)``).
         """
-        from .model.sampler import FlowMatchSchedule
+        from ..model.sampler import FlowMatchSchedule
         from .rollout import Rollout
 
         schedule = FlowMatchSchedule(self.preset.denoising_steps, self.preset.timestep_shift, self.preset.sampler)
@@ -100,7 +100,7 @@ class MG2Pipeline(PipelineBase):
         Returns:
             float64 [N, 4, 4] (OpenCV axes), N = 1 + (R - 1) // 4 latent frames for R pixel frames.
         """
-        from .world.motion import camera_to_world, frame_poses, latent_frame_poses
+        from ..world.motion import camera_to_world, frame_poses, latent_frame_poses
 
         pixel = frame_poses(self.preset.mode, keyboard[0].cpu(), None if mouse is None else mouse[0].cpu())
         return camera_to_world(latent_frame_poses(pixel, 1 + (pixel.shape[0] - 1) // 4))

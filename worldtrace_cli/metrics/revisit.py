@@ -9,11 +9,11 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from .actions import chunk_rows
-from .world.motion import dead_reckon
+from ..trajectory.actions import chunk_rows
+from ..world.motion import dead_reckon
 
 if TYPE_CHECKING:
-    from .actions import ActionPlan
+    from ..trajectory.actions import ActionPlan
 
 
 # --------------------------------------------------------------------------- dead reckoning

@@ -30,7 +30,7 @@ DEG_PER_UNIT = 45.0
 def detector_events(run_dir: Path) -> list[dict]:
     """``landmark_test`` events of a run folder's ``chunks.jsonl``: ``{"frame", "distance", "landmark"}``
     (the first frame, which has no distance, is left out)."""
-    from .outputs import read_jsonl
+    from ..outputs import read_jsonl
 
     out = []
     for rec in read_jsonl(Path(run_dir) / "chunks.jsonl"):
@@ -43,9 +43,9 @@ def detector_events(run_dir: Path) -> list[dict]:
 def view_changes(run_dir: Path) -> dict[int, float] | None:
     """True view change (degrees, module docstring) of every latent frame f >= 1 of a procedural-world
     run, from its trajectory and the one motion model; None for other runs."""
-    from .trajectory import load_trajectory, plan_actions
+    from ..trajectory import load_trajectory, plan_actions
     from .revisit import _wrap_deg
-    from .world.motion import plan_frame_poses
+    from ..world.motion import plan_frame_poses
 
     path = Path(run_dir) / "summary.json"
     if not path.is_file():

@@ -5,7 +5,7 @@ tree rather than from ``safe_load``'s plain objects so that every error can name
 that duplicate mapping keys (which ``safe_load`` silently collapses) are caught. The format is
 documented with examples in ``trajectories/README.md``.
 
-The action layout and :func:`plan_actions` live in :mod:`worldtrace_cli.actions` (re-exported here).
+The action layout and :func:`plan_actions` live in :mod:`worldtrace_cli.trajectory.actions` (re-exported here).
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ import yaml
 from .actions import (CAMERA_STEP, CHUNK_FRAMES, FIRST_CHUNK_FRAMES, MAX_CHUNKS, MAX_LABEL_CHARS,
                       MAX_TRAJECTORY_BYTES, MODES, ActionPlan, Macro, ModeSpec, Segment, Trajectory, chunk_of_row,
                       chunk_rows, chunks_for_frames, frames_for_chunks, plan_actions)
-from .errors import TrajectoryError
+from ..errors import TrajectoryError
 
 
 class _Parser:

@@ -14,7 +14,7 @@ from contextlib import contextmanager
 from pathlib import Path, PurePath
 
 
-from .errors import OutputError
+from ..errors import OutputError
 
 
 def cache_folder(cache: str) -> str:
@@ -185,7 +185,7 @@ def read_jsonl_checked(path: str | Path) -> tuple[list[dict], bool]:
         OutputError: a missing or unreadable file.
         FolderInconsistent: a malformed line other than the last (names the file and line).
     """
-    from .errors import FolderInconsistent
+    from ..errors import FolderInconsistent
 
     path = Path(path)
     try:

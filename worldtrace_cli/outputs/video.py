@@ -15,7 +15,7 @@ from pathlib import Path
 import imageio_ffmpeg
 import numpy as np
 
-from .errors import OutputError
+from ..errors import OutputError
 from .files import _existing, _reason, _tail, tail_words
 
 

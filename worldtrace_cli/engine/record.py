@@ -1,0 +1,103 @@
+"""A chunk's ``chunks.jsonl`` record, built in one place (schema: ``schemas/chunk.schema.json``).
+
+:func:`chunk_record` starts it when the rollout has generated the chunk (the cache as read, phase
+seconds, latents); :class:`~worldtrace_cli.engine.decode.DecodePipeline` adds the decode's seconds
+and re-reads :func:`memory_record`; :func:`finish_record` completes it from the decoded frames
+(pixel frames, actions, waypoints, ``frames_sha256``, metrics). Torch is imported only inside the
+functions that use it, so the module loads without torch.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+from typing import TYPE_CHECKING
+
+from ..outputs.records import slot_records
+from ..schemas import SCHEMA_VERSION
+
+if TYPE_CHECKING:
+    import torch
+
+    from ..memory import CacheGeometry, CacheWriter
+    from .rollout import CacheRead, PhaseTimer
+
+
+def process_rss_bytes() -> int:
+    """Resident set size of this process in bytes (Linux /proc; peak RSS elsewhere)."""
+    try:
+        with open("/proc/self/statm") as fh:
+            return int(fh.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+    except (OSError, ValueError):
+        import resource
+
+        return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+
+
+def chunk_record(writer: CacheWriter, geometry: CacheGeometry, chunk: int, frame_start: int, read: CacheRead,
+                 timer: PhaseTimer, x0: torch.Tensor) -> dict:
+    """The ``chunks.jsonl`` record of a generated chunk (before decoding): index, latent frames
+    ``[start, end)``, the cache as read (writer, scheme, :func:`slot_records`, trained and largest
+    offset, KV bytes read, host bytes, events), phase seconds, memory and the latents' mean / std.
+    ``read`` is what the chunk read (:func:`begin_chunk`), taken before its commit."""
+    f = geometry.frames_per_chunk
+    slots, tokens = read.slots, read.tokens
+    token_bytes = writer.token_bytes()
+    per_slot = [int(col[0]) if bool((col == col[0]).all()) else round(col.double().mean().item(), 2)
+                for col in tokens.T] if len(slots) else []  # tokens per layer (mean when layers differ)
+    slot_bytes = [int(col.sum()) * token_bytes for col in tokens.T] if len(slots) else []
+    slot_recs = slot_records(slots, read.positions.tolist(), frame_start, per_slot, slot_bytes, f)
+    return {
+        "schema_version": SCHEMA_VERSION,
+        "chunk": chunk,
+        "latent_frames": [frame_start, frame_start + f],
+        "cache": {
+            "writer": writer.name,
+            "positions": writer.positions_scheme,
+            "slots": slot_recs,
+            "trained_offset": geometry.trained_offset,
+            "slot_count": len(slots),
+            "max_offset": max((s["max_offset"] for s in slot_recs), default=None),
+            "kv_bytes": read.kv_bytes,
+            "host_bytes": writer.host_bytes(),
+            "events": writer.events(),
+        },
+        "timings_s": {k: round(v, 6) for k, v in timer.seconds.items()},
+        "memory": memory_record(timer.device),
+        "latents": {"mean": round(x0.mean().item(), 6), "std": round(x0.std().item(), 6)},
+    }
+
+
+def memory_record(device: torch.device) -> dict:
+    """Peak GPU bytes since the last reset (cuda) and current process RSS bytes."""
+    import torch
+
+    rec = {"rss_bytes": process_rss_bytes()}
+    if device.type == "cuda":
+        rec["gpu_peak_bytes"] = torch.cuda.max_memory_allocated(device)
+    return rec
+
+
+def finish_record(out, plan, scorer, frames_per_chunk: int) -> dict:
+    """Complete a decoded chunk's ``chunks.jsonl`` record in place and return it: ``pixel_frames``
+    ``[start, end)``, ``actions`` (the plan's display name of the chunk's actions), ``waypoints``,
+    ``frames_sha256`` (of the decoded uint8 [T, H, W, 3] frames' bytes) and ``metrics``
+    (``scorer.add_chunk``, in chunk order). The one place a record is finished: ``generate``'s
+    :class:`~worldtrace_cli.runs.sinks.RunSinks` and live sessions (:class:`~worldtrace_cli.session.Session`), through :class:`ChunkLoop`, both call it.
+
+    Args:
+        out: a decoded :class:`~worldtrace_cli.engine.rollout.ChunkOutput`; plan: the ActionPlan (its
+            ``chunk_actions`` cover the chunk; its ``waypoints`` give the chunk's labels); scorer: OnlineMetrics.
+    """
+    from torch import no_grad
+
+    from ..trajectory import chunk_rows
+
+    c, rec = out.record["chunk"], out.record
+    rec["pixel_frames"] = list(chunk_rows(c, frames_per_chunk))
+    rec["actions"] = plan.chunk_actions[c]
+    rec["waypoints"] = [label for chunk, label in plan.waypoints if chunk == c]
+    rec["frames_sha256"] = hashlib.sha256(out.frames.numpy().tobytes()).hexdigest()
+    with no_grad():
+        rec["metrics"] = scorer.add_chunk(out.latents, out.frames)
+    return rec
