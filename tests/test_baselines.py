@@ -31,7 +31,7 @@ def random_chunk(c):
 
 
 def run(spec, chunks, geometry=UNIVERSAL, make=frame_valued_chunk, **kw):
-    w = build_writer(MemoryConfig(cache=spec, **kw), geometry.trained_offset + 1 - geometry.frames_per_chunk)
+    w = build_writer(MemoryConfig.of(cache=spec, **kw), geometry.trained_offset + 1 - geometry.frames_per_chunk)
     w.reset(geometry)
     if w.needs_poses:  # pose-retrieval writers get the camera as the rollout gives it
         from test_memory_contract import loop_poses
@@ -157,14 +157,14 @@ def test_explicit_sizes_still_win_and_mixed_checks_k_against_the_windows_summary
 ])
 def test_a_writer_refuses_flags_it_would_ignore_or_invalid_values(spec, flags, flag):
     with pytest.raises(InputError) as err:
-        build_writer(MemoryConfig(cache=spec, **flags), 3)
+        build_writer(MemoryConfig.of(cache=spec, **flags), 3)
     message = str(err.value)
     assert message.startswith(flag) and "\n" not in message and len(message) < 200
 
 
 def test_defaults_are_accepted_by_every_writer():
     for spec in example_specs():
-        build_writer(MemoryConfig(cache=spec), 3)
+        build_writer(MemoryConfig.of(cache=spec), 3)
     assert run("field", 2, spill_dir=None).budget == 6
 
 

@@ -28,7 +28,7 @@ ROPE = MainRope(GEOM.head_dim)
 
 
 def writer(cache, ns=4, nr=2, **kw):
-    w = build_writer(MemoryConfig(cache=cache, summary_slots=ns, recent_slots=nr, **kw), 3)
+    w = build_writer(MemoryConfig.of(cache=cache, summary_slots=ns, recent_slots=nr, **kw), 3)
     w.reset(GEOM)
     return w
 
@@ -245,7 +245,7 @@ def test_unwritable_spill_dir_is_an_output_error(tmp_path):
 def test_cuda_matches_cpu(cache):
     """Pinned host store, non-blocking copies and device sums give the CPU writer's slots."""
     cuda = CacheGeometry(**{**GEOM.__dict__, "device": torch.device("cuda")})
-    cpu_w, gpu_w = writer(cache), build_writer(MemoryConfig(cache=cache, summary_slots=4, recent_slots=2), 3)
+    cpu_w, gpu_w = writer(cache), build_writer(MemoryConfig.of(cache=cache, summary_slots=4, recent_slots=2), 3)
     gpu_w.reset(cuda)
     gen = torch.Generator().manual_seed(7)
     for c in range(30):
@@ -271,7 +271,7 @@ def test_cuda_matches_cpu(cache):
 ])
 @pytest.mark.parametrize("cache", ["field", "field-streaming", "naive"])
 def test_budget_and_slot_flags(cache, flags, counts):
-    cfg = MemoryConfig(cache=cache, **flags)
+    cfg = MemoryConfig.of(cache=cache, **flags)
     assert resolve_slots(cfg) == counts
     w = build_writer(cfg, 3)
     w.reset(GEOM)
@@ -285,9 +285,9 @@ def test_budget_and_slot_flags(cache, flags, counts):
 
 def test_inconsistent_slot_flags_are_input_errors():
     with pytest.raises(InputError, match="--budget"):
-        build_writer(MemoryConfig(cache="field", budget=5, summary_slots=2, recent_slots=2), 3)
+        build_writer(MemoryConfig.of(cache="field", budget=5, summary_slots=2, recent_slots=2), 3)
     with pytest.raises(InputError, match="--recent-slots"):
-        build_writer(MemoryConfig(cache="field-streaming", recent_slots=0), 3)
+        build_writer(MemoryConfig.of(cache="field-streaming", recent_slots=0), 3)
 
 
 def test_writers_register_with_their_default_positions():
@@ -313,7 +313,7 @@ def test_tiny_rollout_end_to_end(cache, dit):
             out[:, :4, 0] = float(start == 0)
             return out
 
-    w = build_writer(MemoryConfig(cache=cache), dit.cfg.local_attn_size - 3)
+    w = build_writer(MemoryConfig.of(cache=cache), dit.cfg.local_attn_size - 3)
     roll = Rollout(dit, w, Conditioning(), torch.randn(1, 257, 1280, generator=gen),
                    (torch.rand(1, rows, 4, generator=gen) > 0.5).float(), torch.zeros(1, rows, 2),
                    FlowMatchSchedule(), 0, torch.device("cpu"), hw)

@@ -44,7 +44,7 @@ def commit_frames(writer, frames, first_id=0):
 
 
 def landmark_writer(**kw):
-    w = build_writer(MemoryConfig(cache="landmark", **kw), 3)
+    w = build_writer(MemoryConfig.of(cache="landmark", **kw), 3)
     assert isinstance(w, LandmarkWriter) and w.positions_scheme == "slot_rank"
     w.reset(GEOM)
     return w
@@ -62,7 +62,7 @@ def test_frozen_key_is_exact_after_10k_shifts_and_rerotation_drifts_in_bf16():
     # the slot's absolute virtual position advances by F = 3 latent frames every chunk (Def. 1)
     positions = [2 + 3 * i for i in range(SHIFTS + 1)]
 
-    comp = LandmarkSummary(1, MemoryConfig())
+    comp = LandmarkSummary(1, MemoryConfig.of("landmark"))
     comp.reset(CacheGeometry(1, 2, 128, t, dtype=torch.bfloat16))
     comp.evict(0, [(k_canon, k_canon)])
     for p in positions:  # frozen path: what the model does with what the writer returns
@@ -157,7 +157,7 @@ def test_fewer_entries_than_slots_repeat_the_oldest():
 
 def test_state_is_constant_in_rollout_length():
     """Worst case for a landmark writer: every evicted frame is a scene entry."""
-    comp = LandmarkSummary(4, MemoryConfig())
+    comp = LandmarkSummary(4, MemoryConfig.of("landmark"))
     comp.reset(GEOM)
     sizes = {}
     for i in range(500):
@@ -177,7 +177,7 @@ def test_mixed_slot_kinds_in_order():
     pytest.importorskip("worldtrace_cli.memory.field")
     from worldtrace_cli.memory.mixed import MixedWriter
 
-    w = build_writer(MemoryConfig(cache="mixed:2"), 3)
+    w = build_writer(MemoryConfig.of(cache="mixed:2"), 3)
     assert isinstance(w, MixedWriter) and (w.n_field, w.n_landmark) == (2, 2)
     w.reset(GEOM)
     frames = [frame_of(scene(20 + i // 5), i) for i in range(21)]
@@ -187,7 +187,7 @@ def test_mixed_slot_kinds_in_order():
     assert w.read(0)[0].shape == (1, 6 * 8, 2, 128)
     assert w.describe()["mixed"] == {"field_slots": 2, "landmark_slots": 2}
     for k, kinds in ((0, ["landmark"] * 4), (4, ["field"] * 4)):
-        ends = build_writer(MemoryConfig(cache=f"mixed:{k}"), 3)
+        ends = build_writer(MemoryConfig.of(cache=f"mixed:{k}"), 3)
         ends.reset(GEOM)
         commit_frames(ends, frames)
         assert [s.kind for s in ends.slots()][:4] == kinds
@@ -199,7 +199,7 @@ def test_mixed_bad_k_is_an_input_error(cache):
     import worldtrace_cli.memory.mixed  # noqa: F401  (registers the writer)
 
     with pytest.raises(InputError, match="^--cache"):
-        build_writer(MemoryConfig(cache=cache), 3)
+        build_writer(MemoryConfig.of(cache=cache), 3)
 
 
 # ---- end to end ----------------------------------------------------------------------------------
@@ -227,7 +227,7 @@ def test_tiny_rollout_runs_with_landmark_slots(dit, cache):
     chunks = 12
     gen = torch.Generator().manual_seed(11)
     keyboard = (torch.rand(1, 12 * chunks - 3, 4, generator=gen) > 0.5).float()
-    writer = build_writer(MemoryConfig(cache=cache), dit.cfg.local_attn_size - 3)
+    writer = build_writer(MemoryConfig.of(cache=cache), dit.cfg.local_attn_size - 3)
     rollout = Rollout(dit, writer, ConstantConditioning(), torch.randn(1, 257, 1280, generator=gen), keyboard,
                       torch.zeros(1, 12 * chunks - 3, 2), FlowMatchSchedule(), 0, torch.device("cpu"), (4, 8))
     events = []

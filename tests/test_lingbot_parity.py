@@ -38,7 +38,7 @@ def setup():
 def replay(model, local_attn_size, sink_size, positions="actual", noise=None):
     """The 8-chunk rollout through the product's LingbotRollout (parity_lingbot.replay_variant);
     returns (x0 per (chunk, step), latents [16, 32, 4, 8], writer)."""
-    memory = MemoryConfig(**{**official_memory(local_attn_size, sink_size), "positions": positions})
+    memory = MemoryConfig.of(**{**official_memory(local_attn_size, sink_size), "positions": positions})
     inputs, _ = load_lingbot_fixture(DATA)
     x0s, latents, writer = replay_variant(model, inputs, local_attn_size, sink_size, memory=memory, noise=noise)
     return {tuple(int(n) for n in k[1:-3].split("_s")): v for k, v in x0s.items()}, latents, writer

@@ -62,7 +62,7 @@ def run(writer, chunks, seed=0, observe=None):
 
 @pytest.mark.parametrize("name,scheme", list(itertools.product(sorted(WRITERS), sorted(SCHEMES))))
 def test_contract(name, scheme):
-    writer = build_writer(MemoryConfig(cache=cache_name(name), positions=scheme), DEFAULT_BUDGET)
+    writer = build_writer(MemoryConfig.of(cache=cache_name(name), positions=scheme), DEFAULT_BUDGET)
     kv_bytes = []
 
     def observe(c, w):
@@ -95,7 +95,7 @@ def test_contract(name, scheme):
 @pytest.mark.parametrize("name", sorted(set(WRITERS) - UNBOUNDED))
 def test_slot_rank_positions_do_not_depend_on_the_horizon(name):
     """Def. 1: offsets fixed by rank alone, identical at chunk 50 and chunk 1000."""
-    cfg = MemoryConfig(cache=cache_name(name), positions="slot_rank")
+    cfg = MemoryConfig.of(cache=cache_name(name), positions="slot_rank")
     w50 = run(build_writer(cfg, DEFAULT_BUDGET), 50)
     w1000 = run(build_writer(cfg, DEFAULT_BUDGET), 1000)
     assert torch.equal(w50.positions(), w1000.positions())
@@ -104,8 +104,8 @@ def test_slot_rank_positions_do_not_depend_on_the_horizon(name):
 
 @pytest.mark.parametrize("name", sorted(WRITERS))
 def test_deterministic(name):
-    a = run(build_writer(MemoryConfig(cache=cache_name(name)), DEFAULT_BUDGET), 20, seed=3)
-    b = run(build_writer(MemoryConfig(cache=cache_name(name)), DEFAULT_BUDGET), 20, seed=3)
+    a = run(build_writer(MemoryConfig.of(cache=cache_name(name)), DEFAULT_BUDGET), 20, seed=3)
+    b = run(build_writer(MemoryConfig.of(cache=cache_name(name)), DEFAULT_BUDGET), 20, seed=3)
     assert a.slots() == b.slots()
     for layer in range(GEOM.num_layers):
         assert all(torch.equal(x, y) for x, y in zip(a.read(layer), b.read(layer)))
@@ -115,7 +115,7 @@ def test_deterministic(name):
 def test_kept_frames_do_not_pin_their_whole_chunk(name):
     """Verbatim frames (sliding, the recent window, sink frames, landmarks) are stored as per-frame
     copies: no stored tensor's memory is larger than what that tensor itself needs."""
-    writer = run(build_writer(MemoryConfig(cache=name), DEFAULT_BUDGET), 6)
+    writer = run(build_writer(MemoryConfig.of(cache=name), DEFAULT_BUDGET), 6)
     frame_bytes = GEOM.tokens_per_frame * GEOM.heads * GEOM.head_dim * 4
     stored = []
 
@@ -139,24 +139,24 @@ def test_kept_frames_do_not_pin_their_whole_chunk(name):
 
 def test_block_relative_collapses_old_slots_and_slot_rank_keeps_them_distinct():
     """Remark 1: beyond the trained offset, distinct summary slots share one position."""
-    br = run(build_writer(MemoryConfig(cache="sink", positions="block_relative", sink_frames=2, budget=4),
+    br = run(build_writer(MemoryConfig.of(cache="sink", positions="block_relative", sink_frames=2, budget=4),
                           DEFAULT_BUDGET), 30)
     pos = br.positions().tolist()
     sinks = [p for s, p in zip(br.slots(), pos) if s.kind == "sink"]
     assert len(sinks) == 2 and sinks[0] == sinks[1] == 3 - 1 - 5
-    sr = run(build_writer(MemoryConfig(cache="sink", positions="slot_rank", sink_frames=2, budget=4),
+    sr = run(build_writer(MemoryConfig.of(cache="sink", positions="slot_rank", sink_frames=2, budget=4),
                           DEFAULT_BUDGET), 30)
     assert sorted(sr.positions().tolist()) == [-4, -3, -2, -1]
 
 
 def test_actual_positions_of_sliding_are_true_offsets():
-    w = run(build_writer(MemoryConfig(cache="sliding"), DEFAULT_BUDGET), 10)
+    w = run(build_writer(MemoryConfig.of(cache="sliding"), DEFAULT_BUDGET), 10)
     assert [s.frames for s in w.slots()] == [(27,), (28,), (29,)]
     assert w.positions().tolist() == [-3.0, -2.0, -1.0]
 
 
 def test_centroid_linear_stays_in_range_but_moves_with_the_horizon():
-    cfg = MemoryConfig(cache="sink", positions="centroid_linear", sink_frames=1, budget=3)
+    cfg = MemoryConfig.of(cache="sink", positions="centroid_linear", sink_frames=1, budget=3)
     p20 = run(build_writer(cfg, DEFAULT_BUDGET), 20).positions()
     p200 = run(build_writer(cfg, DEFAULT_BUDGET), 200).positions()
     # q = a - 1; t_min = q - 5 -> offset -6; the sink (frame 0) maps to t_min at every horizon,
@@ -166,7 +166,7 @@ def test_centroid_linear_stays_in_range_but_moves_with_the_horizon():
 
 
 def test_full_refuses_past_its_memory_cap():
-    w = build_writer(MemoryConfig(cache="full", max_cache_gb=3 * 5 * 16384 / 1e9), DEFAULT_BUDGET)
+    w = build_writer(MemoryConfig.of(cache="full", max_cache_gb=3 * 5 * 16384 / 1e9), DEFAULT_BUDGET)
     w.reset(GEOM)
     assert w.frame_bytes() == 2 * 4 * 2 * 128 * 2 * 4  # K+V x tokens x heads x head_dim x layers x fp32
     w.commit(chunk_kv(0), [0, 1, 2])  # 3 of the 5 frames the cap allows
@@ -175,7 +175,7 @@ def test_full_refuses_past_its_memory_cap():
 
 
 def test_yarn_interpolates_temporal_frequencies_as_the_window_grows():
-    w = run(build_writer(MemoryConfig(cache="yarn"), DEFAULT_BUDGET), 10)
+    w = run(build_writer(MemoryConfig.of(cache="yarn"), DEFAULT_BUDGET), 10)
     assert w.scale() == pytest.approx((30 + 3 - 0) / 6)
     scale = w.temporal_frequency_scale()
     assert scale.shape == (22,) and torch.allclose(scale, torch.full((22,), 6 / 33, dtype=torch.float64))
@@ -183,19 +183,19 @@ def test_yarn_interpolates_temporal_frequencies_as_the_window_grows():
 
 def test_bad_memory_flags_are_input_errors():
     with pytest.raises(InputError, match="--cache"):
-        build_writer(MemoryConfig(cache="nope"), 3)
+        build_writer(MemoryConfig.of(cache="nope"), 3)
     with pytest.raises(InputError, match="--budget"):
-        build_writer(MemoryConfig(cache="sliding", budget=-1), 3)
+        build_writer(MemoryConfig.of(cache="sliding", budget=-1), 3)
     with pytest.raises(InputError, match="--sink-frames"):
-        build_writer(MemoryConfig(cache="sink", sink_frames=3), 3)
+        build_writer(MemoryConfig.of(cache="sink", sink_frames=3), 3)
     with pytest.raises(InputError, match="--budget"):
-        build_writer(MemoryConfig(cache="memrope", budget=3), 3)
+        build_writer(MemoryConfig.of(cache="memrope", budget=3), 3)
 
 
 def test_every_registered_writer_has_a_runnable_example_spec():
     assert len(SPECS) == len(WRITERS) and "mixed:2" in SPECS
     for spec in SPECS:
-        build_writer(MemoryConfig(cache=spec), DEFAULT_BUDGET)
+        build_writer(MemoryConfig.of(cache=spec), DEFAULT_BUDGET)
 
 
 def assert_same(a, b, chunk):
@@ -216,7 +216,7 @@ def test_state_dict_round_trip_through_the_resume_files_is_bit_identical(spec, t
     """Save mid-run (state_dict -> save_state: safetensors + JSON, no pickle), restore into a fresh
     writer built from the same config, continue both with the same commits: identical every chunk."""
     kw = {"spill_dir": str(tmp_path / "spill")} if spec.split(":")[0] in ("field", "naive", "mixed") else {}
-    cfg = MemoryConfig(cache=spec, **kw)
+    cfg = MemoryConfig.of(cache=spec, **kw)
     w1 = build_writer(cfg, DEFAULT_BUDGET)
     reset(w1, 20)
     for c in range(9):  # field groups have moved, landmarks and EMA streams exist, sinks are full
@@ -253,16 +253,16 @@ def test_state_is_plain_data_and_names_its_writer():
                 walk(v)
 
     for spec in SPECS:
-        w = run(build_writer(MemoryConfig(cache=spec), DEFAULT_BUDGET), 6)
+        w = run(build_writer(MemoryConfig.of(cache=spec), DEFAULT_BUDGET), 6)
         state = w.state_dict()
         walk(state)
         assert state["writer"] == spec.split(":")[0] and state["version"] == 1
-    sliding = run(build_writer(MemoryConfig(cache="sliding"), DEFAULT_BUDGET), 3).state_dict()
-    other = build_writer(MemoryConfig(cache="full"), DEFAULT_BUDGET)
+    sliding = run(build_writer(MemoryConfig.of(cache="sliding"), DEFAULT_BUDGET), 3).state_dict()
+    other = build_writer(MemoryConfig.of(cache="full"), DEFAULT_BUDGET)
     other.reset(GEOM)
     with pytest.raises(InputError, match="sliding"):
         other.load_state_dict(sliding)
-    bigger = build_writer(MemoryConfig(cache="sliding", budget=5), DEFAULT_BUDGET)
+    bigger = build_writer(MemoryConfig.of(cache="sliding", budget=5), DEFAULT_BUDGET)
     bigger.reset(GEOM)
     with pytest.raises(InputError, match="budget"):
         bigger.load_state_dict(sliding)
@@ -270,10 +270,10 @@ def test_state_is_plain_data_and_names_its_writer():
 
 def test_slots_say_their_role():
     for spec in SPECS:
-        w = run(build_writer(MemoryConfig(cache=spec), DEFAULT_BUDGET), 12)
+        w = run(build_writer(MemoryConfig.of(cache=spec), DEFAULT_BUDGET), 12)
         roles = [s.role for s in w.slots()]
         assert set(roles) <= {"summary", "recent"} and roles == sorted(roles, key=lambda r: r == "recent"), spec
-    kinds = {spec: {(s.kind, s.role) for s in run(build_writer(MemoryConfig(cache=spec), DEFAULT_BUDGET), 12).slots()}
+    kinds = {spec: {(s.kind, s.role) for s in run(build_writer(MemoryConfig.of(cache=spec), DEFAULT_BUDGET), 12).slots()}
              for spec in ("naive", "sink", "memrope", "sliding")}
     assert kinds["naive"] == {("naive", "summary"), ("recent", "recent")}
     assert kinds["sink"] == {("sink", "summary"), ("recent", "recent")}
@@ -286,7 +286,7 @@ def test_slots_say_their_role():
 @pytest.mark.parametrize("spec", SPECS)
 def test_state_round_trip_on_cuda_keeps_host_stores_on_the_host(spec, tmp_path):
     cuda = CacheGeometry(**{**GEOM.__dict__, "device": torch.device("cuda")})
-    w1, w2 = build_writer(MemoryConfig(cache=spec), DEFAULT_BUDGET), build_writer(MemoryConfig(cache=spec), DEFAULT_BUDGET)
+    w1, w2 = build_writer(MemoryConfig.of(cache=spec), DEFAULT_BUDGET), build_writer(MemoryConfig.of(cache=spec), DEFAULT_BUDGET)
     reset(w1, 14, cuda)
     for c in range(8):
         w1.begin_chunk(3 * c)

@@ -44,7 +44,7 @@ def test_a_damaged_resume_state_is_refused(tmp_path, monkeypatch):
 
     out = tmp_path / "run"
     cfg = RunConfig(preset=load_preset("tiny"), trajectory=ABA, output=out, image=IMAGE, chunks=5, progress=False,
-                    save_every=2, memory=MemoryConfig(cache="field"))
+                    save_every=2, memory=MemoryConfig.of(cache="field"))
     real_step, calls = rollout_mod.Rollout.step, {"n": 0}
 
     def dying_step(self):

@@ -25,7 +25,7 @@ def replayed(request):
     model, inputs, outputs = parity.load_fixture(folder)
     configure_speed(model, precision)
     cfg = model.cfg
-    writer = parity.build_writer(parity.MemoryConfig(cache="sliding"), cfg.local_attn_size - 3)
+    writer = parity.build_writer(parity.MemoryConfig.of(cache="sliding"), cfg.local_attn_size - 3)
     x0s = {}
     latents = parity.replay(model, inputs, lambda name, x0: x0s.__setitem__(name, x0), writer)
     return model, inputs, outputs, x0s, latents, writer

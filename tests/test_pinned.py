@@ -103,7 +103,7 @@ def test_field_host_store_restored_into_slabs_saves_and_resumes_again_bit_identi
                 for _ in range(2)]
 
     def new():
-        w = build_writer(MemoryConfig(cache="field"), 3)
+        w = build_writer(MemoryConfig.of(cache="field"), 3)
         w.reset(geometry)
         return w
 

@@ -24,7 +24,7 @@ CHUNKS = 7
 
 def config(out, cache="field", **kw):
     return RunConfig(preset=load_preset("tiny"), trajectory=ABA, output=out, image=IMAGE, chunks=CHUNKS,
-                     progress=False, memory=MemoryConfig(cache=cache), **kw)
+                     progress=False, memory=MemoryConfig.of(cache=cache), **kw)
 
 
 @pytest.fixture(scope="module")
@@ -266,7 +266,7 @@ def test_kills_at_random_chunks_each_resumed_to_the_same_frames(tmp_path):
     from worldtrace_cli.trajectory import frames_for_chunks
 
     base = RunConfig(preset=load_preset("tiny"), trajectory=ABA, output=tmp_path / "ref", image=IMAGE,
-                     chunks=KILL_CHUNKS, progress=False, metrics="none", memory=MemoryConfig(cache="field"))
+                     chunks=KILL_CHUNKS, progress=False, metrics="none", memory=MemoryConfig.of(cache="field"))
     run_generation(base)
     want = [r["frames_sha256"] for r in read_jsonl(tmp_path / "ref" / "chunks.jsonl")]
     seed = random.randrange(2**32)

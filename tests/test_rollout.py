@@ -34,7 +34,7 @@ def make_rollout(dit, chunks, seed=0, keyboard=None, cache="sliding", schedule=F
         keyboard = (torch.rand(1, rows, 4, generator=gen) > 0.5).float()
     mouse = torch.zeros(1, rows, 2)
     ctx = torch.randn(1, 257, 1280, generator=gen)
-    writer = build_writer(MemoryConfig(cache=cache), dit.cfg.local_attn_size - 3)
+    writer = build_writer(MemoryConfig.of(cache=cache), dit.cfg.local_attn_size - 3)
     return Rollout(dit, writer, ConstantConditioning(), ctx, keyboard, mouse, schedule, seed,
                    torch.device("cpu"), LATENT_HW, noise=noise)
 

@@ -82,7 +82,7 @@ def _rollout(model, writer_name="landmark", device="cpu", chunks=6):
     gen = torch.Generator().manual_seed(5)
     rows = 12 * chunks - 3
     keyboard = (torch.rand(1, rows, 4, generator=gen) > 0.5).float()
-    writer = build_writer(MemoryConfig(cache=writer_name), model.cfg.local_attn_size - 3)
+    writer = build_writer(MemoryConfig.of(cache=writer_name), model.cfg.local_attn_size - 3)
     return Rollout(model, writer, ConstantConditioning(), torch.randn(1, 257, 1280, generator=gen), keyboard,
                    torch.zeros(1, rows, 2), FlowMatchSchedule(), 0, torch.device(device), LATENT_HW)
 

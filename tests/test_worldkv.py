@@ -43,7 +43,7 @@ def spin(frames, period_frames):
 
 
 def writer(cache="worldkv", poses=None, geom=GEOM, **flags):
-    w = build_writer(MemoryConfig(cache=cache, **flags), 3)
+    w = build_writer(MemoryConfig.of(cache=cache, **flags), 3)
     w.reset(geom)
     w.set_poses(poses if poses is not None else circle(300, 24))
     return w
@@ -293,20 +293,20 @@ def test_state_saved_mid_run_resumes_bit_identically(flags, tmp_path):
 ])
 def test_bad_settings_are_one_line_input_errors(flags, flag):
     with pytest.raises(InputError, match=re.escape(flag)) as err:
-        build_writer(MemoryConfig(**flags), 3)
+        build_writer(MemoryConfig.of(**flags), 3)
     assert "\n" not in str(err.value)
 
 
 def test_keep_ratio_from_the_spec():
-    assert build_writer(MemoryConfig(cache="worldkv:0.25"), 3).keep_ratio == 0.25
-    assert build_writer(MemoryConfig(cache="worldkv"), 3).keep_ratio == 0.5  # the release's
-    assert build_writer(MemoryConfig(cache="retrieval"), 3).keep_ratio == 1.0  # no compression
-    assert build_writer(MemoryConfig(cache="retrieval", keep_ratio=0.5), 3).keep_ratio == 0.5
+    assert build_writer(MemoryConfig.of(cache="worldkv:0.25"), 3).keep_ratio == 0.25
+    assert build_writer(MemoryConfig.of(cache="worldkv"), 3).keep_ratio == 0.5  # the release's
+    assert build_writer(MemoryConfig.of(cache="retrieval"), 3).keep_ratio == 1.0  # no compression
+    assert build_writer(MemoryConfig.of(cache="retrieval", keep_ratio=0.5), 3).keep_ratio == 0.5
 
 
 def test_pose_writers_refuse_a_model_without_poses():
     for cache in ("worldkv", "retrieval"):
-        w = build_writer(MemoryConfig(cache=cache), 3)
+        w = build_writer(MemoryConfig.of(cache=cache), 3)
         w.reset(GEOM)
         with pytest.raises(InputError, match="camera pose"):
             w.set_poses(None)
@@ -321,7 +321,7 @@ def test_writers_run_through_the_mg2_rollout(dit, cache, flags, one_thread):
     from test_rollout import LATENT_HW, ConstantConditioning
 
     chunks = 5
-    w = build_writer(MemoryConfig(cache=cache, **flags), 3)
+    w = build_writer(MemoryConfig.of(cache=cache, **flags), 3)
     gen = torch.Generator().manual_seed(1)
     rollout = Rollout(dit, w, ConstantConditioning(), torch.randn(1, 257, 1280, generator=gen),
                       torch.zeros(1, 12 * chunks - 3, 4), torch.zeros(1, 12 * chunks - 3, 2), FlowMatchSchedule(), 0,
@@ -344,7 +344,7 @@ def test_worldkv_runs_through_the_lingbot_rollout(one_thread):
     data_dir = Path(__file__).parent / "data" / "lingbot"
     model = load_lingbot_dit(data_dir / "tiny_config.json", weights=data_dir / "tiny_weights.safetensors")
     inputs, _ = load_lingbot_fixture(data_dir)
-    _, latents, w = replay_variant(model, inputs, 18, 6, memory=MemoryConfig(cache="worldkv", keep_ratio=0.25, top_k=2))
+    _, latents, w = replay_variant(model, inputs, 18, 6, memory=MemoryConfig.of(cache="worldkv", keep_ratio=0.25, top_k=2))
     lat_f = latents.shape[1]
     assert torch.isfinite(latents).all() and lat_f == 32
     assert w.describe()["bank"]["entries"] == lat_f // 4 and w.recent_chunks == 2

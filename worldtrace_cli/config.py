@@ -16,6 +16,7 @@ import yaml
 from .errors import InputError
 from .model.config import SAMPLERS, DiTConfig
 from .model.lingbot.config import LingbotConfig, trained_window
+from .writer_options import LANDMARK_TAU, MemoryConfig  # noqa: F401  (re-exported: RunConfig.memory's type)
 
 MODES = ("universal", "gta_drive", "templerun")
 ARCHITECTURES = ("mg2", "lingbot")  # Matrix-Game-2.0 (action module) | LingBot-World causal fast (camera poses)
@@ -23,45 +24,11 @@ _PRESET_KEYS = {"description", "mode", "height", "width", "fps", "denoising_step
                 "weights", "vae", "clip", "files", "dit", "frames_per_chunk", "bundle", "world", "architecture",
                 "landmark_threshold", "sampler", "extends"}
 _FILE_ROLES = ("dit", "vae", "clip", "text_encoder", "tokenizer")
-LANDMARK_TAU = 0.1  # the landmark detector's threshold without a calibrated one (the paper's, set for MG2)
 # Preset keys that are only defaults of run settings (the tau a run uses is memory.landmark_threshold): not
 # part of what a training run or a generated video is made with
 PRESET_DEFAULTS_ONLY = ("landmark_threshold",)
 # Preset keys added after runs and training folders were recorded, with the value those were made with
 PRESET_ADDED = {"architecture": "mg2", "sampler": "renoise"}
-
-
-@dataclass(frozen=True)
-class MemoryConfig:
-    """User-facing memory settings (``--cache``, ``--positions``, ``--budget``, slot counts).
-
-    ``None`` means "the writer's default" (each writer resolves it when built and at ``reset``:
-    :func:`~worldtrace_cli.writer_options.writer_sizes`).
-    """
-
-    cache: str = "sliding"
-    positions: str | None = None
-    budget: int | None = None
-    summary_slots: int | None = None
-    recent_slots: int | None = None
-    landmark_threshold: float = LANDMARK_TAU  # tau: cosine distance of consecutive frame descriptors
-    sink_frames: int = 1              # sink: first k latent frames kept
-    max_cache_gb: float = 16.0        # full / yarn: refuse before the cache exceeds this
-    spill_dir: str | None = None      # field: keep evicted frames on disk here instead of host RAM
-    top_k: int | None = None          # worldkv: retrieved chunks per chunk (default 6, the release's 18 frames / 3)
-    retrieval_budget: int | None = None  # worldkv: k from a token budget of this many latent frames (paper, A3)
-    keep_ratio: float | None = None   # worldkv/retrieval: store-time compression keep ratio r in (0, 1]
-    bank_device: str | None = None    # worldkv/retrieval: where the bank lives (cpu default, or cuda[:i])
-
-    @property
-    def writer_name(self) -> str:
-        """``mixed:2`` -> ``mixed``."""
-        return self.cache.split(":", 1)[0]
-
-    @property
-    def writer_arg(self) -> str | None:
-        """``mixed:2`` -> ``"2"``; None without a ``:``."""
-        return self.cache.split(":", 1)[1] if ":" in self.cache else None
 
 
 @dataclass(frozen=True)
@@ -331,8 +298,11 @@ class RunConfig:
     intrinsics: Path | None = None
 
     def to_dict(self) -> dict[str, Any]:
+        """Plain data (``summary.json``'s ``config``, resume states): the preset's dict and the memory
+        settings in their flat form (:meth:`MemoryConfig.to_dict`)."""
         d = asdict(self)
         d["preset"] = self.preset.to_dict()
+        d["memory"] = self.memory.to_dict()
         return {k: (str(v) if isinstance(v, Path) else v) for k, v in d.items()}
 
     @classmethod
@@ -340,7 +310,7 @@ class RunConfig:
         """Inverse of :meth:`to_dict`."""
         d = dict(d)
         d["preset"] = Preset.from_dict(d["preset"])
-        d["memory"] = MemoryConfig(**d["memory"])
+        d["memory"] = MemoryConfig.from_dict(d["memory"])
         for key in ("trajectory", "output", "image", "checkpoint", "poses", "intrinsics"):
             if d.get(key) is not None:
                 d[key] = Path(d[key])
@@ -360,13 +330,35 @@ def default_cache(preset: Preset) -> dict:
 
 
 def memory_config(cache: str, spill_dir=None, preset: Preset | None = None, **options) -> MemoryConfig:
-    """:func:`~worldtrace_cli.cli.options.memory_options` values (``positions``, ``budget``, ``summary_slots``, ``recent_slots``,
-    ``landmark_threshold``, ``sink_frames``, ``max_cache_gb``, ``spill_dir``, ``top_k``,
-    ``retrieval_budget``, ``keep_ratio``, ``bank_device``) and a writer spec as a
-    MemoryConfig (defaults: MemoryConfig's own). ``landmark_threshold`` None (or absent) is the
-    ``preset``'s calibrated tau when it has one (:attr:`Preset.landmark_threshold`: loopworld
-    0.0047), else :data:`LANDMARK_TAU`. Raises TypeError for an unknown option name."""
-    if options.get("landmark_threshold") is None:
-        options["landmark_threshold"] = (preset.landmark_threshold if preset is not None
-                                         and preset.landmark_threshold is not None else LANDMARK_TAU)
-    return MemoryConfig(cache=cache, spill_dir=None if spill_dir is None else str(spill_dir), **options)
+    """:func:`~worldtrace_cli.cli.options.memory_options` values (the shared ``positions``, ``budget``,
+    ``summary_slots``, ``recent_slots`` and every writer's own settings by field name, None = not
+    given) and a writer spec as a :class:`MemoryConfig` (:meth:`MemoryConfig.of`). For a writer with
+    the landmark detector, ``landmark_threshold`` not given is the ``preset``'s calibrated tau when it
+    has one (:attr:`Preset.landmark_threshold`: loopworld 0.0047), else :data:`LANDMARK_TAU`.
+    Settings the writer does not read stay in the config, so :func:`~worldtrace_cli.writer_options.check_flags`
+    refuses them by name."""
+    from .writer_options import WRITER_OPTIONS
+
+    row = WRITER_OPTIONS.get(cache.split(":", 1)[0])
+    if (options.get("landmark_threshold") is None and row is not None and "landmark_threshold" in row.flags
+            and preset is not None and preset.landmark_threshold is not None):
+        options["landmark_threshold"] = preset.landmark_threshold
+    if spill_dir is not None:
+        options["spill_dir"] = str(spill_dir)
+    return MemoryConfig.of(cache, **options)
+
+
+def memory_configs(caches: list[str], preset: Preset | None = None, **options) -> dict[str, MemoryConfig]:
+    """One command line's memory flags for several writers (``compare``, ``loopbench run``), by spec:
+    the shared settings go to every writer; a writer's own setting goes to the listed writers that
+    read it (``--landmark-threshold 0.3`` with ``sliding,landmark`` sets landmark's tau and leaves
+    sliding alone). A setting none of them reads goes to all, so the first writer's check refuses
+    it by name (:func:`~worldtrace_cli.writer_options.check_flags`). Each as :func:`memory_config`."""
+    from .writer_options import WRITER_OPTIONS, writer_flags
+
+    rows = {c: WRITER_OPTIONS.get(c.split(":", 1)[0]) for c in caches}
+    own = {k for k, v in options.items() if v is not None and k in writer_flags()}
+    read = {k for k in own if any(row is not None and k in row.flags for row in rows.values())}
+    return {c: memory_config(c, preset=preset, **{k: v for k, v in options.items()
+                                                  if k not in read or (rows[c] is not None and k in rows[c].flags)})
+            for c in caches}

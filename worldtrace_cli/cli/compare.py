@@ -7,7 +7,7 @@ from pathlib import Path
 import click
 
 from .common import run_job
-from .options import (CHUNKS, SEED, NonEmptyPath, device_options, memory_options, name_list, overall_progress,
+from .options import (CHUNKS, SEED, NonEmptyPath, cache_help, device_options, memory_options, name_list, overall_progress,
                       speed_config, speed_options)
 
 
@@ -15,7 +15,7 @@ from .options import (CHUNKS, SEED, NonEmptyPath, device_options, memory_options
 @click.argument("trajectory", type=click.Path(path_type=Path))
 @click.option("--cache", "--caches", "caches", default="sliding,field,landmark", show_default=True, metavar="W1,W2,...",
               callback=name_list,
-              help="Comma-separated cache writers to compare (as --cache of generate, e.g. mixed:2).")
+              help=cache_help("Comma-separated cache writers to compare, each as --cache of generate: "))
 @click.option("--preset", default=None, metavar="NAME|FILE",
               help="Model preset, as generate's (`worldtrace presets` lists them; default: mg2-<trajectory mode> "
                    "with --checkpoint, else loopworld for universal trajectories, tiny-<mode> otherwise).")

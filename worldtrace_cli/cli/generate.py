@@ -9,7 +9,8 @@ import click
 
 from ..config import memory_config
 from .common import run_job
-from .options import CHUNKS, NonEmptyPath, SEED, device_options, memory_options, speed_config, speed_options
+from .options import (CHUNKS, SEED, NonEmptyPath, cache_help, device_options, memory_options, speed_config,
+                      speed_options)
 
 
 @click.command("generate")
@@ -46,9 +47,8 @@ from .options import CHUNKS, NonEmptyPath, SEED, device_options, memory_options,
               help="Run folder (default: runs/<trajectory>-<cache>).")
 @click.option("--overwrite", is_flag=True, help="Replace a run (finished or not) already in the output folder.")
 @click.option("--cache", default=None, metavar="WRITER",
-              help="KV-cache writer: sliding, sink, full, field, field-streaming, landmark, mixed:K, naive, "
-                   "memrope, yarn, worldkv, retrieval (README: 'Memory writers'). Default: the model's own cache "
-                   "(MG2: sliding; LingBot: sink of 6 in a window of 18 latent frames).")
+              help=cache_help("KV-cache writer: ", " Default: the model's own cache (MG2: sliding; LingBot: sink "
+                                                   "of 6 in a window of 18 latent frames)."))
 @memory_options
 @device_options
 @click.option("--metrics", type=click.Choice(["none", "fast", "all"]), default="fast", show_default=True,

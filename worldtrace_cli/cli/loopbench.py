@@ -12,7 +12,7 @@ import click
 
 from ..loopbench.configs import CONFIGS
 from .common import run_job
-from .options import (CHUNKS, NonEmptyPath, device_options, memory_options, name_list, overall_progress, speed_config,
+from .options import (CHUNKS, NonEmptyPath, cache_help, device_options, memory_options, name_list, overall_progress, speed_config,
                       speed_options)
 
 _DEFAULT_CONFIGS = ",".join(n for n, c in CONFIGS.items() if c.tier in (1, 2, 3, 4))
@@ -46,7 +46,7 @@ def loopbench():
                    f"Known: {', '.join(CONFIGS)}.")
 @click.option("--caches", "--cache", "caches", default="sliding,field,landmark", show_default=True,
               callback=name_list,
-              help="Comma-separated cache writers (as --cache of generate, e.g. mixed:2).")
+              help=cache_help("Comma-separated cache writers, each as --cache of generate: "))
 @click.option("--images", default=None, metavar="DIR|A.png,B.png",
               help="Conditioning images (one scene each): every image in a folder, or a comma list.")
 @click.option("--worlds", default=None, metavar="0-7|0,3,5",

@@ -132,20 +132,56 @@ def name_list(ctx, param, value):
     return items
 
 
-def _finite(ctx, param, value):
-    import math
+def _writer_default(flag_name: str, writers: list[str]) -> str:
+    """`` (default ...)`` for a writer flag's help: one value, or each writer's (from its options class)."""
+    from ..writer_options import WRITER_OPTIONS
 
-    if value is not None and not math.isfinite(value):
-        raise click.BadParameter(f"must be a finite number, got {value}")
-    return value
+    values = {w: getattr(WRITER_OPTIONS[w].options(), flag_name) for w in writers}
+    shown = {v for v in values.values() if v is not None}
+    if not shown:
+        return ""
+    if len(set(values.values())) == 1:
+        return f" (default {next(iter(shown)):g})" if isinstance(next(iter(shown)), float) else f" (default {next(iter(shown))})"
+    return " (default " + ", ".join(f"{w} {v:g}" if isinstance(v, float) else f"{w} {v}" for w, v in values.items()
+                                     if v is not None) + ")"
+
+
+def _flag_check(writer_flag):
+    """A click callback running a writer flag's own check: a usage error naming the option (exit 2)."""
+    def callback(ctx, param, value):
+        import math
+
+        if value is None:
+            return None
+        if isinstance(value, float) and not math.isfinite(value):
+            raise click.BadParameter(f"must be a finite number, got {value}")
+        problem = writer_flag.check(value) if writer_flag.check else None
+        if problem:
+            raise click.BadParameter(problem)
+        return value
+    return callback
+
+
+def cache_help(prefix: str, suffix: str = "") -> str:
+    """``--cache``'s help: ``prefix``, every runnable writer spec from the registry (a writer added
+    there appears here), ``suffix``."""
+    from ..writer_options import writer_specs
+
+    return f"{prefix}{', '.join(writer_specs())} (docs/memory.md).{suffix}"
 
 
 def memory_options(command):
-    """The memory settings shared by generate, compare and loopbench run (parameters ``positions``,
-    ``budget``, ``summary_slots``, ``recent_slots``, ``landmark_threshold``, ``sink_frames``,
-    ``max_cache_gb``, ``spill_dir``, ``top_k``, ``retrieval_budget``, ``keep_ratio``, ``bank_device``), with one set of defaults and ranges; :func:`~worldtrace_cli.config.memory_config`
-    turns them (and a ``--cache`` spec) into a :class:`~worldtrace_cli.memory.MemoryConfig`."""
+    """The memory settings of generate, compare, loopbench run and play: the shared ones (parameters
+    ``positions``, ``budget``, ``summary_slots``, ``recent_slots``) and one option per writer setting
+    in the registry (:func:`~worldtrace_cli.writer_options.writer_flags`: ``--sink-frames``,
+    ``--top-k``, ...; a writer added to :data:`~worldtrace_cli.writer_options.WRITER_OPTIONS` brings
+    its flags here), each None when not given (the writer's own default applies) and checked at
+    parse time by its :class:`~worldtrace_cli.writer_options.Flag` check;
+    :func:`~worldtrace_cli.config.memory_config` turns them (and a ``--cache`` spec) into a
+    :class:`~worldtrace_cli.writer_options.MemoryConfig`. Help names the writers that read each flag."""
     from pathlib import Path
+
+    from ..writer_options import writer_flags
 
     options = [
         click.option("--positions", type=click.Choice(POSITION_SCHEMES),
@@ -156,30 +192,13 @@ def memory_options(command):
         click.option("--summary-slots", type=click.IntRange(0), default=None,
                      help="N_s summary slots (WorldTrace writers; default window - 2: 4, gta_drive 2)."),
         click.option("--recent-slots", type=click.IntRange(1), default=None, help="N_r verbatim recent slots (default 2)."),
-        click.option("--landmark-threshold", type=click.FloatRange(0, 2, min_open=True), default=None,
-                     callback=_finite,
-                     help="tau: cosine distance (0-2) between consecutive frame descriptors that marks a scene entry "
-                          "(default: the preset's calibrated tau, loopworld 0.0047, else the paper's 0.1; "
-                          "`worldtrace bench tau` calibrates it)."),
-        click.option("--sink-frames", type=click.IntRange(1), default=1, show_default=True,
-                     help="sink and memrope: first latent frames kept (attention sink)."),
-        click.option("--max-cache-gb", type=click.FloatRange(0, min_open=True), default=16.0, show_default=True,
-                     callback=_finite,
-                     help="full/yarn: refuse before the KV cache (3 copies per chunk) exceeds this many GB."),
-        click.option("--spill-dir", type=click.Path(path_type=Path), default=None,
-                     help="field, naive, mixed: keep evicted frames on disk here instead of host memory (very long runs)."),
-        # range checks are the writers' (one-line InputErrors naming the flag, also for library callers)
-        click.option("--top-k", type=int, default=None,
-                     help="worldkv: banked chunks retrieved per chunk by camera pose (default 6, as released)."),
-        click.option("--retrieval-budget", type=int, default=None, metavar="FRAMES",
-                     help="worldkv: derive k from a token budget of FRAMES latent frames instead "
-                          "(paper: 18 -> k = 12 at --keep-ratio 0.25)."),
-        click.option("--keep-ratio", type=float, default=None,
-                     help="worldkv/retrieval: store-time compression, keep this share of each chunk's non-anchor "
-                          "tokens (0-1; worldkv default 0.5 as released, paper 0.25; retrieval default 1 = none)."),
-        click.option("--bank-device", default=None, metavar="DEVICE",
-                     help="worldkv/retrieval: where the bank of past K/V lives: cpu (default) or cuda[:i]."),
     ]
+    types = {"int": int, "float": float, "str": str, "path": click.Path(path_type=Path)}
+    for name, (writer_flag, writers) in writer_flags().items():
+        default = "" if "default" in writer_flag.help else _writer_default(name, writers)
+        options.append(click.option(writer_flag.option, name, type=types[writer_flag.kind], default=None,
+                                    metavar=writer_flag.metavar, callback=_flag_check(writer_flag),
+                                    help=f"{', '.join(writers)}: {writer_flag.help}{default}."))
     for option in reversed(options):
         command = option(command)
     return command

@@ -10,7 +10,7 @@ from pathlib import Path
 import click
 
 from .common import run_job
-from .options import SEED, device_options, memory_options
+from .options import SEED, cache_help, device_options, memory_options
 
 log = logging.getLogger("worldtrace")
 
@@ -44,8 +44,8 @@ def check_port(host: str, port: int) -> None:
               help="An MG2-architecture preset: loopworld (trained embedded world with ground truth, CPU), tiny "
                    "(random weights), mg2-universal (with --checkpoint), or a preset YAML.")
 @click.option("--cache", default=None, metavar="WRITER",
-              help="The first writer (the page switches writers and opens a second one beside it). Default: "
-                   "the model's own cache (MG2: sliding).")
+              help=cache_help("The first writer (the page switches writers and opens a second one beside it): ",
+                              " Default: the model's own cache (MG2: sliding)."))
 @click.option("--checkpoint", type=click.Path(path_type=Path), default=None, metavar="DIR",
               help="The official Matrix-Game-2.0 folder (mg2-* presets).")
 @click.option("--random-weights", is_flag=True, help="Run a checkpoint preset at full size with seeded random weights.")

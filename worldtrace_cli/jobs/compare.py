@@ -225,8 +225,9 @@ def run_compare(trajectory: str | Path, caches: list[str], out_dir: str | Path, 
     integer upscaling of the panels of ``compare.mp4`` / ``compare.png`` (the runs are unchanged).
     ``overall``: one tqdm bar on stderr over the runs (``progress``: each run's per-chunk bar).
 
-    ``memory``: :func:`~worldtrace_cli.options.memory_config` keywords every writer gets (``budget``,
-    ``summary_slots``, ...). ``preset`` None = ``mg2-<trajectory mode>`` with a checkpoint, else ``loopworld`` (universal) or
+    ``memory``: :func:`~worldtrace_cli.config.memory_configs` keywords (``budget``, ``summary_slots``,
+    ... every writer gets; a writer's own setting, ``landmark_threshold``, ``top_k``, ..., goes to the
+    listed writers that read it). ``preset`` None = ``mg2-<trajectory mode>`` with a checkpoint, else ``loopworld`` (universal) or
     ``tiny``. Panel order and labels follow ``caches``; a ``:`` in a spec becomes ``-`` in its folder
     name. With a procedural-world preset and no ``image``, the runs walk world ``world_seed`` and the
     video's first panel is the truth (``out_dir/truth/video.mp4``, the world rendered at the same poses). ``speed``:
@@ -242,7 +243,7 @@ def run_compare(trajectory: str | Path, caches: list[str], out_dir: str | Path, 
         works in ``out_dir``; the errors of :func:`~worldtrace_cli.jobs.generate.run_generation`.
         Interrupted: Ctrl-C / SIGTERM during a run (its state saved; the same command finishes).
     """
-    from ..config import RunConfig, default_preset_name, load_preset, memory_config
+    from ..config import RunConfig, default_preset_name, load_preset, memory_configs
     from ..errors import InputError, Interrupted, OutputError
     from ..outputs import atomic_path, cache_folder, write_json_atomic
     from ..runs import RunFolder
@@ -257,9 +258,10 @@ def run_compare(trajectory: str | Path, caches: list[str], out_dir: str | Path, 
         raise InputError(f"--cache: expected distinct writers, got {','.join(caches) or '(none)'}")
     traj = load_trajectory(trajectory)
     preset_obj = load_preset(preset or default_preset_name(traj.mode, checkpoint))
+    memories = memory_configs(caches, preset_obj, **(memory or {}))
     configs = [RunConfig(preset=preset_obj, trajectory=trajectory, output=out_dir / folder, image=image,
                          chunks=chunks, seed=seed, device=device, dtype=dtype, checkpoint=checkpoint,
-                         random_weights=random_weights, memory=memory_config(cache, preset=preset_obj, **(memory or {})),
+                         random_weights=random_weights, memory=memories[cache],
                          overwrite=overwrite, progress=progress, metrics=metrics, world_seed=world_seed,
                          **(speed or {}))
                for cache, folder in zip(caches, folders)]

@@ -135,7 +135,7 @@ def check_inputs(cfg, traj=None):
                          f"(mode {cfg.preset.mode!r})")
     check_weights_source(cfg.preset, cfg.checkpoint, cfg.random_weights)  # the folder's files, not their bytes
     check_model_size(cfg.preset, cfg.device, cfg.dtype)
-    spill = cfg.memory.spill_dir
+    spill = cfg.memory.options.get("spill_dir")
     if spill is not None and Path(spill).exists() and not Path(spill).is_dir():
         raise OutputError(f"--spill-dir {spill}: exists and is not a folder")
     path = cfg.image or (None if cfg.preset.has_world else traj.image)

@@ -42,7 +42,7 @@ def check_jobs(jobs: Sequence[Job], preset, chunks: int | None = None, memory: d
         InputError / TrajectoryError: the first bad input, one line naming the file or flag;
             CheckpointError: a ``--checkpoint`` the sweep would read that is not a folder.
     """
-    from ..config import RunConfig, memory_config
+    from ..config import RunConfig, memory_configs
     from .inputs import check_inputs, check_writers
 
     parsed: dict[Path, object] = {}
@@ -50,7 +50,7 @@ def check_jobs(jobs: Sequence[Job], preset, chunks: int | None = None, memory: d
         cfg = RunConfig(preset=preset, trajectory=trajectory, output=Path("."), image=image, chunks=chunks,
                         checkpoint=checkpoint, random_weights=random_weights)
         parsed[trajectory] = check_inputs(cfg, parsed.get(trajectory))
-    memories = [memory_config(c, preset=preset, **(memory or {})) for c in sorted({j.cache for j in jobs})]
+    memories = list(memory_configs(sorted({j.cache for j in jobs}), preset, **(memory or {})).values())
     if writers:
         check_writers(memories, preset, "--caches")
     else:
@@ -118,7 +118,7 @@ def run_jobs(jobs: Sequence[Job], out_dir: str | Path, preset: str = "tiny", dev
             rollout length override (None = each configuration's own N); speed: RunConfig speed
             fields (:func:`~worldtrace_cli.options.speed_config`; the model compiles once per process);
             memory: the memory settings every job's writer gets besides its spec (``--budget``,
-            ``--summary-slots``, ...: :func:`~worldtrace_cli.options.memory_config` keywords);
+            ``--summary-slots``, ...: :func:`~worldtrace_cli.config.memory_configs` keywords);
             overall: one tqdm bar on stderr over the jobs (``progress``: each job's per-chunk bar).
 
     Returns:
@@ -129,7 +129,7 @@ def run_jobs(jobs: Sequence[Job], out_dir: str | Path, preset: str = "tiny", dev
             runs); OutputError: job folders hold complete runs made with other settings (before any
             job runs; the first one's differences named), or failures cannot be recorded.
     """
-    from ..config import RunConfig, load_preset, memory_config
+    from ..config import RunConfig, load_preset, memory_configs
     from . import generate as generate_job  # looked up per call so tests can replace run_generation
     from ..runs.resume import next_step
 
@@ -145,11 +145,13 @@ def run_jobs(jobs: Sequence[Job], out_dir: str | Path, preset: str = "tiny", dev
         raise OutputError(f"cannot create output folder {out_dir}: {err.strerror or err}") from None
     device = _select_device(device)
 
+    memories = memory_configs(sorted({j.cache for j in jobs}), preset_obj, **(memory or {}))
+
     def job_config(job):
         return RunConfig(preset=preset_obj, trajectory=job.trajectory, output=job.folder(out_dir), image=job.image,
                          world_seed=job.world or 0, chunks=chunks, seed=job.seed, device=device, dtype=dtype,
                          checkpoint=checkpoint, random_weights=random_weights,
-                         memory=memory_config(job.cache, preset=preset_obj, **(memory or {})), progress=progress,
+                         memory=memories[job.cache], progress=progress,
                          metrics=metrics, **(speed or {}))
 
     # every job's next step, decided once before any runs: complete runs of other settings refuse the
@@ -167,8 +169,7 @@ def run_jobs(jobs: Sequence[Job], out_dir: str | Path, preset: str = "tiny", dev
         raise OutputError(f"{len(clashes)} of {len(jobs)} jobs: {clashes[0]}")
     from .inputs import check_writers
 
-    check_writers([memory_config(c, preset=preset_obj, **(memory or {})) for c in sorted({j.cache for j in jobs})],
-                  preset_obj, "--caches")  # then with torch: e.g. a --bank-device this machine lacks
+    check_writers(list(memories.values()), preset_obj, "--caches")  # then with torch: e.g. a --bank-device this machine lacks
     with StopFlag("stopping after the current job (Ctrl-C again to abort now)") as sweep_stop:
         from tqdm import tqdm
 

@@ -106,7 +106,7 @@ def replay_variant(model, inputs: dict, local_attn_size: int, sink_size: int, de
     kept, lat_f, _ = frame_counts(len(inputs["poses"]), inputs["frame_num"])
     track = CameraTrack(inputs["poses"].numpy()[:kept], inputs["intrinsics"].numpy(), lat_f, (8 * lh, 8 * lw))
     window = trained_window(local_attn_size)
-    writer = build_writer(memory or MemoryConfig(**official_memory(local_attn_size, sink_size)), 0, window)
+    writer = build_writer(memory or MemoryConfig.of(**official_memory(local_attn_size, sink_size)), 0, window)
     initial, draws = inputs["noise"], inputs["add_noise_draws"]
 
     def stored(c, s, shape):

@@ -24,7 +24,7 @@ from typing import ClassVar, Sequence
 
 import torch
 
-from ..config import MemoryConfig  # noqa: F401  (defined torch-free beside RunConfig; re-exported)
+from ..writer_options import MemoryConfig  # noqa: F401  (defined torch-free with the writer rows; re-exported)
 from ..writer_options import DEFAULT_WINDOW, check_flags
 from .positions import SCHEMES
 from .slots import CacheGeometry, Slot  # noqa: F401  (re-exported)
@@ -104,8 +104,8 @@ class CacheWriter:
         attends over, current chunk included (MG2's ``local_attn_size``; sizes that follow it are
         final at :meth:`reset`). Raises InputError: see :func:`~worldtrace_cli.writer_options.check_flags`."""
         check_flags(config)  # the torch-free checks the CLI ran before the model loaded (writer_options)
-        if config.bank_device is not None:
-            check_bank_device(config.bank_device)
+        if config.options.get("bank_device") is not None:
+            check_bank_device(config.options["bank_device"])
         self.config = config
         self.budget = config.budget if config.budget is not None else default_budget
         self.positions_scheme = config.positions or self.default_positions

@@ -68,7 +68,7 @@ class LandmarkSummary(SummaryMemory):
 
     def __init__(self, n_slots: int, config: MemoryConfig):
         self.n_slots = n_slots
-        self.threshold = config.landmark_threshold
+        self.threshold = config.settings().landmark_threshold
 
     def reset(self, geometry: CacheGeometry) -> None:
         super().reset(geometry)

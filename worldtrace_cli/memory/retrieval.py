@@ -24,7 +24,7 @@ from typing import Sequence
 
 import torch
 
-from ..writer_options import DEFAULT_WINDOW, keep_ratio_of
+from ..writer_options import DEFAULT_WINDOW
 from .bank import ChunkBank, PoseRetrieval, mean_pose, nearest, pose_distances, retrieval_event
 from .base import CacheGeometry, MemoryConfig, Slot, check_bank_device, register
 from .window import FrameKV, RecentWindowWriter, SummaryMemory
@@ -141,8 +141,9 @@ class RetrievalWriter(PoseRetrieval, RecentWindowWriter):
         """Raises InputError: ``--spill-dir``, ``--top-k``, ``--retrieval-budget`` (its retrieved frames
         are the N_s summary slots), bad slot flags, ``--keep-ratio`` or ``--bank-device``."""
         super().__init__(config, default_budget, window)
-        self.keep_ratio = keep_ratio_of(config, 1.0)
-        self.bank_device = check_bank_device(config.bank_device or "cpu")
+        settings = config.settings()  # RetrievalOptions: keep ratio (spec :r or --keep-ratio), bank device
+        self.keep_ratio = settings.keep_ratio
+        self.bank_device = check_bank_device(settings.bank_device)
 
     def make_components(self) -> list[SummaryMemory]:
         return [RetrievalSummary(self.n_summary, self.keep_ratio, self.bank_device)]

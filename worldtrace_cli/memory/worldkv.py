@@ -36,13 +36,13 @@ from typing import Sequence
 
 import torch
 
-from ..writer_options import DEFAULT_WINDOW, keep_ratio_of
+from ..writer_options import DEFAULT_WINDOW
 from .bank import ChunkBank, PoseRetrieval, kept_per_frame, mean_pose, nearest, pose_distances, retrieval_event
 from .base import CacheGeometry, CacheWriter, MemoryConfig, Slot, check_bank_device, register
 
 RECENT_FRAMES = 6       # the release's fixed recent window, current chunk included (= MG2's window)
 RETRIEVAL_FRAMES = 18   # the release's retrieval budget in latent frames (6 chunks of 3)
-RELEASED_KEEP_RATIO = 0.5
+# the released keep ratio (0.5) is WorldKVOptions.keep_ratio's default (writer_options/flags.py)
 
 
 @register
@@ -58,19 +58,20 @@ class WorldKVWriter(PoseRetrieval, CacheWriter):
         a bad --top-k, --retrieval-budget, --keep-ratio or --bank-device
         (:func:`~worldtrace_cli.writer_options.check_flags`)."""
         super().__init__(config, default_budget, window)
-        self.keep_ratio = keep_ratio_of(config, RELEASED_KEEP_RATIO)
-        self.bank_device = check_bank_device(config.bank_device or "cpu")
+        self.settings = config.settings()  # WorldKVOptions: keep ratio (spec :r or --keep-ratio), bank, k
+        self.keep_ratio = self.settings.keep_ratio
+        self.bank_device = check_bank_device(self.settings.bank_device)
         self._resolve(3, 880)  # provisional (MG2 universal: C = 3, T = 880) until reset knows the model
 
     def _resolve(self, frames: int, tokens: int) -> None:
         """k, the recent chunks and the plain window for C = ``frames``, T = ``tokens``."""
         self.recent_chunks = max(1, math.ceil(RECENT_FRAMES / frames))
-        if self.config.retrieval_budget is not None:
-            self.retrieval_frames = self.config.retrieval_budget
+        if self.settings.retrieval_budget is not None:
+            self.retrieval_frames = self.settings.retrieval_budget
             kept = min(tokens, kept_per_frame(self.keep_ratio, tokens))
             self.k = self.retrieval_frames * tokens // (tokens + (frames - 1) * kept)
         else:
-            self.k = RETRIEVAL_FRAMES // frames if self.config.top_k is None else self.config.top_k
+            self.k = RETRIEVAL_FRAMES // frames if self.settings.top_k is None else self.settings.top_k
             self.retrieval_frames = self.k * frames
         recent_past = (self.recent_chunks - 1) * frames
         self.plain_frames = self.retrieval_frames + recent_past  # past frames before any candidate exists
@@ -185,7 +186,7 @@ class WorldKVWriter(PoseRetrieval, CacheWriter):
         entries = len(self._bank.entries) if self.geometry is not None else 0
         bank = self._bank.nbytes() if entries else 0
         return {**super().describe(), "top_k": self.k,
-                "k_from": "token budget" if self.config.retrieval_budget is not None else "top-k",
+                "k_from": "token budget" if self.settings.retrieval_budget is not None else "top-k",
                 "retrieval_frames": self.retrieval_frames, "recent_frames": self.recent_chunks * (
                     self.geometry.frames_per_chunk if self.geometry else 3),
                 "keep_ratio": self.keep_ratio, "sink_frames": 0,

@@ -17,7 +17,7 @@ from pathlib import Path
 
 from ..config import PRESET_ADDED, PRESET_DEFAULTS_ONLY
 from ..errors import InputError
-from ..writer_options import TAU_WRITERS
+from ..writer_options import MemoryConfig
 from .folder import RunFolder
 
 STATE_VERSION = 2
@@ -125,14 +125,18 @@ def _video_settings(d: dict) -> dict:
     preset keys added later take the value older runs were made with
     (:data:`~worldtrace_cli.config.PRESET_ADDED`), the preset's defaults-only keys are dropped
     (:data:`~worldtrace_cli.config.PRESET_DEFAULTS_ONLY`: the value used is in ``memory``), and so is
-    ``memory.landmark_threshold`` for a writer without the landmark detector (not in
-    :data:`~worldtrace_cli.writer_options.TAU_WRITERS`)."""
+    ``memory`` takes its current flat form (:meth:`~worldtrace_cli.writer_options.MemoryConfig.from_dict`
+    then ``to_dict``: the writer's own settings, resolved; older runs recorded every writer's settings,
+    ``landmark_threshold`` included, for every writer)."""
     d = {k: v for k, v in d.items() if k not in VOLATILE}
     if isinstance(d.get("preset"), dict):
         d["preset"] = {k: v for k, v in {**PRESET_ADDED, **d["preset"]}.items() if k not in PRESET_DEFAULTS_ONLY}
     memory = d.get("memory")
-    if isinstance(memory, dict) and str(memory.get("cache", "")).split(":", 1)[0] not in TAU_WRITERS:
-        d["memory"] = {k: v for k, v in memory.items() if k != "landmark_threshold"}
+    if isinstance(memory, dict):
+        try:
+            d["memory"] = MemoryConfig.from_dict(memory).to_dict()
+        except (TypeError, ValueError):  # not a memory config this version reads: compared as it is
+            pass
     return d
 
 

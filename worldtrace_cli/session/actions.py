@@ -183,8 +183,6 @@ def replay_command(cfg, trajectory: str) -> str:
     """The ``worldtrace generate`` command that replays a session of ``cfg`` (a RunConfig) from
     ``trajectory``: its preset, writer and every memory setting that differs from the writer
     spec's defaults, its checkpoint, image or world seed."""
-    from dataclasses import fields
-
     from ..config import memory_config
 
     m, preset = cfg.memory, cfg.preset
@@ -197,11 +195,10 @@ def replay_command(cfg, trajectory: str) -> str:
         words += ["--image", str(cfg.image)]
     elif preset.has_world:
         words += ["--world-seed", str(cfg.world_seed)]
-    default = memory_config(m.cache, preset=preset)
-    for f in fields(m):
-        value = getattr(m, f.name)
-        if f.name != "cache" and value != getattr(default, f.name):
-            words += [f"--{f.name.replace('_', '-')}", str(value)]
+    given, default = m.to_dict(), memory_config(m.cache, preset=preset).to_dict()
+    for name, value in given.items():
+        if name != "cache" and value != default.get(name):
+            words += [f"--{name.replace('_', '-')}", str(value)]
     return " ".join(words)
 
 

@@ -311,7 +311,7 @@ class Session:
         """
         if self.rollout is None:
             raise InputError("fork: the session has no chunk yet; step first")
-        if self.cfg.memory.spill_dir:
+        if self.cfg.memory.options.get("spill_dir"):
             raise InputError("fork: a writer spilling to disk (spill_dir) cannot be forked; open it without spill_dir")
         twin = Session(self.pipeline, self.cfg)
         twin._conditioned = self._conditioned

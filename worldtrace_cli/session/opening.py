@@ -35,22 +35,18 @@ def open(preset: str = "loopworld", cache: str | None = None, *, checkpoint: str
     from ..trajectory.images import load_image
     from ..memory import build_writer
     from ..engine.pipeline import Pipeline
-    from ..writer_options import check_memory
+    from ..writer_options import SLOT_FIELDS, check_memory, writer_flags
 
     resolved = load_preset(preset) if isinstance(preset, (str, Path)) else preset
     if resolved.is_lingbot:
         raise InputError(f"preset {resolved.name}: sessions run MG2-architecture models; LingBot-World runs with "
                          f"worldtrace generate")
     options = {**default_cache(resolved), **writer_options} if cache is None else {"cache": cache, **writer_options}
-    try:
-        memory = memory_config(preset=resolved, **options)
-    except TypeError:
-        from dataclasses import fields
-
-        from ..config import MemoryConfig
-
-        known = ", ".join(f.name for f in fields(MemoryConfig) if f.name != "cache")
-        raise InputError(f"open: unknown writer option among {sorted(writer_options)} (known: {known})") from None
+    known = {"positions", *SLOT_FIELDS, *writer_flags()}
+    unknown = sorted(set(writer_options) - known)
+    if unknown:
+        raise InputError(f"open: unknown writer option {', '.join(unknown)} (known: {', '.join(sorted(known))})")
+    memory = memory_config(preset=resolved, **options)
     for name, value in (("seed", seed), ("world_seed", world_seed)):
         if isinstance(value, bool) or not isinstance(value, int) or value < 0:
             raise InputError(f"open: {name} must be an integer >= 0, got {value!r}")
