@@ -99,110 +99,152 @@ def run_generation(cfg, resume: bool = False, pipeline=None) -> dict:
         return _generate(cfg, inputs, folder, resume, pipeline, started)
 
 
-def _generate(cfg, inputs: RunInputs, folder: RunFolder, resume: bool, pipeline, started: float) -> dict:
-    import torch
+class _Generation:
+    """One ``generate`` run's parts, built in order: the model (loaded unless a shared one serves the
+    run), the writer, the conditioning, the rollout, the decoder, the metrics, a restored resume state
+    (``resume``), the run folder's sinks. :meth:`chunks` drives the one chunk loop over them;
+    :meth:`fail` and :meth:`finish` close the run with its ``summary.json`` (:func:`~worldtrace_cli.runs.summary.run_summary`).
+    """
 
-    from ..metrics import OnlineMetrics
-    from ..outputs import write_json_atomic
-    from ..engine.loop import ChunkLoop
-    from ..engine.pipeline import Pipeline
-    from ..runs.summary import run_summary
-    from ..trajectory import frames_for_chunks
+    def __init__(self, cfg, inputs: RunInputs, folder: RunFolder, resume: bool, pipeline, started: float):
+        import torch
 
-    plan, preset = inputs.plan, cfg.preset
-    loaded_here = pipeline is None or not pipeline.serves(cfg)
-    if loaded_here:
-        with stage(f"loading {preset.name}"):
-            pipeline = Pipeline.from_config(cfg)
-    writer = pipeline.build_writer(cfg.memory)
-    t0 = time.perf_counter()
-    with stage(f"conditioning on {inputs.image_label}", logging.INFO if loaded_here else logging.DEBUG):
-        if preset.is_lingbot:  # a prompt and camera poses besides the image
-            conditioned = pipeline.condition(inputs.image, plan.num_chunks, inputs.lingbot)
-        else:
-            conditioned = pipeline.condition(inputs.image, plan.num_chunks)
-    cond_s = time.perf_counter() - t0
-    device = pipeline.device
-    if device.type == "cuda":
-        torch.cuda.reset_peak_memory_stats(device)
-    rollout = pipeline.rollout(writer, conditioned, plan.keyboard[None],
-                               None if plan.mouse is None else plan.mouse[None], inputs.seed)
-    decoder = pipeline.decoder()
-    scorer = OnlineMetrics(cfg.metrics, pipeline.world.clip if cfg.metrics == "all" else None, inputs.truth)
-    progress = {"totals": {}, "peak": {"rss_bytes": 0, "gpu_peak_bytes": 0}}
-    records: list[dict] = []
-    start, command = 0, sys.argv
-    if resume:
-        start, progress, command = restore_run_state(folder, rollout, decoder, scorer, inputs.hashes)
-        command = command or sys.argv
-        folder.summary_path.unlink(missing_ok=True)
-        layout = lambda n: frames_for_chunks(n, preset.frames_per_chunk)  # noqa: E731
-        records = folder.truncate(start, layout)  # the chunks after the saved one are regenerated
-        log.info(f"resuming {folder.path} at chunk {start} of {plan.num_chunks}")
-    sinks = RunSinks(folder, preset, plan, scorer, records, progress, start, cfg.progress, writer.name)
-    stop = StopFlag().__enter__()  # held until the summary is written: a late Ctrl-C finishes cleanly
-    loop = None
+        from ..engine.pipeline import Pipeline
+        from ..metrics import OnlineMetrics
+        from ..trajectory import frames_for_chunks
 
-    def summary(status: str) -> dict:
-        told = inputs.warnings + offset_warning(writer.name, sinks.max_offset(), rollout.geometry.trained_offset,
-                                                preset.frames_per_chunk, cfg.memory.budget)
+        self.cfg, self.inputs, self.folder, self.resume, self.started = cfg, inputs, folder, resume, started
+        plan, preset = inputs.plan, cfg.preset
+        self.loaded_here = pipeline is None or not pipeline.serves(cfg)
+        if self.loaded_here:
+            with stage(f"loading {preset.name}"):
+                pipeline = Pipeline.from_config(cfg)
+        self.pipeline, self.writer = pipeline, pipeline.build_writer(cfg.memory)
+        t0 = time.perf_counter()
+        with stage(f"conditioning on {inputs.image_label}", logging.INFO if self.loaded_here else logging.DEBUG):
+            extra = (inputs.lingbot,) if preset.is_lingbot else ()  # a prompt and camera poses besides the image
+            conditioned = pipeline.condition(inputs.image, plan.num_chunks, *extra)
+        self.cond_s = time.perf_counter() - t0
+        if pipeline.device.type == "cuda":
+            torch.cuda.reset_peak_memory_stats(pipeline.device)
+        self.rollout = pipeline.rollout(self.writer, conditioned, plan.keyboard[None],
+                                        None if plan.mouse is None else plan.mouse[None], inputs.seed)
+        self.decoder = pipeline.decoder()
+        self.scorer = OnlineMetrics(cfg.metrics, pipeline.world.clip if cfg.metrics == "all" else None, inputs.truth)
+        self.progress = {"totals": {}, "peak": {"rss_bytes": 0, "gpu_peak_bytes": 0}}
+        records: list[dict] = []
+        self.start, self.command = 0, sys.argv
+        if resume:
+            self.start, self.progress, command = restore_run_state(folder, self.rollout, self.decoder, self.scorer,
+                                                                   inputs.hashes)
+            self.command = command or sys.argv
+            folder.summary_path.unlink(missing_ok=True)
+            layout = lambda n: frames_for_chunks(n, preset.frames_per_chunk)  # noqa: E731
+            records = folder.truncate(self.start, layout)  # the chunks after the saved one are regenerated
+            log.info(f"resuming {folder.path} at chunk {self.start} of {plan.num_chunks}")
+        self.sinks = RunSinks(folder, preset, plan, self.scorer, records, self.progress, self.start, cfg.progress,
+                              self.writer.name)
+        self.loop = None
+
+    def chunks(self, stop: StopFlag) -> int | None:
+        """Generate every chunk from the start one through the one chunk loop
+        (:class:`~worldtrace_cli.engine.loop.ChunkLoop`, built after any decoder restore), saving a
+        resume state every ``save_every`` chunks and when a signal asks to stop. Returns the chunk
+        the run stopped after, or None when every chunk was generated."""
+        from ..engine.loop import ChunkLoop
+
+        cfg, plan = self.cfg, self.inputs.plan
+        self.loop = ChunkLoop(self.rollout, self.decoder, self.pipeline.device, self.scorer, plan,
+                              overlap=cfg.overlap_decode, sinks=self.sinks)
+        for c in range(self.start, plan.num_chunks):
+            self.loop.advance()  # generated, decoded (one chunk behind with overlap), written; on a failure
+            # the chunks decoded before it are written first
+            last = c == plan.num_chunks - 1
+            signalled = stop.signal is not None  # read once: a signal arriving now counts next chunk
+            save = not last and (signalled or (cfg.save_every and (c + 1) % cfg.save_every == 0))
+            if save or last or signalled:
+                self.loop.flush()  # the decoder state must cover every chunk saved
+            if save:
+                save_run_state(self.folder, cfg, self.rollout, self.decoder, self.scorer, self.progress,
+                               self.inputs.hashes, self.command)
+            if signalled and not last:
+                return c
+        return None
+
+    def summary(self, status: str) -> dict:
+        """Write and return ``summary.json`` with ``status`` (complete, stopped, failed, aborted)."""
+        from ..outputs import write_json_atomic
+        from ..runs.summary import run_summary
+
+        cfg, preset, inputs = self.cfg, self.cfg.preset, self.inputs
+        told = inputs.warnings + offset_warning(self.writer.name, self.sinks.max_offset(),
+                                                self.rollout.geometry.trained_offset, preset.frames_per_chunk,
+                                                cfg.memory.budget)
         # the wall clock splits into phases only for one whole run in this process that loaded its
         # own model (a shared model loaded before it started)
-        return run_summary(status, cfg, folder.path, command, sys.argv if resume else None, pipeline, writer,
-                           rollout, scorer, plan, sinks, started, image_label=inputs.image_label, seed=inputs.seed,
-                           world_seed=None if inputs.truth is None else inputs.truth.world_seed, resumed_at=start,
-                           cond_s=cond_s, account=loaded_here and not resume, warnings=told)
+        result = run_summary(status, cfg, self.folder.path, self.command, sys.argv if self.resume else None,
+                             self.pipeline, self.writer, self.rollout, self.scorer, inputs.plan, self.sinks,
+                             self.started, image_label=inputs.image_label, seed=inputs.seed,
+                             world_seed=None if inputs.truth is None else inputs.truth.world_seed,
+                             resumed_at=self.start, cond_s=self.cond_s, account=self.loaded_here and not self.resume,
+                             warnings=told)
+        write_json_atomic(self.folder.summary_path, result)
+        return result
 
-    def close(failing: bool) -> None:
-        if loop is None:
-            sinks.close(None, failing)
+    def close(self, failing: bool) -> None:
+        """Close the chunk loop (or, before it was built, the sinks): video, records, worker threads."""
+        if self.loop is None:
+            self.sinks.close(None, failing)
         else:
-            loop.close(failing)
+            self.loop.close(failing)
 
-    try:
-        stopped = None
+    def fail(self, status: str) -> None:
+        """Close after an error and record ``status`` (failed | aborted); a failure to write the
+        summary is logged, not raised: the original error is the one to report."""
+        self.close(failing=True)
         try:
-            # the one chunk loop (sessions drive it too); built after any decoder restore
-            loop = ChunkLoop(rollout, decoder, device, scorer, plan, overlap=cfg.overlap_decode, sinks=sinks)
-            for c in range(start, plan.num_chunks):
-                loop.advance()  # generated, decoded (one chunk behind with overlap), written; on a failure
-                # the chunks decoded before it are written first
-                last = c == plan.num_chunks - 1
-                signalled = stop.signal is not None  # read once: a signal arriving now counts next chunk
-                save = not last and (signalled or (cfg.save_every and (c + 1) % cfg.save_every == 0))
-                if save or last or signalled:
-                    loop.flush()  # the decoder state must cover every chunk saved
-                if save:
-                    save_run_state(folder, cfg, rollout, decoder, scorer, progress, inputs.hashes, command)
-                if signalled and not last:
-                    stopped = c
-                    break
-        except KeyboardInterrupt:
-            close(failing=True)
-            write_json_atomic(folder.summary_path, summary("aborted"))
-            raise Aborted(f"aborted after {len(sinks.records)} chunks; {folder.path} keeps every written chunk "
-                          f"but no resume state for them: start again with --overwrite") from None
-        except BaseException:
-            close(failing=True)
-            try:
-                write_json_atomic(folder.summary_path, summary("failed"))
-            except Exception as exc:  # the original error is the one to report
-                log.warning(f"while writing the partial summary: {exc}")
-            raise
-        close(failing=False)
+            self.summary(status)
+        except Exception as exc:
+            log.warning(f"while writing the partial summary: {exc}")
+
+    def finish(self, stopped: int | None) -> dict:
+        """Close a run that ended without an error: ``stopped`` (saved, exit 130) or complete once
+        ``video.mp4`` holds every frame (then the resume state goes). Returns the summary.
+
+        Raises:
+            Interrupted: stopped after chunk ``stopped``. OutputError: the video lacks frames."""
+        from ..trajectory import frames_for_chunks
+
+        plan, folder = self.inputs.plan, self.folder
+        self.close(failing=False)
         if stopped is not None:
-            write_json_atomic(folder.summary_path, summary("stopped"))
+            self.summary("stopped")
             raise Interrupted(f"interrupted after chunk {stopped} of {plan.num_chunks}; every finished chunk is in "
                               f"{folder.path}; resume with: worldtrace generate --resume {folder.path}")
-        have, need = folder.video_frames(), frames_for_chunks(plan.num_chunks, preset.frames_per_chunk)
+        have, need = folder.video_frames(), frames_for_chunks(plan.num_chunks, self.cfg.preset.frames_per_chunk)
         if have < need:  # e.g. video.mp4 deleted or replaced while the run wrote it: not a success
-            write_json_atomic(folder.summary_path, summary("failed"))
+            self.summary("failed")
             raise OutputError(f"{folder.video}: holds {have} of the run's {need} pixel frames (deleted or replaced "
                               f"while the run wrote it?); chunks.jsonl has every chunk, the video does not: "
                               f"run again with --overwrite")
-        result = summary("complete")
-        write_json_atomic(folder.summary_path, result)
+        result = self.summary("complete")
         folder.clear_state()
         return result
-    finally:
-        stop.__exit__(None, None, None)
+
+
+def _generate(cfg, inputs: RunInputs, folder: RunFolder, resume: bool, pipeline, started: float) -> dict:
+    """Build the run (:class:`_Generation`), then generate its chunks with Ctrl-C / SIGTERM caught
+    between chunks (:class:`~worldtrace_cli.jobs.sinks.StopFlag`, held until the summary is written:
+    a late Ctrl-C finishes cleanly) and close it with its summary."""
+    run = _Generation(cfg, inputs, folder, resume, pipeline, started)
+    with StopFlag() as stop:
+        try:
+            stopped = run.chunks(stop)
+        except KeyboardInterrupt:  # a second Ctrl-C
+            run.fail("aborted")
+            raise Aborted(f"aborted after {len(run.sinks.records)} chunks; {folder.path} keeps every written chunk "
+                          f"but no resume state for them: start again with --overwrite") from None
+        except BaseException:
+            run.fail("failed")
+            raise
+        return run.finish(stopped)
