@@ -44,7 +44,8 @@ def stop_server(proc) -> tuple[int, str]:
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
     runs = tmp_path_factory.mktemp("play-runs")
-    proc, url = start_server(runs, "--cache", "landmark")
+    # a landmark setting (loopworld's own tau): the compare test's sliding lane must open without it
+    proc, url = start_server(runs, "--cache", "landmark", "--landmark-threshold", "0.0047")
     yield url, runs
     rc, err = stop_server(proc)
     assert rc == 0, err[-2000:]

@@ -286,3 +286,10 @@ def test_one_command_line_for_several_writers_gives_each_its_own_settings():
         check_flags(lone["sliding"])
     sized = memory_configs(["field", "landmark"], loopworld, budget=5)
     assert {c: m.budget for c, m in sized.items()} == {"field": 5, "landmark": 5}
+    # play's writer switch: each writer the page opens takes its own settings among the command line's
+    from worldtrace_cli.writer_options import settings_for
+
+    given = {"landmark_threshold": 0.3, "top_k": 4, "budget": 5}
+    assert settings_for("sliding", given) == {"budget": 5}
+    assert settings_for("mixed:2", given) == {"landmark_threshold": 0.3, "budget": 5}
+    assert settings_for("nope", given) == given  # refused by name by its own check

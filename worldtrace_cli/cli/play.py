@@ -94,7 +94,7 @@ def play(preset, cache, checkpoint, random_weights, image, world_seed, seed, dev
         from ..config import load_preset, memory_config
         from ..errors import InputError, OutputError
         from ..jobs.inputs import check_image, check_writers
-        from ..writer_options import WRITER_OPTIONS
+        from ..writer_options import WRITER_OPTIONS, settings_for
 
         resolved = load_preset(preset)
         if resolved.is_lingbot:
@@ -108,7 +108,8 @@ def play(preset, cache, checkpoint, random_weights, image, world_seed, seed, dev
         from ..config import default_cache
 
         first = cache or default_cache(resolved)["cache"]
-        check_writers([memory_config(preset=resolved, cache=first, **options)], resolved)
+        # each writer the page opens takes its own settings among these (writer_options.settings_for)
+        check_writers([memory_config(preset=resolved, cache=first, **settings_for(first, options))], resolved)
         if not no_record:
             from ..runs import RunFolder
 

@@ -107,13 +107,15 @@ class Page:
     # -- sessions (worker thread) -------------------------------------------------------------
     def _open(self, cache: str):
         from ..session import open as open_session
+        from ..writer_options import settings_for
 
         s = self.settings
         record = None
         if s.record:
             s.counter += 1
             record = s.runs_dir / f"{time.strftime('%Y%m%d-%H%M%S')}-{s.counter:03d}-{cache.replace(':', '')}"
-        return open_session(cache=cache, record=record, pipeline=s.pipeline, **s.open_kwargs)
+        # a writer's own flags go to the writers that read them (--landmark-threshold: landmark, mixed)
+        return open_session(cache=cache, record=record, pipeline=s.pipeline, **settings_for(cache, s.open_kwargs))
 
     def _replay(self, session, history: list) -> None:
         for actions in history:

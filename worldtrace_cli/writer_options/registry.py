@@ -115,6 +115,17 @@ def tau_writers() -> frozenset:
     return frozenset(n for n, row in WRITER_OPTIONS.items() if "landmark_threshold" in row.flags)
 
 
+def settings_for(cache: str, options: dict) -> dict:
+    """``options`` (memory keywords by name) without the settings of other writers that ``cache``'s
+    writer does not read: one set of flags for several writers (``play``'s writer switch), each
+    writer taking its own. Unchanged for an unknown writer (its check refuses it by name)."""
+    row = WRITER_OPTIONS.get(cache.split(":", 1)[0])
+    if row is None:
+        return dict(options)
+    others = set(writer_flags()) - set(row.flags)
+    return {k: v for k, v in options.items() if k not in others}
+
+
 def writer_options(config) -> WriterRow:
     """The row of ``config.cache``'s writer (``mixed:2`` -> ``mixed``).
 
