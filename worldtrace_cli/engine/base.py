@@ -131,6 +131,25 @@ class PipelineBase:
         raise NotImplementedError
 
     @classmethod
+    def _loaded(cls, preset, load_world, device: str, dtype: str, rope_precision: str, compile_mode: str,
+                key: ModelKey | None):
+        """The common tail of :meth:`from_preset`: resolve ``device`` and ``dtype``, load the networks
+        with ``load_world(device, dtype)`` (timed: ``load_seconds``), apply the speed settings
+        (:func:`~worldtrace_cli.model.speed.configure_speed`) and build the pipeline."""
+        import time
+
+        from ..model.speed import configure_speed
+
+        dev = resolve_device(device)
+        dt = resolve_dtype(dtype, dev)
+        start = time.perf_counter()
+        world = load_world(dev, dt)
+        configure_speed(world.dit, rope_precision, compile_mode)
+        if compile_mode != "none":
+            log.info(f"--compile {compile_mode}: the first chunk includes compiling the DiT blocks")
+        return cls(preset, world, dev, dt, rope_precision, compile_mode, key, time.perf_counter() - start)
+
+    @classmethod
     def from_config(cls, cfg) -> "PipelineBase":
         """The pipeline a :class:`~worldtrace_cli.config.RunConfig` asks for."""
         return cls.from_preset(cfg.preset, cfg.checkpoint, cfg.random_weights, cfg.weights_seed, cfg.device,

@@ -6,7 +6,7 @@ import time
 
 import torch
 
-from .record import memory_record
+from .record import decode_record
 from .rollout import ChunkOutput
 
 
@@ -79,10 +79,7 @@ class DecodePipeline:
             host, _pixels, begin, end = handle
             end.synchronize()
             out.frames, seconds = host, begin.elapsed_time(end) / 1000.0
-        timings = out.record["timings_s"]
-        timings["decode"] = round(seconds, 6)
-        timings["decode_wait"] = round(time.perf_counter() - start, 6)
-        out.record["memory"] = memory_record(self.device)
+        decode_record(out.record, seconds, self.device, wait=time.perf_counter() - start)
         return out
 
     def submit(self, out: ChunkOutput) -> list[ChunkOutput]:
@@ -90,8 +87,7 @@ class DecodePipeline:
         frames are ready, oldest first (without overlap: ``out`` itself; with: the previous chunk)."""
         if not self.overlap:
             out.frames, seconds = self._decode_timed(out.latents)
-            out.record["timings_s"]["decode"] = round(seconds, 6)
-            out.record["memory"] = memory_record(self.device)
+            decode_record(out.record, seconds, self.device)
             return [out]
         self._pending.append((out, self._launch(out)))
         ready = []

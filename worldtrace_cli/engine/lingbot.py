@@ -13,16 +13,13 @@ frames (16 pixel frames, 13 for the first).
 
 from __future__ import annotations
 
-import logging
 from dataclasses import dataclass
 
 import torch
 
 from ..errors import InputError
 from ..model.lingbot.inputs import LingbotInputs
-from .base import ModelKey, PipelineBase, check_speed, resolve_device, resolve_dtype
-
-log = logging.getLogger("worldtrace")
+from .base import ModelKey, PipelineBase, check_speed
 
 
 @dataclass
@@ -55,25 +52,17 @@ class LingbotPipeline(PipelineBase):
                 a checkpoint preset without a folder.
             CheckpointError: missing (one line) or mismatched checkpoint files.
         """
-        import time
-
         from ..model.lingbot.sampler import CausalFastSchedule
         from ..model.lingbot.world import load_lingbot_world
-        from ..model.speed import configure_speed
 
         check_speed(rope_precision, compile_mode)
         steps = CausalFastSchedule(preset.timestep_shift).timesteps().tolist()
         if list(preset.denoising_steps) != steps:
             raise InputError(f"preset {preset.name}: denoising_steps {list(preset.denoising_steps)} are not the "
                              f"causal-fast schedule at shift {preset.timestep_shift} ({steps})")
-        dev = resolve_device(device)
-        dt = resolve_dtype(dtype, dev)
-        start = time.perf_counter()
-        world = load_lingbot_world(preset, checkpoint, random_weights, weights_seed, dev, dt, hash_checkpoint)
-        configure_speed(world.dit, rope_precision, compile_mode)
-        if compile_mode != "none":
-            log.info(f"--compile {compile_mode}: the first chunk includes compiling the DiT blocks")
-        return cls(preset, world, dev, dt, rope_precision, compile_mode, key, time.perf_counter() - start)
+        return cls._loaded(preset, lambda dev, dt: load_lingbot_world(preset, checkpoint, random_weights, weights_seed,
+                                                                      dev, dt, hash_checkpoint),
+                           device, dtype, rope_precision, compile_mode, key)
 
     @torch.no_grad()
     def condition(self, pil_image, num_chunks: int, inputs: LingbotInputs | None = None) -> LingbotConditioned:

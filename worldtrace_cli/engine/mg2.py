@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 import torch
 
-from .base import ModelKey, PipelineBase, check_speed, log, resolve_device, resolve_dtype
+from .base import ModelKey, PipelineBase, check_speed
 
 
 @dataclass
@@ -45,20 +45,12 @@ class MG2Pipeline(PipelineBase):
             InputError: bad device/dtype/precision/compile mode, a checkpoint preset without a folder.
             CheckpointError: missing or mismatched checkpoint files.
         """
-        import time
-
         from ..model.checkpoint import load_world_model
-        from ..model.speed import configure_speed
 
         check_speed(rope_precision, compile_mode)
-        dev = resolve_device(device)
-        dt = resolve_dtype(dtype, dev)
-        start = time.perf_counter()
-        world = load_world_model(preset, checkpoint, random_weights, weights_seed, dev, dt, hash_checkpoint)
-        configure_speed(world.dit, rope_precision, compile_mode)
-        if compile_mode != "none":
-            log.info(f"--compile {compile_mode}: the first chunk includes compiling the DiT blocks")
-        return cls(preset, world, dev, dt, rope_precision, compile_mode, key, time.perf_counter() - start)
+        return cls._loaded(preset, lambda dev, dt: load_world_model(preset, checkpoint, random_weights, weights_seed,
+                                                                    dev, dt, hash_checkpoint),
+                           device, dtype, rope_precision, compile_mode, key)
 
     # -- per-run work ---------------------------------------------------------------------------
     @torch.no_grad()

@@ -1,8 +1,8 @@
 """A chunk's ``chunks.jsonl`` record, built in one place (schema: ``schemas/chunk.schema.json``).
 
 :func:`chunk_record` starts it when the rollout has generated the chunk (the cache as read, phase
-seconds, latents); :class:`~worldtrace_cli.engine.decode.DecodePipeline` adds the decode's seconds
-and re-reads :func:`memory_record`; :func:`finish_record` completes it from the decoded frames
+seconds, latents); :func:`decode_record` adds the decode's seconds and memory (called by
+:class:`~worldtrace_cli.engine.decode.DecodePipeline`); :func:`finish_record` completes it from the decoded frames
 (pixel frames, actions, waypoints, ``frames_sha256``, metrics). Torch is imported only inside the
 functions that use it, so the module loads without torch.
 """
@@ -76,6 +76,18 @@ def memory_record(device: torch.device) -> dict:
     if device.type == "cuda":
         rec["gpu_peak_bytes"] = torch.cuda.max_memory_allocated(device)
     return rec
+
+
+def decode_record(record: dict, seconds: float, device, wait: float | None = None) -> None:
+    """Add a chunk's decode to its record in place: ``timings_s.decode`` (seconds the decode itself
+    took), ``timings_s.decode_wait`` with overlap (seconds generation waited for it: the part of the
+    decode on the critical path) and ``memory`` re-read after the decode (:func:`memory_record`:
+    peak GPU bytes include it). Called by :class:`~worldtrace_cli.engine.decode.DecodePipeline`."""
+    timings = record["timings_s"]
+    timings["decode"] = round(seconds, 6)
+    if wait is not None:
+        timings["decode_wait"] = round(wait, 6)
+    record["memory"] = memory_record(device)
 
 
 def finish_record(out, plan, scorer, frames_per_chunk: int) -> dict:
