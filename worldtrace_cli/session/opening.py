@@ -25,10 +25,13 @@ def open(preset: str = "loopworld", cache: str | None = None, *, checkpoint: str
         device, dtype, compile, rope_precision: as ``generate``'s flags. metrics: ``none`` | ``fast`` | ``all``.
         record: a run folder to record into (refused when it holds a run, unless ``overwrite``).
         pipeline: a loaded pipeline to share (``worldtrace play`` shares one between sessions).
-        writer_options: ``generate``'s memory flags as keywords: ``budget``, ``summary_slots``,
-            ``recent_slots``, ``landmark_threshold``, ``positions``, ``sink_frames``, ``top_k``, ...
+        writer_options: ``generate``'s memory flags as keywords: the shared ``positions``,
+            ``budget``, ``summary_slots``, ``recent_slots``, and the writer's own settings
+            (``landmark_threshold``, ``sink_frames``, ``top_k``, ...: the fields of its options
+            class in :data:`~worldtrace_cli.writer_options.WRITER_OPTIONS`).
     Raises:
-        InputError: an unknown preset, writer or option, a bad image, a LingBot preset.
+        InputError: an unknown preset, writer or option, another writer's setting (``top_k`` for
+            ``landmark``), a bad image, a LingBot preset.
         CheckpointError: missing checkpoint files. OutputError / FolderBusy: the record folder.
     """
     from ..config import RunConfig, default_cache, load_preset, memory_config
