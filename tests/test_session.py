@@ -109,6 +109,11 @@ def test_open_refuses_what_a_session_cannot_run(pipeline, tmp_path):
         wt.open("lingbot-tiny")
     with pytest.raises(InputError, match="unknown writer option"):
         _open(pipeline, tau=0.1)
+    # a writer's checks in the API's words: keywords, not the CLI's flags
+    with pytest.raises(InputError, match=r"^open: top_k: cache='landmark' does not use it \(only worldkv reads it"):
+        _open(pipeline, cache="landmark", top_k=4)
+    with pytest.raises(InputError, match=r"^open: cache='mixed:9': k must be in \[0, 4\]"):
+        _open(pipeline, cache="mixed:9")
     with pytest.raises(InputError, match="needs a conditioning image"):
         wt.open("tiny")
     with pytest.raises(InputError, match="seed must be an integer >= 0"):

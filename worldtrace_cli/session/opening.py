@@ -2,10 +2,18 @@
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 from ..errors import InputError
 from .live import Session
+
+
+def api_words(message: str) -> str:
+    """A writer check's message with the CLI's flags in :func:`open`'s keywords: ``--top-k`` ->
+    ``top_k``, ``--cache landmark`` -> ``cache='landmark'``."""
+    message = re.sub(r"--cache ([^\s:;,()]+(?::[^\s:;,()]+)?)", lambda m: f"cache={m.group(1)!r}", message)
+    return re.sub(r"--([a-z][a-z-]*)", lambda m: m.group(1).replace("-", "_"), message)
 
 
 def open(preset: str = "loopworld", cache: str | None = None, *, checkpoint: str | Path | None = None,
@@ -57,8 +65,11 @@ def open(preset: str = "loopworld", cache: str | None = None, *, checkpoint: str
         load_image(image, (resolved.height, resolved.width))  # decoded now: a bad file is refused before the model
     elif not resolved.has_world:
         raise InputError(f"preset {resolved.name}: needs a conditioning image: open(..., image=PATH)")
-    check_memory(memory, resolved.window, resolved.default_budget)  # torch-free first, as generate's checks
-    build_writer(memory, resolved.default_budget, resolved.window)  # a --bank-device this machine lacks
+    try:
+        check_memory(memory, resolved.window, resolved.default_budget)  # torch-free first, as generate's checks
+        build_writer(memory, resolved.default_budget, resolved.window)  # a --bank-device this machine lacks
+    except InputError as exc:  # the CLI's words ("--top-k: --cache landmark ..."), in the API's
+        raise InputError(f"open: {api_words(str(exc))}") from None
     cfg = RunConfig(preset=resolved, trajectory=Path("<session>"), output=Path("<session>"),
                     image=None if image is None else Path(image).resolve(), seed=seed, device=device, dtype=dtype,
                     checkpoint=None if checkpoint is None else Path(checkpoint).resolve(),
