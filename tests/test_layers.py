@@ -185,3 +185,25 @@ def test_no_library_module_runs_the_cli_as_a_script():
         if path.name != "__main__.py" and 'if __name__ == "__main__":' in text:
             block = text.split('if __name__ == "__main__":', 1)[1]
             assert ".cli" not in block, path
+
+
+# docs/architecture.md §5, "Torch-free modules": the CLI's checks run on these before torch loads
+TORCH_FREE = ["config", "errors", "writer_options", "writer_options.checks", "trajectory", "trajectory.actions",
+              "trajectory.images", "outputs", "outputs.video", "outputs.files", "outputs.records", "outputs.timeline",
+              "outputs.sheet", "schemas", "runs", "runs.folder", "runs.resume", "runs.summary", "runs.sinks",
+              "engine.loop", "engine.record", "session", "session.live", "session.opening", "play.server",
+              "loopbench.report", "loopbench.plan", "model.config", "model.layout", "model.lingbot.config",
+              "model.lingbot.inputs", "model.lingbot.camera", "world.scene", "world.render", "cli", "cli.generate",
+              "cli.play", "jobs.generate", "jobs.compare", "jobs.loopbench", "jobs.inputs"]
+
+
+def test_the_torch_free_modules_load_no_torch():
+    """Every module the docs call torch-free, imported together in a fresh process, loads no torch."""
+    import subprocess
+    import sys
+
+    names = [f"worldtrace_cli.{m}" for m in TORCH_FREE]
+    code = (f"import importlib, sys\nfor m in {names!r}:\n    importlib.import_module(m)\n"
+            "print(sorted(k for k in sys.modules if k == 'torch' or k.startswith('torch.'))[:3])")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0 and out.stdout.strip() == "[]", out.stdout + out.stderr

@@ -93,7 +93,7 @@ def test_the_recorded_form_reads_back_and_reads_older_runs():
                          ("field", {"spill_dir": "/tmp/x"})]:
         cfg = MemoryConfig.of(cache, **given)
         back = MemoryConfig.from_dict(cfg.to_dict())
-        assert back.to_dict() == cfg.to_dict() and back.settings() == cfg.settings()
+        assert back == cfg and back.to_dict() == cfg.to_dict() and back.settings() == cfg.settings()
         check_flags(back)
     older = {"cache": "sliding", "positions": None, "budget": None, "summary_slots": None, "recent_slots": None,
              "landmark_threshold": 0.1, "sink_frames": 1, "max_cache_gb": 16.0, "spill_dir": None, "top_k": None,
@@ -293,3 +293,23 @@ def test_one_command_line_for_several_writers_gives_each_its_own_settings():
     assert settings_for("sliding", given) == {"budget": 5}
     assert settings_for("mixed:2", given) == {"landmark_threshold": 0.3, "budget": 5}
     assert settings_for("nope", given) == given  # refused by name by its own check
+
+
+def test_a_writer_setting_cannot_take_a_name_the_commands_use():
+    """add_writer refuses a setting named like a shared memory setting or another option of the
+    commands and of open() (--seed would clash with generate's), and a kind that differs from the
+    same flag's in another writer; nothing is registered."""
+    from worldtrace_cli.writer_options import WriterRow, add_writer, flag
+
+    @dataclasses.dataclass(frozen=True)
+    class Clash:
+        seed: int = flag(1, "int", "a clash")
+
+    @dataclasses.dataclass(frozen=True)
+    class Retyped:
+        top_k: float = flag(1.0, "float", "a float top-k")
+
+    for options, message in [(Clash, "--seed is taken"), (Retyped, "--top-k is float here and int for worldkv")]:
+        with pytest.raises(ValueError, match=message):
+            add_writer("clash", WriterRow("budget", "x", options))
+    assert "clash" not in WRITER_OPTIONS

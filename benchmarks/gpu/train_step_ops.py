@@ -24,7 +24,7 @@ from torch.profiler import ProfilerActivity, profile
 
 from worldtrace_cli.config import load_preset
 from worldtrace_cli.model.sampler import FlowMatchSchedule
-import worldtrace_cli.train.dit as train_dit
+import worldtrace_cli.train.objective as objective
 from worldtrace_cli.train.dit import build_dit
 from worldtrace_cli.train.objective import ClipPool, grouped_loss
 
@@ -52,13 +52,13 @@ def main(argv=None) -> None:
         rng = np.random.default_rng(seed)
         clips = [pool.draw(rng) for _ in range(batch)]
         groups = []
-        context_state = train_dit.context_state  # one call per group of clips: count them
-        train_dit.context_state = lambda *a, **k: groups.append(1) or context_state(*a, **k)
+        context_state = objective.context_state  # one call per group of clips: count them
+        objective.context_state = lambda *a, **k: groups.append(1) or context_state(*a, **k)
         t0 = time.perf_counter()
         try:
             loss = grouped_loss(dit, clips, pool.late_cond, rng, schedule, 0.75, 3.0, 0.5, 0.0)
         finally:
-            train_dit.context_state = context_state
+            objective.context_state = context_state
         t1 = time.perf_counter()
         loss.backward()
         opt.step()

@@ -2,7 +2,7 @@
 
 **Selection.** Every latent frame leaving the recent window is tested against the previous one that
 left it: if the cosine distance of their *descriptors* exceeds tau (``--landmark-threshold``,
-:attr:`MemoryConfig.landmark_threshold`) the frame is a scene entry and becomes a landmark. The
+:attr:`~worldtrace_cli.writer_options.LandmarkOptions.landmark_threshold`) the frame is a scene entry and becomes a landmark. The
 first frame ever evicted (latent frame 0, the conditioning image's frame) is always the first
 landmark. The newest N_s landmarks are kept (oldest evicted first); while fewer than N_s exist, the
 empty slots repeat the oldest landmark (paper §3.4, Algorithm 1).

@@ -5,7 +5,7 @@ the paper uses it in §5.4 without defining it, so the definition here is ours, 
 (:func:`gt_scores`: PSNR / SSIM against the procedural world's render). Re-exported by
 :mod:`worldtrace_cli.metrics`, which scores whole runs.
 
-Layout (``actions.py``): chunk 0 owns pixel frames [0, 9), chunk c >= 1 owns [12c - 3, 12c + 9);
+Layout (``trajectory/actions.py``): chunk 0 owns pixel frames [0, 9), chunk c >= 1 owns [12c - 3, 12c + 9);
 chunk c owns latent frames [3c, 3c + 3). Every per-chunk list is indexed by chunk.
 """
 

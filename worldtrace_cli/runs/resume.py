@@ -16,7 +16,7 @@ from dataclasses import replace
 from pathlib import Path
 
 from ..config import PRESET_ADDED, PRESET_DEFAULTS_ONLY
-from ..errors import InputError
+from ..errors import InputError, WorldtraceError
 from ..writer_options import MemoryConfig
 from .folder import RunFolder
 
@@ -124,10 +124,11 @@ def _video_settings(d: dict) -> dict:
     """A RunConfig dict reduced to what makes its video, on one footing for runs of every version:
     preset keys added later take the value older runs were made with
     (:data:`~worldtrace_cli.config.PRESET_ADDED`), the preset's defaults-only keys are dropped
-    (:data:`~worldtrace_cli.config.PRESET_DEFAULTS_ONLY`: the value used is in ``memory``), and so is
+    (:data:`~worldtrace_cli.config.PRESET_DEFAULTS_ONLY`: the value used is in ``memory``), and
     ``memory`` takes its current flat form (:meth:`~worldtrace_cli.writer_options.MemoryConfig.from_dict`
     then ``to_dict``: the writer's own settings, resolved; older runs recorded every writer's settings,
-    ``landmark_threshold`` included, for every writer)."""
+    ``landmark_threshold`` included, for every writer). A ``memory`` this version cannot read (a
+    damaged record) is compared as it is."""
     d = {k: v for k, v in d.items() if k not in VOLATILE}
     if isinstance(d.get("preset"), dict):
         d["preset"] = {k: v for k, v in {**PRESET_ADDED, **d["preset"]}.items() if k not in PRESET_DEFAULTS_ONLY}
@@ -135,7 +136,7 @@ def _video_settings(d: dict) -> dict:
     if isinstance(memory, dict):
         try:
             d["memory"] = MemoryConfig.from_dict(memory).to_dict()
-        except (TypeError, ValueError):  # not a memory config this version reads: compared as it is
+        except (TypeError, ValueError, AttributeError, WorldtraceError):  # damaged: compared as it is
             pass
     return d
 

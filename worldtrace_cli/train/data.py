@@ -10,7 +10,7 @@ Clip kinds (each a function of a numpy ``Generator``, so a seed reproduces a cli
 - ``walk``: piecewise-constant random actions (walk, strafe, turn at MG2's camera step 0.1 or
   twice it, small pitch, idle), like a user's trajectory.
 
-Rows follow MG2's layout (``trajectory.py``): a clip of C chunks has 12C - 3 pixel frames and as
+Rows follow MG2's layout (``trajectory/actions.py``): a clip of C chunks has 12C - 3 pixel frames and as
 many action rows; pixel frame k shows the pose after rows 0..k-1.
 """
 

@@ -42,7 +42,8 @@ def check_flags(config: MemoryConfig) -> WriterRow:
             raise InputError(f"--{fname.replace('_', '-')}: --cache {config.cache} does not use it ({row.why})")
     for fname, value in config.options.items():
         if value is not None and fname not in row.flags:
-            readers = " and ".join(sorted(known[fname][1]))
+            names = sorted(known[fname][1])
+            readers = ", ".join(names[:-1]) + " and " + names[-1] if len(names) > 1 else names[0]
             raise InputError(f"{known[fname][0].option}: --cache {config.cache} does not use it (only {readers} "
                              f"{'reads' if len(known[fname][1]) == 1 else 'read'} it; {row.why})")
     if config.options.get("top_k") is not None and config.options.get("retrieval_budget") is not None:

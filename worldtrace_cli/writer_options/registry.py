@@ -52,24 +52,36 @@ _SLOT_COUNTS = "its sizes are the slot counts"
 WRITER_OPTIONS: dict[str, WriterRow] = {}
 
 
+# names a writer's setting cannot take: MemoryConfig's own fields and the other options of generate,
+# compare, loopbench run, play and open() (a writer's flags are added beside them)
+RESERVED = frozenset({"cache", "caches", "positions", "options", "preset", "checkpoint", "random_weights",
+                      "weights_seed", "image", "images", "world_seed", "seed", "seeds", "chunks", "device", "dtype",
+                      "threads", "metrics", "output", "overwrite", "record", "pipeline", "rope_precision", "compile",
+                      "compile_mode", "overlap_decode", "hud", "save_every", "resume_dir", "no_progress", "progress",
+                      "prompt", "poses", "intrinsics", "hash_checkpoint", "host", "port", "max_sessions", "runs_dir",
+                      "no_record", "trajectory", "configs", "worlds", "shard", "full", "verbose", "help"})
+
+
 def add_writer(name: str, row: WriterRow) -> WriterRow:
     """Add (or replace) writer ``name``'s row: the CLI built after this call shows its flags and
     ``--cache`` entry, and :func:`check_flags` checks them. Its mechanism registers separately
     (:func:`worldtrace_cli.memory.base.register`); a contract test keeps both registries equal.
 
     Raises:
-        ValueError: an unknown ``sizes`` or ``arg``, a flag that is also a size field, or a flag
-            another writer declares with a different kind (one flag has one type on the command line).
+        ValueError: an unknown ``sizes`` or ``arg``, a flag that is also a size field or another option
+            of the commands and of ``open()`` (:data:`RESERVED`), or a flag another writer declares
+            with a different kind (one flag has one type on the command line).
     """
     if row.sizes not in SIZES or row.arg not in (None, "field_slots", "keep_ratio"):
         raise ValueError(f"writer {name}: sizes {row.sizes!r} / arg {row.arg!r}")
     for fname, fl in row.flags.items():
-        if fname in SLOT_FIELDS or fname in ("cache", "positions", "options"):
-            raise ValueError(f"writer {name}: {fl.option} is a shared memory setting")
+        if fname in SLOT_FIELDS or fname in RESERVED:
+            raise ValueError(f"writer {name}: {fl.option} is taken (a shared memory setting, or a run's or "
+                             f"session's own option)")
         for other, orow in WRITER_OPTIONS.items():
             if other != name and fname in orow.flags and orow.flags[fname].kind != fl.kind:
-                raise ValueError(f"writer {name}: {fl.option} is a {fl.kind} here and a "
-                                 f"{orow.flags[fname].kind} for {other}")
+                raise ValueError(f"writer {name}: {fl.option} is {fl.kind} here and {orow.flags[fname].kind} "
+                                 f"for {other}")
     WRITER_OPTIONS[name] = row
     return row
 
@@ -213,8 +225,10 @@ class MemoryConfig:
 
     @classmethod
     def from_dict(cls, d: dict) -> "MemoryConfig":
-        """Inverse of :meth:`to_dict`; also reads the older flat form that recorded every writer's
-        settings for every writer (the keys this writer does not read are dropped)."""
+        """Inverse of :meth:`to_dict`: the settings recorded at their writer's default are dropped,
+        so ``options`` holds what was given (``from_dict(to_dict(m)) == m`` unless a given value
+        equals its default). Also reads the older flat form that recorded every writer's settings for
+        every writer (the keys this writer does not read are dropped)."""
         d = dict(d)
         if isinstance(d.get("options"), dict):
             d.update(d.pop("options"))
@@ -222,8 +236,10 @@ class MemoryConfig:
         cfg = cls.of(**d)
         if row is not None:
             spec_ratio = row.arg == "keep_ratio" and cfg.writer_arg is not None  # worldkv:0.25 records 0.25 twice
+            defaults = dataclasses.asdict(row.options())
             cfg = dataclasses.replace(cfg, options={k: v for k, v in cfg.options.items()
-                                                    if k in row.flags and not (spec_ratio and k == "keep_ratio")})
+                                                    if k in row.flags and v != defaults[k]
+                                                    and not (spec_ratio and k == "keep_ratio")})
         return cfg
 
 
