@@ -231,7 +231,7 @@ def run_compare(trajectory: str | Path, caches: list[str], out_dir: str | Path, 
     ``tiny``. Panel order and labels follow ``caches``; a ``:`` in a spec becomes ``-`` in its folder
     name. With a procedural-world preset and no ``image``, the runs walk world ``world_seed`` and the
     video's first panel is the truth (``out_dir/truth/video.mp4``, the world rendered at the same poses). ``speed``:
-    RunConfig speed fields (:func:`~worldtrace_cli.options.speed_config`), the same for every writer.
+    RunConfig speed fields (:func:`~worldtrace_cli.cli.options.speed_config`), the same for every writer.
 
     A rerun of the same command finishes an interrupted comparison: complete runs are reused,
     stopped ones resumed from their saved state, the others regenerated; the panels are made at the

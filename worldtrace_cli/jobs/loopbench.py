@@ -116,7 +116,7 @@ def run_jobs(jobs: Sequence[Job], out_dir: str | Path, preset: str = "tiny", dev
         preset: preset name or YAML; device: ``auto|cuda|cpu|cuda:N`` (``cuda:N`` makes GPU N the
             current device); dtype: ``auto|bf16|fp32``; metrics: ``none|fast|all``; chunks:
             rollout length override (None = each configuration's own N); speed: RunConfig speed
-            fields (:func:`~worldtrace_cli.options.speed_config`; the model compiles once per process);
+            fields (:func:`~worldtrace_cli.cli.options.speed_config`; the model compiles once per process);
             memory: the memory settings every job's writer gets besides its spec (``--budget``,
             ``--summary-slots``, ...: :func:`~worldtrace_cli.config.memory_configs` keywords);
             overall: one tqdm bar on stderr over the jobs (``progress``: each job's per-chunk bar).
