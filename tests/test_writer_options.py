@@ -151,7 +151,10 @@ def test_a_writer_with_its_own_flag_is_its_file_and_one_row(tmp_path):
                               timeout=120)
 
     help_text = " ".join(cli("generate", "--help").stdout.split())
-    assert "echo, field," in help_text and "--echo-scale FLOAT echo: scale the values read from the cache (default 1)" in help_text
+    assert "echo: sliding with its values scaled; field:" in help_text  # --cache lists it with its row's line
+    assert "--echo-scale FLOAT echo: scale the values read from the cache (default 1)" in help_text
+    compare_help = " ".join(cli("compare", "--help").stdout.split())
+    assert "echo, field," in compare_help and "--echo-scale FLOAT" in compare_help
     traj = str(Path(__file__).resolve().parents[1] / "trajectories" / "aba.yaml")
     bad = cli("generate", traj, "--cache", "echo", "--echo-scale", "-1", "-o", str(tmp_path / "a"))
     assert "--echo-scale" in bad.stderr and "must be >= 0, got -1" in bad.stderr and "exit 2 False" in bad.stderr

@@ -48,7 +48,7 @@ from .options import (CHUNKS, SEED, NonEmptyPath, cache_help, device_options, me
 @click.option("--overwrite", is_flag=True, help="Replace a run (finished or not) already in the output folder.")
 @click.option("--cache", default=None, metavar="WRITER",
               help=cache_help("KV-cache writer: ", " Default: the model's own cache (MG2: sliding; LingBot: sink "
-                                                   "of 6 in a window of 18 latent frames)."))
+                                                   "of 6 in a window of 18 latent frames).", about=True))
 @memory_options
 @device_options
 @click.option("--metrics", type=click.Choice(["none", "fast", "all"]), default="fast", show_default=True,

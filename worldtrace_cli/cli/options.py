@@ -162,11 +162,14 @@ def _flag_check(writer_flag):
     return callback
 
 
-def cache_help(prefix: str, suffix: str = "") -> str:
+def cache_help(prefix: str, suffix: str = "", about: bool = False) -> str:
     """``--cache``'s help: ``prefix``, every runnable writer spec from the registry (a writer added
-    there appears here), ``suffix``."""
-    from ..writer_options import writer_specs
+    there appears here; with ``about``, each with its row's one line), ``suffix``."""
+    from ..writer_options import WRITER_OPTIONS, writer_specs
 
+    if about:
+        specs = [f"{spec}: {WRITER_OPTIONS[spec.split(':')[0]].about}" for spec in writer_specs()]
+        return f"{prefix}{'; '.join(specs)} (docs/memory.md).{suffix}"
     return f"{prefix}{', '.join(writer_specs())} (docs/memory.md).{suffix}"
 
 
