@@ -62,7 +62,7 @@ class LingbotRollout:
         self.timesteps = schedule.timesteps()
         self.x0_sigmas, self.noise_sigmas = schedule.x0_sigmas(), schedule.add_noise_sigmas()
         cfg = dit.cfg
-        tokens = (latent_hw[0] // 2) * (latent_hw[1] // 2)
+        tokens = dit.tokens_per_frame(latent_hw)
         self.latent_channels = cfg.out_dim
         self.geometry = CacheGeometry(cfg.num_layers, cfg.num_heads, cfg.head_dim, tokens, frames_per_chunk,
                                       window - 1, device, self.dtype)

@@ -280,6 +280,14 @@ def sinusoidal_embedding(dim: int, t: torch.Tensor) -> torch.Tensor:
     return torch.cat([ang.cos(), ang.sin()], dim=1)
 
 
+def patch_tokens(patch_embedding: nn.Conv3d, latent_hw: tuple[int, int]) -> int:
+    """Tokens of one latent frame of grid ``latent_hw`` (lh, lw latent cells) for a DiT whose patch
+    embedding is ``patch_embedding``: cells / its spatial kernel, (1, 2, 2) for Wan 2.1 (MG2 and
+    LingBot-World alike)."""
+    _, ph, pw = patch_embedding.kernel_size
+    return (latent_hw[0] // ph) * (latent_hw[1] // pw)
+
+
 class CausalWanDiT(nn.Module):
     """MG2's CausalWanModel for chunked inference (spec §3, §5).
 
@@ -309,9 +317,8 @@ class CausalWanDiT(nn.Module):
         return tuple(self.patch_embedding.kernel_size)
 
     def tokens_per_frame(self, latent_hw: tuple[int, int]) -> int:
-        """Tokens of one latent frame of grid ``latent_hw`` (cells / the spatial patch size)."""
-        _, ph, pw = self.patch_size
-        return (latent_hw[0] // ph) * (latent_hw[1] // pw)
+        """Tokens of one latent frame of grid ``latent_hw`` (:func:`patch_tokens`)."""
+        return patch_tokens(self.patch_embedding, latent_hw)
 
     def new_rollout_state(self) -> RolloutState:
         """Fresh action caches and cross-attention cache for a new rollout."""

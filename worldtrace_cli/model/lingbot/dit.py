@@ -20,7 +20,7 @@ import torch
 from torch import nn
 
 from ..chunk import CacheView, LayerPast
-from ..dit import CrossAttention, FloatLayerNorm, SelfAttention, sinusoidal_embedding
+from ..dit import CrossAttention, FloatLayerNorm, SelfAttention, patch_tokens, sinusoidal_embedding
 from ..rope import MainRope
 from .config import TEXT_DIM, LingbotConfig
 
@@ -180,6 +180,10 @@ class LingbotDiT(nn.Module):
         self.rope = MainRope(cfg.head_dim)
         self.compile_mode = "none"  # see worldtrace_cli.model.speed.compile_blocks
         self.cudagraphs = False
+
+    def tokens_per_frame(self, latent_hw: tuple[int, int]) -> int:
+        """Tokens of one latent frame of grid ``latent_hw`` (:func:`~worldtrace_cli.model.dit.patch_tokens`)."""
+        return patch_tokens(self.patch_embedding, latent_hw)
 
     def new_rollout_state(self) -> LingbotRolloutState:
         """Empty text cross-attention cache for a new rollout."""
