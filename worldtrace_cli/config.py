@@ -354,11 +354,8 @@ def memory_configs(caches: list[str], preset: Preset | None = None, **options) -
     read it (``--landmark-threshold 0.3`` with ``sliding,landmark`` sets landmark's tau and leaves
     sliding alone). A setting none of them reads goes to all, so the first writer's check refuses
     it by name (:func:`~worldtrace_cli.writer_options.check_flags`). Each as :func:`memory_config`."""
-    from .writer_options import WRITER_OPTIONS, writer_flags
+    from .writer_options import settings_for
 
-    rows = {c: WRITER_OPTIONS.get(c.split(":", 1)[0]) for c in caches}
-    own = {k for k, v in options.items() if v is not None and k in writer_flags()}
-    read = {k for k in own if any(row is not None and k in row.flags for row in rows.values())}
-    return {c: memory_config(c, preset=preset, **{k: v for k, v in options.items()
-                                                  if k not in read or (rows[c] is not None and k in rows[c].flags)})
-            for c in caches}
+    mine = {c: settings_for(c, options) for c in caches}
+    unread = {k: v for k, v in options.items() if v is not None and not any(k in m for m in mine.values())}
+    return {c: memory_config(c, preset=preset, **mine[c], **unread) for c in caches}

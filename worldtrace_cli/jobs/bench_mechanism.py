@@ -30,7 +30,7 @@ import torch
 
 from ..memory import SCHEMES, CacheGeometry, MemoryConfig, build_writer, example_specs
 from ..model.rope import MainRope
-from ..writer_options import tau_writers
+from ..writer_options import settings_for
 
 HEAD_DIM = 128
 
@@ -93,7 +93,7 @@ def evaluate(writer_name: str, scheme: str, route: str, leg_chunks: int, setup: 
     keys = torch.stack([means[s] + setup.noise * torch.randn(setup.tokens, HEAD_DIM, generator=gen) * means[s].std()
                         for s in labels])  # [N, T, D] canonical
     geom = CacheGeometry(num_layers=1, heads=1, head_dim=HEAD_DIM, tokens_per_frame=setup.tokens)
-    tau = {"landmark_threshold": landmark_threshold} if writer_name.split(":")[0] in tau_writers() else {}
+    tau = settings_for(writer_name, {"landmark_threshold": landmark_threshold})  # the writers with the detector
     writer = build_writer(MemoryConfig(cache=writer_name, positions=scheme, options=tau), default_budget=3)
     writer.reset(geom)
     n = len(labels)

@@ -107,6 +107,7 @@ class CacheWriter:
         if config.options.get("bank_device") is not None:
             check_bank_device(config.options["bank_device"])
         self.config = config
+        self.settings = config.settings()  # the writer's own options (its row's dataclass), resolved once
         self.budget = config.budget if config.budget is not None else default_budget
         self.positions_scheme = config.positions or self.default_positions
         self.frame_start = 0

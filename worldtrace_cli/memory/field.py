@@ -239,4 +239,4 @@ class FieldWriter(RecentWindowWriter):
     default_positions = "slot_rank"
 
     def make_components(self) -> list[SummaryMemory]:
-        return [FieldSummary(self.n_summary, self.config.settings().spill_dir)]
+        return [FieldSummary(self.n_summary, self.settings.spill_dir)]

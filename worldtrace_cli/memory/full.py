@@ -50,12 +50,12 @@ class FullWriter(CacheWriter):
         return 2 * g.tokens_per_frame * g.heads * g.head_dim * g.num_layers * torch.finfo(g.dtype).bits // 8
 
     def commit(self, layers_kv: Sequence[tuple[torch.Tensor, torch.Tensor]], frame_ids: Sequence[int]) -> None:
-        cap = self.config.settings().max_cache_gb * 1e9
+        cap = self.settings.max_cache_gb * 1e9
         # the stored frames, their per-chunk concatenation and the rotated attention buffer: 3 copies
         needed = 3 * (len(self._ids) + len(frame_ids)) * self.frame_bytes()
         if needed > cap:
             raise RunError(f"--cache {self.name}: the KV cache would reach {_gigabytes(needed)} at latent frame "
-                           f"{frame_ids[-1]}, over --max-cache-gb {self.config.settings().max_cache_gb:g}; use a bounded "
+                           f"{frame_ids[-1]}, over --max-cache-gb {self.settings.max_cache_gb:g}; use a bounded "
                            f"writer or raise the cap")
         for frame_kv in split_frames(layers_kv, range(len(frame_ids)), self.geometry.tokens_per_frame):
             for layer, (k, v) in enumerate(frame_kv):
@@ -75,4 +75,4 @@ class FullWriter(CacheWriter):
         self._v = [[self._device_copy(t) for t in frames] for frames in state["v"]]
 
     def describe(self) -> dict:
-        return {**super().describe(), "budget": None, "max_cache_gb": self.config.settings().max_cache_gb}
+        return {**super().describe(), "budget": None, "max_cache_gb": self.settings.max_cache_gb}

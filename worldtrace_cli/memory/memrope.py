@@ -110,9 +110,9 @@ class MemRopeWriter(RecentWindowWriter):
     default_positions = "rank"
 
     def make_components(self):
-        k = self.config.settings().sink_frames
+        k = self.settings.sink_frames
         return [SinkSummary(k), EmaSummary(skip=k)]
 
     def describe(self) -> dict:
-        return {**super().describe(), "sink_frames": self.config.settings().sink_frames, "ema_alphas": dict(ALPHAS),
+        return {**super().describe(), "sink_frames": self.settings.sink_frames, "ema_alphas": dict(ALPHAS),
                 "ema_update": "once per chunk, with the per-token mean of the frames the chunk evicted"}

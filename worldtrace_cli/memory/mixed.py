@@ -39,7 +39,7 @@ class MixedWriter(RecentWindowWriter):
         # a zero-slot component would only cost work (the field writer's host copies, say)
         comps: list[SummaryMemory] = []
         if self.n_field:
-            comps.append(FieldSummary(self.n_field, self.config.settings().spill_dir))
+            comps.append(FieldSummary(self.n_field, self.settings.spill_dir))
         if self.n_landmark:
             comps.append(LandmarkSummary(self.n_landmark, self.config))
         return comps

@@ -63,4 +63,4 @@ class NaiveWriter(FieldWriter):
     default_positions = "block_relative"
 
     def make_components(self) -> list[SummaryMemory]:
-        return [NaiveSummary(self.n_summary, self.config.settings().spill_dir)]
+        return [NaiveSummary(self.n_summary, self.settings.spill_dir)]

@@ -141,9 +141,8 @@ class RetrievalWriter(PoseRetrieval, RecentWindowWriter):
         """Raises InputError: ``--spill-dir``, ``--top-k``, ``--retrieval-budget`` (its retrieved frames
         are the N_s summary slots), bad slot flags, ``--keep-ratio`` or ``--bank-device``."""
         super().__init__(config, default_budget, window)
-        settings = config.settings()  # RetrievalOptions: keep ratio (spec :r or --keep-ratio), bank device
-        self.keep_ratio = settings.keep_ratio
-        self.bank_device = check_bank_device(settings.bank_device)
+        self.keep_ratio = self.settings.keep_ratio  # RetrievalOptions: spec :r or --keep-ratio
+        self.bank_device = check_bank_device(self.settings.bank_device)
 
     def make_components(self) -> list[SummaryMemory]:
         return [RetrievalSummary(self.n_summary, self.keep_ratio, self.bank_device)]

@@ -58,7 +58,6 @@ class WorldKVWriter(PoseRetrieval, CacheWriter):
         a bad --top-k, --retrieval-budget, --keep-ratio or --bank-device
         (:func:`~worldtrace_cli.writer_options.check_flags`)."""
         super().__init__(config, default_budget, window)
-        self.settings = config.settings()  # WorldKVOptions: keep ratio (spec :r or --keep-ratio), bank, k
         self.keep_ratio = self.settings.keep_ratio
         self.bank_device = check_bank_device(self.settings.bank_device)
         self._resolve(3, 880)  # provisional (MG2 universal: C = 3, T = 880) until reset knows the model

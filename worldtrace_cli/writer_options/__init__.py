@@ -23,10 +23,10 @@ from .flags import (DEFAULT_WINDOW, LANDMARK_TAU, POSITION_SCHEMES, SIZE_READS, 
                     LandmarkOptions, MixedOptions, NoOptions, RetrievalOptions, SinkOptions, SpillOptions,
                     UnboundedOptions, WorldKVOptions, at_least, flag, flags_of)
 from .registry import (WRITER_OPTIONS, MemoryConfig, WriterRow, add_writer, keep_ratio_of, settings_for,
-                       tau_writers, writer_flags, writer_options, writer_specs)
+                       writer_flags, writer_options, writer_specs)
 
 __all__ = ["DEFAULT_WINDOW", "LANDMARK_TAU", "POSITION_SCHEMES", "SIZES", "SIZE_READS", "SLOT_FIELDS", "WRITER_OPTIONS",
            "Flag", "LandmarkOptions", "MemoryConfig", "MixedOptions", "NoOptions", "RetrievalOptions", "SinkOptions",
            "SpillOptions", "UnboundedOptions", "WorldKVOptions", "WriterRow", "add_writer", "at_least", "check_flags",
            "check_memory", "flag", "flags_of", "keep_ratio_of", "mixed_field_slots", "resolve_slots", "settings_for",
-           "tau_writers", "window_defaults", "writer_flags", "writer_options", "writer_sizes", "writer_specs"]
+           "window_defaults", "writer_flags", "writer_options", "writer_sizes", "writer_specs"]

@@ -46,8 +46,11 @@ def check_flags(config: MemoryConfig) -> WriterRow:
             readers = ", ".join(names[:-1]) + " and " + names[-1] if len(names) > 1 else names[0]
             raise InputError(f"{known[fname][0].option}: --cache {config.cache} does not use it (only {readers} "
                              f"{'reads' if len(known[fname][1]) == 1 else 'read'} it; {row.why})")
-    if config.options.get("top_k") is not None and config.options.get("retrieval_budget") is not None:
-        raise InputError("--top-k, --retrieval-budget: give one (k fixed, or k from a token budget)")
+    conflict = getattr(row.options, "conflict", None)  # a writer's own check across its settings
+    if conflict is not None:
+        problem = conflict(row.options(**{k: v for k, v in config.options.items() if v is not None}))
+        if problem:
+            raise InputError(problem)
     if row.arg is None and config.writer_arg is not None:
         raise InputError(f"--cache {config.cache}: {config.writer_name} takes no ':' argument")
     if row.arg == "keep_ratio":

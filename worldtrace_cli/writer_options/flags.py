@@ -154,3 +154,10 @@ class WorldKVOptions:
                                         metavar="FRAMES")
     keep_ratio: float = flag(0.5, "float", _KEEP_HELP + " (paper 0.25)", _ratio)
     bank_device: str = flag("cpu", "str", _BANK_HELP, _device, metavar="DEVICE")
+
+    def conflict(self) -> str | None:
+        """The settings' check across fields (an options class may define one; :func:`check_flags`
+        runs it on the given values): k is fixed or comes from a token budget, not both."""
+        if self.top_k is not None and self.retrieval_budget is not None:
+            return "--top-k, --retrieval-budget: give one (k fixed, or k from a token budget)"
+        return None

@@ -122,11 +122,6 @@ def writer_flags() -> dict[str, tuple[Flag, list[str]]]:
     return out
 
 
-def tau_writers() -> frozenset:
-    """The writers with the landmark detector (they read ``--landmark-threshold``)."""
-    return frozenset(n for n, row in WRITER_OPTIONS.items() if "landmark_threshold" in row.flags)
-
-
 def settings_for(cache: str, options: dict) -> dict:
     """``options`` (memory keywords by name) without the settings of other writers that ``cache``'s
     writer does not read: one set of flags for several writers (``play``'s writer switch), each
