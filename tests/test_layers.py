@@ -191,7 +191,8 @@ def test_no_library_module_runs_the_cli_as_a_script():
 TORCH_FREE = ["config", "errors", "writer_options", "writer_options.checks", "trajectory", "trajectory.actions",
               "trajectory.images", "outputs", "outputs.video", "outputs.files", "outputs.records", "outputs.timeline",
               "outputs.sheet", "schemas", "runs", "runs.folder", "runs.resume", "runs.summary", "runs.sinks",
-              "engine.loop", "engine.record", "session", "session.live", "session.opening", "play.server",
+              "engine.loop", "engine.record", "session", "session.live", "session.opening", "session.storage",
+              "play.server", "play.page", "play.views",
               "loopbench.report", "loopbench.plan", "model.config", "model.layout", "model.lingbot.config",
               "model.lingbot.inputs", "model.lingbot.camera", "world.scene", "world.render", "cli", "cli.generate",
               "cli.play", "jobs.generate", "jobs.compare", "jobs.loopbench", "jobs.inputs"]

@@ -14,21 +14,24 @@ import signal
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 
 CHROMIUM, CHROMEDRIVER = shutil.which("chromium"), shutil.which("chromedriver")
 
 
-def start_server(runs, *args):
-    """``worldtrace play --port 0`` in its own process; returns (process, base URL from its stdout)."""
+def start_server(runs, *args, host="127.0.0.1"):
+    """``worldtrace play --port 0`` in its own process; returns (process, base URL from its stdout,
+    on the loopback: the server may bind all addresses, the tests connect to this machine only)."""
     proc = subprocess.Popen([sys.executable, "-m", "worldtrace_cli", "play", "--port", "0", "--runs-dir", str(runs),
-                             "--device", "cpu", *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                             "--device", "cpu", "--host", host, *args], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
     url = proc.stdout.readline().strip()
-    if not url.startswith("http://127.0.0.1:"):
+    if not url.startswith(f"http://{host}:"):
         proc.kill()
         raise AssertionError(f"no URL on stdout: {url!r}; stderr: {proc.stderr.read()[-2000:]}")
-    return proc, url
+    return proc, url.replace(f"//{host}:", "//127.0.0.1:")
 
 
 def stop_server(proc) -> tuple[int, str]:
@@ -49,6 +52,7 @@ def server(tmp_path_factory):
     yield url, runs
     rc, err = stop_server(proc)
     assert rc == 0, err[-2000:]
+    assert "a page failed" not in err, err[-2000:]  # dropped, flooded and bombed pages are no failures
 
 
 async def _receive(ws) -> dict:
@@ -104,6 +108,7 @@ def test_a_websocket_client_drives_five_chunks_and_the_run_folder_is_complete(se
     (json.dumps({"op": "step", "action": ["forward"]}), "\"action\" is action words"),
     (json.dumps({"op": "writer", "cache": "../../etc"}), "unknown writer"),
     (json.dumps({"op": "step", "action": "x" * 20000}), "the limit is 4096"),
+    pytest.param("[" * 2000 + "]" * 2000, "not JSON", id="nested-past-the-recursion-limit"),  # an answer, not a crash
 ])
 def test_bad_messages_get_one_line_and_the_server_keeps_serving(server, message, reply):
     import aiohttp
@@ -168,9 +173,11 @@ def test_compare_replays_a_second_writer_beside_the_first(server):
 
 
 def test_ctrl_c_completes_the_recordings_of_connected_pages(tmp_path):
+    """Also issue 44 (7): bound on every address with --port 0, the warning names the port bound."""
     import aiohttp
 
-    proc, url = start_server(tmp_path, "--cache", "sliding", "--metrics", "none")
+    proc, url = start_server(tmp_path, "--cache", "sliding", "--metrics", "none", host="0.0.0.0")
+    port = url.rsplit(":", 1)[1].strip("/")
 
     async def drive():
         async with aiohttp.ClientSession() as http, http.ws_connect(url + "ws") as ws:
@@ -183,6 +190,7 @@ def test_ctrl_c_completes_the_recordings_of_connected_pages(tmp_path):
 
     ready, rc, err = run(drive())
     assert rc == 0, err[-2000:]
+    assert f"anyone who can reach 0.0.0.0:{port} can drive the model" in err and ":0 " not in err, err[-2000:]
     summary = json.loads((tmp_path / ready["lanes"][0]["run_dir"] / "summary.json").read_text())
     assert summary["status"] == "complete" and summary["totals"]["chunks"] == 2
 
@@ -214,14 +222,28 @@ def test_a_browser_walks_and_the_cache_panel_follows(server, tmp_path):
         text = driver.find_element(By.ID, "chunk").text
         return int(text) if text.isdigit() else -1
 
+    def status():
+        return driver.find_element(By.ID, "status").text
+
     try:
         driver.get(url)
-        wait_for(lambda: chunk() >= 0, "the first chunk")
+        # issue 44: the world waits for the first key (no idle chunks, nothing recorded, the CPU idle)
+        wait_for(lambda: "waits for your first key" in status(), "the page to be ready")
+        time.sleep(2)
+        assert chunk() == -1 and driver.find_element(By.ID, "latency").text == "-"
+        # a key pressed while paused: key-to-frame leaves the 6 s pause out (it counted it before)
+        ActionChains(driver).send_keys(" ").perform()
+        wait_for(lambda: status() == "paused", "the pause")
+        ActionChains(driver).key_down("w").perform()
+        time.sleep(6)
+        ActionChains(driver).send_keys(" ").perform()
+        wait_for(lambda: driver.find_element(By.ID, "latency").text not in ("-", ""), "the first chunk's latency")
+        assert float(driver.find_element(By.ID, "latency").text) < 6.0
+        assert chunk() >= 0
         canvas_sum = "const c = document.getElementById('gen0'); const d = c.getContext('2d')" \
                      ".getImageData(0, 0, c.width, c.height).data; let s = 0; for (const v of d) s += v; return s;"
         wait_for(lambda: driver.execute_script(canvas_sum) > 0, "a drawn frame")
         before = driver.find_element(By.ID, "slots0").text
-        ActionChains(driver).key_down("w").perform()
         seen = chunk()
         wait_for(lambda: chunk() >= seen + 2, "two chunks while W is held")
         assert "W" in [k.text for k in driver.find_elements(By.CSS_SELECTOR, ".key.on")]
@@ -251,3 +273,163 @@ def test_play_refuses_bad_settings_before_loading(server, tmp_path):
                              capture_output=True, text=True, env=env, timeout=60)
         assert out.returncode == code and message in out.stderr and out.stdout == "", out.stderr
         assert "loading" not in out.stderr  # refused before the model loads
+
+
+def _run_dirs(runs) -> set:
+    return {p.name for p in runs.iterdir() if p.is_dir()}
+
+
+async def _next_page(http, url, timeout=60) -> dict:
+    """Connect until the server has a free page slot (a page that left frees its slot once its
+    running chunk is done); the ``ready`` message."""
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        async with http.ws_connect(url + "ws") as ws:
+            if (msg := await _receive(ws))["op"] == "ready":
+                return msg
+        await asyncio.sleep(0.2)
+    raise AssertionError("the server never served another page")
+
+
+def test_the_page_offers_only_writers_it_opens_and_unstepped_sessions_leave_nothing(server):
+    """Issue 44 (3, 9): every writer offered opens (mixed as mixed:2); sessions closed before a
+    step (the page's first, each writer switched to, a reset) leave no run folder."""
+    import aiohttp
+
+    url, runs = server
+    before = _run_dirs(runs)
+
+    async def drive():
+        async with aiohttp.ClientSession() as http, http.ws_connect(url + "ws") as ws:
+            ready = await _receive(ws)
+            replies = {}
+            for writer in ready["writers"]:
+                await ws.send_str(json.dumps({"op": "writer", "cache": writer}))
+                while (msg := await _receive(ws))["op"] == "status":
+                    pass
+                replies[writer] = msg
+            await ws.send_str(json.dumps({"op": "reset"}))
+            return ready, replies, await _receive(ws)
+
+    ready, replies, reset = run(drive())
+    assert "mixed:2" in ready["writers"] and "mixed" not in ready["writers"] and ready["wait_for_key"] is True
+    for writer, reply in replies.items():
+        assert reply["op"] == "lanes" and reply["lanes"][0]["writer"] == writer, reply
+    assert reset["op"] == "lanes" and reset["closed"] == []  # no recording: nothing was generated
+    deadline = time.time() + 30
+    while _run_dirs(runs) != before and time.time() < deadline:
+        time.sleep(0.2)
+    assert _run_dirs(runs) == before
+
+
+def test_a_close_frame_drops_queued_steps_and_save_names_no_server_path(server):
+    """Issue 44 (6, 8): a page that queues 40 steps and closes politely gets at most the running
+    chunk (the session slot is free at once); save answers run-relative folders."""
+    import aiohttp
+
+    url, runs = server
+
+    async def drive():
+        async with aiohttp.ClientSession() as http:
+            async with http.ws_connect(url + "ws") as ws:
+                ready = await _receive(ws)
+                await ws.send_str(json.dumps({"op": "step", "action": "forward"}))
+                await _receive(ws)
+                for _ in range(2):  # twice at the same chunk: the server replaces its own saved state
+                    await ws.send_str(json.dumps({"op": "save"}))
+                    saved = await _receive(ws)
+                for _ in range(40):
+                    await ws.send_str(json.dumps({"op": "step", "action": "forward"}))
+            closed = time.time()
+            second = await _next_page(http, url)  # the slot: free once the running chunk is done
+            return ready, saved, time.time() - closed, second
+
+    ready, saved, waited, second = run(drive())
+    assert saved["op"] == "saved" and saved["folders"], saved
+    for folder in saved["folders"]:
+        assert not folder.startswith("/") and str(runs) not in folder
+        assert (runs / folder / "state.json").is_file()
+    assert second["op"] == "ready", second  # not "server full"
+    run_dir = runs / ready["lanes"][0]["run_dir"]
+    deadline = time.time() + 60
+    while not (run_dir / "summary.json").is_file() and time.time() < deadline:
+        time.sleep(0.2)
+    chunks = json.loads((run_dir / "summary.json").read_text())["totals"]["chunks"]
+    assert chunks <= 3, f"{chunks} chunks generated for a page that left after its first (waited {waited:.1f} s)"
+
+
+def test_a_dropped_connection_and_a_huge_message_end_the_page_quietly(server):
+    """Issue 44 (11, the 1 MiB case): a client that vanishes mid-chunk is no failure (the module's
+    server checks its stderr); a message over 1 MiB is closed with WebSocket code 1009 (message too
+    big), as docs/session.md says, and the server keeps serving."""
+    import aiohttp
+
+    url, _ = server
+
+    async def drive():
+        async with aiohttp.ClientSession() as http:
+            ws = await http.ws_connect(url + "ws")
+            await _receive(ws)
+            for _ in range(3):
+                await ws.send_str(json.dumps({"op": "step", "action": "forward"}))
+            await asyncio.sleep(0.3)
+            ws._response.connection.transport.abort()  # no close frame: the network went away
+            deadline = time.time() + 60
+            while time.time() < deadline:  # "server full" while the dropped page finishes its chunk
+                async with http.ws_connect(url + "ws") as ws:
+                    if (await _receive(ws))["op"] != "ready":
+                        await asyncio.sleep(0.2)
+                        continue
+                    await ws.send_str("x" * (2 << 20))
+                    closing = await asyncio.wait_for(ws.receive(), timeout=60)
+                    return closing, await _next_page(http, url)
+            raise AssertionError("the dropped page never freed its slot")
+
+    closing, ready = run(drive())
+    assert closing.type == aiohttp.WSMsgType.CLOSE and closing.data == 1009
+
+
+def test_a_failing_page_says_why_in_its_log_line(monkeypatch):
+    """Issue 44 (11): a page that fails for an unforeseen reason (a bug) is logged with that reason,
+    and the connection is closed (the real make_app, in process; the fault injected into the step)."""
+    import logging
+
+    import aiohttp
+    from aiohttp.test_utils import TestServer
+
+    from worldtrace_cli.play.server import Page, PlaySettings, make_app
+
+    async def no_sessions(self):
+        await self.send({"op": "ready"})
+
+    async def broken_step(self, msg):
+        raise RuntimeError("the model fell over\nsecond line")
+
+    monkeypatch.setattr(Page, "start", no_sessions)
+    monkeypatch.setattr(Page, "on_step", broken_step)
+    lines: list[str] = []
+    handler = logging.Handler()
+    handler.emit = lambda record: lines.append(record.getMessage())
+    logger = logging.getLogger("worldtrace")
+    logger.addHandler(handler)
+
+    async def drive():
+        settings = PlaySettings({}, "sliding", ["sliding"], Path("."), record=False)
+        async with TestServer(make_app(settings)) as srv, aiohttp.ClientSession() as http:
+            async with http.ws_connect(srv.make_url("/ws")) as ws:
+                await _receive(ws)
+                await ws.send_str(json.dumps({"op": "step", "action": "forward"}))
+                closing = await asyncio.wait_for(ws.receive(), timeout=30)
+            for _ in range(100):  # the server logs once its reading loop has ended
+                if any("a page failed" in line for line in lines):
+                    break
+                await asyncio.sleep(0.1)
+        return closing
+
+    try:
+        closing = run(drive())
+    finally:
+        logger.removeHandler(handler)
+    assert closing.type == aiohttp.WSMsgType.CLOSE
+    assert [line for line in lines if "a page failed" in line] == [
+        "play: a page failed (RuntimeError: the model fell over second line); its recordings are completed"]

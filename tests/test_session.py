@@ -116,7 +116,7 @@ def test_open_refuses_what_a_session_cannot_run(pipeline, tmp_path):
         _open(pipeline, cache="mixed:9")
     with pytest.raises(InputError, match="needs a conditioning image"):
         wt.open("tiny")
-    with pytest.raises(InputError, match="seed must be an integer >= 0"):
+    with pytest.raises(InputError, match=r"seed must be an integer with 0 <= seed < 2\*\*63, got -1"):
         _open(pipeline, seed=-1)
     s = _open(pipeline, cache="sliding")
     with pytest.raises(InputError, match="no chunk yet"):
@@ -124,3 +124,77 @@ def test_open_refuses_what_a_session_cannot_run(pipeline, tmp_path):
     s.close()
     with pytest.raises(InputError, match="closed"):
         s.step("forward")
+
+
+def test_save_never_destroys_what_it_did_not_write(pipeline, tmp_path):
+    """Issue 44 (1, 2): save into a user's folder, over a file, beside a user's .old/.tmp folder is
+    refused with the path named and everything left as it was; only a saved session is replaced,
+    and only with overwrite=True."""
+    from worldtrace_cli.errors import OutputError
+
+    s = _open(pipeline, cache="sliding", metrics="none")
+    s.step("forward")
+    results = tmp_path / "proj" / "results"
+    results.mkdir(parents=True)
+    (results / "thesis.txt").write_text("x")
+    with pytest.raises(OutputError, match=r"^save: .*results: exists and is a folder with other files") as err:
+        s.save(results)
+    assert "\n" not in str(err.value) and (results / "thesis.txt").read_text() == "x"
+    a_file = tmp_path / "notes.txt"
+    a_file.write_text("mine")
+    with pytest.raises(OutputError, match=r"notes\.txt: exists and is not a folder"):
+        s.save(a_file)
+    assert a_file.read_text() == "mine" and not (tmp_path / "notes.txt.old").exists()
+    for sibling in ("here.old", "here.tmp"):  # the save's scratch names, taken by the user's folders
+        (tmp_path / sibling).mkdir()
+        (tmp_path / sibling / "keep.txt").write_text(sibling)
+        with pytest.raises(OutputError, match=rf"{sibling}: exists and is a folder with other files"):
+            s.save(tmp_path / "here")
+        assert (tmp_path / sibling / "keep.txt").read_text() == sibling and not (tmp_path / "here").exists()
+        (tmp_path / sibling / "keep.txt").unlink()
+        (tmp_path / sibling).rmdir()
+    with pytest.raises(InputError, match="empty path"):
+        s.save("")
+    (tmp_path / "empty").mkdir()
+    assert s.save(tmp_path / "empty") == tmp_path / "empty"  # an empty folder holds nothing to lose
+    with pytest.raises(OutputError, match=r"already holds a saved session \(save\(\.\.\., overwrite=True\)"):
+        s.save(tmp_path / "empty")
+    s.step("forward")
+    s.save(tmp_path / "empty", overwrite=True)
+    assert wt.load(tmp_path / "empty", pipeline=pipeline).chunk == 2
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["empty", "notes.txt", "proj"]  # no .old / .tmp left
+
+
+def test_open_in_the_cli_ranges_and_words(pipeline, tmp_path, monkeypatch):
+    """Issue 44 (4, 5, smaller): seeds in the CLI's range, record='' refused like -o '', presets in
+    the API's words, a dict action's unknown key named."""
+    with pytest.raises(InputError, match=r"^open: world_seed must be an integer with 0 <= world_seed < 2\*\*63"):
+        _open(pipeline, world_seed=2**70)
+    with pytest.raises(InputError, match=r"seed < 2\*\*63, got 9223372036854775808"):
+        _open(pipeline, seed=2**63)
+    assert _open(pipeline, world_seed=2**63 - 1).cfg.world_seed == 2**63 - 1  # the CLI's largest replays
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "mine.txt").write_text("x")
+    with pytest.raises(InputError, match=r"^open: record='' is the current folder"):
+        _open(pipeline, record="")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["mine.txt"]
+    with pytest.raises(InputError, match=r"^open: preset: unknown preset 'nope'"):
+        wt.open("nope")
+    s = _open(pipeline, cache="sliding", metrics="none")
+    with pytest.raises(InputError, match=r"unknown: 'jump'"):
+        s.step({"keys": "W", "jump": 1})
+
+
+def test_a_session_closed_before_its_first_step_leaves_no_folder(pipeline, tmp_path):
+    """Issue 44 (9): nothing generated, nothing left: no run folder holding only its lock; an old
+    run opened with overwrite=True and closed before a step is left as it was."""
+    s = _open(pipeline, cache="sliding", record=tmp_path / "never")
+    assert (tmp_path / "never").is_dir()  # locked while open
+    s.close()
+    assert not (tmp_path / "never").exists()
+    with _open(pipeline, cache="sliding", metrics="none", record=tmp_path / "run") as s:
+        s.step("forward")
+    before = sorted(p.name for p in (tmp_path / "run").iterdir())
+    _open(pipeline, cache="sliding", record=tmp_path / "run", overwrite=True).close()
+    assert sorted(p.name for p in (tmp_path / "run").iterdir()) == before
+    assert json.loads((tmp_path / "run" / "summary.json").read_text())["totals"]["chunks"] == 1

@@ -14,7 +14,29 @@ from .options import SEED, cache_help, device_options, memory_options
 
 log = logging.getLogger("worldtrace")
 
-LOOPBACK = ("127.0.0.1", "localhost", "::1")
+
+
+def offered_writers(preset, options: dict) -> list[str]:
+    """The writer specs the page offers: every registered writer that opens with this command line's
+    settings (each writer takes its own among them, :func:`~worldtrace_cli.writer_options.settings_for`),
+    a writer that needs ``:K`` (``mixed``) as ``name:2``. Checked as ``generate`` checks ``--cache``
+    (:func:`~worldtrace_cli.jobs.inputs.check_writers`), so a page never offers a writer the server
+    refuses. A name with its spec argument is also what its lane reports (``mixed:2``)."""
+    from ..config import memory_config
+    from ..errors import InputError
+    from ..jobs.inputs import check_writers
+    from ..writer_options import WRITER_OPTIONS, settings_for
+
+    offered = []
+    for name, row in sorted(WRITER_OPTIONS.items()):
+        spec = f"{name}:2" if row.arg == "field_slots" else name
+        try:
+            check_writers([memory_config(preset=preset, cache=spec, **settings_for(spec, options))], preset)
+        except InputError as exc:
+            log.debug(f"play: not offering {spec}: {exc}")
+            continue
+        offered.append(spec)
+    return offered
 
 
 def check_port(host: str, port: int) -> None:
@@ -71,8 +93,11 @@ def check_port(host: str, port: int) -> None:
               help="Where every session is recorded as a run folder (video.mp4, chunks.jsonl, summary.json, "
                    "trajectory.yaml that worldtrace generate replays).")
 @click.option("--no-record", is_flag=True, help="Do not record sessions (nothing is written; save is off).")
+@click.option("--start-running", is_flag=True,
+              help="The world runs as soon as a page opens (idle chunks until a key is held). By default it "
+                   "waits for the first key or drag, so a recording starts with what you did.")
 def play(preset, cache, checkpoint, random_weights, image, world_seed, seed, device, dtype, compile_mode, metrics,
-         host, port, max_sessions, runs_dir, no_record, **memory):
+         host, port, max_sessions, runs_dir, no_record, start_running, **memory):
     """Walk a world live in your browser, with its KV-cache memory on screen.
 
     Serves one page at http://HOST:PORT/ (printed on stdout): WASD to walk, arrow keys or mouse drag
@@ -94,7 +119,7 @@ def play(preset, cache, checkpoint, random_weights, image, world_seed, seed, dev
         from ..config import load_preset, memory_config
         from ..errors import InputError, OutputError
         from ..jobs.inputs import check_image, check_writers
-        from ..writer_options import WRITER_OPTIONS, settings_for
+        from ..writer_options import settings_for
 
         resolved = load_preset(preset)
         if resolved.is_lingbot:
@@ -120,10 +145,7 @@ def play(preset, cache, checkpoint, random_weights, image, world_seed, seed, dev
                 probe.unlink()
             except OSError as exc:
                 raise OutputError(f"--runs-dir {runs_dir}: not writable ({exc.strerror or exc})") from None
-        check_port(host, port)
-        if host not in LOOPBACK:
-            log.warning(f"--host {host}: the server is reachable from other machines; anyone who can reach "
-                        f"{host}:{port} can drive the model (there is no authentication)")
+        check_port(host, port)  # a non-loopback --host is announced once bound, with the port bound
         kwargs = {"checkpoint": checkpoint, "random_weights": random_weights, "image": image,
                   "world_seed": world_seed, "seed": seed, "device": device, "dtype": dtype, "compile": compile_mode,
                   "metrics": metrics, **options}
@@ -140,8 +162,11 @@ def play(preset, cache, checkpoint, random_weights, image, world_seed, seed, dev
         kwargs["checkpoint"] = cfg.checkpoint
         from ..play.server import PlaySettings, serve_forever
 
-        writers = sorted(WRITER_OPTIONS)
-        settings = PlaySettings(kwargs, first, writers, runs_dir.resolve(), max_sessions, not no_record, pipeline)
+        writers = offered_writers(resolved, options)
+        if first not in writers:
+            writers.insert(0, first)  # --cache mixed:3: the page offers the spec it runs
+        settings = PlaySettings(kwargs, first, writers, runs_dir.resolve(), max_sessions, not no_record, pipeline,
+                                start_running=start_running)
         serve_forever(settings, host, port)
 
     run_job(serve)

@@ -97,20 +97,56 @@ def unpack(tree: Any, tensors: dict[str, torch.Tensor], device: torch.device | s
     raise InputError(f"resume state: unknown entry {sorted(tree)[:3]}")
 
 
+STATE_FILES = frozenset({"state.json", "state.safetensors"})  # all a saved state folder ever holds
+
+
+def is_state_folder(path: str | Path) -> bool:
+    """True when ``path`` is a real folder (not a link) holding nothing but a saved state's own
+    files (``state.json``, ``state.safetensors``), or nothing at all: a folder :func:`save_state`
+    may replace or remove without losing anyone's files."""
+    path = Path(path)
+    try:
+        return path.is_dir() and not path.is_symlink() and set(os.listdir(path)) <= STATE_FILES
+    except OSError:
+        return False
+
+
+def check_state_target(folder: str | Path) -> None:
+    """Refuse a save that would replace or remove what :func:`save_state` did not write: ``folder``
+    and its siblings ``folder.tmp`` / ``folder.old`` (the save's scratch names) must each be absent
+    or a state folder (:func:`is_state_folder`). Reads only; nothing is changed.
+
+    Raises:
+        OutputError: one of them is a file, a link, or a folder with other files (named, one line).
+    """
+    folder = Path(folder)
+    for path in (folder, folder.with_name(folder.name + ".tmp"), folder.with_name(folder.name + ".old")):
+        if not (path.exists() or path.is_symlink()) or is_state_folder(path):
+            continue
+        what = "a folder with other files" if path.is_dir() and not path.is_symlink() else "not a folder"
+        role = "" if path == folder else f" (saving {folder.name} uses {path.name} as scratch)"
+        raise OutputError(f"{path}: exists and is {what}, not a saved state{role}; worldtrace replaces only its "
+                          f"own state folders (move it away or save elsewhere)")
+
+
 def save_state(folder: str | Path, meta: dict, parts: dict[str, Any]) -> None:
     """Atomically write ``folder/state.json`` (``meta`` + packed ``parts``) and ``state.safetensors``.
 
     The new state is written to ``folder.tmp`` and renamed over ``folder``, so a kill during the save
     leaves the previous state intact. ``state.json`` records the sha256 of ``state.safetensors``
     (``tensors_sha256``; :func:`load_state` checks it). Both files get the mode the process's umask
-    gives new files.
+    gives new files. Only state folders are ever replaced or removed (:func:`check_state_target`,
+    checked before anything is written): a user's folder, file or link at ``folder``,
+    ``folder.tmp`` or ``folder.old`` is refused, never deleted.
 
     Raises:
-        OutputError: the state cannot be written (disk full, permissions); the previous one stays.
+        OutputError: ``folder`` or a sibling is not a state folder; the state cannot be written
+            (disk full, permissions): the previous one stays.
     """
     from safetensors.torch import save_file
 
     folder = Path(folder)
+    check_state_target(folder)
     tmp = folder.with_name(folder.name + ".tmp")
     tensors: dict[str, torch.Tensor] = {}
     tree = {name: pack(value, tensors, prefix=f"{name}.") for name, value in parts.items()}
@@ -158,7 +194,7 @@ def load_meta(folder: str | Path) -> dict:
     folder = _state_folder(Path(folder))
     try:
         return json.loads((folder / "state.json").read_text())["meta"]
-    except (OSError, ValueError, KeyError) as exc:
+    except (OSError, ValueError, KeyError, TypeError) as exc:
         raise InputError(f"{folder}: resume state is unreadable ({type(exc).__name__})") from None
 
 

@@ -36,7 +36,10 @@ def parse_chunk_actions(actions, mode: str, rows: int) -> tuple[str, list[dict],
     for item in items:
         if isinstance(item, str):
             seg = {"action": item}
-        elif isinstance(item, dict) and set(item) <= {"keys", "mouse"} and item:
+        elif isinstance(item, dict) and not set(item) <= {"keys", "mouse"}:
+            unknown = ", ".join(repr(k) for k in sorted(map(str, set(item) - {"keys", "mouse"})))[:80]
+            raise InputError(f"step: a dict action takes \"keys\" and \"mouse\"; unknown: {unknown}")
+        elif isinstance(item, dict) and item:
             keys = item.get("keys", [])
             seg = {"keys": list(keys) if isinstance(keys, str) else keys} if "keys" in item else {}
             if "mouse" in item:

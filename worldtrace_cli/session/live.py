@@ -78,19 +78,26 @@ class Session:
         self._started = time.time()
         self._closed = False
         self._progress = {"totals": {}, "peak": {"rss_bytes": 0, "gpu_peak_bytes": 0}}
+        self._made_folder = False  # the record folder did not exist before this session
         if record is not None:
             from ..runs import RunFolder
 
+            from .storage import check_record
+
+            check_record(record)
             self.folder = RunFolder(Path(record).resolve())
-            self._stack.enter_context(self.folder.lock("session"))
+            self._made_folder = not self.folder.path.exists()
             try:
-                self.folder.prepare(cfg.overwrite)
+                self._stack.enter_context(self.folder.lock("session"))
+                # refused now, changed at the first step (RunFolder.prepare in _start): a session closed
+                # before its first chunk leaves an old run, or no folder at all, as it found them
+                self.folder.refuse_occupied(cfg.overwrite)
             except WorldtraceError as exc:  # the CLI's words, in the API's
-                self._stack.close()
+                self._release_folder()
                 message = str(exc).replace("(use --overwrite)", "(open it with overwrite=True)")
                 raise type(exc)(message.replace("use --overwrite", "use overwrite=True")) from None
             except BaseException:
-                self._stack.close()
+                self._release_folder()
                 raise
             self.cfg = cfg = replace(cfg, output=self.folder.path, trajectory=self.folder.path / "trajectory.yaml")
 
@@ -115,6 +122,8 @@ class Session:
         from ..engine.loop import ChunkLoop
         from ..runs.sinks import RunSinks
 
+        if self.folder is not None and self._sinks is None:
+            self.folder.prepare(self.cfg.overwrite)  # the first chunk: now the folder becomes this run's
         if self.preset.has_world and self.cfg.image is None:
             from PIL import Image
 
@@ -236,18 +245,28 @@ class Session:
         return {"writer": self.writer.state_dict(), "action_caches": self.rollout.state.state_dict(),
                 "decoder": self.decoder.state(), "metrics": self.scorer.state_dict()}
 
-    def save(self, path: str | Path) -> Path:
+    def save(self, path: str | Path, overwrite: bool = False) -> Path:
         """Save the session (its resume state: writer, action caches, decoder, metrics, as
         ``generate``'s resume states; plus the actions so far) into folder ``path``
         (``state.json`` + ``state.safetensors``, written atomically). Returns the folder.
 
+        ``path`` must be new or an empty folder. A folder holding a saved session (recognised by
+        its own files: nothing but ``state.json`` + ``state.safetensors``, a session's state) is
+        replaced only with ``overwrite=True``; anything else (a file, a link, a folder with other
+        files, another kind of state) is refused and left as it is, and so are the scratch
+        siblings ``path.tmp`` / ``path.old`` unless they are state folders.
+
         Raises:
-            InputError: nothing generated yet. OutputError: the folder cannot be written.
+            InputError: nothing generated yet, an empty path. OutputError: ``path`` (or a sibling)
+                is not the session's to replace, holds a saved session and ``overwrite`` is False,
+                or cannot be written.
         """
         from ..runs.state import save_state
+        from .storage import check_save_target
 
         if self.rollout is None:
             raise InputError("save: the session has no chunk yet; step first")
+        path = check_save_target(path, overwrite, SESSION_STATE_VERSION)
         meta = {"version": SESSION_STATE_VERSION, "config": self.cfg.to_dict(), "next_chunk": self.chunk,
                 "segments": self.actions.segments, "chunk_actions": self.plan.chunk_actions, "last_record": self._last_record}
         save_state(path, meta, self._parts())
@@ -348,8 +367,22 @@ class Session:
                 result = self.summary("complete")
                 write_json_atomic(self.folder.summary_path, result)
         finally:
-            self._stack.close()
+            self._release_folder()
         return result
+
+    def _release_folder(self) -> None:
+        """Release the record folder's lock; a folder this session made and never wrote a chunk
+        into (closed before its first step) is removed, so it leaves nothing behind."""
+        self._stack.close()
+        if self.folder is None or not self._made_folder or self._sinks is not None:
+            return
+        from ..runs.folder import LOCK
+
+        try:
+            (self.folder.path / LOCK).unlink(missing_ok=True)
+            self.folder.path.rmdir()  # only when empty: a file someone put there meanwhile stays
+        except OSError:
+            pass
 
     def __enter__(self) -> "Session":
         return self

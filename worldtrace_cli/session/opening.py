@@ -7,6 +7,9 @@ from pathlib import Path
 
 from ..errors import InputError
 from .live import Session
+from .storage import check_record
+
+MAX_SEED = 2**63 - 1  # as the CLI's SEED and the trajectory's seed: torch generators take 64-bit seeds
 
 
 def api_words(message: str) -> str:
@@ -39,7 +42,8 @@ def open(preset: str = "loopworld", cache: str | None = None, *, checkpoint: str
             class in :data:`~worldtrace_cli.writer_options.WRITER_OPTIONS`).
     Raises:
         InputError: an unknown preset, writer or option, another writer's setting (``top_k`` for
-            ``landmark``), a bad image, a LingBot preset.
+            ``landmark``), a seed outside ``0 <= x < 2**63``, ``record=''``, a bad image, a LingBot
+            preset.
         CheckpointError: missing checkpoint files. OutputError / FolderBusy: the record folder.
     """
     from ..config import RunConfig, default_cache, load_preset, memory_config
@@ -48,7 +52,12 @@ def open(preset: str = "loopworld", cache: str | None = None, *, checkpoint: str
     from ..engine.pipeline import Pipeline
     from ..writer_options import SLOT_FIELDS, check_memory, writer_flags
 
-    resolved = load_preset(preset) if isinstance(preset, (str, Path)) else preset
+    try:
+        resolved = load_preset(preset) if isinstance(preset, (str, Path)) else preset
+    except InputError as exc:  # "--preset: unknown preset 'x' ..." in the API's words
+        raise InputError(f"open: {api_words(str(exc))}") from None
+    if record is not None:
+        check_record(record)
     if resolved.is_lingbot:
         raise InputError(f"preset {resolved.name}: sessions run MG2-architecture models; LingBot-World runs with "
                          f"worldtrace generate")
@@ -58,9 +67,9 @@ def open(preset: str = "loopworld", cache: str | None = None, *, checkpoint: str
     if unknown:
         raise InputError(f"open: unknown writer option {', '.join(unknown)} (known: {', '.join(sorted(known))})")
     memory = memory_config(preset=resolved, **options)
-    for name, value in (("seed", seed), ("world_seed", world_seed)):
-        if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-            raise InputError(f"open: {name} must be an integer >= 0, got {value!r}")
+    for name, value in (("seed", seed), ("world_seed", world_seed)):  # the CLI's range (--seed, --world-seed)
+        if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= MAX_SEED:
+            raise InputError(f"open: {name} must be an integer with 0 <= {name} < 2**63, got {value!r}")
     if image is not None:
         load_image(image, (resolved.height, resolved.width))  # decoded now: a bad file is refused before the model
     elif not resolved.has_world:

@@ -3,6 +3,9 @@
 const $ = (id) => document.getElementById(id);
 const S = {
   ws: null, ready: false, paused: false, inflight: false, fps: 25,
+  waiting: true,        // the world waits for the first key or drag (ready.wait_for_key; --start-running: false)
+  pausedMs: 0, pausedAt: null,  // time spent paused so far (ms), and since when the page is paused
+  keyPausedMs: 0,       // pausedSoFar() when the held keys last changed: key-to-frame leaves pauses out
   held: new Set(), drag: null, dragDx: 0, dragDy: 0,
   queue: [],            // frames waiting to be shown: {imgs: [lane0, lane1], truth, first, sent}
   keyChangedAt: null,   // when the held keys last changed (performance.now(), ms)
@@ -25,13 +28,22 @@ function action() {
   return words.join("+") || "idle";
 }
 
+function pausedSoFar(now) { return S.pausedMs + (S.pausedAt === null ? 0 : now - S.pausedAt); }
+
+function keyChanged() {
+  // a key or drag: note when (key-to-frame), and the first one starts the world
+  const now = performance.now();
+  S.keyChangedAt = now; S.keyPausedMs = pausedSoFar(now);
+  if (S.waiting) { S.waiting = false; if (S.ready) status("running"); }
+}
+
 function send(obj) { if (S.ws && S.ws.readyState === 1) S.ws.send(JSON.stringify(obj)); }
 
 function pump() {
   // ask for the next chunk while the current one plays: at most one chunk of frames waits
-  if (!S.ready || S.paused || S.inflight || S.queue.length > 12) return;
+  if (!S.ready || S.waiting || S.paused || S.inflight || S.queue.length > 12) return;
   S.inflight = true;
-  S.sent = { at: performance.now(), keyAt: S.keyChangedAt };
+  S.sent = { at: performance.now(), keyAt: S.keyChangedAt, keyPausedMs: S.keyPausedMs };
   S.keyChangedAt = null;
   const a = action();
   S.dragDx = 0; S.dragDy = 0;
@@ -69,7 +81,8 @@ function drawFrame() {
     [$("gen0"), $("gen1")].forEach((c, i) => { if (item.imgs[i]) paint(c, item.imgs[i]); });
     if (item.truth) paint($("truth"), item.truth);
     if (item.first && item.first.keyAt !== null) {
-      const latency = (now - item.first.keyAt) / 1000;
+      // from the key to its first frame on screen, less any time spent paused in between
+      const latency = (now - item.first.keyAt - (pausedSoFar(now) - item.first.keyPausedMs)) / 1000;
       S.latencies.push(latency);  // read by benchmarks/play_latency.py
       $("latency").textContent = latency.toFixed(2);
     }
@@ -176,12 +189,14 @@ function connect() {
       $("truthpanel").hidden = !msg.truth;
       setLanes(msg.lanes);
       setInterval(drawFrame, 1000 / S.fps);
-      status("ready: hold W to walk");
+      S.waitForKey = msg.wait_for_key !== false;
+      S.waiting = S.waitForKey && S.waiting;
+      status(S.waiting ? "ready: the world waits for your first key (hold W to walk)" : "running");
       pump();
     } else if (msg.op === "chunk") onChunk(msg);
     else if (msg.op === "lanes") { S.inflight = false; setLanes(msg.lanes); status(`writers: ${msg.lanes.map((l) => l.writer).join(" | ")}`); pump(); }
     else if (msg.op === "status") status(msg.message);
-    else if (msg.op === "saved") status(`saved: ${msg.folders.join(", ")}`);
+    else if (msg.op === "saved") status(`saved (in --runs-dir): ${msg.folders.join(", ")}`);
     else if (msg.op === "error") { S.inflight = false; status(msg.message, true); }
   };
   ws.onclose = () => { S.ready = false; status("disconnected from the server (reload to start a new session)", true); };
@@ -192,12 +207,12 @@ document.addEventListener("keydown", (ev) => {
   const k = keyName(ev);
   if (k === " ") { togglePause(); ev.preventDefault(); return; }
   if (!KEYS.has(k) || S.held.has(k)) return;
-  S.held.add(k); S.keyChangedAt = performance.now(); hud(); ev.preventDefault();
+  S.held.add(k); keyChanged(); hud(); ev.preventDefault();
 });
 document.addEventListener("keyup", (ev) => {
   const k = keyName(ev);
   if (!S.held.delete(k)) return;
-  S.keyChangedAt = performance.now(); hud();
+  keyChanged(); hud();
 });
 window.addEventListener("blur", () => { S.held.clear(); hud(); });
 function hud() { document.querySelectorAll(".key").forEach((el) => el.classList.toggle("on", S.held.has(el.dataset.k))); }
@@ -208,14 +223,20 @@ for (const id of ["gen0", "gen1", "truth"]) {
 document.addEventListener("mousemove", (ev) => {
   if (!S.drag) return;
   S.dragDx += ev.clientX - S.drag.x; S.dragDy += ev.clientY - S.drag.y;
-  S.drag = { x: ev.clientX, y: ev.clientY }; S.keyChangedAt = S.keyChangedAt || performance.now();
+  S.drag = { x: ev.clientX, y: ev.clientY };
+  if (S.keyChangedAt === null) keyChanged();
 });
 document.addEventListener("mouseup", () => { S.drag = null; });
 
-function togglePause() { S.paused = !S.paused; $("pause").textContent = S.paused ? "Resume" : "Pause"; status(S.paused ? "paused" : "running"); pump(); }
+function togglePause() {
+  const now = performance.now();
+  if (S.paused) { S.pausedMs += now - S.pausedAt; S.pausedAt = null; } else S.pausedAt = now;
+  S.paused = !S.paused; $("pause").textContent = S.paused ? "Resume" : "Pause";
+  status(S.paused ? "paused" : S.waiting ? "the world waits for your first key" : "running"); pump();
+}
 $("pause").onclick = togglePause;
 $("save").onclick = () => send({ op: "save" });
-$("reset").onclick = () => { S.queue = []; send({ op: "reset" }); };
+$("reset").onclick = () => { S.queue = []; S.waiting = S.waitForKey; send({ op: "reset" }); };
 $("writer").onchange = (ev) => { S.inflight = true; send({ op: "writer", cache: ev.target.value }); };
 $("compare").onchange = (ev) => { S.inflight = true; send({ op: "compare", cache: ev.target.value || null }); };
 connect();
