@@ -176,7 +176,7 @@ def test_ctrl_c_completes_the_recordings_of_connected_pages(tmp_path):
     """Also issue 44 (7): bound on every address with --port 0, the warning names the port bound."""
     import aiohttp
 
-    proc, url = start_server(tmp_path, "--cache", "sliding", "--metrics", "none", host="0.0.0.0")
+    proc, url = start_server(tmp_path, "--cache", "sliding", "--metrics", "none", "--start-running", host="0.0.0.0")
     port = url.rsplit(":", 1)[1].strip("/")
 
     async def drive():
@@ -191,6 +191,7 @@ def test_ctrl_c_completes_the_recordings_of_connected_pages(tmp_path):
     ready, rc, err = run(drive())
     assert rc == 0, err[-2000:]
     assert f"anyone who can reach 0.0.0.0:{port} can drive the model" in err and ":0 " not in err, err[-2000:]
+    assert ready["wait_for_key"] is False  # --start-running: the page runs idle chunks from load
     summary = json.loads((tmp_path / ready["lanes"][0]["run_dir"] / "summary.json").read_text())
     assert summary["status"] == "complete" and summary["totals"]["chunks"] == 2
 
@@ -340,6 +341,9 @@ def test_a_close_frame_drops_queued_steps_and_save_names_no_server_path(server):
                     saved = await _receive(ws)
                 for _ in range(40):
                     await ws.send_str(json.dumps({"op": "step", "action": "forward"}))
+                while (msg := await _receive(ws))["op"] != "error":  # past 16 waiting: refused at once
+                    pass
+                assert "16 requests are waiting" in msg["message"], msg
             closed = time.time()
             second = await _next_page(http, url)  # the slot: free once the running chunk is done
             return ready, saved, time.time() - closed, second

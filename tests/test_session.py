@@ -155,6 +155,16 @@ def test_save_never_destroys_what_it_did_not_write(pipeline, tmp_path):
         (tmp_path / sibling).rmdir()
     with pytest.raises(InputError, match="empty path"):
         s.save("")
+    with pytest.raises(OutputError, match="filesystem's root"):
+        s.save("/")
+    lone = tmp_path / "ckpt"  # a user's own weights, named like a state's tensors
+    lone.mkdir()
+    (lone / "state.safetensors").write_bytes(b"mine")
+    with pytest.raises(OutputError, match=r"ckpt: exists and is a folder with other files"):
+        s.save(lone)
+    assert (lone / "state.safetensors").read_bytes() == b"mine"
+    (lone / "state.safetensors").unlink()
+    lone.rmdir()
     (tmp_path / "empty").mkdir()
     assert s.save(tmp_path / "empty") == tmp_path / "empty"  # an empty folder holds nothing to lose
     with pytest.raises(OutputError, match=r"already holds a saved session \(save\(\.\.\., overwrite=True\)"):
@@ -163,6 +173,11 @@ def test_save_never_destroys_what_it_did_not_write(pipeline, tmp_path):
     s.save(tmp_path / "empty", overwrite=True)
     assert wt.load(tmp_path / "empty", pipeline=pipeline).chunk == 2
     assert sorted(p.name for p in tmp_path.iterdir()) == ["empty", "notes.txt", "proj"]  # no .old / .tmp left
+    # a save killed between its two renames: the only copy sits in empty.old, and still counts
+    (tmp_path / "empty").rename(tmp_path / "empty.old")
+    with pytest.raises(OutputError, match=r"already holds a saved session"):
+        s.save(tmp_path / "empty")
+    assert wt.load(tmp_path / "empty", pipeline=pipeline).chunk == 2
 
 
 def test_open_in_the_cli_ranges_and_words(pipeline, tmp_path, monkeypatch):

@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import os
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -41,6 +42,7 @@ class PlaySettings:
     pipeline: object = None
     counter: int = 0
     lock: threading.Lock = field(default_factory=threading.Lock)  # one chunk at a time on the shared model
+    names: threading.Lock = field(default_factory=threading.Lock)  # guards counter
     start_running: bool = False
 
 
@@ -63,8 +65,10 @@ class Page:
         s = self.settings
         record = None
         if s.record:
-            s.counter += 1
-            record = s.runs_dir / f"{time.strftime('%Y%m%d-%H%M%S')}-{s.counter:03d}-{cache.replace(':', '')}"
+            with s.names:  # pages open sessions on their own threads: each run folder gets its own number
+                s.counter += 1
+                number = s.counter
+            record = s.runs_dir / f"{time.strftime('%Y%m%d-%H%M%S')}-{number:03d}-{cache.replace(':', '')}"
         # a writer's own flags go to the writers that read them (--landmark-threshold: landmark, mixed)
         return open_session(cache=cache, record=record, pipeline=s.pipeline, **settings_for(cache, s.open_kwargs))
 
@@ -107,7 +111,9 @@ class Page:
             self.leaving = True
 
     async def error(self, message: str) -> None:
-        await self.send({"op": "error", "message": " ".join(str(message).split())[:300]})
+        """Send one ``error`` line; paths inside ``--runs-dir`` are shown relative to it (no server paths)."""
+        text = " ".join(str(message).split()).replace(f"{self.settings.runs_dir}{os.sep}", "")
+        await self.send({"op": "error", "message": text.replace(str(self.settings.runs_dir), "--runs-dir")[:300]})
 
     def lane_info(self) -> list[dict]:
         """Each lane's writer, run folder name, chunk count and history (GT-PSNR and slots per chunk)."""
@@ -202,6 +208,8 @@ class Page:
         from ..errors import InputError
 
         action = msg.get("action", "idle")
+        if not self.lanes:
+            raise InputError("step: no session is open (a reset failed to open one); reload the page")
         if not isinstance(action, str):
             raise InputError("step: \"action\" is action words, e.g. \"forward+camera_l\"")
         started = time.perf_counter()
@@ -266,7 +274,14 @@ class Page:
     async def on_reset(self, msg: dict) -> None:
         caches = [lane.cfg.memory.cache for lane in self.lanes] or [self.settings.cache]
         done = await self.run(self.close_sessions)
-        self.lanes = [await self.run(self._open, cache) for cache in caches]
+        fresh: list = []
+        try:
+            for cache in caches:
+                fresh.append(await self.run(self._open, cache))
+        except BaseException:  # none left open (or locked) when one cannot open
+            await self.run(self.close_sessions, fresh)
+            raise
+        self.lanes = fresh
         await self.send({"op": "lanes", "lanes": self.lane_info(), "closed": [Path(d).name for d in done]})
 
     async def close(self) -> None:

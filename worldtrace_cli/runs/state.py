@@ -97,18 +97,29 @@ def unpack(tree: Any, tensors: dict[str, torch.Tensor], device: torch.device | s
     raise InputError(f"resume state: unknown entry {sorted(tree)[:3]}")
 
 
-STATE_FILES = frozenset({"state.json", "state.safetensors"})  # all a saved state folder ever holds
+STATE_MARK = ".worldtrace-state"  # written first into every state folder: its files are worldtrace's
+STATE_FILES = frozenset({"state.json", "state.safetensors", STATE_MARK})  # all a state folder ever holds
 
 
 def is_state_folder(path: str | Path) -> bool:
-    """True when ``path`` is a real folder (not a link) holding nothing but a saved state's own
-    files (``state.json``, ``state.safetensors``), or nothing at all: a folder :func:`save_state`
-    may replace or remove without losing anyone's files."""
+    """True when ``path`` is a folder :func:`save_state` may replace or remove without losing anyone's
+    files: a real folder (not a link) that is empty, or holds nothing but a state's own files and
+    is marked as worldtrace's (:data:`STATE_MARK`, written first, so a save killed midway is
+    recognised too) or holds a ``state.json`` that reads as one (states saved before the mark). A
+    user's folder holding only a ``state.safetensors`` of their own is not one."""
     path = Path(path)
     try:
-        return path.is_dir() and not path.is_symlink() and set(os.listdir(path)) <= STATE_FILES
-    except OSError:
+        if not path.is_dir() or path.is_symlink():
+            return False
+        names = set(os.listdir(path))
+        if not names or (names <= STATE_FILES and STATE_MARK in names):
+            return True
+        if not names <= STATE_FILES or "state.json" not in names:
+            return False
+        doc = json.loads((path / "state.json").read_text())
+    except (OSError, ValueError):
         return False
+    return isinstance(doc, dict) and {"meta", "parts"} <= set(doc)
 
 
 def check_state_target(folder: str | Path) -> None:
@@ -153,11 +164,13 @@ def save_state(folder: str | Path, meta: dict, parts: dict[str, Any]) -> None:
     try:
         shutil.rmtree(tmp, ignore_errors=True)
         tmp.mkdir(parents=True)
+        (tmp / STATE_MARK).write_bytes(b"")  # first: a kill from here on leaves a folder known as worldtrace's
         save_file({k: v for k, v in tensors.items() if isinstance(k, str)}, str(tmp / "state.safetensors"))
         doc = {"meta": meta, "parts": tree, "tensors_sha256": _sha256(tmp / "state.safetensors")}
         (tmp / "state.json").write_text(json.dumps(doc))  # mode from the umask
         # safetensors writes 0600 whatever the umask: give the tensors the mode the JSON got
         os.chmod(tmp / "state.safetensors", (tmp / "state.json").stat().st_mode & 0o777)
+        os.chmod(tmp / STATE_MARK, (tmp / "state.json").stat().st_mode & 0o777)
         _commit_state(tmp, folder)
     except Exception as exc:  # disk full, permissions: the previous state stays current
         shutil.rmtree(tmp, ignore_errors=True)

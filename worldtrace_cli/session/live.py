@@ -78,7 +78,7 @@ class Session:
         self._started = time.time()
         self._closed = False
         self._progress = {"totals": {}, "peak": {"rss_bytes": 0, "gpu_peak_bytes": 0}}
-        self._made_folder = False  # the record folder did not exist before this session
+        self._made_folder = False  # the record folder did not exist before this session, which holds its lock
         if record is not None:
             from ..runs import RunFolder
 
@@ -86,9 +86,10 @@ class Session:
 
             check_record(record)
             self.folder = RunFolder(Path(record).resolve())
-            self._made_folder = not self.folder.path.exists()
+            made = not self.folder.path.exists()
             try:
                 self._stack.enter_context(self.folder.lock("session"))
+                self._made_folder = made  # only a holder of the lock ever removes the folder
                 # refused now, changed at the first step (RunFolder.prepare in _start): a session closed
                 # before its first chunk leaves an old run, or no folder at all, as it found them
                 self.folder.refuse_occupied(cfg.overwrite)
@@ -373,13 +374,17 @@ class Session:
     def _release_folder(self) -> None:
         """Release the record folder's lock; a folder this session made and never wrote a chunk
         into (closed before its first step) is removed, so it leaves nothing behind."""
-        self._stack.close()
         if self.folder is None or not self._made_folder or self._sinks is not None:
+            self._stack.close()
             return
         from ..runs.folder import LOCK
 
         try:
-            (self.folder.path / LOCK).unlink(missing_ok=True)
+            (self.folder.path / LOCK).unlink(missing_ok=True)  # while still holding it
+        except OSError:
+            pass
+        self._stack.close()
+        try:
             self.folder.path.rmdir()  # only when empty: a file someone put there meanwhile stays
         except OSError:
             pass

@@ -46,13 +46,20 @@ def check_save_target(path, overwrite: bool, version: int) -> Path:
     if str(path) == "":
         raise InputError("save: an empty path; name a folder (e.g. s.save('saved/here'))")
     path = Path(path)
+    if path.name in ("", ".", ".."):  # "." or "..": the folder it names (with_name needs a name)
+        path = path.resolve()
+    if path.name == "":
+        raise OutputError(f"save: {path} is the filesystem's root; name a folder (e.g. s.save('saved/here'))")
     try:
         check_state_target(path)
     except WorldtraceError as exc:
         raise type(exc)(f"save: {exc}") from None
-    if (path / "state.json").exists():
-        if not is_session_state(path, version):
-            raise OutputError(f"save: {path} holds a state that is not a saved session (a generate resume "
+    old = path.with_name(path.name + ".old")  # a save killed between its two renames left the state there
+    for held in (path, old):
+        if not (held / "state.json").exists():
+            continue
+        if not is_session_state(held, version):
+            raise OutputError(f"save: {held} holds a state that is not a saved session (a generate resume "
                               f"state?); save elsewhere")
         if not overwrite:
             raise OutputError(f"save: {path} already holds a saved session (save(..., overwrite=True) "

@@ -4,6 +4,7 @@ const $ = (id) => document.getElementById(id);
 const S = {
   ws: null, ready: false, paused: false, inflight: false, fps: 25,
   waiting: true,        // the world waits for the first key or drag (ready.wait_for_key; --start-running: false)
+  waitForKey: true,     // whether a new session (load, Reset) waits for a key
   pausedMs: 0, pausedAt: null,  // time spent paused so far (ms), and since when the page is paused
   keyPausedMs: 0,       // pausedSoFar() when the held keys last changed: key-to-frame leaves pauses out
   held: new Set(), drag: null, dragDx: 0, dragDy: 0,
@@ -34,7 +35,7 @@ function keyChanged() {
   // a key or drag: note when (key-to-frame), and the first one starts the world
   const now = performance.now();
   S.keyChangedAt = now; S.keyPausedMs = pausedSoFar(now);
-  if (S.waiting) { S.waiting = false; if (S.ready) status("running"); }
+  if (S.waiting) { S.waiting = false; if (S.ready) status(S.paused ? "paused" : "running"); }
 }
 
 function send(obj) { if (S.ws && S.ws.readyState === 1) S.ws.send(JSON.stringify(obj)); }
@@ -224,7 +225,7 @@ document.addEventListener("mousemove", (ev) => {
   if (!S.drag) return;
   S.dragDx += ev.clientX - S.drag.x; S.dragDy += ev.clientY - S.drag.y;
   S.drag = { x: ev.clientX, y: ev.clientY };
-  if (S.keyChangedAt === null) keyChanged();
+  if (S.keyChangedAt === null || S.waiting) keyChanged();
 });
 document.addEventListener("mouseup", () => { S.drag = null; });
 
