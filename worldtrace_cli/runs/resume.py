@@ -12,6 +12,7 @@ seam may differ (the encoder restarts).
 
 from __future__ import annotations
 
+import shutil
 from dataclasses import replace
 from pathlib import Path
 
@@ -34,6 +35,8 @@ def save_run_state(folder: RunFolder, cfg, rollout, decoder, scorer, progress: d
              "decoder": decoder.state(), "metrics": scorer.state_dict(), "progress": progress}
     meta = {"config": cfg.to_dict(), "next_chunk": rollout.chunk, "version": STATE_VERSION, "inputs": inputs,
             "command": list(command)}
+    # the run folder's scratch is the run's own: one a kill left under an older version (no mark) goes
+    shutil.rmtree(folder.state.with_name(folder.state.name + ".tmp"), ignore_errors=True)
     save_state(folder.state, meta, parts)
 
 
