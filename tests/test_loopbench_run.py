@@ -399,7 +399,9 @@ def test_real_tiny_sweep_and_report(tmp_path):
     assert len(rows) == 2 and {r["cache"] for r in rows} == {"sliding", "landmark"}
     assert all(r["pac"] == "" and float(r["temp_ssim"]) > -1 for r in rows)
     md = (out / "report.md").read_text()
-    assert "| landmark | — / " in md and "| p vs sliding |" not in md  # one pair per cell: no t-test
+    pac = md.split("## 1. PAC")[1].split("## 2.")[0]  # no ground truth: PAC and TempSSIM, one table each
+    assert "| landmark | — |" in pac and "| p vs sliding |" not in md  # one pair per cell: no t-test
+    assert "| pan_90 (pan_90, N=2) | not run |" not in md and "Pan 360° (pan_360, N=8)" in md
 
 
 # --------------------------------------------------------------------------- report statistics
@@ -464,15 +466,22 @@ def test_report_tables_csv_json_and_plots(synthetic_sweep, valid):
     assert len(rows) == 6 * 3 * 3 * 2
     md = (rep / "report.md").read_text()
     tables = md.count("| writer |")
-    assert tables == 1 + 3 + 1 + 1 + 1  # by tier; tiers 1, 2, 3 + sweep; ABA by N; cost
+    assert tables == 2 * (1 + 3 + 1 + 1) + 1  # per metric (PAC, TempSSIM): by tier; tiers 1-3 + sweep; by N; cost
     for writer in ("sliding", "field", "landmark"):
         assert md.count(f"| {writer} |") == tables
+    assert md.index("## 1. PAC") < md.index("## 2. TempSSIM")  # no ground truth: the paper's order
     assert "p vs sliding" in md and "aba_long (N=32)" in md and "| N=64 |" in md
     assert "108 complete runs (6 configurations x 3 writers x 3 scenes x 2 seeds)." in md  # a full grid
-    from worldtrace_cli.loopbench import report as report_module
+    from worldtrace_cli.loopbench.tables import plural
 
-    assert report_module._n(1, "run") == "1 run" and report_module._n(0, "seed") == "0 seeds"
-    assert "| field | — / " in md  # pan_90 field has no PAC: a dash, not a crash
+    assert plural(1, "run") == "1 run" and plural(0, "seed") == "0 seeds"
+    pan = md.split("## 1. PAC")[1].split("### Tier 3: camera orientation")[1].split("###")[0]
+    assert "| field | — |" in pan  # pan_90 field has no PAC: a dash, not a crash
+    paper = md.split("## The paper's table, side by side")[1].split("## 1.")[0]
+    assert "| ABA (aba, N=16) | 0.723 ± 0.013 | 0.864 ± 0.009 |" in paper  # the paper's own numbers
+    assert "| ABABA (ababa, N=32) | 0.892 ± 0.004 | 0.941 ± 0.005 | not run | not run | 3 |" not in paper
+    assert "| ABABA (ababa, N=32) | 0.892 ± 0.004 | 0.941 ± 0.005 | not run | not run | not run |" in paper
+    assert "Not in this sweep: ababa, pan_360" in paper
     data = json.loads((rep / "report.json").read_text())
     assert len(data["rows"]) == 108 and data["baseline"] == "sliding"
     valid(data, "loopbench-report")
@@ -587,9 +596,16 @@ def test_report_has_a_ground_truth_column(tmp_path, summaries_only):
     rows = list(csv.DictReader((out / "report.csv").open()))
     assert {float(r["gt_return_psnr"]) for r in rows if r["cache"] == "landmark"} == {16.0, 16.5, 15.2}
     md = (out / "report.md").read_text()
-    assert "GT-PSNR on return legs (dB) / GT detail on return legs" in md and "nearer 1" in md
-    line = next(ln for ln in md.splitlines() if ln.startswith("| landmark |"))
-    assert "15.900 ±" in line and "0.280 ±" in line  # means of 16.0, 16.5, 15.2 and 0.30, 0.28, 0.26
+    assert md.index("## 1. GT-PSNR on return legs (dB)") < md.index("## 2. GT detail on return legs") \
+        < md.index("## 3. PAC") < md.index("## 4. TempSSIM") and "nearer 1" in md
+    psnr = md.split("## 1. GT-PSNR")[1].split("## 2.")[0]
+    detail = md.split("## 2. GT detail")[1].split("## 3.")[0]
+    assert "| landmark | 15.900 ± " in psnr and "| landmark | 0.280 ± " in detail  # means of 16.0, 16.5, 15.2 / 0.30, 0.28, 0.26
+    paper = next(ln for ln in md.splitlines() if ln.startswith("| ABA (aba, N=16) |"))
+    cells = paper.strip(" |").split(" | ")
+    assert cells[3:5] == ["0.700 ± 0.000", "0.800 ± 0.000"] and cells[5].startswith("14.000 ± ")
+    assert cells[6].startswith("15.900 ± ") and float(cells[7]) == pytest.approx(
+        hand_paired_p([16.0, 16.5, 15.2], [14.0, 15.0, 13.0]), abs=5e-4) and cells[8] == "3"
     data = json.loads((out / "report.json").read_text())
     cell = next(c for c in data["by_config"] if c["writer"] == "landmark")
     assert cell["gt_return_psnr"]["p"] == pytest.approx(hand_paired_p([16.0, 16.5, 15.2], [14.0, 15.0, 13.0]))
@@ -605,12 +621,13 @@ def test_report_leads_with_ground_truth_and_prints_no_impossible_interval(tmp_pa
         write_run(out, "aba", "sliding", scene, 0, pac, 0.8, gt=gt, detail=detail)
     report(out)
     md = (out / "report.md").read_text()
-    assert "Entries: GT-PSNR on return legs (dB) / GT detail on return legs / PAC / TempSSIM" in md
-    line = next(ln for ln in md.splitlines() if ln.startswith("| sliding |"))
-    psnr, detail, pac, ssim = line.strip(" |").split(" | ")[1].split(" / ")
+    firsts = [md.split(f"## {k}. ")[1].split("\n")[0] for k in (1, 2, 3, 4)]
+    assert firsts == ["GT-PSNR on return legs (dB)", "GT detail on return legs", "PAC", "TempSSIM"]
+    psnr, detail, pac, ssim = [next(ln for ln in md.split(f"## {k}. ")[1].splitlines() if ln.startswith("| sliding |"))
+                               .strip(" |").split(" | ")[1] for k in (1, 2, 3, 4)]
     assert psnr.startswith("14.500 ± ")  # 14.5 +- 6.4 dB stays above 0
-    assert detail == "0.310 (too few scenes for an interval)" and pac == "0.695 (too few scenes for an interval)"
-    assert ssim == "0.800 ± 0.000"
+    assert detail == "0.310 †" and pac == "0.695 †" and ssim == "0.800 ± 0.000"  # one number per cell
+    assert md.count("too few scenes") == 1 and md.count("† = no interval") == 1  # the reason said once
 
 
 def test_report_of_runs_before_gt_detail_has_no_detail_entry(tmp_path, summaries_only):
@@ -628,10 +645,18 @@ def test_report_of_runs_before_gt_detail_has_no_detail_entry(tmp_path, summaries
 def test_plots_name_tiers_and_scale_to_the_data():
     from matplotlib.figure import Figure
 
-    from worldtrace_cli.loopbench.plots import _fit_y, tier_label
+    from worldtrace_cli.loopbench.plots import _fit_y, clipped, tier_label
 
     assert tier_label(1) == "Tier 1\ntopology" and tier_label("sweep") == "ABA sweep"
     ax = Figure().add_subplot()
     _fit_y(ax, [(0.97, 0.01), (0.99, 0.005), (None, None), (float("nan"), 0.1)])
     low, high = ax.get_ylim()
     assert 0.95 < low < 0.96 and 0.995 < high < 1.0  # PAC differences visible, not bars from 0
+    # issue 47: bars stay inside each metric's range (two scenes gave PAC up to 1.47, GT detail -1.0)
+    # issue 47: no error bar reaches values a metric cannot take (two scenes gave PAC up to 1.47, GT
+    # detail -1.0): as the table's †, such a cell has no bar
+    assert clipped(0.695, 0.775, "pac") == (0.0, 0.0) and clipped(0.31, 1.31, "gt_return_detail") == (0.0, 0.0)
+    assert clipped(14.5, 6.4, "gt_return_psnr") == (6.4, 6.4) and clipped(0.9, 0.05, "pac") == (0.05, 0.05)
+    assert clipped(None, 1.0) == (0.0, 0.0) and clipped(0.5, None, "pac") == (0.0, 0.0)
+    _fit_y(ax, [(0.695, 0.775), (0.99, None)], "pac")
+    assert ax.get_ylim() == pytest.approx((0.695 - 0.0295, 0.99 + 0.0295))  # no bar: the means alone, plus 10 %

@@ -155,6 +155,16 @@ def write_configs(folder: str | Path = DEFAULT_FOLDER) -> list[Path]:
     return paths
 
 
+def tier_of(config: str) -> int | str:
+    """The paper's tier of a configuration (1..4 or ``sweep``); ``custom`` for other trajectories."""
+    return CONFIGS[config].tier if config in CONFIGS else "custom"
+
+
+def is_aba(config: str) -> bool:
+    """ABA-type configurations (aba, aba_short/medium/long, aba_n*): the PAC-vs-N plot's runs."""
+    return config in CONFIGS and "".join(CONFIGS[config].route) == "ABA"
+
+
 if __name__ == "__main__":
     written = write_configs(sys.argv[1] if len(sys.argv) > 1 else DEFAULT_FOLDER)
     sys.stderr.write(f"wrote {len(written)} LoopBench trajectories to {written[0].parent}\n")

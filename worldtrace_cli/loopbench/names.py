@@ -19,9 +19,40 @@ TIER_TITLES = {1: "Tier 1: topology", 2: "Tier 2: rollout length (ABA)", 3: "Tie
 TIER_ORDER = (1, 2, 3, 4, "sweep", "custom")
 
 
+def metrics_of(rows: list[dict]) -> tuple[str, ...]:
+    """The table's entries: each return-leg ground-truth metric (GT-PSNR, GT detail) that any run has
+    (runs of a procedural world; GT detail since 2026-11-26), first, then PAC / TempSSIM (PAC with the
+    tiny CLIP tower does not track ground truth: README)."""
+    return tuple(m for m in GT_METRICS if any(r.get(m) is not None for r in rows)) + METRICS
+
+
+def has_interval(stat: dict, metric: str | None) -> bool:
+    """True when ``stat`` (``{"mean", "ci", ...}``) has a 95% interval that stays within the values
+    ``metric`` can take (:data:`~worldtrace_cli.loopbench.names.METRIC_RANGE`: PAC and TempSSIM in
+    [-1, 1], GT-PSNR and GT detail >= 0). One scene has none; two or three scenes often give one
+    reaching past the range (PAC up to 1.47), which says too little data, not a value."""
+    if stat.get("mean") is None or stat.get("ci") is None:
+        return False
+    low, high = METRIC_RANGE.get(metric, (None, None))
+    mean, ci = stat["mean"], stat["ci"]
+    return not ((low is not None and mean - ci < low) or (high is not None and mean + ci > high))
+
+
+# The paper's Tab. "loopbench_full" (MG2, n = 100 scenes per condition), the rows ``loopbench report``
+# sets beside a sweep's own: PAC mean and 95% half-width of sliding and WorldTrace-Landmark, by the
+# configuration of ours that walks the same loop (ABA N=16, ABABA N=32, long ABA N=32, 360 pan N=8)
+PAPER_PAC = {
+    "aba": ("ABA", {"sliding": (0.723, 0.013), "landmark": (0.864, 0.009)}),
+    "ababa": ("ABABA", {"sliding": (0.892, 0.004), "landmark": (0.941, 0.005)}),
+    "aba_long": ("ABA long", {"sliding": (0.627, 0.013), "landmark": (0.825, 0.009)}),
+    "pan_360": ("Pan 360°", {"sliding": (0.559, 0.015), "landmark": (0.577, 0.015)}),
+}
+
+
 def writers_of(rows: list[dict]) -> list[str]:
     """Writers in table order: the baseline first, then by name."""
     return sorted({r["cache"] for r in rows}, key=lambda w: (w != BASELINE, w))
 
 
-__all__ = ["BASELINE", "GT_DETAIL", "GT_METRIC", "GT_METRICS", "METRICS", "METRIC_NAMES", "METRIC_RANGE", "TIER_ORDER", "TIER_TITLES", "writers_of"]
+__all__ = ["BASELINE", "GT_DETAIL", "GT_METRIC", "GT_METRICS", "METRICS", "METRIC_NAMES", "METRIC_RANGE", "PAPER_PAC",
+           "TIER_ORDER", "has_interval", "metrics_of", "TIER_TITLES", "writers_of"]

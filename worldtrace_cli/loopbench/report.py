@@ -20,33 +20,16 @@ from ..outputs import atomic_path, write_json_atomic
 from ..runs import RunFolder
 from ..schemas import SCHEMA_VERSION
 from ..trajectory import frames_for_chunks
-from .configs import CONFIGS
-from .names import (BASELINE, GT_DETAIL, GT_METRIC, GT_METRICS, METRIC_NAMES, METRIC_RANGE, METRICS, TIER_ORDER,
-                    TIER_TITLES, writers_of)
-from .plots import plot_pac_vs_chunks, plot_tiers
+from .configs import is_aba, tier_of
+from .names import BASELINE, METRICS, metrics_of, writers_of
 from .plan import FAILED_NAME
+from .plots import plot_pac_vs_chunks, plot_tiers
+from .tables import markdown
 
 ROW_FIELDS = ("config", "tier", "cache", "image", "seed", "chunks", "pac", "temp_ssim", "scene_drift",
               "latent_diff", "gt_psnr", "gt_ssim", "gt_detail", "gt_return_psnr", "gt_return_ssim", "gt_return_detail",
               "s_per_chunk", "kv_bytes",
               "peak_rss_bytes", "gpu_peak_bytes", "run_dir")
-
-
-def metrics_of(rows: list[dict]) -> tuple[str, ...]:
-    """The table's entries: each return-leg ground-truth metric (GT-PSNR, GT detail) that any run has
-    (runs of a procedural world; GT detail since 2026-11-26), first, then PAC / TempSSIM (PAC with the
-    tiny CLIP tower does not track ground truth: README)."""
-    return tuple(m for m in GT_METRICS if any(r.get(m) is not None for r in rows)) + METRICS
-
-
-def tier_of(config: str) -> int | str:
-    """The paper's tier of a configuration (1..4 or ``sweep``); ``custom`` for other trajectories."""
-    return CONFIGS[config].tier if config in CONFIGS else "custom"
-
-
-def is_aba(config: str) -> bool:
-    """ABA-type configurations (aba, aba_short/medium/long, aba_n*): the PAC-vs-N plot's runs."""
-    return config in CONFIGS and "".join(CONFIGS[config].route) == "ABA"
 
 
 # --------------------------------------------------------------------------- rows
@@ -197,130 +180,6 @@ def aggregate(rows: list[dict]) -> dict:
             "by_config": table(lambda r: (("tier", r["tier"]), ("config", r["config"]))),
             "aba_by_chunks": table(lambda r: (("chunks", r["chunks"]),) if is_aba(r["config"]) else None),
             "cost": cost}
-
-
-# --------------------------------------------------------------------------- Markdown
-
-
-TOO_FEW = "too few scenes for an interval"
-
-
-def _num(stat: dict, metric: str | None = None) -> str:
-    """``mean ± ci``; ``mean (too few scenes for an interval)`` when the interval reaches values
-    ``metric`` cannot take (:data:`~worldtrace_cli.loopbench.names.METRIC_RANGE`: PAC above 1, GT
-    detail below 0), which a t-interval over two or three scenes easily does."""
-    if stat["mean"] is None:
-        return "—"
-    mean, ci = stat["mean"], stat["ci"]
-    if ci is None:
-        return f"{mean:.3f}"
-    low, high = METRIC_RANGE.get(metric, (None, None))
-    if (low is not None and mean - ci < low) or (high is not None and mean + ci > high):
-        return f"{mean:.3f} ({TOO_FEW})"
-    return f"{mean:.3f} ± {ci:.3f}"
-
-
-def _p(stat: dict) -> str:
-    p = stat["p"]
-    return "—" if p is None else ("<0.001" if p < 0.001 else f"{p:.3f}")
-
-
-def _bytes(n) -> str:
-    if n is None:
-        return "—"
-    for unit in ("B", "KiB", "MiB", "GiB"):
-        if n < 1024 or unit == "GiB":
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
-        n /= 1024
-
-
-def _md_table(header: list[str], body: list[list[str]]) -> list[str]:
-    return ["| " + " | ".join(header) + " |", "|" + "---|" * len(header),
-            *("| " + " | ".join(row) + " |" for row in body)]
-
-
-def _grid(cells: list[dict], column_key: str, columns: list, titles: dict, writers: list[str],
-          metrics: tuple[str, ...] = METRICS) -> list[str]:
-    """Rows = writers, per column ``PAC / TempSSIM [/ GT-PSNR]`` and, when any p exists, a p-value column."""
-    index = {(c["writer"], c[column_key]): c for c in cells}
-    with_p = {col: any(index.get((w, col), {}).get(m, {}).get("p") is not None for w in writers for m in metrics)
-              for col in columns}
-    header = ["writer"]
-    for col in columns:
-        header += [titles[col]] + (["p vs sliding"] if with_p[col] else [])
-    body = []
-    for w in writers:
-        row = [w]
-        for col in columns:
-            c = index.get((w, col))
-            row.append(" / ".join(_num(c[m], m) for m in metrics) if c else "—")
-            if with_p[col]:
-                row.append(" / ".join(_p(c[m]) for m in metrics) if c and w != BASELINE else "—")
-        body.append(row)
-    return _md_table(header, body)
-
-
-def _span(rows: list[dict]) -> str:
-    values = sorted({r["chunks"] for r in rows})
-    return f"N={values[0]}" if len(values) == 1 else f"N={values[0]}-{values[-1]}"
-
-
-def _n(count: int, noun: str) -> str:
-    """``_n(1, "run")`` -> ``"1 run"``, ``_n(3, "run")`` -> ``"3 runs"``."""
-    return f"{count} {noun}{'' if count == 1 else 's'}"
-
-
-def markdown(rows: list[dict], agg: dict, failed: list[dict], out_dir: Path) -> str:
-    """The report's Markdown text (tables of :func:`aggregate`, plots linked)."""
-    writers = writers_of(rows)
-    metrics = metrics_of(rows)
-    names = " / ".join(METRIC_NAMES[m] for m in metrics)
-    scenes, seeds = len({r["image"] for r in rows}), len({r["seed"] for r in rows})
-    configs = sorted({r["config"] for r in rows}, key=lambda c: (list(CONFIGS).index(c) if c in CONFIGS else 999, c))
-    lines = [
-        "# LoopBench report", "",
-        f"Sweep `{out_dir}`: {_n(len(rows), 'complete run')} ({_n(len(configs), 'configuration')} x "
-        f"{_n(len(writers), 'writer')} x {_n(scenes, 'scene')} x {_n(seeds, 'seed')}"
-        + ("" if len(rows) == len(configs) * len(writers) * scenes * seeds else ", not every combination")
-        + ")" + (f"; {len(failed)} failed (see `failures.jsonl`)." if failed else "."),
-        "",
-        f"Entries: {names} ("
-        + ("higher is better; GT detail: nearer 1 is better" if GT_DETAIL in metrics else "all higher is better")
-        + "), mean ± 95% CI half-width over scenes (each scene "
-        f"averaged over its seeds first; t-distribution; no CI with one scene; \"{TOO_FEW}\" where the "
-        "interval would reach values the metric cannot take). p vs sliding: paired t-test "
-        f"over runs matched on (configuration, scene, seed), in the same order; — with fewer than 2 pairs."
-        + (" GT-PSNR: generated vs true frames (the world rendered at the same poses), over the chunks that "
-           "return to a place seen before." if GT_METRIC in metrics else "")
-        + (" GT detail: over the same chunks, the generated frames' neighbouring-pixel differences over the "
-           "true frames' (1 = as much fine structure as the truth, below 1 blurred, above 1 noisier)."
-           if GT_DETAIL in metrics else ""),
-        "", "## By tier", "",
-    ]
-    tiers = [t for t in TIER_ORDER if any(r["tier"] == t for r in rows)]
-    lines += _grid(agg["by_tier"], "tier", tiers, {t: TIER_TITLES[t] for t in tiers}, writers, metrics)
-    for tier in tiers:
-        names = [c for c in configs if tier_of(c) == tier]
-        titles = {c: f"{c} ({_span([r for r in rows if r['config'] == c])})" for c in names}
-        lines += ["", f"## {TIER_TITLES[tier]}", ""]
-        lines += _grid([c for c in agg["by_config"] if c["tier"] == tier], "config", names, titles, writers, metrics)
-    if agg["aba_by_chunks"]:
-        ns = sorted({c["chunks"] for c in agg["aba_by_chunks"]})
-        lines += ["", "## ABA loops by rollout length", "",
-                  "All ABA-type configurations pooled by N (`pac_vs_chunks.png`).", ""]
-        lines += _grid(agg["aba_by_chunks"], "chunks", ns, {n: f"N={n}" for n in ns}, writers, metrics)
-    lines += ["", "## Cost", ""]
-    lines += _md_table(["writer", "runs", "s/chunk (mean)", "KV cache (max)", "peak RSS (max)", "GPU peak (max)"],
-                       [[c["writer"], str(c["runs"]),
-                         "—" if c["s_per_chunk"] is None else f"{c['s_per_chunk']:.3f}",
-                         _bytes(c["kv_bytes"]), _bytes(c["peak_rss_bytes"]), _bytes(c["gpu_peak_bytes"])]
-                        for c in agg["cost"]])
-    if failed:
-        lines += ["", "## Failed jobs", ""]
-        lines += _md_table(["job", "error", "message"],
-                           [[f["job"], f["error"], f["message"].replace("|", "\\|")] for f in failed])
-    lines += ["", "![PAC vs rollout length](pac_vs_chunks.png)", "", "![Tiers](tiers.png)", ""]
-    return "\n".join(lines)
 
 
 # --------------------------------------------------------------------------- plots
