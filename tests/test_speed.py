@@ -212,9 +212,11 @@ def test_bf16_attention_over_the_cache_buffer_runs_on_the_flash_kernel(dit):
 
 
 @pytest.mark.slow
-def test_a_failing_torch_compile_is_a_one_line_error(tmp_path):
+@pytest.mark.parametrize("preset", ["tiny", "lingbot-tiny"])
+def test_a_failing_torch_compile_is_a_one_line_error(tmp_path, preset):
     """No working C++ compiler (a fresh Inductor cache, so nothing compiled earlier is reused):
-    `generate --compile` stops at chunk 0 with one line naming --compile and exit code 5."""
+    `generate --compile` stops at chunk 0 with one line naming --compile and exit code 5, on both
+    backbones (the one chunk loop's DiT call: LingBot's rollout had no such translation before)."""
     import os
     import subprocess
     import sys
@@ -222,9 +224,9 @@ def test_a_failing_torch_compile_is_a_one_line_error(tmp_path):
 
     root = Path(__file__).parent.parent
     env = {**os.environ, "CXX": str(tmp_path / "no-such-compiler"), "TORCHINDUCTOR_CACHE_DIR": str(tmp_path / "ind")}
-    cmd = [sys.executable, "-m", "worldtrace_cli", "generate", str(root / "trajectories" / "aba.yaml"), "--image",
-           str(root / "assets" / "images" / "mg2_universal_0000.png"), "--chunks", "2", "--compile", "default",
-           "-o", str(tmp_path / "run"), "--no-progress"]
+    cmd = [sys.executable, "-m", "worldtrace_cli", "generate", str(root / "trajectories" / "aba.yaml"), "--preset",
+           preset, "--image", str(root / "assets" / "images" / "mg2_universal_0000.png"), "--chunks", "2",
+           "--compile", "default", "-o", str(tmp_path / "run"), "--no-progress"]
     result = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=600)
     errors = [ln for ln in result.stderr.splitlines() if ln.startswith("worldtrace: error:")]
     assert result.returncode == 5 and len(errors) == 1, result.stderr

@@ -1,10 +1,16 @@
-"""MG2's chunk generation: denoising steps -> context pass and cache commit.
+"""The one chunk loop: denoising steps -> context pass and cache commit, for every backbone.
 
-:class:`Rollout` generates one chunk (3 latent frames for MG2) per :meth:`Rollout.step` through a
-cache writer (MG2 spec §11, docs/architecture.md §1); :class:`~worldtrace_cli.engine.decode.DecodePipeline`
-decodes the chunks in order and :mod:`worldtrace_cli.engine.record` builds their records.
-The model's geometry (latent channels, tokens per latent frame) comes from the DiT; the jobs build
-rollouts through :class:`~worldtrace_cli.engine.pipeline.Pipeline`.
+:class:`ChunkRollout` generates one chunk per :meth:`ChunkRollout.step` through a cache writer
+(MG2 spec §11, lingbot-architecture.md §9.1, docs/architecture.md §1): it reads the writer, draws
+the chunk's noise, runs the denoising steps, checks the latents, runs the context pass, commits it
+and builds the record. A backbone supplies only its conditioning and its DiT calls, as five
+hooks (:meth:`~ChunkRollout.chunk_inputs`, :meth:`~ChunkRollout.flow`, :meth:`~ChunkRollout.to_x0`,
+:meth:`~ChunkRollout.renoise`, :meth:`~ChunkRollout.context`): :class:`Rollout` here for MG2,
+:class:`~worldtrace_cli.engine.lingbot_rollout.LingbotRollout` for LingBot-World.
+:class:`~worldtrace_cli.engine.decode.DecodePipeline` decodes the chunks in order and
+:mod:`worldtrace_cli.engine.record` builds their records. The model's geometry (latent channels,
+tokens per latent frame) comes from the DiT; the jobs build rollouts through
+:class:`~worldtrace_cli.engine.pipeline.Pipeline`.
 """
 
 from __future__ import annotations
@@ -56,48 +62,61 @@ class ChunkOutput:
     record: dict
 
 
-class Rollout:
-    """Autoregressive chunk generation with a pluggable KV-cache writer.
+class ChunkRollout:
+    """The chunk loop shared by every backbone: a subclass sets up its DiT and conditioning, calls
+    :meth:`_setup`, and implements the hooks; :meth:`step` is written once.
 
-    Args:
-        dit: a :class:`~worldtrace_cli.model.dit.CausalWanDiT` on ``device``.
-        writer: the self-attention cache writer (reset here).
-        conditioning: object with ``cond_concat(start, count) -> [1,20,count,h,w]`` (image latents + mask).
-        visual_context: [1, 257, clip_dim] CLIP tokens.
-        keyboard: [1, R, kd] action rows (pixel frames); mouse: [1, R, 2] or None.
-        schedule: the sampler's :class:`FlowMatchSchedule`.
-        seed: noise seed; chunk c draws from ``chunk_generator(seed, c)`` (CPU, then moved).
-        device: where the DiT runs; latent_hw: latent grid (pixels / 8); frames_per_chunk: latent
-            frames per chunk (3). Decoding is :class:`DecodePipeline`'s job.
-        noise: optional ``noise(chunk, draw, shape) -> Tensor`` replacing the seeded draws (draw 0 =
-            the chunk's initial noise, draw s = the re-noising before step s); used to replay fixtures.
-        on_step: optional ``on_step(chunk, step, x0)`` observer of every denoising step's x0.
-        poses: optional float64 [N, 4, 4] camera-to-world pose of every latent frame, handed to the
-            writer (:meth:`~worldtrace_cli.memory.base.CacheWriter.set_poses`).
+    Attributes (set by :meth:`_setup`): ``dit``, ``writer``, ``geometry`` (the writer's
+    :class:`~worldtrace_cli.memory.CacheGeometry`), ``state`` (the DiT's rollout state: action or
+    camera caches), ``chunk`` (chunks generated), ``seed``, ``noise``, ``on_step``, ``device``,
+    ``dtype``, ``latent_hw``, ``frames_per_chunk``, ``latent_channels``, ``num_steps`` (denoising
+    calls per chunk).
     """
 
-    def __init__(self, dit, writer: CacheWriter, conditioning, visual_context, keyboard, mouse,
-                 schedule: FlowMatchSchedule, seed: int, device: torch.device, latent_hw: tuple[int, int],
-                 frames_per_chunk: int = 3, noise=None, on_step=None, poses: torch.Tensor | None = None):
-        self.dit, self.writer, self.conditioning = dit, writer, conditioning
-        self.noise, self.on_step = noise, on_step
-        self.device, self.seed, self.frames_per_chunk = device, seed, frames_per_chunk
-        self.dtype = next(dit.parameters()).dtype
-        self.visual_context = visual_context.to(device, self.dtype)
-        self.keyboard = keyboard.to(device, self.dtype)
-        self.mouse = None if mouse is None else mouse.to(device, self.dtype)
-        self.timesteps, self.sigmas = schedule.timesteps(), schedule.sigmas()
-        self.sampler = schedule.sampler
-        self.latent_hw = latent_hw
+    def _setup(self, dit, writer: CacheWriter, seed: int, device: torch.device, latent_hw: tuple[int, int],
+               frames_per_chunk: int, trained_offset: int, dtype: torch.dtype, num_steps: int, noise=None,
+               on_step=None, poses: torch.Tensor | None = None) -> None:
+        """The loop's state: the writer reset to the DiT's geometry (``trained_offset``: the largest
+        query-key offset the model was trained on, in latent frames) and given ``poses``, a fresh
+        rollout state, chunk 0."""
+        self.dit, self.writer = dit, writer
+        self.noise, self.on_step, self.seed = noise, on_step, seed
+        self.device, self.dtype, self.latent_hw, self.frames_per_chunk = device, dtype, latent_hw, frames_per_chunk
+        self.num_steps = num_steps
         cfg = dit.cfg
-        tokens = dit.tokens_per_frame(latent_hw)
         self.latent_channels = cfg.out_dim
-        self.geometry = CacheGeometry(cfg.num_layers, cfg.num_heads, cfg.head_dim, tokens, frames_per_chunk,
-                                      cfg.local_attn_size - 1, device, self.dtype)
+        self.geometry = CacheGeometry(cfg.num_layers, cfg.num_heads, cfg.head_dim, dit.tokens_per_frame(latent_hw),
+                                      frames_per_chunk, trained_offset, device, dtype)
         writer.reset(self.geometry)
         writer.set_poses(poses)
         self.state = dit.new_rollout_state()
         self.chunk = 0
+
+    # -- the backbone's hooks ---------------------------------------------------------------------
+    def check_chunk(self, chunk: int, frame_start: int) -> None:
+        """Refuse a chunk the backbone cannot make (RunError); default: any."""
+
+    def chunk_inputs(self, read: "CacheRead", frame_start: int, frames: int) -> tuple[object, torch.Tensor]:
+        """(the DiT's per-chunk inputs, holding ``read.past``; the chunk's conditioning channels on
+        the device) for latent frames ``frame_start .. frame_start + frames - 1``."""
+        raise NotImplementedError
+
+    def flow(self, x: torch.Tensor, step: int, inputs, cond: torch.Tensor) -> torch.Tensor:
+        """The DiT's flow prediction for noisy latents ``x`` [1, C, F, h, w] at denoising ``step``."""
+        raise NotImplementedError
+
+    def to_x0(self, x: torch.Tensor, flow: torch.Tensor, step: int) -> torch.Tensor:
+        """The clean latents the sampler reads off ``flow`` at ``step``."""
+        raise NotImplementedError
+
+    def renoise(self, x0: torch.Tensor, flow: torch.Tensor, step: int, draw) -> torch.Tensor:
+        """The noisy latents of ``step + 1`` (``draw()``: the chunk's next Gaussian draw, CPU float32,
+        drawn only by samplers that use it)."""
+        raise NotImplementedError
+
+    def context(self, x0: torch.Tensor, inputs, cond: torch.Tensor):
+        """The context pass at t = 0 over the clean latents: the per-layer canonical K/V to commit."""
+        raise NotImplementedError
 
     def _dit(self, *args, **kwargs):
         """One DiT call; a torch.compile failure (no C++ compiler, no Triton, an Inductor bug) becomes
@@ -120,38 +139,95 @@ class Rollout:
     def step(self) -> ChunkOutput:
         """Generate and commit the next chunk (decoding: :class:`DecodePipeline`).
 
+        Returns:
+            :class:`ChunkOutput` with the clean latents [1, C, F, h, w] float32 and the chunk's record.
         Raises:
-            RunError: non-finite latents (names the chunk), or a failed torch.compile; nothing of
-                this chunk is committed.
+            RunError: a chunk the backbone cannot make, non-finite latents (names the chunk), or a
+                failed torch.compile; nothing of this chunk is committed.
         """
         c, f = self.chunk, self.frames_per_chunk
-        sf = c * f
+        start = c * f
+        self.check_chunk(c, start)
         timer = PhaseTimer(self.device)
         with timer.phase("cache"):
-            read = begin_chunk(self.writer, sf, self.geometry.num_layers)  # before this chunk's commit
-        chunk = ChunkInputs(rollout=self.state, past=read.past, frame_start=sf, keyboard=self.keyboard,
-                            mouse=self.mouse, visual_context=self.visual_context, temporal_freq_scale=read.freq_scale)
-        cond = self.conditioning.cond_concat(sf, f).to(self.device, self.dtype)
+            read = begin_chunk(self.writer, start, self.geometry.num_layers)  # before this chunk's commit
+        inputs, cond = self.chunk_inputs(read, start, f)
         draw = noise_draws(self.seed, c, (1, self.latent_channels, f, *self.latent_hw), self.noise)
         x = draw(0).to(self.device)
         with timer.phase("denoise"):
-            for s, t in enumerate(self.timesteps):
-                flow = self._dit(x, t.expand(1, f).to(self.device), cond, chunk).float()
-                x0 = flow_to_x0(x, flow, self.sigmas[s])
+            for s in range(self.num_steps):
+                flow = self.flow(x, s, inputs, cond)
+                x0 = self.to_x0(x, flow, s)
                 if self.on_step is not None:
                     self.on_step(c, s, x0)
-                if s < len(self.timesteps) - 1:
-                    x = next_x(x0, flow, self.sigmas[s + 1], self.sampler, lambda: draw(s + 1))
+                if s < self.num_steps - 1:
+                    x = self.renoise(x0, flow, s, lambda: draw(s + 1))
         if not torch.isfinite(x0).all():
             raise RunError(f"chunk {c}: the denoised latents contain NaN or inf")
         with timer.phase("context"):
-            _, committed = self._dit(x0, torch.zeros(1, f, device=self.device), cond, chunk, commit=True)
+            committed = self.context(x0, inputs, cond)
         with timer.phase("cache"):
-            self.writer.commit(committed, list(range(sf, sf + f)))
-        del chunk
+            self.writer.commit(committed, list(range(start, start + f)))
+        del inputs
         self.chunk += 1
-        record = chunk_record(self.writer, self.geometry, c, sf, read, timer, x0)
+        record = chunk_record(self.writer, self.geometry, c, start, read, timer, x0)
         return ChunkOutput(x0, None, record)
+
+
+class Rollout(ChunkRollout):
+    """MG2's backbone in the chunk loop (:class:`ChunkRollout`): 3 latent frames per chunk,
+    conditioning = image latents + mask and CLIP tokens, the keyboard/mouse rows, the flow-matching
+    sampler.
+
+    Args:
+        dit: a :class:`~worldtrace_cli.model.dit.CausalWanDiT` on ``device``.
+        writer: the self-attention cache writer (reset here).
+        conditioning: object with ``cond_concat(start, count) -> [1,20,count,h,w]`` (image latents + mask).
+        visual_context: [1, 257, clip_dim] CLIP tokens.
+        keyboard: [1, R, kd] action rows (pixel frames); mouse: [1, R, 2] or None.
+        schedule: the sampler's :class:`FlowMatchSchedule`.
+        seed: noise seed; chunk c draws from ``chunk_generator(seed, c)`` (CPU, then moved).
+        device: where the DiT runs; latent_hw: latent grid (pixels / 8); frames_per_chunk: latent
+            frames per chunk (3). Decoding is :class:`DecodePipeline`'s job.
+        noise: optional ``noise(chunk, draw, shape) -> Tensor`` replacing the seeded draws (draw 0 =
+            the chunk's initial noise, draw s = the re-noising before step s); used to replay fixtures.
+        on_step: optional ``on_step(chunk, step, x0)`` observer of every denoising step's x0.
+        poses: optional float64 [N, 4, 4] camera-to-world pose of every latent frame, handed to the
+            writer (:meth:`~worldtrace_cli.memory.base.CacheWriter.set_poses`).
+    """
+
+    def __init__(self, dit, writer: CacheWriter, conditioning, visual_context, keyboard, mouse,
+                 schedule: FlowMatchSchedule, seed: int, device: torch.device, latent_hw: tuple[int, int],
+                 frames_per_chunk: int = 3, noise=None, on_step=None, poses: torch.Tensor | None = None):
+        dtype = next(dit.parameters()).dtype
+        self.conditioning = conditioning
+        self.visual_context = visual_context.to(device, dtype)
+        self.keyboard = keyboard.to(device, dtype)
+        self.mouse = None if mouse is None else mouse.to(device, dtype)
+        self.timesteps, self.sigmas = schedule.timesteps(), schedule.sigmas()
+        self.sampler = schedule.sampler
+        self._setup(dit, writer, seed, device, latent_hw, frames_per_chunk, dit.cfg.local_attn_size - 1, dtype,
+                    len(self.timesteps), noise, on_step, poses)
+
+    def chunk_inputs(self, read: "CacheRead", frame_start: int, frames: int):
+        inputs = ChunkInputs(rollout=self.state, past=read.past, frame_start=frame_start, keyboard=self.keyboard,
+                             mouse=self.mouse, visual_context=self.visual_context, temporal_freq_scale=read.freq_scale)
+        return inputs, self.conditioning.cond_concat(frame_start, frames).to(self.device, self.dtype)
+
+    def flow(self, x, step, inputs, cond):
+        t = self.timesteps[step].expand(1, self.frames_per_chunk).to(self.device)
+        return self._dit(x, t, cond, inputs).float()
+
+    def to_x0(self, x, flow, step):
+        return flow_to_x0(x, flow, self.sigmas[step])
+
+    def renoise(self, x0, flow, step, draw):
+        return next_x(x0, flow, self.sigmas[step + 1], self.sampler, draw)
+
+    def context(self, x0, inputs, cond):
+        _, committed = self._dit(x0, torch.zeros(1, self.frames_per_chunk, device=self.device), cond, inputs,
+                                 commit=True)
+        return committed
 
 
 @dataclass
