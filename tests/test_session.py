@@ -145,6 +145,11 @@ def test_save_never_destroys_what_it_did_not_write(pipeline, tmp_path):
     with pytest.raises(OutputError, match=r"notes\.txt: exists and is not a folder"):
         s.save(a_file)
     assert a_file.read_text() == "mine" and not (tmp_path / "notes.txt.old").exists()
+    (tmp_path / "link").symlink_to(results, target_is_directory=True)  # a link to the user's folder
+    with pytest.raises(OutputError, match=r"link: exists and is a link, not a saved state"):
+        s.save(tmp_path / "link")
+    assert (tmp_path / "link").is_symlink() and (results / "thesis.txt").read_text() == "x"
+    (tmp_path / "link").unlink()
     for sibling in ("here.old", "here.tmp"):  # the save's scratch names, taken by the user's folders
         (tmp_path / sibling).mkdir()
         (tmp_path / sibling / "keep.txt").write_text(sibling)

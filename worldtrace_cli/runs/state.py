@@ -134,7 +134,8 @@ def check_state_target(folder: str | Path) -> None:
     for path in (folder, folder.with_name(folder.name + ".tmp"), folder.with_name(folder.name + ".old")):
         if not (path.exists() or path.is_symlink()) or is_state_folder(path):
             continue
-        what = "a folder with other files" if path.is_dir() and not path.is_symlink() else "not a folder"
+        what = ("a link" if path.is_symlink() else "a folder with other files" if path.is_dir()
+                else "not a folder")
         role = "" if path == folder else f" (saving {folder.name} uses {path.name} as scratch)"
         raise OutputError(f"{path}: exists and is {what}, not a saved state{role}; worldtrace replaces only its "
                           f"own state folders (move it away or save elsewhere)")
