@@ -147,7 +147,12 @@ function drawPsnr() {
   const c = $("psnr"), g = c.getContext("2d");
   g.clearRect(0, 0, c.width, c.height);
   const all = S.psnr.flat().filter((v) => v !== null && v !== undefined);
-  if (!all.length) { g.fillStyle = "#888"; g.fillText("no ground truth for this session", 10, 20); return; }
+  if (!all.length) {
+    g.fillStyle = "#888";
+    g.fillText(S.truth === false ? "no ground truth for this session"
+      : S.psnr[0].length ? "no GT-PSNR in this session (--metrics none)" : "GT-PSNR appears with the first chunk", 10, 20);
+    return;
+  }
   const lo = Math.floor(Math.min(...all) - 1), hi = Math.ceil(Math.max(...all) + 1), n = Math.max(8, S.psnr[0].length);
   g.fillStyle = "#888"; g.fillText(`${hi} dB`, 2, 10); g.fillText(`${lo} dB`, 2, c.height - 2);
   ["#60a5fa", "#f472b6"].forEach((colour, lane) => {
@@ -184,7 +189,7 @@ function connect() {
   ws.onmessage = (ev) => {
     const msg = JSON.parse(ev.data);
     if (msg.op === "ready") {
-      S.ready = true; S.fps = msg.fps; S.mode = msg.mode;
+      S.ready = true; S.fps = msg.fps; S.mode = msg.mode; S.truth = msg.truth;
       $("preset").textContent = `${msg.preset} (${msg.mode})`;
       msg.writers.forEach((w) => { for (const id of ["writer", "compare"]) { const o = document.createElement("option"); o.value = o.textContent = w; $(id).appendChild(o); } });
       $("truthpanel").hidden = !msg.truth;
