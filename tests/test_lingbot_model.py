@@ -79,8 +79,10 @@ def test_diffusers_folder_loads_and_bad_config_is_refused(tmp_path):
     (tmp_path / "config.json").write_text(CONFIG.read_text().replace('"dim"', '"dimm"'))
     with pytest.raises(CheckpointError, match="unknown LingBot config keys: dimm"):
         load_lingbot_dit(tmp_path)
-    with pytest.raises(CheckpointError, match="model_type must be 'i2v'"):
-        LingbotConfig.from_dict({"model_type": "t2v"})
+    with pytest.raises(CheckpointError, match="model_type must be 'i2v' .* or 't2v'"):
+        LingbotConfig.from_dict({"model_type": "ti2v"})  # Wan2.2-TI2V-5B (LongLive 2.0): another network
+    assert not LingbotConfig.from_dict({"model_type": "t2v"}).has_camera  # Self-Forcing / LongLive v1.0
+    assert LingbotConfig.from_dict({"model_type": "i2v"}).has_camera
 
 
 def test_camera_tokens_fold_2x2_cells_channel_major():

@@ -1,4 +1,5 @@
-"""``worldtrace parity``: replay an MG2 or LingBot-World golden fixture folder against the official outputs."""
+"""``worldtrace parity``: replay an MG2, LingBot-World or Self-Forcing golden fixture folder against the
+official outputs."""
 
 from __future__ import annotations
 
@@ -20,9 +21,10 @@ import click
                    "detected from its files when not given.")
 def parity(folder, rope_precision, compile_mode, device, lingbot):
     """Replay FIXTURE_DIR (tests/data/fixtures/...; format in FIXTURES.md; or LingBot-World fixtures:
-    tests/data/lingbot, or the official folder with main/, nosink_la10/, global/) through the
-    product's own rollout in float32 and print the largest deviation per group, last
-    `max_abs_diff=<value>`.
+    tests/data/lingbot, or the official folder with main/, nosink_la10/, global/; or the Self-Forcing
+    / LongLive folder with sf_global/, detected from its files: sf_global is replayed, the other
+    variants are named on stderr as not replayed yet) through the product's own rollout in float32
+    and print the largest deviation per group, last `max_abs_diff=<value>`.
 
     Exit 0 when it is <= 1e-4, 1 above, 2 for an unreadable folder or bad arguments.
     """
@@ -31,13 +33,18 @@ def parity(folder, rope_precision, compile_mode, device, lingbot):
     from ..errors import WorldtraceError
     from ..jobs.parity import TOLERANCE, compare
     from ..jobs.parity_lingbot import compare_lingbot, is_lingbot_fixture
+    from ..jobs.parity_selfforcing import compare_selfforcing, is_selfforcing_fixture
 
     if device == "cuda" and not torch.cuda.is_available():
         click.echo("worldtrace: error: --device cuda: no CUDA device is available", err=True)
         sys.exit(2)
     lingbot = lingbot or is_lingbot_fixture(folder)
     try:
-        if lingbot:
+        if not lingbot and is_selfforcing_fixture(folder):
+            diffs, skipped = compare_selfforcing(folder, device)
+            if skipped:
+                click.echo(f"worldtrace: not replayed yet: {', '.join(skipped)} (docs/selfforcing.md)", err=True)
+        elif lingbot:
             diffs = compare_lingbot(folder, rope_precision, device, compile_mode)
         else:
             diffs = compare(folder, rope_precision, compile_mode, device)

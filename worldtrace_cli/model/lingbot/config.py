@@ -50,6 +50,13 @@ class LingbotConfig:
         return self.dim // self.num_heads
 
     @property
+    def has_camera(self) -> bool:
+        """True for LingBot-World (``i2v``: image channels and the camera branch); a ``t2v`` model
+        (Self-Forcing, LongLive: Wan2.1-T2V) is the same network without them (selfforcing-architecture.md
+        §1: its state dict is LingBot's less the camera modules)."""
+        return self.model_type == "i2v"
+
+    @property
     def camera_dim(self) -> int:
         """Width of one token's camera vector: 6 * 64 * 2 * 2 = 1536 (spec §5 step 4)."""
         return CAMERA_CHANNELS * PIXELS_PER_LATENT * 4
@@ -59,7 +66,7 @@ class LingbotConfig:
         """Build from a diffusers ``config.json`` dict.
 
         Raises:
-            CheckpointError: unknown keys, ``model_type`` other than ``i2v``, or a width not divisible
+            CheckpointError: unknown keys, ``model_type`` other than ``i2v`` / ``t2v``, or a width not divisible
                 by the head count; the message names ``source`` and the keys.
         """
         known = {f.name for f in fields(cls)}
@@ -67,8 +74,9 @@ class LingbotConfig:
         if unknown:
             raise CheckpointError(f"{source}: unknown LingBot config keys: {', '.join(unknown)}")
         cfg = cls(**{k: v for k, v in data.items() if k in known})
-        if cfg.model_type != "i2v":
-            raise CheckpointError(f"{source}: model_type must be 'i2v' (spec §2.1), got {cfg.model_type!r}")
+        if cfg.model_type not in ("i2v", "t2v"):
+            raise CheckpointError(f"{source}: model_type must be 'i2v' (LingBot-World, spec §2.1) or 't2v' "
+                                  f"(Self-Forcing / LongLive, selfforcing-architecture.md §2), got {cfg.model_type!r}")
         if cfg.dim % cfg.num_heads:
             raise CheckpointError(f"{source}: dim {cfg.dim} is not divisible by num_heads {cfg.num_heads}")
         return cfg

@@ -54,14 +54,15 @@ class LingbotChunk(CacheView):
             frames from the chunk's first frame, e.g. -1 for the newest past frame).
         text_context: umT5 output rows [L_txt, 4096] or [1, L_txt, 4096], L_txt <= 512 (real tokens
             only; padded with zero rows to 512 here, spec §5 step 3).
-        camera: [1, 384, F, lh, lw] camera embedding of the chunk's latent frames (spec §10.3).
+        camera: [1, 384, F, lh, lw] camera embedding of the chunk's latent frames (spec §10.3);
+            None for a ``t2v`` model (Self-Forcing, LongLive), which has no camera branch.
     The past slots and per-chunk RoPE tables / rotated buffers come from
     :class:`~worldtrace_cli.model.chunk.CacheView`.
     """
 
     rollout: LingbotRolloutState
     text_context: torch.Tensor
-    camera: torch.Tensor
+    camera: torch.Tensor | None = None
     _cam_tokens: torch.Tensor | None = field(default=None, init=False)
 
 
@@ -94,10 +95,11 @@ class LingbotBlock(nn.Module):
         self.norm3 = FloatLayerNorm(d, eps=cfg.eps, elementwise_affine=True)
         self.cross_attn = CrossAttention(d, cfg.num_heads, cfg.eps)
         self.ffn = nn.Sequential(nn.Linear(d, cfg.ffn_dim), nn.GELU(approximate="tanh"), nn.Linear(cfg.ffn_dim, d))
-        self.cam_injector_layer1 = nn.Linear(d, d)
-        self.cam_injector_layer2 = nn.Linear(d, d)
-        self.cam_scale_layer = nn.Linear(d, d)
-        self.cam_shift_layer = nn.Linear(d, d)
+        if cfg.has_camera:  # a t2v model (Self-Forcing, LongLive) has no camera branch
+            self.cam_injector_layer1 = nn.Linear(d, d)
+            self.cam_injector_layer2 = nn.Linear(d, d)
+            self.cam_scale_layer = nn.Linear(d, d)
+            self.cam_shift_layer = nn.Linear(d, d)
 
     @staticmethod
     def _modulate(h, shift, scale, like):
@@ -136,7 +138,8 @@ class LingbotBlock(nn.Module):
         residual, modulated FFN and gated residual (spec §5 step 5). x, attn, cam [1, F*S, D], m six
         float32 [1, 1, D], cross_kv the text (k, v) -> [1, F*S, D] in x's dtype."""
         x = (x.float() + self.self_attn.o(attn).float() * m[2]).type_as(x)
-        x = self.camera_film(x, cam)
+        if cam is not None:
+            x = self.camera_film(x, cam)
         x = x + self.cross_attn(self.norm3(x), cross_kv)
         y = self.ffn(self._modulate(self.norm2(x), m[3], m[4], x))
         return (x.float() + y.float() * m[5]).type_as(x)
@@ -169,9 +172,10 @@ class LingbotDiT(nn.Module):
         self.cfg = cfg
         d = cfg.dim
         self.patch_embedding = nn.Conv3d(cfg.in_dim, d, kernel_size=(1, 2, 2), stride=(1, 2, 2))
-        self.patch_embedding_wancamctrl = nn.Linear(cfg.camera_dim, d)
-        self.c2ws_hidden_states_layer1 = nn.Linear(d, d)
-        self.c2ws_hidden_states_layer2 = nn.Linear(d, d)
+        if cfg.has_camera:
+            self.patch_embedding_wancamctrl = nn.Linear(cfg.camera_dim, d)
+            self.c2ws_hidden_states_layer1 = nn.Linear(d, d)
+            self.c2ws_hidden_states_layer2 = nn.Linear(d, d)
         self.text_embedding = nn.Sequential(nn.Linear(TEXT_DIM, d), nn.GELU(approximate="tanh"), nn.Linear(d, d))
         self.time_embedding = nn.Sequential(nn.Linear(cfg.freq_dim, d), nn.SiLU(), nn.Linear(d, d))
         self.time_projection = nn.Sequential(nn.SiLU(), nn.Linear(d, 6 * d))
@@ -227,10 +231,11 @@ class LingbotDiT(nn.Module):
         """
         dtype = self.patch_embedding.weight.dtype
         b, _, f, lh, lw = x.shape
-        if y.shape[2:] != x.shape[2:] or chunk.camera.shape[2:] != x.shape[2:]:
+        camera = self.cfg.has_camera
+        if camera and (y.shape[2:] != x.shape[2:] or chunk.camera.shape[2:] != x.shape[2:]):
             raise ValueError(f"y {list(y.shape)} and camera {list(chunk.camera.shape)} must match x {list(x.shape)} "
                              f"in frames and latent grid")
-        h = self.patch_embedding(torch.cat([x, y], dim=1).to(dtype))
+        h = self.patch_embedding((torch.cat([x, y], dim=1) if camera else x).to(dtype))
         gh, gw = h.shape[-2:]
         h = h.flatten(2).transpose(1, 2)  # [1, F*S, D], tokens (f, i, j)
         t = torch.as_tensor(timestep, dtype=torch.float64).reshape(1).to(x.device)
@@ -239,7 +244,7 @@ class LingbotDiT(nn.Module):
         if chunk.rollout.cross_kv is None:
             ctx = self.embed_text(chunk.text_context.to(x.device))
             chunk.rollout.cross_kv = [blk.cross_attn.context_kv(ctx) for blk in self.blocks]
-        if chunk._cam_tokens is None:
+        if camera and chunk._cam_tokens is None:
             chunk._cam_tokens = self.embed_camera(chunk.camera.to(x.device))
         if self.cudagraphs and h.is_cuda:
             torch.compiler.cudagraph_mark_step_begin()  # the previous call's graph outputs are dead now

@@ -86,6 +86,9 @@ def load_lingbot_world(preset, checkpoint: str | Path | None, random_weights: bo
                          f"or --random-weights")
     paths = checkpoint_paths(preset, checkpoint)
     dit = load_lingbot_dit(paths["dit"], dtype=dtype, device=device)
+    if not dit.cfg.has_camera:  # a Self-Forcing / LongLive folder given to a LingBot preset
+        raise CheckpointError(f"{paths['dit']}: model_type t2v is a text-to-video DiT (Self-Forcing / LongLive), "
+                              f"not LingBot-World (i2v with a camera branch)")
     if replace(dit.cfg, local_attn_size=-1, sink_size=0) != replace(preset.dit, local_attn_size=-1, sink_size=0):
         raise CheckpointError(f"{paths['dit'] / 'config.json'}: does not describe preset {preset.name}'s model "
                               f"({dit.cfg.to_dict()})")

@@ -1,0 +1,70 @@
+"""Text-to-video in the one chunk loop: Self-Forcing / LongLive v1.0 (selfforcing-architecture.md §7).
+
+:class:`TextRollout` is the ``t2v`` backbone's hooks for
+:class:`~worldtrace_cli.engine.rollout.ChunkRollout`: chunks of 3 latent frames, the text context as the
+only conditioning (no image channels, no camera), the Self-Forcing sampler
+(:class:`~worldtrace_cli.model.selfforcing.sampler.SelfForcingSchedule`: x0 = x - sigma v, re-noised with
+fresh Gaussian draws). The DiT is :class:`~worldtrace_cli.model.lingbot.dit.LingbotDiT` built with
+``model_type: t2v``; any cache writer serves it through the cache contract (keys stored canonically,
+rotated at read time), the official caches included (global = ``full``, window + sink = ``sink``).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from ..memory import CacheWriter
+from ..model.lingbot.dit import LingbotChunk
+from ..model.lingbot.sampler import add_noise, flow_to_x0
+from ..model.selfforcing.sampler import SelfForcingSchedule
+from .rollout import ChunkRollout
+
+FRAMES_PER_CHUNK = 3  # num_frame_per_block of every released Self-Forcing / LongLive v1.0 config
+
+
+class TextRollout(ChunkRollout):
+    """A ``t2v`` DiT in the chunk loop.
+
+    Args:
+        dit: a :class:`~worldtrace_cli.model.lingbot.dit.LingbotDiT` with ``model_type: t2v``, on ``device``.
+        writer: the self-attention cache writer (reset here).
+        text_context: umT5 rows [L, 4096] float32 (L <= 512; zero-padded to 512 by the DiT).
+        seed: noise seed (chunk c draws from ``chunk_generator(seed, c)`` on the CPU).
+        device: where the DiT runs; latent_hw: (lh, lw); frames_per_chunk: F (3).
+        trained_offset: the largest query-key offset the model was trained on, in latent frames
+            (Self-Forcing: 20, its 21-frame global cache; records compare slot offsets with it).
+        schedule: :class:`SelfForcingSchedule` (shift 5).
+        noise: optional ``noise(chunk, draw, shape)`` replacing the seeded draws (fixture replay).
+        on_step: optional ``on_step(chunk, step, x0)`` observer of every denoising call's x0.
+    """
+
+    def __init__(self, dit, writer: CacheWriter, text_context: torch.Tensor, seed: int, device: torch.device,
+                 latent_hw: tuple[int, int], frames_per_chunk: int = FRAMES_PER_CHUNK, trained_offset: int = 20,
+                 schedule: SelfForcingSchedule = SelfForcingSchedule(), noise=None, on_step=None):
+        if dit.cfg.has_camera:
+            raise ValueError("TextRollout runs a t2v DiT (model_type t2v); LingBot-World runs in LingbotRollout")
+        self.text_context = text_context
+        self.timesteps, self.sigmas = schedule.timesteps(), schedule.sigmas()
+        self._setup(dit, writer, seed, device, latent_hw, frames_per_chunk, trained_offset,
+                    dit.patch_embedding.weight.dtype, len(self.timesteps), noise, on_step)
+
+    def chunk_inputs(self, read, frame_start: int, frames: int):
+        inputs = LingbotChunk(rollout=self.state, past=read.past, text_context=self.text_context,
+                              temporal_freq_scale=read.freq_scale)
+        return inputs, None
+
+    def flow(self, x, step, inputs, cond):
+        return self._dit(x, self.timesteps[step], cond, inputs)
+
+    def to_x0(self, x, flow, step):
+        return flow_to_x0(x, flow, self.sigmas[step])
+
+    def renoise(self, x0, flow, step, draw):
+        return add_noise(x0, draw().to(self.device), self.sigmas[step + 1])
+
+    def context(self, x0, inputs, cond):
+        _, committed = self._dit(x0, 0.0, cond, inputs, commit=True)
+        return committed
+
+
+__all__ = ["FRAMES_PER_CHUNK", "TextRollout"]

@@ -1,0 +1,108 @@
+"""Replay the Self-Forcing / LongLive golden fixtures through the product's chunk loop
+(``worldtrace parity``; the folder's format: ``selfforcing-architecture.md``'s fixtures README).
+
+The fixture folder holds ``tiny_config.json`` (``model_type: t2v``), ``tiny_weights.safetensors``
+(bfloat16, upcast to float32 as the fixtures were computed), ``tiny_inputs.safetensors`` (text
+context, initial noise ``[1, F, 16, lh, lw]`` frame-major) and one folder per variant with
+``run_config.json`` and ``tiny_outputs.safetensors``. Each replayed variant runs its chunks through
+:class:`~worldtrace_cli.engine.text_rollout.TextRollout` with the official cache as one of our writers,
+the stored noise draws, in float32; every denoising call's x0 and the final latents are compared.
+
+Replayed: ``sf_global`` (Self-Forcing's global cache = ``full`` at actual positions). Not yet:
+``sf_la6_sink3`` (window 6 + sink 3 with chunk 3 keeps the sink and the current chunk only: the
+``sink`` writer needs 0 recent slots for it), ``longlive_switch`` (LoRA, prompt switch with
+re-cache), ``longlive_infinity`` (un-rotated keys at cache-relative positions): they are listed by
+:func:`compare_selfforcing` as not replayed, never as passed.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import torch
+
+from ..errors import InputError
+from ..model.checkpoint import read_state_dict
+
+REPLAYED = {"sf_global": {"cache": "full", "positions": "actual"}}  # variant -> the writer of its official cache
+
+
+def is_selfforcing_fixture(folder: str | Path) -> bool:
+    """True for a Self-Forcing / LongLive fixture folder (a ``sf_global/`` variant beside its weights)."""
+    folder = Path(folder)
+    return (folder / "sf_global" / "run_config.json").is_file() and (folder / "tiny_weights.safetensors").is_file()
+
+
+def _need(path: Path) -> Path:
+    if not path.is_file():
+        raise InputError(f"{path}: file not found (not a Self-Forcing fixture folder?)")
+    return path
+
+
+def load_selfforcing_dit(folder: Path, device: str = "cpu"):
+    """The fixture's ``t2v`` :class:`~worldtrace_cli.model.lingbot.dit.LingbotDiT` in float32
+    (:func:`~worldtrace_cli.model.lingbot.checkpoint.load_lingbot_dit`: every key of
+    ``tiny_weights.safetensors`` strictly, official names; Self-Forcing's state dict is LingBot's less
+    the camera modules).
+
+    Raises:
+        InputError: a missing file. CheckpointError: a bad config or weights that do not match it.
+    """
+    from ..model.lingbot.checkpoint import load_lingbot_dit
+
+    return load_lingbot_dit(_need(folder / "tiny_config.json"), weights=_need(folder / "tiny_weights.safetensors"),
+                            device=device)
+
+
+def replay_variant(model, inputs: dict, outputs: dict, memory: dict, chunks: int, trained_offset: int,
+                   device: str = "cpu") -> tuple[dict, torch.Tensor]:
+    """One fixture rollout: (x0 per ``"c{c}_s{s}_x0"`` [1, 16, 3, lh, lw], latents [1, 16, 3N, lh, lw]) on
+    the CPU. ``inputs``/``outputs``: the fixture's tensors (frame-major, permuted here to ours)."""
+    from ..engine.text_rollout import TextRollout
+    from ..memory import MemoryConfig, build_writer
+
+    noise, draws = inputs["noise"], outputs["add_noise_draws"]
+
+    def stored(c, s, shape):
+        return (noise[:, 3 * c:3 * c + 3].permute(0, 2, 1, 3, 4) if s == 0
+                else draws[c, s - 1].permute(1, 0, 2, 3)[None])
+
+    x0s: dict = {}
+    writer = build_writer(MemoryConfig.of(**memory), 0, trained_offset + 1)
+    rollout = TextRollout(model, writer, inputs["text_context"], 0, torch.device(device), tuple(noise.shape[-2:]),
+                          trained_offset=trained_offset, noise=stored,
+                          on_step=lambda c, s, x0: x0s.__setitem__(f"c{c}_s{s}_x0", x0.cpu()))
+    latents = torch.cat([rollout.step().latents for _ in range(chunks)], dim=2).cpu()
+    return x0s, latents
+
+
+def compare_selfforcing(folder: str | Path, device: str = "cpu") -> tuple[dict[str, float], list[str]]:
+    """(largest |difference| per replayed variant, ``<variant>/x0`` over every denoising call and
+    ``<variant>/latents``; the variants present but not replayed yet).
+
+    Raises:
+        InputError / CheckpointError: an incomplete or unreadable folder.
+    """
+    folder = Path(folder)
+    model = load_selfforcing_dit(folder, device)
+    inputs = read_state_dict(_need(folder / "tiny_inputs.safetensors"))
+    diffs, skipped = {}, []
+    for sub in sorted(p for p in folder.iterdir() if (p / "run_config.json").is_file()):
+        if sub.name not in REPLAYED:
+            skipped.append(sub.name)
+            continue
+        cfg = json.loads((sub / "run_config.json").read_text())
+        outputs = read_state_dict(_need(sub / "tiny_outputs.safetensors"))
+        n = cfg["num_chunks"]
+        window = cfg["local_attn_size"] if cfg["local_attn_size"] > 0 else cfg["kv_cache_tokens"] // cfg["frame_seq_length"]
+        x0s, latents = replay_variant(model, inputs, outputs, REPLAYED[sub.name], n, window - 1, device)
+        want = {f"c{c}_s{s}_x0": outputs[f"call_c{c}_s{s}_x0"].permute(0, 2, 1, 3, 4) for c in range(n) for s in range(4)}
+        diffs[f"{sub.name}/x0"] = max((x0s[k] - v).abs().max().item() for k, v in want.items())
+        diffs[f"{sub.name}/latents"] = (latents - outputs["output_latents"].permute(0, 2, 1, 3, 4)).abs().max().item()
+    if not diffs:
+        raise InputError(f"{folder}: no replayable variant (expected sf_global/)")
+    return diffs, skipped
+
+
+__all__ = ["REPLAYED", "compare_selfforcing", "is_selfforcing_fixture", "load_selfforcing_dit", "replay_variant"]
