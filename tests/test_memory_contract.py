@@ -187,7 +187,7 @@ def test_bad_memory_flags_are_input_errors():
     with pytest.raises(InputError, match="--budget"):
         build_writer(MemoryConfig.of(cache="sliding", budget=-1), 3)
     with pytest.raises(InputError, match="--sink-frames"):
-        build_writer(MemoryConfig.of(cache="sink", sink_frames=3), 3)
+        build_writer(MemoryConfig.of(cache="sink", sink_frames=4), 3)  # 3 = the sinks alone: allowed
     with pytest.raises(InputError, match="--budget"):
         build_writer(MemoryConfig.of(cache="memrope", budget=3), 3)
 

@@ -8,11 +8,11 @@ context, initial noise ``[1, F, 16, lh, lw]`` frame-major) and one folder per va
 :class:`~worldtrace_cli.engine.text_rollout.TextRollout` with the official cache as one of our writers,
 the stored noise draws, in float32; every denoising call's x0 and the final latents are compared.
 
-Replayed: ``sf_global`` (Self-Forcing's global cache = ``full`` at actual positions). Not yet:
-``sf_la6_sink3`` (window 6 + sink 3 with chunk 3 keeps the sink and the current chunk only: the
-``sink`` writer needs 0 recent slots for it), ``longlive_switch`` (LoRA, prompt switch with
-re-cache), ``longlive_infinity`` (un-rotated keys at cache-relative positions): they are listed by
-:func:`compare_selfforcing` as not replayed, never as passed.
+Replayed: ``sf_global`` (Self-Forcing's global cache = ``full`` at actual positions) and
+``sf_la6_sink3`` (window 6 + sink 3 with chunks of 3 keeps the sink frames alone beside the current
+chunk: ``sink`` with budget = sink frames = 3, at actual positions). Not yet: ``longlive_switch``
+(LoRA, prompt switch with re-cache), ``longlive_infinity`` (un-rotated keys at cache-relative
+positions): :func:`compare_selfforcing` lists them as not replayed, never as passed.
 """
 
 from __future__ import annotations
@@ -25,7 +25,10 @@ import torch
 from ..errors import InputError
 from ..model.checkpoint import read_state_dict
 
-REPLAYED = {"sf_global": {"cache": "full", "positions": "actual"}}  # variant -> the writer of its official cache
+# variant -> the writer of its official cache: global = full; window 6 + sink 3 with chunks of 3 keeps
+# the sink and the current chunk only (spec §5): the sink frames alone, at their true positions
+REPLAYED = {"sf_global": {"cache": "full", "positions": "actual"},
+            "sf_la6_sink3": {"cache": "sink", "budget": 3, "sink_frames": 3, "positions": "actual"}}
 
 
 def is_selfforcing_fixture(folder: str | Path) -> bool:
