@@ -10,9 +10,11 @@ the stored noise draws, in float32; every denoising call's x0 and the final late
 
 Replayed: ``sf_global`` (Self-Forcing's global cache = ``full`` at actual positions) and
 ``sf_la6_sink3`` (window 6 + sink 3 with chunks of 3 keeps the sink frames alone beside the current
-chunk: ``sink`` with budget = sink frames = 3, at actual positions). Not yet: ``longlive_switch``
-(LoRA, prompt switch with re-cache), ``longlive_infinity`` (un-rotated keys at cache-relative
-positions): :func:`compare_selfforcing` lists them as not replayed, never as passed.
+chunk: ``sink`` with budget = sink frames = 3, at actual positions) and ``longlive_infinity``
+(LongLive's infinity model, window 12 + sink 3: keys kept un-rotated and read at cache-relative
+frames = ``sink`` with budget 9 at ``rank`` positions, contiguous with the current chunk). Not
+yet: ``longlive_switch`` (LoRA, prompt switch with re-cache): :func:`compare_selfforcing` lists it as
+not replayed, never as passed.
 """
 
 from __future__ import annotations
@@ -27,8 +29,11 @@ from ..model.checkpoint import read_state_dict
 
 # variant -> the writer of its official cache: global = full; window 6 + sink 3 with chunks of 3 keeps
 # the sink and the current chunk only (spec §5): the sink frames alone, at their true positions
+# the sink frames alone, at their true positions; LongLive's infinity model (keys stored un-rotated,
+# read at cache-relative frames 0..11, queries at the window's end) is the sink writer at rank positions
 REPLAYED = {"sf_global": {"cache": "full", "positions": "actual"},
-            "sf_la6_sink3": {"cache": "sink", "budget": 3, "sink_frames": 3, "positions": "actual"}}
+            "sf_la6_sink3": {"cache": "sink", "budget": 3, "sink_frames": 3, "positions": "actual"},
+            "longlive_infinity": {"cache": "sink", "budget": 9, "sink_frames": 3, "positions": "rank"}}
 
 
 def is_selfforcing_fixture(folder: str | Path) -> bool:
