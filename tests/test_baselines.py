@@ -149,7 +149,8 @@ def test_explicit_sizes_still_win_and_mixed_checks_k_against_the_windows_summary
     ("mixed:2", {"landmark_threshold": -0.1}, "--landmark-threshold"),
     ("landmark", {"landmark_threshold": 2.5}, "--landmark-threshold"),
     ("sink", {"sink_frames": 0}, "--sink-frames"),
-    ("sink", {"sink_frames": 4}, "--sink-frames"),  # above the budget (3); 3 = the sinks alone, allowed
+    ("sink", {"sink_frames": 3}, "--sink-frames"),  # the default budget (3): the sinks alone only with --budget 3
+    ("sink", {"sink_frames": 4, "budget": 3}, "--sink-frames"),  # above the budget
     ("full", {"max_cache_gb": 0.0}, "--max-cache-gb"),
     ("yarn", {"max_cache_gb": math.inf}, "--max-cache-gb"),
     ("full", {"max_cache_gb": math.nan}, "--max-cache-gb"),

@@ -187,7 +187,8 @@ def test_bad_memory_flags_are_input_errors():
     with pytest.raises(InputError, match="--budget"):
         build_writer(MemoryConfig.of(cache="sliding", budget=-1), 3)
     with pytest.raises(InputError, match="--sink-frames"):
-        build_writer(MemoryConfig.of(cache="sink", sink_frames=4), 3)  # 3 = the sinks alone: allowed
+        build_writer(MemoryConfig.of(cache="sink", sink_frames=3), 3)  # the default budget: no recent slot left
+    assert build_writer(MemoryConfig.of(cache="sink", sink_frames=3, budget=3), 3).n_recent == 0  # asked for
     with pytest.raises(InputError, match="--budget"):
         build_writer(MemoryConfig.of(cache="memrope", budget=3), 3)
 

@@ -334,7 +334,7 @@ def test_a_flag_the_writer_ignores_is_refused_before_torch_loads(tmp_path, comma
     ("field", {"budget": 0}, "--budget 0: too small for 0 summary + 1 recent slots (at least 1 recent slot)"),
     ("landmark", {"budget": 1, "recent_slots": 2}, "--budget 1: too small for 0 summary + 2 recent slots"),
     ("sink", {"budget": 1, "sink_frames": 2}, "--sink-frames 2 and --budget 1: --cache sink needs the budget to hold "
-                                              "the sink frames (2)"),
+                                              "the sink frames and at least 1 recent slot (3; --budget 2 keeps"),
 ])
 def test_writer_size_messages_say_what_is_wrong(spec, options, message):
     """Issue 15: "too small for -1 summary slots"; sink blamed --sink-frames ("must be >= 1 and <

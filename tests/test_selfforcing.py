@@ -1,7 +1,9 @@
 """Self-Forcing / LongLive v1.0 (issue 46, first part): the t2v DiT is LingBot's network without its
 camera branch, its real state dict is the official one name for name and shape for shape, and the
-golden fixture ``sf_global`` (the official code, tiny random weights, CPU float32) replays through
-the product's chunk loop (:class:`~worldtrace_cli.engine.text_rollout.TextRollout`) within 1e-4.
+golden fixtures ``sf_global``, ``sf_la6_sink3`` and ``longlive_infinity`` (the official code, tiny
+random weights, CPU float32) replay through the product's chunk loop
+(:class:`~worldtrace_cli.engine.text_rollout.TextRollout`) within 1e-4: every denoising call's x0, the
+final latents and the cache entries.
 
 The fixtures are read from ``../shared/reference/selfforcing/fixtures`` beside the repository (CI
 has it; a clone without it skips those tests, saying so)."""
@@ -57,8 +59,9 @@ def test_self_forcing_fixtures_replay_within_1e_4():
 
     diffs, skipped = compare_selfforcing(FIXTURES)
     variants = ("sf_global", "sf_la6_sink3", "longlive_infinity")
-    assert set(diffs) == {f"{v}/{k}" for v in variants for k in ("x0", "latents")}
-    assert max(diffs.values()) <= 1e-4, diffs  # measured 2.6e-6 / 2.9e-6 / 2.6e-6 on this CPU
+    assert set(diffs) == {f"{v}/{k}" for v in variants for k in ("x0", "latents")} | {
+        "sf_global/cache", "sf_la6_sink3/cache", "longlive_infinity/cache_values"}
+    assert max(diffs.values()) <= 1e-4, diffs  # measured <= 2.9e-6 (x0, latents), 4.1e-6 (cache) on this CPU
     assert skipped == ["longlive_switch"]
 
 
@@ -86,7 +89,22 @@ def test_a_wrong_cache_is_caught():
     want = outputs["output_latents"].permute(0, 2, 1, 3, 4)
     _, absolute = P.replay_variant(model, inputs, outputs, {**P.REPLAYED["longlive_infinity"], "positions": "actual"},
                                    6, 11)
-    assert (absolute[:, :, :12] - want[:, :, :12]).abs().max() <= 1e-4 < (absolute - want).abs().max()
+    assert (absolute[:, :, :12] - want[:, :, :12]).abs().max() <= 1e-4
+    assert (absolute - want).abs().max().item() == pytest.approx(0.058, abs=2e-3)  # the fixtures README's figure
+    _, relative = P.replay_variant(model, inputs, outputs, {**P.REPLAYED["longlive_infinity"],
+                                                            "positions": "block_relative"}, 6, 11)
+    assert (relative - want).abs().max().item() == pytest.approx(0.024, abs=2e-3)  # our block_relative: not it
+
+
+@needs_fixtures
+def test_the_sampler_is_the_fixtures_table():
+    from worldtrace_cli.model.checkpoint import read_state_dict
+    from worldtrace_cli.model.selfforcing.sampler import SelfForcingSchedule
+
+    outputs = read_state_dict(FIXTURES / "sf_global" / "tiny_outputs.safetensors")
+    schedule = SelfForcingSchedule()
+    assert torch.equal(schedule.timesteps(), outputs["denoising_timesteps"].float())
+    assert torch.equal(schedule.sigmas(), outputs["sigmas_float32"])
 
 
 @needs_fixtures

@@ -22,9 +22,10 @@ import click
 def parity(folder, rope_precision, compile_mode, device, lingbot):
     """Replay FIXTURE_DIR (tests/data/fixtures/...; format in FIXTURES.md; or LingBot-World fixtures:
     tests/data/lingbot, or the official folder with main/, nosink_la10/, global/; or the Self-Forcing
-    / LongLive folder with sf_global/, detected from its files: sf_global is replayed, the other
-    variants are named on stderr as not replayed yet) through the product's own rollout in float32
-    and print the largest deviation per group, last `max_abs_diff=<value>`.
+    / LongLive folder with sf_global/, detected from its files: the variants not replayed yet are
+    named on stderr; it runs with float32 RoPE and no compile, --rope-precision and --compile are
+    for MG2 and LingBot) through the product's own rollout in float32 and print the largest
+    deviation per group, last `max_abs_diff=<value>`.
 
     Exit 0 when it is <= 1e-4, 1 above, 2 for an unreadable folder or bad arguments.
     """

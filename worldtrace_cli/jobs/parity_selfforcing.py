@@ -29,8 +29,8 @@ from ..model.checkpoint import read_state_dict
 
 # variant -> the writer of its official cache: global = full; window 6 + sink 3 with chunks of 3 keeps
 # the sink and the current chunk only (spec §5): the sink frames alone, at their true positions
-# the sink frames alone, at their true positions; LongLive's infinity model (keys stored un-rotated,
-# read at cache-relative frames 0..11, queries at the window's end) is the sink writer at rank positions
+# LongLive's infinity model (keys stored un-rotated, read at cache-relative frames 0..11, queries at the
+# window's end) is the sink writer at rank positions
 REPLAYED = {"sf_global": {"cache": "full", "positions": "actual"},
             "sf_la6_sink3": {"cache": "sink", "budget": 3, "sink_frames": 3, "positions": "actual"},
             "longlive_infinity": {"cache": "sink", "budget": 9, "sink_frames": 3, "positions": "rank"}}
@@ -64,9 +64,10 @@ def load_selfforcing_dit(folder: Path, device: str = "cpu"):
 
 
 def replay_variant(model, inputs: dict, outputs: dict, memory: dict, chunks: int, trained_offset: int,
-                   device: str = "cpu") -> tuple[dict, torch.Tensor]:
+                   device: str = "cpu", rollout_out: list | None = None) -> tuple[dict, torch.Tensor]:
     """One fixture rollout: (x0 per ``"c{c}_s{s}_x0"`` [1, 16, 3, lh, lw], latents [1, 16, 3N, lh, lw]) on
-    the CPU. ``inputs``/``outputs``: the fixture's tensors (frame-major, permuted here to ours)."""
+    the CPU. ``inputs``/``outputs``: the fixture's tensors (frame-major, permuted here to ours).
+    ``rollout_out``: a list that receives the finished rollout (its writer, for :func:`cache_diff`)."""
     from ..engine.text_rollout import TextRollout
     from ..memory import MemoryConfig, build_writer
 
@@ -82,12 +83,46 @@ def replay_variant(model, inputs: dict, outputs: dict, memory: dict, chunks: int
                           trained_offset=trained_offset, noise=stored,
                           on_step=lambda c, s, x0: x0s.__setitem__(f"c{c}_s{s}_x0", x0.cpu()))
     latents = torch.cat([rollout.step().latents for _ in range(chunks)], dim=2).cpu()
+    if rollout_out is not None:
+        rollout_out.append(rollout)
     return x0s, latents
 
 
+def cache_diff(rollout, outputs: dict, chunks: int, sink_frames: int, rotated: bool) -> float:
+    """Largest |difference| between the official self-attention cache after the last chunk
+    (``kv_after_c{N-1}_L{l}_k`` / ``_v`` [1, L_cache, H, d], slots below ``local_end``: the sink frames
+    first, then the newest frames in order) and the same frames in our writer.
+
+    Our writer keeps keys canonical (spatial RoPE applied, temporal not); ``rotated`` (the standard
+    models) rotates them to their absolute frames, as the official cache stores them, and compares
+    keys and values. The infinity model stores keys with no RoPE at all (spatial included), which
+    our cache never holds: with ``rotated`` False only the values are compared. The frames the
+    writer holds for the next chunk are compared (after its eviction: a subset of the official
+    buffer, which still holds the chunk that will leave)."""
+    writer = rollout.writer
+    s_tokens = rollout.geometry.tokens_per_frame
+    writer.begin_chunk(3 * chunks)
+    ids = [f for slot in writer.slots() for f in slot.frames]
+    worst = 0.0
+    for layer in range(rollout.geometry.num_layers):
+        k, v = writer.read(layer)[:2]
+        end = int(outputs[f"kv_after_c{chunks - 1}_L{layer}_local_end"]) // s_tokens
+        official = list(range(sink_frames)) + list(range(3 * chunks - (end - sink_frames), 3 * chunks))
+        rows = torch.cat([torch.arange(official.index(f) * s_tokens, (official.index(f) + 1) * s_tokens) for f in ids])
+        want_k = outputs[f"kv_after_c{chunks - 1}_L{layer}_k"][:, rows]
+        want_v = outputs[f"kv_after_c{chunks - 1}_L{layer}_v"][:, rows]
+        worst = max(worst, (v.float().cpu() - want_v).abs().max().item())
+        if rotated:
+            k = rollout.dit.rope.rotate_slots(k.float(), torch.tensor(ids, dtype=torch.float64))
+            worst = max(worst, (k.float().cpu() - want_k).abs().max().item())
+    return worst
+
+
 def compare_selfforcing(folder: str | Path, device: str = "cpu") -> tuple[dict[str, float], list[str]]:
-    """(largest |difference| per replayed variant, ``<variant>/x0`` over every denoising call and
-    ``<variant>/latents``; the variants present but not replayed yet).
+    """(largest |difference| per replayed variant: ``<variant>/x0`` over every denoising call,
+    ``<variant>/latents``, ``<variant>/cache`` (keys and values of the last chunk's cache,
+    :func:`cache_diff`; ``cache_values`` for the infinity model); the variants present but not
+    replayed yet). Cache entries are held to 2e-4 (the fixtures README), the rest to 1e-4.
 
     Raises:
         InputError / CheckpointError: an incomplete or unreadable folder.
@@ -104,13 +139,17 @@ def compare_selfforcing(folder: str | Path, device: str = "cpu") -> tuple[dict[s
         outputs = read_state_dict(_need(sub / "tiny_outputs.safetensors"))
         n = cfg["num_chunks"]
         window = cfg["local_attn_size"] if cfg["local_attn_size"] > 0 else cfg["kv_cache_tokens"] // cfg["frame_seq_length"]
-        x0s, latents = replay_variant(model, inputs, outputs, REPLAYED[sub.name], n, window - 1, device)
+        done: list = []
+        x0s, latents = replay_variant(model, inputs, outputs, REPLAYED[sub.name], n, window - 1, device, done)
         want = {f"c{c}_s{s}_x0": outputs[f"call_c{c}_s{s}_x0"].permute(0, 2, 1, 3, 4) for c in range(n) for s in range(4)}
         diffs[f"{sub.name}/x0"] = max((x0s[k] - v).abs().max().item() for k, v in want.items())
         diffs[f"{sub.name}/latents"] = (latents - outputs["output_latents"].permute(0, 2, 1, 3, 4)).abs().max().item()
+        rotated = REPLAYED[sub.name]["positions"] == "actual"
+        diffs[f"{sub.name}/cache" + ("" if rotated else "_values")] = cache_diff(done[0], outputs, n, cfg["sink_size"],
+                                                                                 rotated)
     if not diffs:
         raise InputError(f"{folder}: no replayable variant (expected sf_global/)")
     return diffs, skipped
 
 
-__all__ = ["REPLAYED", "compare_selfforcing", "is_selfforcing_fixture", "load_selfforcing_dit", "replay_variant"]
+__all__ = ["REPLAYED", "cache_diff", "compare_selfforcing", "is_selfforcing_fixture", "load_selfforcing_dit", "replay_variant"]

@@ -30,7 +30,8 @@ def has_interval(stat: dict, metric: str | None) -> bool:
     """True when ``stat`` (``{"mean", "ci", ...}``) has a 95% interval that stays within the values
     ``metric`` can take (:data:`~worldtrace_cli.loopbench.names.METRIC_RANGE`: PAC and TempSSIM in
     [-1, 1], GT-PSNR and GT detail >= 0). One scene has none; two or three scenes often give one
-    reaching past the range (PAC up to 1.47), which says too little data, not a value."""
+    reaching past the range (PAC up to 1.47), and values piled at a bound (PAC 0.99) can too: there a
+    symmetric t-interval is not valid, so none is given."""
     if stat.get("mean") is None or stat.get("ci") is None:
         return False
     low, high = METRIC_RANGE.get(metric, (None, None))

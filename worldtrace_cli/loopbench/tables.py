@@ -115,7 +115,8 @@ def paper_table(rows: list[dict], agg: dict) -> list[str]:
     lines = md_table(header, body)
     if missing:
         lines += ["", f"Not in this sweep: {', '.join(missing)} (`worldtrace loopbench run --configs "
-                      f"{','.join(PAPER_PAC)} --caches sliding,landmark` runs the paper's loops)."]
+                      f"{','.join(PAPER_PAC)} --caches sliding,landmark -o lb-paper/` runs the paper's loops; "
+                      f"add --images with a preset other than loopworld)."]
     return lines
 
 
@@ -123,8 +124,9 @@ def legend(metrics: tuple[str, ...]) -> list[str]:
     """What a cell means, said once for every table."""
     lines = ["How to read: each table holds one metric; a cell is its mean over scenes ± the 95% confidence "
              "half-width (each scene averaged over its seeds first; t-distribution). "
-             f"{NO_INTERVAL} = no interval: one scene, or an interval that would reach values the metric cannot "
-             "take (too few scenes; `report.json` keeps it). p vs sliding: paired t-test over runs matched on "
+             f"{NO_INTERVAL} = no interval: one scene, or a t-interval that would reach values the metric cannot "
+             "take (too few scenes, or values at the metric's bound, where a symmetric interval is not valid; "
+             "`report.json` keeps it). p vs sliding: paired t-test over runs matched on "
              "(configuration, scene, seed); — with fewer than 2 pairs.", ""]
     for m in metrics:
         lines.append(f"- {METRIC_NAMES[m]}: {BETTER.get(m, 'higher is better')}"

@@ -141,9 +141,11 @@ def writer_sizes(config: MemoryConfig, window: int, default_budget: int) -> tupl
     if row.sizes == "sink":
         budget = default_budget if budget is None else budget
         k = config.settings().sink_frames
-        if not 1 <= k <= budget:  # k == budget: the sinks alone (Self-Forcing's window 6 + sink 3, chunk 3)
+        # k == budget: the sinks alone (Self-Forcing's window 6 + sink 3, chunk 3), only when asked for
+        # with --budget: a model's default budget (gta_drive's 1) never silently loses every recent frame
+        if not 1 <= k <= budget or (k == budget and config.budget is None):
             raise InputError(f"--sink-frames {k} and --budget {budget}: --cache {config.cache} needs the budget to hold "
-                             f"the sink frames ({k})")
+                             f"the sink frames and at least 1 recent slot ({k + 1}; --budget {k} keeps the sinks alone)")
         return k, budget - k
     if row.sizes == "memrope":
         k = config.settings().sink_frames
