@@ -99,15 +99,15 @@ def cache_diff(rollout, outputs: dict, chunks: int, sink_frames: int, rotated: b
     our cache never holds: with ``rotated`` False only the values are compared. The frames the
     writer holds for the next chunk are compared (after its eviction: a subset of the official
     buffer, which still holds the chunk that will leave)."""
-    writer = rollout.writer
+    writer, f = rollout.writer, rollout.frames_per_chunk
     s_tokens = rollout.geometry.tokens_per_frame
-    writer.begin_chunk(3 * chunks)
+    writer.begin_chunk(f * chunks)
     ids = [f for slot in writer.slots() for f in slot.frames]
     worst = 0.0
     for layer in range(rollout.geometry.num_layers):
         k, v = writer.read(layer)[:2]
         end = int(outputs[f"kv_after_c{chunks - 1}_L{layer}_local_end"]) // s_tokens
-        official = list(range(sink_frames)) + list(range(3 * chunks - (end - sink_frames), 3 * chunks))
+        official = list(range(sink_frames)) + list(range(f * chunks - (end - sink_frames), f * chunks))
         rows = torch.cat([torch.arange(official.index(f) * s_tokens, (official.index(f) + 1) * s_tokens) for f in ids])
         want_k = outputs[f"kv_after_c{chunks - 1}_L{layer}_k"][:, rows]
         want_v = outputs[f"kv_after_c{chunks - 1}_L{layer}_v"][:, rows]

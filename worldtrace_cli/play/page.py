@@ -4,12 +4,14 @@ answered in, and what happens when it leaves (the protocol: :mod:`worldtrace_cli
 from __future__ import annotations
 
 import asyncio
+import itertools
 import json
 import logging
 import os
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -40,9 +42,8 @@ class PlaySettings:
     max_sessions: int = 1
     record: bool = True
     pipeline: object = None
-    counter: int = 0
+    numbers: Iterator[int] = field(default_factory=lambda: itertools.count(1))  # run folders' numbers (next(): atomic)
     lock: threading.Lock = field(default_factory=threading.Lock)  # one chunk at a time on the shared model
-    names: threading.Lock = field(default_factory=threading.Lock)  # guards counter
     start_running: bool = False
 
 
@@ -65,9 +66,7 @@ class Page:
         s = self.settings
         record = None
         if s.record:
-            with s.names:  # pages open sessions on their own threads: each run folder gets its own number
-                s.counter += 1
-                number = s.counter
+            number = next(s.numbers)  # pages open sessions on their own threads: each folder its own number
             record = s.runs_dir / f"{time.strftime('%Y%m%d-%H%M%S')}-{number:03d}-{cache.replace(':', '')}"
         # a writer's own flags go to the writers that read them (--landmark-threshold: landmark, mixed)
         return open_session(cache=cache, record=record, pipeline=s.pipeline, **settings_for(cache, s.open_kwargs))

@@ -252,7 +252,8 @@ class Session:
         (``state.json`` + ``state.safetensors``, written atomically). Returns the folder.
 
         ``path`` must be new or an empty folder. A folder holding a saved session (recognised by
-        its own files: nothing but ``state.json`` + ``state.safetensors``, a session's state) is
+        its own files: nothing but ``state.json``, ``state.safetensors`` and the
+        ``.worldtrace-state`` mark, a session's state) is
         replaced only with ``overwrite=True``; anything else (a file, a link, a folder with other
         files, another kind of state) is refused and left as it is, and so are the scratch
         siblings ``path.tmp`` / ``path.old`` unless they are state folders.
@@ -262,16 +263,13 @@ class Session:
                 is not the session's to replace, holds a saved session and ``overwrite`` is False,
                 or cannot be written.
         """
-        from ..runs.state import save_state
-        from .storage import check_save_target
+        from .storage import save_session_state
 
         if self.rollout is None:
             raise InputError("save: the session has no chunk yet; step first")
-        path = check_save_target(path, overwrite, SESSION_STATE_VERSION)
         meta = {"version": SESSION_STATE_VERSION, "config": self.cfg.to_dict(), "next_chunk": self.chunk,
                 "segments": self.actions.segments, "chunk_actions": self.plan.chunk_actions, "last_record": self._last_record}
-        save_state(path, meta, self._parts())
-        return Path(path)
+        return save_session_state(path, meta, self._parts(), overwrite)
 
     @classmethod
     def load(cls, path: str | Path, pipeline=None) -> "Session":

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from ..errors import InputError, OutputError, WorldtraceError
+from ..errors import InputError, OutputError
 
 
 def check_record(record) -> None:
@@ -33,16 +33,16 @@ def is_session_state(folder: Path, version: int) -> bool:
 
 
 def check_save_target(path, overwrite: bool, version: int) -> Path:
-    """Where :meth:`~.live.Session.save` may write: ``path`` new or an empty folder, or a saved
-    session's folder with ``overwrite``; siblings ``path.tmp`` / ``path.old`` absent or state
-    folders (:func:`~worldtrace_cli.runs.state.check_state_target`). Reads only. Returns the Path.
+    """The session's own checks before :meth:`~.live.Session.save` writes ``path``: a name to write
+    (not empty, not the root), and a saved session there (or in ``path.old``, left by a save killed
+    between its renames) replaced only with ``overwrite``. That nothing but a state folder is
+    replaced at all (a user's folder, file or link at ``path``, ``path.tmp``, ``path.old``) is
+    :func:`~worldtrace_cli.runs.state.save_state`'s own guard. Reads only. Returns the Path.
 
     Raises:
-        InputError: an empty path. OutputError: a file, a link, a folder with other files, another
-            kind of state, or a saved session without ``overwrite`` (one line naming the path).
+        InputError: an empty path. OutputError: the root, another kind of state, or a saved session
+            without ``overwrite`` (one line naming the path).
     """
-    from ..runs.state import check_state_target
-
     if str(path) == "":
         raise InputError("save: an empty path; name a folder (e.g. s.save('saved/here'))")
     path = Path(path)
@@ -50,10 +50,6 @@ def check_save_target(path, overwrite: bool, version: int) -> Path:
         path = path.resolve()
     if path.name == "":
         raise OutputError(f"save: {path} is the filesystem's root; name a folder (e.g. s.save('saved/here'))")
-    try:
-        check_state_target(path)
-    except WorldtraceError as exc:
-        raise type(exc)(f"save: {exc}") from None
     old = path.with_name(path.name + ".old")  # a save killed between its two renames left the state there
     for held in (path, old):
         if not (held / "state.json").exists():
@@ -67,4 +63,22 @@ def check_save_target(path, overwrite: bool, version: int) -> Path:
     return path
 
 
-__all__ = ["check_record", "check_save_target", "is_session_state"]
+def save_session_state(path, meta: dict, parts: dict, overwrite: bool) -> Path:
+    """Write a session's state (``meta`` with the session's ``version``, ``parts`` its state dicts)
+    into ``path`` (:func:`check_save_target`, then :func:`~worldtrace_cli.runs.state.save_state`,
+    whose own guard replaces nothing but a state folder). Returns the folder.
+
+    Raises:
+        InputError / OutputError: as :func:`check_save_target` and ``save_state``, prefixed ``save:``.
+    """
+    from ..runs.state import save_state
+
+    path = check_save_target(path, overwrite, meta["version"])
+    try:
+        save_state(path, meta, parts)
+    except OutputError as exc:
+        raise OutputError(f"save: {exc}") from None
+    return path
+
+
+__all__ = ["check_record", "check_save_target", "is_session_state", "save_session_state"]
