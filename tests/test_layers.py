@@ -189,6 +189,7 @@ def test_no_library_module_runs_the_cli_as_a_script():
 
 # docs/architecture.md §5, "Torch-free modules": the CLI's checks run on these before torch loads
 TORCH_FREE = ["config", "errors", "writer_options", "writer_options.checks", "trajectory", "trajectory.actions",
+              "trajectory.prompts",
               "trajectory.images", "outputs", "outputs.video", "outputs.files", "outputs.records", "outputs.timeline",
               "outputs.sheet", "schemas", "runs", "runs.folder", "runs.resume", "runs.summary", "runs.sinks",
               "engine.loop", "engine.record", "session", "session.live", "session.opening", "session.storage",

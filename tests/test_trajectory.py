@@ -82,8 +82,10 @@ def test_every_example_parses_and_plans(path):
     assert plan.keyboard.dtype == torch.float32
     assert (plan.mouse is None) == (not spec.mouse)
     assert len(plan.chunk_actions) == plan.num_chunks and all(plan.chunk_actions)
-    # an example without an image is a walk in loopworld's procedural world (its view is the image)
-    assert (traj.image is not None and traj.image.is_file()) or traj.mode == "universal", traj.image
+    # an example without an image is a walk in loopworld's procedural world (its view is the image),
+    # or prompt segments (text-to-video presets take no image)
+    assert (traj.image is not None and traj.image.is_file()) or traj.mode in ("universal", "text"), traj.image
+    assert (plan.prompts is not None) == (traj.mode == "text")
 
 
 def test_aba_is_exactly_a_b_a():
@@ -343,6 +345,7 @@ _ACTIONS = {
                   "back+camera_l"],
     "templerun": ["idle", "jump", "slide", "turn_left", "turn_right", "left", "right"],
 }
+_PROMPTS = st.text("abc xyz,.é", min_size=1, max_size=30).filter(str.strip)
 _LABELS = st.none() | st.text("ABCXYZ0123_", min_size=1, max_size=4)
 
 
@@ -356,6 +359,11 @@ def valid_segments(draw, mode):
     kind = draw(st.sampled_from(["action", "explicit", "marker"] if label else
                                 ["action", "explicit"]))
     if kind == "marker":
+        return seg
+    if mode == "text":  # prompt segments: a prompt (or the top-level one) and whole chunks
+        if draw(st.booleans()):
+            seg["prompt"] = draw(_PROMPTS)
+        seg["chunks"] = draw(st.integers(1, 6))
         return seg
     if kind == "action":
         seg["action"] = draw(st.sampled_from(_ACTIONS[mode]))
@@ -380,8 +388,11 @@ def valid_documents(draw):
     mode = draw(st.sampled_from(sorted(MODES)))
     segments = draw(st.lists(valid_segments(mode), min_size=1, max_size=8))
     if not any("chunks" in s or "frames" in s for s in segments):
-        segments.append({"action": _ACTIONS[mode][0], "frames": draw(st.integers(1, 30))})
+        segments.append({"prompt": "a scene", "chunks": 1} if mode == "text" else
+                        {"action": _ACTIONS[mode][0], "frames": draw(st.integers(1, 30))})
     document = {"mode": mode, "segments": segments}
+    if mode == "text" and draw(st.booleans()):
+        document["prompt"] = draw(_PROMPTS)
     if draw(st.booleans()):
         document["seed"] = draw(st.integers(0, 2**32))
     return document
@@ -428,6 +439,12 @@ def test_fuzz_valid_documents_parse_and_plan(document, extra_chunks):
             start += seg.num_frames
         if spec.one_hot:
             assert torch.equal(plan.keyboard.sum(1), torch.ones(rows))
+        if traj.mode == "text":  # each chunk's prompt is its segment's (None: the default), the last repeating
+            owned = [s.prompt for s in traj.segments if s.num_frames for _ in range(round((s.num_frames + 3) / 12))]
+            want = (owned + [owned[-1]] * plan.num_chunks)[:plan.num_chunks]
+            assert plan.prompts == want
+        else:
+            assert plan.prompts is None
 
 
 def _parse_or_trajectory_error(text: str) -> None:

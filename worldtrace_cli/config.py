@@ -18,8 +18,11 @@ from .model.config import SAMPLERS, DiTConfig
 from .model.lingbot.config import LingbotConfig, trained_window
 from .writer_options import LANDMARK_TAU, MemoryConfig  # noqa: F401  (re-exported: RunConfig.memory's type)
 
-MODES = ("universal", "gta_drive", "templerun")
-ARCHITECTURES = ("mg2", "lingbot")  # Matrix-Game-2.0 (action module) | LingBot-World causal fast (camera poses)
+MODES = ("universal", "gta_drive", "templerun", "text")  # text: prompt segments (the selfforcing architecture)
+# Matrix-Game-2.0 (action module) | LingBot-World causal fast (camera poses) | Self-Forcing / LongLive (text)
+ARCHITECTURES = ("mg2", "lingbot", "selfforcing")
+WAN_DIT_ARCHITECTURES = ("lingbot", "selfforcing")  # their ``dit`` is a LingbotConfig (i2v | t2v)
+SELFFORCING_WINDOW = 21  # Self-Forcing's global cache holds its trained 21 latent frames (81 video frames)
 _PRESET_KEYS = {"description", "mode", "height", "width", "fps", "denoising_steps", "timestep_shift",
                 "weights", "vae", "clip", "files", "dit", "frames_per_chunk", "bundle", "world", "architecture",
                 "landmark_threshold", "sampler", "extends"}
@@ -36,10 +39,13 @@ class Preset:
     """A model preset: architecture, resolution, sampler and expected checkpoint files.
 
     Attributes:
-        architecture: ``mg2`` (Matrix-Game-2.0: ``dit`` is a :class:`DiTConfig`) or ``lingbot``
+        architecture: ``mg2`` (Matrix-Game-2.0: ``dit`` is a :class:`DiTConfig`), ``lingbot``
             (LingBot-World causal fast, lingbot-architecture.md: ``dit`` is a
             :class:`~worldtrace_cli.model.lingbot.config.LingbotConfig` whose ``local_attn_size`` /
-            ``sink_size`` are the official run's cache, 18 / 6; ``frames_per_chunk`` 4).
+            ``sink_size`` are the official run's cache, 18 / 6; ``frames_per_chunk`` 4) or
+            ``selfforcing`` (Self-Forcing / LongLive v1.0, selfforcing-architecture.md: a ``t2v``
+            LingbotConfig, mode ``text``, 3 latent frames per chunk; Self-Forcing's global cache -1 / 0,
+            LongLive's window 12 with a sink of 3).
         height, width: pixel resolution of generated frames (multiples of 16).
         denoising_steps: nominal steps (warped by the sampler); ``timestep_shift`` 5.0.
         sampler: ``renoise`` (MG2's: x0 at each step, re-noised with fresh noise) or ``euler`` (the
@@ -87,6 +93,11 @@ class Preset:
         return self.architecture == "lingbot"
 
     @property
+    def is_text(self) -> bool:
+        """True for a text-to-video preset (Self-Forcing / LongLive: prompt segments, no image, no actions)."""
+        return self.architecture == "selfforcing"
+
+    @property
     def has_world(self) -> bool:
         """True for a model of the procedural world: its start image is the world's view and its
         frames are scored against the world's renders (ground truth)."""
@@ -95,7 +106,10 @@ class Preset:
     @property
     def window(self) -> int:
         """Latent frames the model attends over, current chunk included: ``local_attn_size`` (MG2's 6
-        for universal, 4 for gta_drive; LingBot's 18, also for a global cache: its trained window)."""
+        for universal, 4 for gta_drive; LingBot's 18, also for a global cache: its trained window;
+        Self-Forcing's global cache: the 21 latent frames it was trained on; LongLive's 12)."""
+        if self.is_text and self.dit.local_attn_size <= 0:
+            return SELFFORCING_WINDOW
         return trained_window(self.dit.local_attn_size)
 
     @property
@@ -116,7 +130,7 @@ class Preset:
     def from_dict(cls, d: dict[str, Any]) -> "Preset":
         """Inverse of :meth:`to_dict` (a resumed run rebuilds its exact preset from summary data)."""
         d = dict(d)
-        d["dit"] = (LingbotConfig if d.get("architecture") == "lingbot" else DiTConfig).from_dict(d["dit"])
+        d["dit"] = (LingbotConfig if d.get("architecture") in WAN_DIT_ARCHITECTURES else DiTConfig).from_dict(d["dit"])
         d["denoising_steps"] = tuple(d["denoising_steps"])
         return cls(**d)
 
@@ -128,7 +142,10 @@ def preset_names() -> list[str]:
 
 def default_preset_name(mode: str, checkpoint) -> str:
     """The preset a run uses when none is named: ``mg2-<mode>`` with a checkpoint, else the trained
-    embedded world ``loopworld`` for universal trajectories and the random ``tiny-<mode>`` otherwise."""
+    embedded world ``loopworld`` for universal trajectories and the random ``tiny-<mode>`` otherwise;
+    prompt segments (mode ``text``): ``self-forcing`` with a checkpoint, else ``self-forcing-tiny``."""
+    if mode == "text":
+        return "self-forcing" if checkpoint else "self-forcing-tiny"
     if checkpoint:
         return f"mg2-{mode.replace('_', '-')}"
     return "loopworld" if mode == "universal" else f"tiny-{mode.replace('_', '-')}"
@@ -176,7 +193,7 @@ def load_preset(name_or_path: str) -> Preset:
         raise InputError(f"{source}: architecture: must be one of {', '.join(ARCHITECTURES)}, got {raw['architecture']!r}")
     _check_preset_values(raw, source)
     try:
-        dit_class = LingbotConfig if raw.get("architecture") == "lingbot" else DiTConfig
+        dit_class = LingbotConfig if raw.get("architecture") in WAN_DIT_ARCHITECTURES else DiTConfig
         dit = dit_class.from_dict(raw.pop("dit"), f"{source}: dit")
     except (CheckpointError, TypeError) as exc:
         raise InputError(str(exc)) from None
@@ -196,10 +213,11 @@ def load_preset(name_or_path: str) -> Preset:
         raise InputError(f"{source}: files: unknown roles {sorted(set(files) - set(_FILE_ROLES))}")
     if "denoising_steps" in raw:
         raw["denoising_steps"] = tuple(raw["denoising_steps"])
-    if raw.get("architecture") == "lingbot" and raw.get("sampler", "renoise") != "renoise":
-        raise InputError(f"{source}: sampler: LingBot presets use LingBot's own sampler; only MG2-architecture "
-                         f"presets take 'euler'")
-    if raw.get("architecture") == "lingbot":
+    if raw.get("architecture") in WAN_DIT_ARCHITECTURES and raw.get("sampler", "renoise") != "renoise":
+        raise InputError(f"{source}: sampler: {raw['architecture']} presets use their model's own sampler; only "
+                         f"MG2-architecture presets take 'euler'")
+    _check_family(raw, dit, source)
+    if raw.get("architecture") in WAN_DIT_ARCHITECTURES:
         from .model.lingbot.config import official_memory
 
         try:
@@ -209,6 +227,24 @@ def load_preset(name_or_path: str) -> Preset:
     if own_bundle and raw.get("bundle") and path.suffix in (".yaml", ".yml") and path.is_file():
         raw["bundle"] = str((path.parent / raw["bundle"]).resolve())  # a preset file's bundle lies beside it
     return Preset(name=name, dit=dit, files=dict(files), **raw)
+
+
+def _check_family(raw: dict, dit, source: str) -> None:
+    """A ``selfforcing`` preset is a ``t2v`` DiT in mode ``text`` with chunks of 3 latent frames
+    (selfforcing-architecture.md §1); mode ``text`` belongs to it alone, and LingBot-World is ``i2v``.
+    Raises InputError naming the file and key."""
+    arch = raw.get("architecture", "mg2")
+    if arch == "selfforcing":
+        if dit.model_type != "t2v":
+            raise InputError(f"{source}: dit: model_type: a selfforcing preset is a t2v DiT, got {dit.model_type!r}")
+        if raw["mode"] != "text":
+            raise InputError(f"{source}: mode: a selfforcing preset runs prompt segments (mode text), got {raw['mode']!r}")
+        if raw.get("frames_per_chunk", 3) != 3:
+            raise InputError(f"{source}: frames_per_chunk: Self-Forcing / LongLive v1.0 chunks are 3 latent frames")
+    elif raw["mode"] == "text":
+        raise InputError(f"{source}: mode: text (prompt segments) needs architecture: selfforcing, got {arch}")
+    elif arch == "lingbot" and dit.model_type != "i2v":
+        raise InputError(f"{source}: dit: model_type: LingBot-World is i2v; a t2v DiT is architecture: selfforcing")
 
 
 def _base_preset(base, source: str) -> dict:
@@ -322,7 +358,7 @@ def default_cache(preset: Preset) -> dict:
     ``--cache`` is given: MG2 ``sliding`` (its own window); LingBot the README's sink of
     ``sink_size`` frames in a window of ``local_attn_size`` latent frames at true offsets
     (:func:`~worldtrace_cli.model.lingbot.config.official_memory`: 6 and 18 -> ``sink``, budget 14)."""
-    if not preset.is_lingbot:
+    if not (preset.is_lingbot or preset.is_text):
         return {"cache": "sliding"}
     from .model.lingbot.config import official_memory
 

@@ -19,13 +19,16 @@ from .options import (CHUNKS, SEED, NonEmptyPath, cache_help, device_options, me
               help="Model preset: loopworld (trained embedded world, CPU), loopworld-euler (the same weights, "
                    "Euler sampler: sharper), tiny, tiny-gta-drive, tiny-templerun (random weights, CPU), "
                    "mg2-universal, mg2-gta-drive, mg2-templerun (with --checkpoint), lingbot-tiny (random "
-                   "LingBot-World, CPU), lingbot-fast, or a preset YAML (`worldtrace presets` lists them). "
+                   "LingBot-World, CPU), lingbot-fast, self-forcing-tiny / longlive-tiny (random text-to-video, "
+                   "CPU), self-forcing, or a preset YAML (`worldtrace presets` lists them). "
                    "Default: mg2-<trajectory mode> with --checkpoint, else loopworld (universal) or "
-                   "tiny-<mode>.")
+                   "tiny-<mode>; prompt segments (mode: text): self-forcing(-tiny).")
 @click.option("--checkpoint", type=click.Path(path_type=Path), default=None, metavar="DIR",
-              help="Official Matrix-Game-2.0 folder (Wan2.1_VAE.pth, the CLIP .pth, the DiT safetensors), or a "
-                   "LingBot-World causal-fast folder (README: 'LingBot-World').")
-@click.option("--prompt", default=None, help="LingBot presets: the text prompt (overrides the trajectory's `prompt`).")
+              help="Official Matrix-Game-2.0 folder (Wan2.1_VAE.pth, the CLIP .pth, the DiT safetensors), a "
+                   "LingBot-World causal-fast folder (README: 'LingBot-World'), or the Self-Forcing repository "
+                   "root (checkpoints/self_forcing_dmd.pt, wan_models/Wan2.1-T2V-1.3B/).")
+@click.option("--prompt", default=None, help="LingBot and text-to-video presets: the text prompt (overrides the "
+              "trajectory's top-level `prompt`; text-to-video segments with their own prompt keep it).")
 @click.option("--poses", type=click.Path(path_type=Path), default=None, metavar="NPY",
               help="LingBot presets: camera-to-world poses [N, 4, 4] (LingBot's poses.npy, one per pixel frame, "
                    "OpenCV axes) instead of the camera the actions drive.")
@@ -48,7 +51,8 @@ from .options import (CHUNKS, SEED, NonEmptyPath, cache_help, device_options, me
 @click.option("--overwrite", is_flag=True, help="Replace a run (finished or not) already in the output folder.")
 @click.option("--cache", default=None, metavar="WRITER",
               help=cache_help("KV-cache writer: ", " Default: the model's own cache (MG2: sliding; LingBot: sink "
-                                                   "of 6 in a window of 18 latent frames).", about=True))
+                                                   "of 6 in a window of 18 latent frames; Self-Forcing: full, its "
+                                                   "global cache; LongLive: sink of 3 in a window of 12).", about=True))
 @memory_options
 @device_options
 @click.option("--metrics", type=click.Choice(["none", "fast", "all"]), default="fast", show_default=True,
@@ -65,7 +69,8 @@ from .options import (CHUNKS, SEED, NonEmptyPath, cache_help, device_options, me
 def generate(trajectory, preset, checkpoint, prompt, poses, intrinsics, random_weights, image, world_seed, chunks, seed,
              output, overwrite, cache, device, dtype, metrics, hash_checkpoint, save_every, rope_precision,
              compile_mode, overlap_decode, resume_dir, no_progress, **memory):
-    """Generate a video from TRAJECTORY (a YAML file of actions; see trajectories/README.md).
+    """Generate a video from TRAJECTORY (a YAML file of actions, or of prompt segments for the
+    text-to-video presets; see trajectories/README.md).
 
     Writes to the run folder: video.mp4 (H.264, appended chunk by chunk), chunks.jsonl (one record
     per chunk: actions, cache slots and their virtual positions, timings, memory) and summary.json.
@@ -74,6 +79,8 @@ def generate(trajectory, preset, checkpoint, prompt, poses, intrinsics, random_w
     Example (CPU, built-in tiny model):
       worldtrace generate --preset tiny --image assets/images/mg2_universal_0000.png \\
           trajectories/aba.yaml --chunks 16 -o out/
+      worldtrace generate --preset self-forcing-tiny trajectories/prompts_aba.yaml \\
+          --cache landmark --chunks 400 -o out-text/
     """
     from ..config import RunConfig, default_cache, default_preset_name, load_preset
     from ..errors import InputError

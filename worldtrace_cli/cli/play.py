@@ -122,9 +122,9 @@ def play(preset, cache, checkpoint, random_weights, image, world_seed, seed, dev
         from ..writer_options import settings_for
 
         resolved = load_preset(preset)
-        if resolved.is_lingbot:
-            raise InputError(f"--preset {resolved.name}: play runs MG2-architecture models; LingBot-World runs "
-                             f"with worldtrace generate")
+        if resolved.is_lingbot or resolved.is_text:
+            raise InputError(f"--preset {resolved.name}: play runs MG2-architecture models; LingBot-World and the "
+                             f"text-to-video presets run with worldtrace generate")
         if image is not None:
             check_image(image, resolved.height, resolved.width)
         elif not resolved.has_world:

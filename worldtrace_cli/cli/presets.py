@@ -12,4 +12,4 @@ def list_presets():
 
     for name in preset_names():
         p = load_preset(name)
-        click.echo(f"{name:16s} {p.mode:10s} {p.height}x{p.width}  {p.description}")
+        click.echo(f"{name:18s} {p.mode:10s} {p.height}x{p.width}  {p.description}")

@@ -7,13 +7,15 @@ settings gets its own pipeline, see ``serves``). The preset's ``architecture`` p
 :class:`~worldtrace_cli.engine.mg2.MG2Pipeline` or
 :class:`~worldtrace_cli.engine.lingbot.LingbotPipeline`, both
 :class:`~worldtrace_cli.engine.base.PipelineBase`. Imports go strictly downward: this module imports
-both pipelines, they import :mod:`worldtrace_cli.engine.base`, never this module.
+the pipelines, they import :mod:`worldtrace_cli.engine.base`, never this module. ``architecture:
+selfforcing`` (Self-Forcing / LongLive) gets :class:`~worldtrace_cli.engine.text.TextPipeline`.
 """
 
 from __future__ import annotations
 
 from .lingbot import LingbotPipeline
 from .mg2 import Conditioned, MG2Pipeline
+from .text import TextPipeline
 from .base import ModelKey, PipelineBase, resolve_device, resolve_dtype, versions
 
 
@@ -29,15 +31,18 @@ class Pipeline:
             InputError: bad device/dtype/precision/compile mode, a checkpoint preset without a folder.
             CheckpointError: missing or mismatched checkpoint files.
         """
-        cls = LingbotPipeline if preset.is_lingbot else MG2Pipeline
-        return cls.from_preset(preset, *args, **kwargs)
+        return pipeline_class(preset).from_preset(preset, *args, **kwargs)
 
     @staticmethod
     def from_config(cfg) -> PipelineBase:
         """The pipeline a :class:`~worldtrace_cli.config.RunConfig` asks for."""
-        cls = LingbotPipeline if cfg.preset.is_lingbot else MG2Pipeline
-        return cls.from_config(cfg)
+        return pipeline_class(cfg.preset).from_config(cfg)
 
 
-__all__ = ["Conditioned", "LingbotPipeline", "MG2Pipeline", "ModelKey", "Pipeline", "PipelineBase", "resolve_device",
-           "resolve_dtype", "versions"]
+def pipeline_class(preset) -> type:
+    """The pipeline class of ``preset``'s architecture (mg2, lingbot, selfforcing)."""
+    return LingbotPipeline if preset.is_lingbot else TextPipeline if preset.is_text else MG2Pipeline
+
+
+__all__ = ["Conditioned", "LingbotPipeline", "MG2Pipeline", "ModelKey", "Pipeline", "PipelineBase", "TextPipeline",
+           "pipeline_class", "resolve_device", "resolve_dtype", "versions"]

@@ -108,6 +108,8 @@ def finish_record(out, plan, scorer, frames_per_chunk: int) -> dict:
     c, rec = out.record["chunk"], out.record
     rec["pixel_frames"] = list(chunk_rows(c, frames_per_chunk))
     rec["actions"] = plan.chunk_actions[c]
+    if plan.prompts is not None:  # a text-to-video run: the chunk's whole prompt
+        rec["prompt"] = plan.prompts[c]
     rec["waypoints"] = [label for chunk, label in plan.waypoints if chunk == c]
     rec["frames_sha256"] = hashlib.sha256(out.frames.numpy().tobytes()).hexdigest()
     with no_grad():

@@ -28,7 +28,10 @@ class TextRollout(ChunkRollout):
     Args:
         dit: a :class:`~worldtrace_cli.model.lingbot.dit.LingbotDiT` with ``model_type: t2v``, on ``device``.
         writer: the self-attention cache writer (reset here).
-        text_context: umT5 rows [L, 4096] float32 (L <= 512; zero-padded to 512 by the DiT).
+        text_context: umT5 rows [L, 4096] float32 (L <= 512; zero-padded to 512 by the DiT), or one
+            such tensor per chunk (a prompt-segment trajectory: chunk c reads entry c, the last one
+            past the list's end). A prompt switch changes the rows chunks read from then on; the
+            cache keeps the K/V written under the earlier prompt (no re-cache).
         seed: noise seed (chunk c draws from ``chunk_generator(seed, c)`` on the CPU).
         device: where the DiT runs; latent_hw: (lh, lw); frames_per_chunk: F (3).
         trained_offset: the largest query-key offset the model was trained on, in latent frames
@@ -43,13 +46,24 @@ class TextRollout(ChunkRollout):
                  schedule: SelfForcingSchedule = SelfForcingSchedule(), noise=None, on_step=None):
         if dit.cfg.has_camera:
             raise ValueError("TextRollout runs a t2v DiT (model_type t2v); LingBot-World runs in LingbotRollout")
-        self.text_context = text_context
+        if not isinstance(text_context, torch.Tensor) and not len(text_context):
+            raise ValueError("TextRollout: no text context (one [L, 4096] tensor, or one per chunk)")
+        self.text_context, self._rows = text_context, None  # _rows: the rows the state's cross K/V were made from
         self.timesteps, self.sigmas = schedule.timesteps(), schedule.sigmas()
         self._setup(dit, writer, seed, device, latent_hw, frames_per_chunk, trained_offset,
                     dit.patch_embedding.weight.dtype, len(self.timesteps), noise, on_step)
 
+    def prompt_rows(self, chunk: int) -> torch.Tensor:
+        """The text rows chunk ``chunk`` is conditioned on: [L, 4096] float32."""
+        if isinstance(self.text_context, torch.Tensor):
+            return self.text_context
+        return self.text_context[min(chunk, len(self.text_context) - 1)]
+
     def chunk_inputs(self, read, frame_start: int, frames: int):
-        inputs = LingbotChunk(rollout=self.state, past=read.past, text_context=self.text_context,
+        rows = self.prompt_rows(self.chunk)
+        if rows is not self._rows:  # a prompt switch: the DiT re-projects the text K/V of every block
+            self.state.cross_kv, self._rows = None, rows
+        inputs = LingbotChunk(rollout=self.state, past=read.past, text_context=rows,
                               temporal_freq_scale=read.freq_scale)
         return inputs, None
 

@@ -90,7 +90,8 @@ def run_generation(cfg, resume: bool = False, pipeline=None) -> dict:
         folder.refuse_occupied(cfg.overwrite)
     ffmpeg_exe()  # the MP4 needs it: fail before the run folder is touched or a model loaded
     level = logging.INFO if pipeline is None else logging.DEBUG  # a batch job's runs: only -v shows their stages
-    start = "rendering the start view" if cfg.preset.has_world and cfg.image is None else "reading the start image"
+    start = ("rendering the start view" if cfg.preset.has_world and cfg.image is None else
+             "reading the prompts" if cfg.preset.is_text else "reading the start image")
     with stage(f"reading the inputs (importing torch, {start})", level):
         inputs = prepare_inputs(cfg, traj)
     with folder.lock("generate --resume" if resume else "generate"):
@@ -122,7 +123,8 @@ class _Generation:
         self.pipeline, self.writer = pipeline, pipeline.build_writer(cfg.memory)
         t0 = time.perf_counter()
         with stage(f"conditioning on {inputs.image_label}", logging.INFO if self.loaded_here else logging.DEBUG):
-            extra = (inputs.lingbot,) if preset.is_lingbot else ()  # a prompt and camera poses besides the image
+            # LingBot: a prompt and camera poses besides the image; text-to-video: the chunks' prompts, no image
+            extra = (inputs.lingbot,) if preset.is_lingbot else (inputs.prompts,) if preset.is_text else ()
             conditioned = pipeline.condition(inputs.image, plan.num_chunks, *extra)
         self.cond_s = time.perf_counter() - t0
         if pipeline.device.type == "cuda":

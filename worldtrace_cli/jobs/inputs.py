@@ -32,6 +32,8 @@ class RunInputs:
         hashes: ``trajectory_sha256`` and ``image_sha256`` (a resume refuses changed inputs); with
             LingBot pose files also ``poses_sha256`` / ``intrinsics_sha256``.
         lingbot: a LingBot preset's :class:`~worldtrace_cli.model.lingbot.inputs.LingbotInputs`, else None.
+        prompts: a text-to-video preset's prompt of every chunk (the segments' prompts, the default
+            prompt where a segment has none), else None; ``image`` is then None.
         warnings: what the run should be told about its inputs, with what to do (recorded in
             ``summary.json``'s ``warnings``; logged once per process by :func:`warn_once`).
     """
@@ -44,6 +46,7 @@ class RunInputs:
     hashes: dict
     lingbot: object = None
     warnings: list = field(default_factory=list)
+    prompts: list | None = None
 
 
 _SAID: set[str] = set()
@@ -131,13 +134,19 @@ def check_inputs(cfg, traj=None):
             raise InputError(f"{name}: must be >= {low}, got {value}")
     traj = load_trajectory(cfg.trajectory) if traj is None else traj
     if traj.mode != cfg.preset.mode:
+        hint = ("; prompt segments run on a text-to-video preset (self-forcing-tiny, longlive-tiny, self-forcing)"
+                if traj.mode == "text" else "; a text-to-video preset runs prompt segments (mode: text)"
+                if cfg.preset.is_text else "")
         raise InputError(f"{cfg.trajectory}: mode {traj.mode!r} does not match preset {cfg.preset.name} "
-                         f"(mode {cfg.preset.mode!r})")
+                         f"(mode {cfg.preset.mode!r}){hint}")
     check_weights_source(cfg.preset, cfg.checkpoint, cfg.random_weights)  # the folder's files, not their bytes
     check_model_size(cfg.preset, cfg.device, cfg.dtype)
     spill = cfg.memory.options.get("spill_dir")
     if spill is not None and Path(spill).exists() and not Path(spill).is_dir():
         raise OutputError(f"--spill-dir {spill}: exists and is not a folder")
+    if cfg.preset.is_text:
+        check_text_options(cfg, traj)
+        return traj
     path = cfg.image or (None if cfg.preset.has_world else traj.image)
     if path is not None:
         check_image(path, cfg.preset.height, cfg.preset.width)
@@ -145,6 +154,45 @@ def check_inputs(cfg, traj=None):
         raise InputError(f"{cfg.trajectory}: no conditioning image: pass --image or set `image:` in the trajectory")
     check_lingbot_options(cfg, traj)
     return traj
+
+
+def chunk_prompts(cfg, traj, plan=None) -> list[str]:
+    """Every chunk's prompt of a text-to-video run: its segment's, else ``--prompt``, else the
+    trajectory's top-level ``prompt`` (``plan``: the run's plan, else the trajectory's own length).
+
+    Raises:
+        InputError: a chunk with no prompt, or an empty ``--prompt`` (one line naming the segment's line).
+    """
+    from ..trajectory import plan_actions
+    from ..trajectory.prompts import check_prompt
+
+    default = traj.prompt
+    if cfg.prompt is not None:
+        try:
+            default = check_prompt(cfg.prompt, "--prompt")
+        except ValueError as exc:
+            raise InputError(str(exc)) from None
+    plan = plan or plan_actions(traj, None, cfg.preset.frames_per_chunk)
+    if default is None and None in plan.prompts:
+        seg = next(s for s in traj.segments if s.num_frames and s.prompt is None)
+        raise InputError(f"{traj.source}:{seg.line}: prompt: this segment has none and there is no default: give it "
+                         f"`prompt:`, set a top-level `prompt:`, or pass --prompt")
+    return [p if p is not None else default for p in plan.prompts]
+
+
+def check_text_options(cfg, traj) -> None:
+    """A text-to-video run's inputs: no image, no camera files, a prompt for every chunk.
+
+    Raises:
+        InputError: ``--image`` / ``--poses`` / ``--intrinsics`` or a trajectory ``image:``, a chunk without a prompt.
+    """
+    given = [flag for flag, value in (("--image", cfg.image), ("--poses", cfg.poses), ("--intrinsics", cfg.intrinsics))
+             if value is not None]
+    if given or traj.image is not None:
+        what = given[0] if given else f"{traj.source}: image"
+        raise InputError(f"{what}: preset {cfg.preset.name} is text-to-video: it takes prompts, not an image or "
+                         f"camera poses")
+    chunk_prompts(cfg, traj)
 
 
 def lingbot_paths(cfg, traj) -> tuple[str | None, Path | None, Path | None]:
@@ -163,11 +211,14 @@ def check_lingbot_options(cfg, traj) -> None:
             ``--metrics all`` with a LingBot checkpoint folder without the CLIP file.
     """
     preset = cfg.preset
+    if preset.is_text:
+        return
     if not preset.is_lingbot:
         given = [flag for flag, value in (("--prompt", cfg.prompt), ("--poses", cfg.poses),
                                           ("--intrinsics", cfg.intrinsics)) if value is not None]
         if given:
-            raise InputError(f"{given[0]}: only LingBot presets take a prompt or camera poses "
+            raise InputError(f"{given[0]}: only LingBot and text-to-video presets take a prompt, only LingBot "
+                             f"presets camera poses "
                              f"(preset {preset.name} is {preset.architecture})")
         return
     from ..model.lingbot.inputs import load_lingbot_inputs
@@ -202,7 +253,10 @@ def check_writers(memories, preset, flag: str = "--cache") -> None:
         from ..memory import build_writer
 
         for memory in memories:
-            build_writer(memory, preset.default_budget, preset.window)
+            writer = build_writer(memory, preset.default_budget, preset.window)
+            if preset.is_text and writer.needs_poses:
+                raise InputError(f"--cache {memory.cache}: retrieves memory by camera pose; a text-to-video run has "
+                                 f"no camera (use field, landmark, sliding, sink, full, ...)")
     except InputError as exc:
         if flag == "--cache":
             raise
@@ -229,7 +283,9 @@ def prepare_inputs(cfg, traj=None) -> RunInputs:
     for note in plan.notes:  # the same for every run of a compare or sweep on this trajectory: said once
         warn_once(note, note)
     truth, told = None, []
-    if preset.has_world and cfg.image is None:
+    if preset.is_text:
+        image, label, image_sha = None, "prompts", None
+    elif preset.has_world and cfg.image is None:
         from PIL import Image
 
         from ..world.truth import GroundTruth
@@ -263,6 +319,12 @@ def prepare_inputs(cfg, traj=None) -> RunInputs:
                              f"({plan.num_frames}): " + (f"use --chunks {fit} or fewer" if fit else "too few for one chunk"))
         hashes.update({f"{name}_sha256": sha256_file(path) for name, path in (("poses", poses),
                                                                               ("intrinsics", intrinsics)) if path})
+    prompts = None
+    if preset.is_text:  # the plan carries the resolved prompts: records name each chunk's
+        from ..trajectory.prompts import prompt_label
+
+        plan.prompts = prompts = chunk_prompts(cfg, traj, plan)
+        plan.chunk_actions = [prompt_label(text) for text in prompts]
     for text in told:
         warn_once(text.split(":", 1)[0] + ": start image", text)
-    return RunInputs(plan, image, label, truth, seed, hashes, lingbot, told)
+    return RunInputs(plan, image, label, truth, seed, hashes, lingbot, told, prompts)

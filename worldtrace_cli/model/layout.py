@@ -71,11 +71,12 @@ def check_weights_source(preset, checkpoint, random_weights: bool) -> None:
     if preset.weights != "checkpoint" or random_weights:
         return
     if checkpoint is None:
-        what = ("a LingBot-World causal-fast folder holding "
-                + ", ".join(v for k, v in preset.files.items() if k not in LINGBOT_OPTIONAL_ROLES)
-                if preset.is_lingbot else f"an official Matrix-Game-2.0 folder holding {', '.join(preset.files.values())}")
+        needed = ", ".join(v for k, v in preset.files.items() if k not in LINGBOT_OPTIONAL_ROLES)
+        what = (f"a LingBot-World causal-fast folder holding {needed}" if preset.is_lingbot else
+                f"the Self-Forcing repository root holding {needed}" if preset.is_text else
+                f"an official Matrix-Game-2.0 folder holding {', '.join(preset.files.values())}")
         raise InputError(f"preset {preset.name} needs --checkpoint DIR ({what}) or --random-weights")
-    if preset.is_lingbot:
+    if preset.is_lingbot or preset.is_text:  # files and folders (the umT5 tokenizer)
         lingbot_checkpoint_paths(preset, checkpoint)
     else:
         resolve_checkpoint_files(preset.files, checkpoint, preset.name)

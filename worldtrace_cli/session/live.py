@@ -60,9 +60,9 @@ class Session:
     def __init__(self, pipeline, cfg, record: str | Path | None = None):
         from ..metrics import OnlineMetrics
 
-        if cfg.preset.is_lingbot:
-            raise InputError(f"preset {cfg.preset.name}: sessions run MG2-architecture models; LingBot-World runs "
-                             f"with worldtrace generate")
+        if cfg.preset.is_lingbot or cfg.preset.is_text:
+            raise InputError(f"preset {cfg.preset.name}: sessions run MG2-architecture models; LingBot-World and "
+                             f"text-to-video presets run with worldtrace generate")
         self.pipeline, self.cfg, self.preset = pipeline, cfg, cfg.preset
         self.writer = pipeline.build_writer(cfg.memory)
         self.actions = ActionLog(self.preset.mode, self.preset.frames_per_chunk)

@@ -58,9 +58,9 @@ def open(preset: str = "loopworld", cache: str | None = None, *, checkpoint: str
         raise InputError(f"open: {api_words(str(exc))}") from None
     if record is not None:
         check_record(record)
-    if resolved.is_lingbot:
-        raise InputError(f"preset {resolved.name}: sessions run MG2-architecture models; LingBot-World runs with "
-                         f"worldtrace generate")
+    if resolved.is_lingbot or resolved.is_text:
+        raise InputError(f"preset {resolved.name}: sessions run MG2-architecture models; LingBot-World and the "
+                         f"text-to-video presets run with worldtrace generate")
     options = {**default_cache(resolved), **writer_options} if cache is None else {"cache": cache, **writer_options}
     known = {"positions", *SLOT_FIELDS, *writer_flags()}
     unknown = sorted(set(writer_options) - known)

@@ -19,6 +19,7 @@ from .actions import (CAMERA_STEP, CHUNK_FRAMES, FIRST_CHUNK_FRAMES, MAX_CHUNKS,
                       MAX_TRAJECTORY_BYTES, MODES, ActionPlan, Macro, ModeSpec, Segment, Trajectory, chunk_of_row,
                       chunk_rows, chunks_for_frames, frames_for_chunks, plan_actions)
 from ..errors import TrajectoryError
+from .prompts import parse_prompt_segment
 
 
 class _Parser:
@@ -196,6 +197,13 @@ def _parse_document(p: _Parser, root: yaml.Node, base_dir: Path | None) -> Traje
                 paths[key] = Path(base_dir) / paths[key]
     image = paths["image"]
     prompt = p.string(top["prompt"], "prompt") if "prompt" in top else None
+    if prompt is not None and mode == "text":
+        from .prompts import check_prompt
+
+        try:
+            prompt = check_prompt(prompt, "prompt")
+        except ValueError as exc:
+            raise p.error(top["prompt"], "prompt", str(exc).split(": ", 1)[1]) from None
 
     seed = p.integer(top["seed"], "seed", 0, 2**63 - 1) if "seed" in top else None
 
@@ -219,6 +227,10 @@ def _parse_document(p: _Parser, root: yaml.Node, base_dir: Path | None) -> Traje
 
 def _parse_segment(p: _Parser, spec: ModeSpec, node: yaml.Node, field: str,
                    start_row: int) -> Segment:
+    if spec.name == "text":  # prompt segments (Self-Forcing / LongLive presets)
+        fields = p.mapping(node, field, _SEGMENT_KEYS + ("prompt",))
+        label = _parse_label(p, fields["label"], f"{field}.label") if "label" in fields else None
+        return parse_prompt_segment(p, node, field, start_row, label)
     f = p.mapping(node, field, _SEGMENT_KEYS)
     line = node.start_mark.line + 1
     label = _parse_label(p, f["label"], f"{field}.label") if "label" in f else None

@@ -125,6 +125,8 @@ MODES: dict[str, ModeSpec] = {
             "left": Macro(keys=(5,)), "right": Macro(keys=(6,)),
         }),
     ),
+    # Self-Forcing / LongLive: prompt segments, no keyboard or mouse (worldtrace_cli.trajectory.prompts)
+    "text": ModeSpec(name="text", keyboard_dim=0, mouse=False, key_letters="", macros=MappingProxyType({})),
 }
 
 
@@ -139,6 +141,8 @@ class Segment:
     keyboard: ``keyboard_dim`` floats in {0, 1}; mouse: ``(pitch, yaw)``, None in templerun.
     num_frames: length in pixel frames (action rows); 0 for a label-only waypoint marker.
     label: waypoint label at the segment's first row, or None; line: 1-based line in the file.
+    prompt: mode ``text`` only: the segment's prompt (None: the trajectory's top-level prompt);
+    ``keyboard`` is then empty and ``action`` the prompt shortened.
     """
 
     action: str
@@ -147,6 +151,7 @@ class Segment:
     num_frames: int
     label: str | None
     line: int
+    prompt: str | None = None
 
 
 @dataclass(frozen=True)
@@ -194,6 +199,8 @@ class ActionPlan:
     label at r == R (the end) to chunk ``num_chunks``.
     notes: human-readable remarks (repetition past the trajectory's end, truncation).
     frames_per_chunk: latent frames per chunk of the layout (3 MG2, 4 LingBot: 16 C - 3 rows).
+    prompts: mode ``text``: each chunk's segment prompt (None where the segment has none: the run's
+        default prompt applies, :func:`~worldtrace_cli.jobs.inputs.prepare_inputs`); else None.
     """
 
     mode: str
@@ -204,6 +211,7 @@ class ActionPlan:
     waypoints: list[tuple[int, str]]
     notes: list[str]
     frames_per_chunk: int = 3
+    prompts: list | None = None
 
     @property
     def num_frames(self) -> int:
@@ -251,7 +259,11 @@ def plan_actions(traj: Trajectory, num_chunks: int | None = None, frames_per_chu
         spans.append((row, total, last))
 
     chunk_names: list[list[str]] = [[] for _ in range(num_chunks)]
+    prompts = [None] * num_chunks if traj.mode == "text" else None
     for start, end, seg in spans:
+        if prompts is not None:
+            for c in range(chunk_of_row(start, fpc), chunk_of_row(end - 1, fpc) + 1):
+                prompts[c] = seg.prompt
         keyboard[start:end] = torch.tensor(seg.keyboard, dtype=torch.float32)
         if mouse is not None:
             mouse[start:end] = torch.tensor(seg.mouse, dtype=torch.float32)
@@ -273,7 +285,7 @@ def plan_actions(traj: Trajectory, num_chunks: int | None = None, frames_per_chu
         notes.append(f"waypoints past chunk {num_chunks} dropped: {', '.join(dropped)}")
     return ActionPlan(mode=traj.mode, num_chunks=num_chunks, keyboard=keyboard, mouse=mouse,
                       chunk_actions=[">".join(n) for n in chunk_names], waypoints=waypoints,
-                      notes=notes, frames_per_chunk=fpc)
+                      notes=notes, frames_per_chunk=fpc, prompts=prompts)
 
 
 __all__ = ["ActionPlan", "CAMERA_STEP", "CHUNK_FRAMES", "FIRST_CHUNK_FRAMES", "MAX_CHUNKS", "MAX_LABEL_CHARS", "MAX_TRAJECTORY_BYTES", "MODES", "Macro", "ModeSpec", "Segment", "Trajectory", "chunk_of_row", "chunk_rows", "chunks_for_frames", "frames_for_chunks", "plan_actions"]

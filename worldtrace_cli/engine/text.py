@@ -1,0 +1,122 @@
+"""A loaded Self-Forcing / LongLive model behind the :class:`~worldtrace_cli.engine.base.PipelineBase` interface.
+
+``Pipeline.from_preset`` returns a :class:`TextPipeline` for a preset with ``architecture:
+selfforcing``; the jobs call the same methods as for MG2 and LingBot (``build_writer``, ``condition``,
+``rollout``, ``decoder``). What differs (selfforcing-architecture.md): no start image and no actions;
+each chunk is conditioned on its prompt segment's umT5 rows (encoded once per distinct prompt);
+chunks of 3 latent frames through the 4-step Self-Forcing sampler
+(:class:`~worldtrace_cli.engine.text_rollout.TextRollout`).
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+
+import torch
+
+from ..errors import InputError
+from .base import ModelKey, PipelineBase, check_speed
+
+log = logging.getLogger("worldtrace")
+
+
+@dataclass
+class TextConditioned:
+    """A run's prompts encoded: ``prompts`` the chunk-by-chunk prompt strings, ``contexts`` their umT5
+    rows (one [L, 4096] float32 tensor per chunk, shared between chunks of one prompt),
+    ``truncated`` the prompts longer than the encoder's 512 tokens (cut to 512, warned)."""
+
+    prompts: list
+    contexts: list
+    truncated: list
+
+
+def schedule_of(preset):
+    """The preset's :class:`~worldtrace_cli.model.selfforcing.sampler.SelfForcingSchedule`: its nominal
+    ``denoising_steps`` (Self-Forcing's [1000, 750, 500, 250]) as table rows ``1000 - t``, at its
+    ``timestep_shift``."""
+    from ..model.selfforcing.sampler import NUM_TRAIN_TIMESTEPS, SelfForcingSchedule
+
+    return SelfForcingSchedule(preset.timestep_shift, tuple(NUM_TRAIN_TIMESTEPS - t for t in preset.denoising_steps))
+
+
+def token_count(text_encoder, prompt: str) -> int:
+    """Tokens the encoder's tokenizer makes of ``prompt`` (cleaned as for encoding), EOS included,
+    without the 512-token truncation."""
+    from ..model.lingbot.text import clean_prompt
+
+    tok = text_encoder.tokenizer([clean_prompt(prompt)], max_length=1 << 20, truncation=False, padding=False,
+                                 add_special_tokens=True, return_tensors="pt")
+    return int(tok.attention_mask.sum())
+
+
+class TextPipeline(PipelineBase):
+    """A ``selfforcing`` preset's DiT (``t2v``), Wan2.1 VAE and umT5 encoder (CLIP tower only for
+    ``--metrics all``), loaded once. ``world`` is a :class:`~worldtrace_cli.model.lingbot.world.LingbotWorld`."""
+
+    @classmethod
+    def from_preset(cls, preset, checkpoint=None, random_weights: bool = False, weights_seed: int = 0,
+                    device: str = "auto", dtype: str = "auto", rope_precision: str = "float32",
+                    compile_mode: str = "none", hash_checkpoint: bool = False, key: ModelKey | None = None
+                    ) -> "TextPipeline":
+        """Load a Self-Forcing / LongLive preset (checkpoint folder, or seeded random weights).
+
+        Raises:
+            InputError: a bad precision/device/dtype, denoising steps outside the 1000-row table, a
+                checkpoint preset without a folder.
+            CheckpointError: missing files (one line) or a state dict with missing / extra keys.
+        """
+        from ..model.selfforcing.world import load_selfforcing_world
+
+        check_speed(rope_precision, compile_mode)
+        if not all(1 <= t <= 1000 for t in preset.denoising_steps):
+            raise InputError(f"preset {preset.name}: denoising_steps {list(preset.denoising_steps)}: each in [1, 1000]")
+        return cls._loaded(preset, lambda dev, dt: load_selfforcing_world(preset, checkpoint, random_weights,
+                                                                          weights_seed, dev, dt, hash_checkpoint),
+                           device, dtype, rope_precision, compile_mode, key)
+
+    @torch.no_grad()
+    def condition(self, image, num_chunks: int, prompts: list | None = None) -> TextConditioned:
+        """Encode each chunk's prompt (``prompts``: one string per chunk; ``image`` must be None: a
+        text-to-video model takes none). A prompt over 512 tokens is truncated to 512 with a warning.
+
+        Raises:
+            InputError: an image, no prompts, or fewer prompts than chunks.
+        """
+        if image is not None:
+            raise InputError(f"preset {self.preset.name}: a text-to-video model takes no start image")
+        if not prompts or len(prompts) < num_chunks:
+            raise InputError(f"preset {self.preset.name}: {num_chunks} chunks need a prompt each, got "
+                             f"{len(prompts or [])}")
+        encoder, contexts, truncated = self.world.text, [], []
+        for prompt in prompts[:num_chunks]:
+            if prompt not in encoder._cache:
+                n = token_count(encoder, prompt)
+                if n > encoder.max_length:
+                    truncated.append(prompt)
+                    log.warning(f"prompt {prompt[:40]!r}...: {n} tokens, truncated to the encoder's "
+                                f"{encoder.max_length}")
+            contexts.append(encoder.encode(prompt).to(self.device))
+        return TextConditioned(list(prompts[:num_chunks]), contexts, truncated)
+
+    def rollout(self, writer, conditioned: TextConditioned, keyboard=None, mouse=None, seed: int = 0, noise=None,
+                on_step=None):
+        """A fresh :class:`~worldtrace_cli.engine.text_rollout.TextRollout` through ``writer`` (reset).
+
+        Args:
+            keyboard, mouse: ignored (a text plan's rows are empty: [1, R, 0] and None).
+            seed: noise seed (chunk c draws from ``chunk_generator(seed, c)``).
+        """
+        from .text_rollout import TextRollout
+
+        return TextRollout(self.world.dit, writer, conditioned.contexts, seed, self.device, self.latent_hw,
+                           self.frames_per_chunk, self.window - 1, schedule_of(self.preset), noise=noise,
+                           on_step=on_step)
+
+    def latent_poses(self, keyboard=None, mouse=None):
+        """None: a text-to-video run has no camera poses (writers that need them refuse it)."""
+        return None
+
+
+__all__ = ["TextConditioned", "TextPipeline", "schedule_of", "token_count"]

@@ -1,0 +1,114 @@
+"""A Self-Forcing / LongLive preset's networks on one device: the t2v DiT, the Wan2.1 VAE, umT5.
+
+Checkpoint folder (``--checkpoint``): the root of the Self-Forcing repository as its README sets it
+up (selfforcing-architecture.md §0, §2), relative paths from the preset's ``files``:
+
+* ``checkpoints/self_forcing_dmd.pt``: a ``torch.save`` of ``{"generator": sd, "generator_ema": sd}``
+  (keys prefixed ``model.``: the wrapper's attribute); the EMA weights are the ones the official
+  ``inference.py --use_ema`` samples with, and the ones read here (``generator`` when there is no EMA);
+* ``wan_models/Wan2.1-T2V-1.3B/``: ``Wan2.1_VAE.pth``, ``models_t5_umt5-xxl-enc-bf16.pth`` and the
+  ``google/umt5-xxl/`` tokenizer, the same encoder LingBot-World reads
+  (:class:`~worldtrace_cli.model.lingbot.text.UMT5TextEncoder`).
+
+Random weights (``self-forcing-tiny``, ``longlive-tiny``, ``--random-weights``): exactly LingBot's
+random path (:func:`~worldtrace_cli.model.lingbot.world.load_lingbot_world`) on a ``t2v`` config.
+The files are never bundled (Self-Forcing's weights are CC BY-NC-SA 4.0, LongLive's licence unstated).
+"""
+
+from __future__ import annotations
+
+import pickle
+from pathlib import Path
+
+import torch
+
+from ...errors import CheckpointError, InputError
+from ..checkpoint import file_identity
+from ..lingbot.dit import LingbotDiT
+from ..lingbot.text import UMT5TextEncoder
+from ..lingbot.world import LingbotWorld, checkpoint_paths, load_lingbot_world
+from ..weights import check_state_dict
+
+GENERATOR_KEYS = ("generator_ema", "generator")  # self_forcing_dmd.pt's entries, the EMA preferred
+PREFIX = "model."  # WanDiffusionWrapper.model
+
+
+def read_generator(path: str | Path) -> tuple[dict[str, torch.Tensor], str]:
+    """The DiT state dict of a Self-Forcing training checkpoint (``.pt``: ``generator_ema`` or
+    ``generator``, keys with the ``model.`` prefix dropped) or of a flat ``.pt`` / ``.safetensors``.
+    Read with ``weights_only=True`` (tensors only, memory-mapped). Returns (state dict, entry name).
+
+    Raises:
+        CheckpointError: missing or unreadable file, Python objects besides tensors, no generator entry.
+    """
+    path = Path(path)
+    if not path.is_file():
+        raise CheckpointError(f"{path}: file not found")
+    try:
+        if path.suffix == ".safetensors":
+            from safetensors.torch import load_file
+
+            raw = load_file(str(path))
+        else:
+            raw = torch.load(str(path), map_location="cpu", weights_only=True, mmap=True)
+    except pickle.UnpicklingError:
+        raise CheckpointError(f"{path}: holds Python objects besides tensors; worldtrace reads tensors only") from None
+    except Exception as exc:  # truncated or corrupt files raise many types
+        raise CheckpointError(f"{path}: cannot read weights ({type(exc).__name__}: {str(exc).splitlines()[0][:160]})"
+                              ) from None
+    entry = next((k for k in GENERATOR_KEYS if isinstance(raw, dict) and isinstance(raw.get(k), dict)), None)
+    sd = raw[entry] if entry else raw
+    if not isinstance(sd, dict) or not sd or not all(isinstance(v, torch.Tensor) for v in sd.values()):
+        raise CheckpointError(f"{path}: no DiT state dict (expected {' or '.join(GENERATOR_KEYS)}, or a flat one)")
+    if all(k.startswith(PREFIX) for k in sd):
+        sd = {k[len(PREFIX):]: v for k, v in sd.items()}
+    return sd, entry or "state dict"
+
+
+def load_selfforcing_dit(path: str | Path, cfg, dtype: torch.dtype, device: torch.device) -> LingbotDiT:
+    """A ``t2v`` :class:`LingbotDiT` of ``cfg`` filled strictly from ``path`` (:func:`read_generator`).
+
+    Raises:
+        CheckpointError: unreadable file, or missing / unexpected / mis-shaped keys (one line naming them).
+    """
+    sd, _ = read_generator(path)
+    with torch.device("meta"):
+        dit = LingbotDiT(cfg)
+    check_state_dict(dit, sd, str(path))
+    dit.load_state_dict(sd, strict=True, assign=True)
+    return dit.to(device=device, dtype=dtype).eval().requires_grad_(False)
+
+
+def load_selfforcing_world(preset, checkpoint: str | Path | None, random_weights: bool, weights_seed: int,
+                           device: torch.device, dtype: torch.dtype, full_hash: bool = False) -> LingbotWorld:
+    """Build a ``selfforcing`` preset's networks (``world.dit``, ``vae``, ``text``, ``clip`` or None).
+
+    Raises:
+        InputError: a checkpoint preset without ``--checkpoint`` and without ``--random-weights``.
+        CheckpointError: missing files (one line), a DiT state dict that does not match the preset,
+            an unreadable text encoder or one whose width is not 4096.
+    """
+    from ..image_encoder import build_clip_tower
+    from ..vae import build_wan_vae
+
+    if random_weights or preset.weights == "random":
+        return load_lingbot_world(preset, None, True, weights_seed, device, dtype)
+    if checkpoint is None:
+        raise InputError(f"preset {preset.name} needs --checkpoint DIR (the Self-Forcing repository root holding "
+                         f"{', '.join(preset.files.values())}) or --random-weights")
+    paths = checkpoint_paths(preset, checkpoint)
+    dit = load_selfforcing_dit(paths["dit"], preset.dit, dtype, device)
+    vae = build_wan_vae(preset.vae, paths["vae"], device=device, dtype=dtype)
+    if paths["text_encoder"].is_file():
+        text = UMT5TextEncoder.from_wan_checkpoint(paths["text_encoder"], paths["tokenizer"], dtype=dtype, device=device)
+    else:
+        text = UMT5TextEncoder.from_pretrained(paths["text_encoder"], paths["tokenizer"], dtype=dtype, device=device)
+    if text.model.config.d_model != 4096:
+        raise CheckpointError(f"{paths['text_encoder']}: umT5 width {text.model.config.d_model}, the DiT reads 4096")
+    clip = build_clip_tower(preset.clip, paths["clip"], device=device, dtype=dtype) if "clip" in paths else None
+    files = [{"role": role, **file_identity(paths[role], full_hash)} for role in ("dit", "vae", "text_encoder", "clip")
+             if role in paths and paths[role].is_file()]
+    return LingbotWorld(dit, vae, clip, text, files)
+
+
+__all__ = ["GENERATOR_KEYS", "load_selfforcing_dit", "load_selfforcing_world", "read_generator"]
