@@ -58,11 +58,14 @@ def test_self_forcing_fixtures_replay_within_1e_4():
     from worldtrace_cli.jobs.parity_selfforcing import compare_selfforcing
 
     diffs, skipped = compare_selfforcing(FIXTURES)
-    variants = ("sf_global", "sf_la6_sink3", "longlive_infinity")
+    variants = ("sf_global", "sf_la6_sink3", "longlive_infinity", "longlive_switch")
     assert set(diffs) == {f"{v}/{k}" for v in variants for k in ("x0", "latents")} | {
-        "sf_global/cache", "sf_la6_sink3/cache", "longlive_infinity/cache_values"}
-    assert max(diffs.values()) <= 1e-4, diffs  # measured <= 2.9e-6 (x0, latents), 4.1e-6 (cache) on this CPU
-    assert skipped == ["longlive_switch"]
+        "sf_global/cache", "sf_la6_sink3/cache", "longlive_infinity/cache_values", "longlive_switch/cache",
+        "longlive_switch/cache_after_recache"}
+    caches = {k: v for k, v in diffs.items() if "/cache" in k}
+    assert max(v for k, v in diffs.items() if k not in caches) <= 1e-4, diffs  # measured <= 7.1e-6 on this CPU
+    assert max(caches.values()) <= 2e-4, caches  # the fixtures README's bound for cache entries; measured 2.0e-5
+    assert skipped == []
 
 
 @needs_fixtures
@@ -97,6 +100,36 @@ def test_a_wrong_cache_is_caught():
 
 
 @needs_fixtures
+def test_a_wrong_prompt_switch_or_lora_is_caught():
+    """LongLive's switch (re-cache before chunk 6 under the second prompt, LoRA merged at alpha / rank =
+    2) is replayed sharply: no re-cache, a re-cache that also rewrites the sink (LongLive's early-switch
+    behaviour where it does not apply), or the LoRA at scale 1 all move the latents far past 1e-4."""
+    import copy
+
+    from worldtrace_cli.jobs import parity_selfforcing as P
+    from worldtrace_cli.model.checkpoint import read_state_dict
+    from worldtrace_cli.model.selfforcing.lora import merge_lora, read_lora
+
+    base = P.load_selfforcing_dit(FIXTURES)
+    inputs = read_state_dict(FIXTURES / "tiny_inputs.safetensors")
+    outputs = read_state_dict(FIXTURES / "longlive_switch" / "tiny_outputs.safetensors")
+    want = outputs["output_latents"].permute(0, 2, 1, 3, 4)
+    lora = read_lora(FIXTURES / "longlive_lora.safetensors")
+    model, scale_one = copy.deepcopy(base), copy.deepcopy(base)
+    assert merge_lora(model, lora, 8) == 20 and merge_lora(scale_one, lora) == 20  # 10 targets x 2 blocks
+    memory = P.REPLAYED["longlive_switch"]
+
+    def off(m, switch="recache"):
+        _, latents = P.replay_variant(m, inputs, outputs, memory, 8, 11, switch_chunk=6, switch=switch)
+        return (latents - want).abs().max().item()
+
+    assert off(model) <= 1e-4
+    assert off(model, "plain") > 1e-2
+    assert off(scale_one) > 1.0  # the README: 2.9
+    assert (off(base) > 1.0)  # no LoRA at all
+
+
+@needs_fixtures
 def test_the_sampler_is_the_fixtures_table():
     from worldtrace_cli.model.checkpoint import read_state_dict
     from worldtrace_cli.model.selfforcing.sampler import SelfForcingSchedule
@@ -113,4 +146,4 @@ def test_worldtrace_parity_on_the_fixture_folder():
                          text=True, timeout=300)
     assert out.returncode == 0, out.stderr
     assert out.stdout.splitlines()[-1].startswith("max_abs_diff=") and "sf_global/latents" in out.stdout
-    assert "not replayed yet: longlive_switch" in out.stderr
+    assert "longlive_switch/x0" in out.stdout and "not replayed" not in out.stderr

@@ -152,7 +152,7 @@ def test_checkpoint_keys_missing_or_extra_exit_3_naming_them(tmp_path):
     line = one_line_error(invoke("generate", "--preset", preset, ABA, "--checkpoint", tmp_path, "-o", tmp_path / "o"), 3)
     assert "1 unexpected: blocks.0.extra.weight" in line
     line = one_line_error(invoke("generate", "--preset", preset, ABA, "-o", tmp_path / "o"))
-    assert "needs --checkpoint DIR (the Self-Forcing repository root" in line
+    assert "needs --checkpoint DIR (the Self-Forcing or LongLive repository root" in line
 
 
 def test_self_forcing_dmd_pt_loads_its_ema_generator(tmp_path):
@@ -185,3 +185,140 @@ def test_1100_latent_frames_run_past_the_rope_table(pipe, cache):
     assert torch.isfinite(out.latents).all() and 0.5 < float(out.latents.std()) < 2.0
     assert max(offsets) <= pipe.window + 2 < 1024  # 20 for sliding; 23 for the writers' 6 + 12 + chunk
     assert out.record["cache"]["positions"] == ("actual" if cache == "sliding" else "slot_rank")
+
+
+def _switch_run(pipe, switch, chunks=5, switch_at=4):
+    """A LongLive-cache rollout (sink 3 + 6 recent, window 12, actual positions) switching prompt at
+    ``switch_at``; returns (the sink's K/V per layer before the switch, after it, the switch event)."""
+    from worldtrace_cli.engine.text_rollout import TextRollout
+
+    cond = pipe.condition(None, 2, ["a red lighthouse", "a busy market street"])
+    contexts = [cond.contexts[0]] * switch_at + [cond.contexts[1]] * (chunks - switch_at)
+    writer = pipe.build_writer(memory_config("sink", preset=pipe.preset, budget=9, sink_frames=3, positions="actual"))
+    rollout = TextRollout(pipe.world.dit, writer, contexts, 0, pipe.device, pipe.latent_hw, trained_offset=11,
+                          switch=switch, recache_window=12)
+    for _ in range(switch_at):
+        rollout.step()
+    sink = lambda: [tuple(t.clone() for t in frame[layer]) for frame in writer._components[0]._kv  # noqa: E731
+                    for layer in range(2)]
+    before = sink()
+    out = rollout.step()
+    events = [e for e in out.record["cache"]["events"] if e["type"].startswith("prompt")]
+    return before, sink(), events
+
+
+def test_an_early_switch_rewrites_the_sink_as_longlive_does_unless_kept(pipe):
+    """LongLive's early-switch surprise (selfforcing-architecture.md §11.5): a switch within the first
+    window (here at frame 12 of a 12-frame window) re-caches from frame 0 and rewrites the sink with
+    the new prompt's K/V: layer 1's sink changes, layer 0's cannot (no text reaches it yet).
+    ``recache-keep-sink`` keeps the sink; ``plain`` does not re-cache at all."""
+    before, after, events = _switch_run(pipe, "recache")
+    assert events == [{"type": "prompt_recache", "frames": [0, 12], "query_only": 0,
+                       "rewritten": [0, 1, 2, 6, 7, 8, 9, 10, 11], "sink_rewritten": True}]
+    layer0 = [(b, a) for i, (b, a) in enumerate(zip(before, after)) if i % 2 == 0]
+    layer1 = [(b, a) for i, (b, a) in enumerate(zip(before, after)) if i % 2 == 1]
+    assert all(torch.allclose(b[0], a[0], atol=1e-5) and torch.allclose(b[1], a[1], atol=1e-5) for b, a in layer0)
+    assert all((b[1] - a[1]).abs().max() > 1e-3 for b, a in layer1)  # the values carry the new prompt
+
+    before, after, events = _switch_run(pipe, "recache-keep-sink")
+    assert events[0]["frames"] == [3, 12] and not events[0]["sink_rewritten"] and events[0]["rewritten"] == list(range(6, 12))
+    assert all(torch.equal(b[0], a[0]) and torch.equal(b[1], a[1]) for b, a in zip(before, after))
+
+    before, after, events = _switch_run(pipe, "plain")
+    assert events == [{"type": "prompt_switch", "recache": False}]
+    assert all(torch.equal(b[1], a[1]) for b, a in zip(before, after))
+
+
+def test_a_later_switch_keeps_the_sink_and_queries_through_its_frames(pipe):
+    """Past the first window (switch at frame 18): the call covers frames 6..17, reads the sink, its
+    first 3 frames only query, and the recent frames 12..17 are rewritten (the fixture's case)."""
+    before, after, events = _switch_run(pipe, "recache", chunks=7, switch_at=6)
+    assert events == [{"type": "prompt_recache", "frames": [6, 18], "query_only": 3,
+                       "rewritten": list(range(12, 18)), "sink_rewritten": False}]
+    assert all(torch.equal(b[0], a[0]) and torch.equal(b[1], a[1]) for b, a in zip(before, after))
+
+
+def test_prompt_switch_flag_belongs_to_text_presets(tmp_path):
+    line = one_line_error(invoke("generate", "--preset", "tiny", ROOT / "trajectories" / "aba.yaml", "--image",
+                                 ROOT / "assets" / "images" / "mg2_universal_0000.png", "--prompt-switch", "plain",
+                                 "-o", tmp_path / "o"))
+    assert "--prompt-switch: only text-to-video presets" in line
+
+
+def test_a_longlive_root_loads_its_generator_with_the_lora_merged(tmp_path):
+    """longlive_base.pt's ``generator`` (its configs: use_ema false), lora.pt's ``generator_lora``
+    merged at scale alpha / rank = 1 into the 10 targets of every block; a LoRA key of another
+    layer is refused naming it."""
+    from worldtrace_cli.model.lingbot.world import random_dit
+    from worldtrace_cli.model.selfforcing.world import load_selfforcing_dit
+
+    cfg = load_preset("longlive-tiny").dit
+    ref = random_dit(cfg, 7, torch.device("cpu"), torch.float32)
+    sd = {f"model.{k}": v for k, v in ref.state_dict().items()}
+    torch.save({"generator": sd, "generator_ema": {k: torch.zeros_like(v) for k, v in sd.items()}}, tmp_path / "base.pt")
+    g = torch.Generator().manual_seed(0)
+    lora = {}
+    for layer in range(cfg.num_layers):
+        for target in [f"{a}.{p}" for a in ("self_attn", "cross_attn") for p in "qkvo"] + ["ffn.0", "ffn.2"]:
+            w = ref.get_submodule(f"blocks.{layer}.{target}").weight
+            lora[f"base_model.model.blocks.{layer}.{target}.lora_A.weight"] = torch.randn(4, w.shape[1], generator=g)
+            lora[f"base_model.model.blocks.{layer}.{target}.lora_B.weight"] = torch.randn(w.shape[0], 4, generator=g)
+    torch.save({"generator_lora": lora}, tmp_path / "lora.pt")
+    dit = load_selfforcing_dit(tmp_path / "base.pt", cfg, torch.float32, torch.device("cpu"), tmp_path / "lora.pt")
+    q = "blocks.1.cross_attn.q"
+    want = ref.get_submodule(q).weight + lora[f"base_model.model.{q}.lora_B.weight"] @ lora[f"base_model.model.{q}.lora_A.weight"]
+    assert torch.allclose(dit.get_submodule(q).weight, want, atol=1e-5)
+    assert torch.equal(dit.head.head.weight, ref.head.head.weight)  # not a target
+    torch.save({"generator_lora": {**lora, "base_model.model.head.head.lora_A.weight": torch.zeros(4, 4)}},
+               tmp_path / "bad.pt")
+    with pytest.raises(CheckpointError, match="unexpected LoRA key base_model.model.head.head.lora_A.weight"):
+        load_selfforcing_dit(tmp_path / "base.pt", cfg, torch.float32, torch.device("cpu"), tmp_path / "bad.pt")
+
+
+def test_prompt_loops_pair_the_return_with_the_first_segment():
+    from worldtrace_cli.metrics.revisit import pairs_from_prompts
+
+    assert pairs_from_prompts(list("AAAABBBAAAA")) == [(0, 7), (1, 8), (2, 9), (3, 10)]
+    assert pairs_from_prompts(list("AABBCAAA")) == [(0, 5), (1, 6)]  # the shorter of the two runs
+    assert pairs_from_prompts(list("AABBAABB")) == [(0, 4), (1, 5), (2, 6), (3, 7)]  # B returns too
+    assert pairs_from_prompts(list("AAAA")) == []  # no detour, no revisit
+
+
+def test_prompt_scene_files_are_checked_in_one_line(tmp_path):
+    from worldtrace_cli.loopbench.prompts import load_prompt_scenes, prompt_loop_document
+
+    good = tmp_path / "p.yaml"
+    good.write_text("harbour: {A: a harbour at dawn, B: a desert road}\n")
+    assert load_prompt_scenes(good) == {"harbour": {"A": "a harbour at dawn", "B": "a desert road"}}
+    with pytest.raises(InputError, match="loop prompt_abca visits C"):
+        prompt_loop_document("prompt_abca", load_prompt_scenes(good)["harbour"])
+    for text, match in (("harbour: {A: '', B: x}\n", "harbour.A: empty prompt"),
+                        ("'a/b': {A: x, B: y}\n", "scene name"), ("harbour: {a: x}\n", "one capital letter"),
+                        ("[1, 2]\n", "expected a mapping")):
+        good.write_text(text)
+        with pytest.raises(InputError, match=match):
+            load_prompt_scenes(good)
+
+
+def test_loopbench_for_prompts_runs_and_reports(tmp_path):
+    """A -> B -> A prompt loops as a LoopBench sweep on the tiny preset: PAC pairs the return with
+    the first A segment (summary: source prompts), the report has the prompt-loop tier and no
+    paper table; images and worlds are refused for a text preset."""
+    skip_without_ffmpeg()
+    scenes = tmp_path / "scenes.yaml"
+    scenes.write_text("harbour: {A: a harbour at dawn with fishing boats, B: a desert road at noon}\n")
+    res = invoke("loopbench", "run", "--preset", "self-forcing-tiny", "--configs", "prompt_aba", "--caches",
+                 "sliding,landmark", "--prompts", scenes, "-o", tmp_path / "lb", "--no-progress")
+    assert res.exit_code == 0, res.output
+    summary = json.loads((tmp_path / "lb" / "prompt_aba" / "landmark" / "harbour" / "seed0" / "summary.json").read_text())
+    assert summary["metrics"]["revisit"] == {"source": "prompts", "chunk_pairs": [[i, 8 + i] for i in range(4)]}
+    assert summary["metrics"]["pac"] is not None
+    assert invoke("loopbench", "report", tmp_path / "lb").exit_code == 0
+    report = (tmp_path / "lb" / "report.md").read_text()
+    assert "### Prompt loops (text-to-video)" in report and "prompt_aba (N=12)" in report
+    assert "paper's table" not in report
+    assert "scenes are prompts" in one_line_error(invoke("loopbench", "run", "--preset", "self-forcing-tiny",
+                                                         "--worlds", "0", "-o", tmp_path / "x"))
+    assert "--prompts: only text-to-video presets" in one_line_error(invoke(
+        "loopbench", "run", "--preset", "tiny", "--prompts", scenes, "--images", ROOT / "assets" / "images",
+        "-o", tmp_path / "x"))

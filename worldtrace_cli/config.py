@@ -19,14 +19,13 @@ from .model.lingbot.config import LingbotConfig, trained_window
 from .writer_options import LANDMARK_TAU, MemoryConfig  # noqa: F401  (re-exported: RunConfig.memory's type)
 
 MODES = ("universal", "gta_drive", "templerun", "text")  # text: prompt segments (the selfforcing architecture)
-# Matrix-Game-2.0 (action module) | LingBot-World causal fast (camera poses) | Self-Forcing / LongLive (text)
-ARCHITECTURES = ("mg2", "lingbot", "selfforcing")
+ARCHITECTURES = ("mg2", "lingbot", "selfforcing")  # MG2 (actions) | LingBot-World (camera) | Self-Forcing/LongLive
 WAN_DIT_ARCHITECTURES = ("lingbot", "selfforcing")  # their ``dit`` is a LingbotConfig (i2v | t2v)
 SELFFORCING_WINDOW = 21  # Self-Forcing's global cache holds its trained 21 latent frames (81 video frames)
 _PRESET_KEYS = {"description", "mode", "height", "width", "fps", "denoising_steps", "timestep_shift",
                 "weights", "vae", "clip", "files", "dit", "frames_per_chunk", "bundle", "world", "architecture",
                 "landmark_threshold", "sampler", "extends"}
-_FILE_ROLES = ("dit", "vae", "clip", "text_encoder", "tokenizer")
+_FILE_ROLES = ("dit", "vae", "clip", "text_encoder", "tokenizer", "lora")  # lora: LongLive's adapter
 # Preset keys that are only defaults of run settings (the tau a run uses is memory.landmark_threshold): not
 # part of what a training run or a generated video is made with
 PRESET_DEFAULTS_ONLY = ("landmark_threshold",)
@@ -214,8 +213,8 @@ def load_preset(name_or_path: str) -> Preset:
     if "denoising_steps" in raw:
         raw["denoising_steps"] = tuple(raw["denoising_steps"])
     if raw.get("architecture") in WAN_DIT_ARCHITECTURES and raw.get("sampler", "renoise") != "renoise":
-        raise InputError(f"{source}: sampler: {raw['architecture']} presets use their model's own sampler; only "
-                         f"MG2-architecture presets take 'euler'")
+        own = "LingBot presets use LingBot's own" if raw["architecture"] == "lingbot" else "they use their own 4-step"
+        raise InputError(f"{source}: sampler: {own} sampler; only MG2-architecture presets take 'euler'")
     _check_family(raw, dit, source)
     if raw.get("architecture") in WAN_DIT_ARCHITECTURES:
         from .model.lingbot.config import official_memory
@@ -306,6 +305,8 @@ class RunConfig:
         prompt, poses, intrinsics: LingBot presets only: the text prompt and LingBot's own
             ``poses.npy`` / ``intrinsics.npy`` (override the trajectory's ``prompt`` / ``poses`` /
             ``intrinsics``; without poses the trajectory's actions drive the camera).
+        prompt_switch: text-to-video presets: what a prompt switch does to the cache (``recache``
+            LongLive's official K/V re-cache, ``recache-keep-sink``, ``plain``; engine/recache.py).
     """
 
     preset: Preset
@@ -332,6 +333,7 @@ class RunConfig:
     prompt: str | None = None
     poses: Path | None = None
     intrinsics: Path | None = None
+    prompt_switch: str = "recache"
 
     def to_dict(self) -> dict[str, Any]:
         """Plain data (``summary.json``'s ``config``, resume states): the preset's dict and the memory

@@ -134,7 +134,8 @@ def bench_tau(run_dirs, min_change, rate, output, show):
 @click.option("--chunks", default="8,16", show_default=True, callback=int_list(1),
               help="Comma-separated chunk counts: one rollout per writer to the largest, snapshots at each.")
 @device_options
-@click.option("--image", type=click.Path(path_type=Path), default=None, help="Conditioning image (default: a gradient).")
+@click.option("--image", type=click.Path(path_type=Path), default=None,
+              help="Conditioning image (default: a gradient; text-to-video presets take a fixed prompt instead).")
 @click.option("--warmup", type=click.IntRange(0), default=1, show_default=True,
               help="Chunks excluded from the timings (3 or more with --compile: compilation and CUDA-graph recording).")
 @click.option("--no-decode", is_flag=True, help="Skip the VAE decode (DiT and cache only).")

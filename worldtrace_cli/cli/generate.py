@@ -29,6 +29,12 @@ from .options import (CHUNKS, SEED, NonEmptyPath, cache_help, device_options, me
                    "root (checkpoints/self_forcing_dmd.pt, wan_models/Wan2.1-T2V-1.3B/).")
 @click.option("--prompt", default=None, help="LingBot and text-to-video presets: the text prompt (overrides the "
               "trajectory's top-level `prompt`; text-to-video segments with their own prompt keep it).")
+@click.option("--prompt-switch", type=click.Choice(["recache", "recache-keep-sink", "plain"]), default="recache",
+              show_default=True,
+              help="Text-to-video presets, at a prompt switch: recache = LongLive's K/V re-cache of the window "
+                   "under the new prompt (its official behaviour: a switch within the first window also rewrites "
+                   "the sink); recache-keep-sink = the same, the sink always kept; plain = no re-cache "
+                   "(Self-Forcing's: the cache keeps the old prompt's K/V).")
 @click.option("--poses", type=click.Path(path_type=Path), default=None, metavar="NPY",
               help="LingBot presets: camera-to-world poses [N, 4, 4] (LingBot's poses.npy, one per pixel frame, "
                    "OpenCV axes) instead of the camera the actions drive.")
@@ -66,7 +72,7 @@ from .options import (CHUNKS, SEED, NonEmptyPath, cache_help, device_options, me
               help="Continue an interrupted run from its last saved state (other options come from the run, "
                    "except --overlap-decode and --no-progress).")
 @click.option("--no-progress/--progress", "no_progress", default=False, help="No progress bar (default: --progress, on stderr).")
-def generate(trajectory, preset, checkpoint, prompt, poses, intrinsics, random_weights, image, world_seed, chunks, seed,
+def generate(trajectory, preset, checkpoint, prompt, prompt_switch, poses, intrinsics, random_weights, image, world_seed, chunks, seed,
              output, overwrite, cache, device, dtype, metrics, hash_checkpoint, save_every, rope_precision,
              compile_mode, overlap_decode, resume_dir, no_progress, **memory):
     """Generate a video from TRAJECTORY (a YAML file of actions, or of prompt segments for the
@@ -128,6 +134,7 @@ def generate(trajectory, preset, checkpoint, prompt, poses, intrinsics, random_w
         out = output or Path("runs") / f"{trajectory.stem}-{cache_folder(options['cache'])}"
         cfg = RunConfig(preset=resolved, trajectory=trajectory, output=out, image=image, chunks=chunks,
                         world_seed=world_seed, prompt=prompt, poses=poses, intrinsics=intrinsics,
+                        prompt_switch=prompt_switch,
                         seed=seed, device=device, dtype=dtype, checkpoint=checkpoint, random_weights=random_weights,
                         memory=memory_config(preset=resolved, **options),
                         overwrite=overwrite, progress=not no_progress, hash_checkpoint=hash_checkpoint,

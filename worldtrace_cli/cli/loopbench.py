@@ -18,6 +18,9 @@ from .options import (CHUNKS, NonEmptyPath, cache_help, device_options, memory_o
 _DEFAULT_CONFIGS = ",".join(n for n, c in CONFIGS.items() if c.tier in (1, 2, 3, 4))
 # the default sweep is quick (18 jobs on loopworld, minutes on a CPU); --full is the paper's (1,440 jobs, hours)
 QUICK = {"configs": ["aba", "abca", "pan_90"], "worlds": "0-1", "seeds": "0"}
+# text-to-video presets (LoopBench for prompts): prompt loops x the built-in prompt scenes
+QUICK_TEXT = {"configs": ["prompt_aba", "prompt_abca"], "seeds": "0"}
+FULL_TEXT = {"configs": ["prompt_aba", "prompt_abca", "prompt_aba_long"], "seeds": "0,42,123,456,789"}
 FULL = {"configs": _DEFAULT_CONFIGS.split(","), "worlds": "0-7", "seeds": "0,42,123,456,789"}
 
 
@@ -49,6 +52,10 @@ def loopbench():
               help=cache_help("Comma-separated cache writers, each as --cache of generate: "))
 @click.option("--images", default=None, metavar="DIR|A.png,B.png",
               help="Conditioning images (one scene each): every image in a folder, or a comma list.")
+@click.option("--prompts", type=click.Path(path_type=Path), default=None, metavar="FILE",
+              help="Text-to-video presets (self-forcing-tiny, longlive-tiny, ...): prompt scenes as YAML, "
+                   "{name: {A: prompt, B: prompt, C: prompt}}; default: the built-in lighthouse and kitchen. "
+                   "Their configurations are prompt loops: prompt_aba, prompt_abca (quick), prompt_aba_long.")
 @click.option("--worlds", default=None, metavar="0-7|0,3,5",
               help="Procedural worlds as scenes (loopworld; default 0-1, --full 0-7, when no --images is given).")
 @click.option("--seeds", default=None, show_default="0 (--full: 0,42,123,456,789)", help="Comma-separated noise seeds.")
@@ -70,7 +77,7 @@ def loopbench():
 @speed_options
 @click.option("-o", "--output", type=NonEmptyPath(path_type=Path), required=True, metavar="DIR",
               help="Sweep folder: DIR/<config>/<cache>/<image>/seed<N>/ per job, DIR/failures.jsonl.")
-def run_cmd(preset, full, configs, caches, images, worlds, seeds, chunks, metrics, shard, device, dtype, checkpoint,
+def run_cmd(preset, full, configs, caches, images, prompts, worlds, seeds, chunks, metrics, shard, device, dtype, checkpoint,
             random_weights, progress, rope_precision, compile_mode, overlap_decode, output, **memory):
     """Generate a LoopBench sweep: every configuration x writer x image x seed. By default a quick
     one (aba, abca, pan_90 x sliding, field, landmark x worlds 0-1 x seed 0: 18 jobs); --full runs
@@ -90,6 +97,7 @@ def run_cmd(preset, full, configs, caches, images, worlds, seeds, chunks, metric
       worldtrace loopbench run --images assets/images --shard 1/4 -o lb/       # machine 2 of 4
       torchrun --nproc-per-node 8 -m worldtrace_cli loopbench run --preset mg2-universal \\
           --checkpoint MG2/ --images scenes/ -o lb/                        # one GPU per rank
+      worldtrace loopbench run --preset self-forcing-tiny -o lb-text/       # A -> B -> A prompt loops
       worldtrace loopbench report lb/
     """
 
@@ -99,18 +107,31 @@ def run_cmd(preset, full, configs, caches, images, worlds, seeds, chunks, metric
         from ..jobs.loopbench import run_jobs
         from ..loopbench import plan
 
-        world_preset = load_preset(preset).has_world
-        if images is None and worlds is None and not world_preset:
+        resolved = load_preset(preset)
+        world_preset = resolved.has_world
+        if resolved.is_text:  # LoopBench for prompts: prompt loops x prompt scenes
+            if images is not None or worlds is not None:
+                raise InputError(f"--{'images' if images is not None else 'worlds'}: preset {preset} is text-to-video: "
+                                 f"its scenes are prompts (--prompts FILE; default: the built-in scenes)")
+        elif prompts is not None:
+            raise InputError(f"--prompts: only text-to-video presets take prompt scenes (preset {preset})")
+        elif images is None and worlds is None and not world_preset:
             raise InputError(f"--images: required with preset {preset} (only procedural-world presets take --worlds)")
         if worlds is not None and not world_preset:
             raise InputError(f"--worlds: preset {preset} has no procedural world (use --images)")
         if output.exists() and not output.is_dir():
             raise OutputError(f"output folder {output} exists and is not a folder")
-        sweep = FULL if full else QUICK
-        world_list = plan.parse_worlds(worlds or sweep["worlds"]) if worlds is not None or images is None else []
+        sweep = (FULL_TEXT if full else QUICK_TEXT) if resolved.is_text else FULL if full else QUICK
+        world_list = ([] if resolved.is_text else plan.parse_worlds(worlds or sweep["worlds"])
+                      if worlds is not None or images is None else [])
+        scenes = None
+        if resolved.is_text:
+            from ..loopbench.prompts import PROMPT_SCENES, load_prompt_scenes
+
+            scenes = load_prompt_scenes(prompts) if prompts is not None else PROMPT_SCENES
         jobs = plan.plan_jobs(configs or sweep["configs"], caches, plan.resolve_images(images) if images else [],
                               plan.parse_seeds(seeds or sweep["seeds"]), scratch=output / ".trajectories",
-                              worlds=world_list)
+                              worlds=world_list, prompt_scenes=scenes)
         rank, world, env_device = plan.shard_from_env()
         index, count = plan.combine_shards(plan.parse_shard(shard), (rank, world))
         mine = plan.shard(jobs, index, count)

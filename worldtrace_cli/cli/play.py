@@ -123,8 +123,9 @@ def play(preset, cache, checkpoint, random_weights, image, world_seed, seed, dev
 
         resolved = load_preset(preset)
         if resolved.is_lingbot or resolved.is_text:
-            raise InputError(f"--preset {resolved.name}: play runs MG2-architecture models; LingBot-World and the "
-                             f"text-to-video presets run with worldtrace generate")
+            who = "LingBot-World runs" if resolved.is_lingbot else "the text-to-video presets run"
+            raise InputError(f"--preset {resolved.name}: play runs MG2-architecture models; {who} with worldtrace "
+                             f"generate")
         if image is not None:
             check_image(image, resolved.height, resolved.width)
         elif not resolved.has_world:

@@ -96,6 +96,15 @@ class ChunkRollout:
     def check_chunk(self, chunk: int, frame_start: int) -> None:
         """Refuse a chunk the backbone cannot make (RunError); default: any."""
 
+    def prepare_chunk(self, chunk: int, frame_start: int) -> list[dict]:
+        """Work on the cache before the chunk reads it (the text backbone's prompt-switch re-cache);
+        returns events for the chunk's record. Default: none."""
+        return []
+
+    def finish_chunk(self, x0: torch.Tensor) -> None:
+        """See the chunk's committed clean latents [1, C, F, h, w] (the text backbone keeps its last
+        window for a re-cache). Default: nothing."""
+
     def chunk_inputs(self, read: "CacheRead", frame_start: int, frames: int) -> tuple[object, torch.Tensor]:
         """(the DiT's per-chunk inputs, holding ``read.past``; the chunk's conditioning channels on
         the device) for latent frames ``frame_start .. frame_start + frames - 1``."""
@@ -149,6 +158,8 @@ class ChunkRollout:
         start = c * f
         self.check_chunk(c, start)
         timer = PhaseTimer(self.device)
+        with timer.phase("context"):
+            before = self.prepare_chunk(c, start)
         with timer.phase("cache"):
             read = begin_chunk(self.writer, start, self.geometry.num_layers)  # before this chunk's commit
         inputs, cond = self.chunk_inputs(read, start, f)
@@ -170,7 +181,10 @@ class ChunkRollout:
             self.writer.commit(committed, list(range(start, start + f)))
         del inputs
         self.chunk += 1
+        self.finish_chunk(x0)
         record = chunk_record(self.writer, self.geometry, c, start, read, timer, x0)
+        if before:
+            record["cache"]["events"] = before + record["cache"]["events"]
         return ChunkOutput(x0, None, record)
 
 

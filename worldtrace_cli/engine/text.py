@@ -25,11 +25,13 @@ log = logging.getLogger("worldtrace")
 class TextConditioned:
     """A run's prompts encoded: ``prompts`` the chunk-by-chunk prompt strings, ``contexts`` their umT5
     rows (one [L, 4096] float32 tensor per chunk, shared between chunks of one prompt),
-    ``truncated`` the prompts longer than the encoder's 512 tokens (cut to 512, warned)."""
+    ``truncated`` the prompts longer than the encoder's 512 tokens (cut to 512, warned), ``switch``
+    what a prompt switch does to the cache (:data:`~worldtrace_cli.engine.recache.SWITCH_MODES`)."""
 
     prompts: list
     contexts: list
     truncated: list
+    switch: str = "recache"
 
 
 def schedule_of(preset):
@@ -77,13 +79,19 @@ class TextPipeline(PipelineBase):
                            device, dtype, rope_precision, compile_mode, key)
 
     @torch.no_grad()
-    def condition(self, image, num_chunks: int, prompts: list | None = None) -> TextConditioned:
+    def condition(self, image, num_chunks: int, prompts: list | None = None, switch: str = "recache"
+                  ) -> TextConditioned:
         """Encode each chunk's prompt (``prompts``: one string per chunk; ``image`` must be None: a
         text-to-video model takes none). A prompt over 512 tokens is truncated to 512 with a warning.
+        ``switch``: what a prompt switch does to the cache (``recache``, ``recache-keep-sink``, ``plain``).
 
         Raises:
-            InputError: an image, no prompts, or fewer prompts than chunks.
+            InputError: an image, no prompts, fewer prompts than chunks, an unknown ``switch``.
         """
+        from .recache import SWITCH_MODES
+
+        if switch not in SWITCH_MODES:
+            raise InputError(f"--prompt-switch: must be one of {', '.join(SWITCH_MODES)}, got {switch!r}")
         if image is not None:
             raise InputError(f"preset {self.preset.name}: a text-to-video model takes no start image")
         if not prompts or len(prompts) < num_chunks:
@@ -98,7 +106,7 @@ class TextPipeline(PipelineBase):
                     log.warning(f"prompt {prompt[:40]!r}...: {n} tokens, truncated to the encoder's "
                                 f"{encoder.max_length}")
             contexts.append(encoder.encode(prompt).to(self.device))
-        return TextConditioned(list(prompts[:num_chunks]), contexts, truncated)
+        return TextConditioned(list(prompts[:num_chunks]), contexts, truncated, switch)
 
     def rollout(self, writer, conditioned: TextConditioned, keyboard=None, mouse=None, seed: int = 0, noise=None,
                 on_step=None):
@@ -112,7 +120,7 @@ class TextPipeline(PipelineBase):
 
         return TextRollout(self.world.dit, writer, conditioned.contexts, seed, self.device, self.latent_hw,
                            self.frames_per_chunk, self.window - 1, schedule_of(self.preset), noise=noise,
-                           on_step=on_step)
+                           on_step=on_step, switch=conditioned.switch, recache_window=self.window)
 
     def latent_poses(self, keyboard=None, mouse=None):
         """None: a text-to-video run has no camera poses (writers that need them refuse it)."""

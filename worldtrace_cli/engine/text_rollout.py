@@ -13,13 +13,32 @@ from __future__ import annotations
 
 import torch
 
+from dataclasses import dataclass
+
 from ..memory import CacheWriter
-from ..model.lingbot.dit import LingbotChunk
+from ..model.lingbot.dit import LingbotChunk, LingbotRolloutState
 from ..model.lingbot.sampler import add_noise, flow_to_x0
 from ..model.selfforcing.sampler import SelfForcingSchedule
 from .rollout import ChunkRollout
 
 FRAMES_PER_CHUNK = 3  # num_frame_per_block of every released Self-Forcing / LongLive v1.0 config
+
+
+@dataclass
+class TextRolloutState(LingbotRolloutState):
+    """The text K/V of every layer (recomputed after a resume) and ``history``: the clean latents of the
+    last ``recache_window`` latent frames [1, C, n, h, w] float32 (what a prompt-switch re-cache
+    recomputes; saved for a resume)."""
+
+    history: torch.Tensor | None = None
+
+    def state_dict(self) -> dict:
+        """``{"history": tensor}`` once a chunk was made, else ``{}``."""
+        return {} if self.history is None else {"history": self.history}
+
+    def load_state_dict(self, state: dict) -> None:
+        """Restore :meth:`state_dict`; the text K/V are recomputed on the next call."""
+        self.cross_kv, self.history = None, state.get("history")
 
 
 class TextRollout(ChunkRollout):
@@ -39,25 +58,60 @@ class TextRollout(ChunkRollout):
         schedule: :class:`SelfForcingSchedule` (shift 5).
         noise: optional ``noise(chunk, draw, shape)`` replacing the seeded draws (fixture replay).
         on_step: optional ``on_step(chunk, step, x0)`` observer of every denoising call's x0.
+        switch: what a prompt switch does to the cache (:data:`~worldtrace_cli.engine.recache.SWITCH_MODES`):
+            ``recache`` LongLive's official re-cache (default), ``recache-keep-sink`` the fixed one,
+            ``plain`` none. A writer that holds no verbatim frames is not re-cached (recorded).
+        recache_window: W, the latent frames a re-cache recomputes (LongLive: its window, 12);
+            default ``trained_offset + 1``.
     """
 
     def __init__(self, dit, writer: CacheWriter, text_context: torch.Tensor, seed: int, device: torch.device,
                  latent_hw: tuple[int, int], frames_per_chunk: int = FRAMES_PER_CHUNK, trained_offset: int = 20,
-                 schedule: SelfForcingSchedule = SelfForcingSchedule(), noise=None, on_step=None):
+                 schedule: SelfForcingSchedule = SelfForcingSchedule(), noise=None, on_step=None,
+                 switch: str = "recache", recache_window: int | None = None):
         if dit.cfg.has_camera:
             raise ValueError("TextRollout runs a t2v DiT (model_type t2v); LingBot-World runs in LingbotRollout")
         if not isinstance(text_context, torch.Tensor) and not len(text_context):
             raise ValueError("TextRollout: no text context (one [L, 4096] tensor, or one per chunk)")
         self.text_context, self._rows = text_context, None  # _rows: the rows the state's cross K/V were made from
         self.timesteps, self.sigmas = schedule.timesteps(), schedule.sigmas()
+        from .recache import SWITCH_MODES
+
+        if switch not in SWITCH_MODES:
+            raise ValueError(f"switch must be one of {', '.join(SWITCH_MODES)}, got {switch!r}")
+        self.switch, self.recache_window = switch, recache_window or trained_offset + 1
         self._setup(dit, writer, seed, device, latent_hw, frames_per_chunk, trained_offset,
                     dit.patch_embedding.weight.dtype, len(self.timesteps), noise, on_step)
+        self.state = TextRolloutState()
 
     def prompt_rows(self, chunk: int) -> torch.Tensor:
         """The text rows chunk ``chunk`` is conditioned on: [L, 4096] float32."""
         if isinstance(self.text_context, torch.Tensor):
             return self.text_context
         return self.text_context[min(chunk, len(self.text_context) - 1)]
+
+    def prepare_chunk(self, chunk: int, frame_start: int) -> list[dict]:
+        """At a prompt switch (this chunk's prompt rows are not the previous chunk's), re-cache the
+        window under the new prompt (:func:`~worldtrace_cli.engine.recache.recache`) unless ``plain``."""
+        from .recache import can_recache, recache
+
+        rows = self.prompt_rows(chunk)
+        if chunk == 0 or rows is self.prompt_rows(chunk - 1):
+            return []
+        if self.switch == "plain" or self.state.history is None:
+            return [{"type": "prompt_switch", "recache": False}]
+        if not can_recache(self.writer):
+            return [{"type": "prompt_switch", "recache": False, "reason": f"{self.writer.name} holds no verbatim frames"}]
+        event = recache(self, frame_start, rows, self.switch)
+        self._rows = rows
+        return [event]
+
+    def finish_chunk(self, x0: torch.Tensor) -> None:
+        """Keep the last ``recache_window`` clean latent frames (``state.history``)."""
+        if self.switch == "plain":
+            return
+        hist = x0.detach() if self.state.history is None else torch.cat([self.state.history, x0.detach()], dim=2)
+        self.state.history = hist[:, :, -self.recache_window:].clone()
 
     def chunk_inputs(self, read, frame_start: int, frames: int):
         rows = self.prompt_rows(self.chunk)

@@ -61,18 +61,26 @@ def speed_benchmark(preset_name: str = "tiny", caches: tuple[str, ...] = ("slidi
     pipe = Pipeline.from_preset(preset, None, True, seed, device, dtype, rope_precision, compile_mode)
     dev, dt = pipe.device, pipe.dtype
     n_max = max(chunk_counts)
-    if image is not None:
-        start_image = load_image(image, (preset.height, preset.width))
-    else:
-        from PIL import Image
+    if preset.is_text and image is not None:
+        from ..errors import InputError
 
-        ramp = torch.linspace(0, 255, preset.width).to(torch.uint8).expand(preset.height, -1)
-        start_image = Image.fromarray(torch.stack([ramp] * 3, dim=-1).numpy())
-    conditioned = pipe.condition(start_image, n_max)
+        raise InputError(f"--image: preset {preset.name} is text-to-video: it takes no image (the bench uses one prompt)")
+    if preset.is_text:  # a text-to-video model: one prompt for every chunk, no image
+        conditioned = pipe.condition(None, n_max, ["a red lighthouse on a rocky cliff above a calm sea"] * n_max)
+    else:
+        if image is not None:
+            start_image = load_image(image, (preset.height, preset.width))
+        else:
+            from PIL import Image
+
+            ramp = torch.linspace(0, 255, preset.width).to(torch.uint8).expand(preset.height, -1)
+            start_image = Image.fromarray(torch.stack([ramp] * 3, dim=-1).numpy())
+        conditioned = pipe.condition(start_image, n_max)
     fpc, spec = preset.frames_per_chunk, MODES[preset.mode]  # the mode's actions (LingBot: they move the camera)
     rows_n = frames_for_chunks(n_max, fpc)
     keyboard = torch.zeros(1, rows_n, spec.keyboard_dim)
-    keyboard[..., 0] = 1.0  # hold the first key (forward / jump) the whole time
+    if spec.keyboard_dim:  # (text-to-video: no keys)
+        keyboard[..., 0] = 1.0  # hold the first key (forward / jump) the whole time
     mouse = torch.zeros(1, rows_n, 2) if spec.mouse else None
     phase_names = ("denoise", "context", "cache", "decode") + (("decode_wait",) if overlap_decode and decode else ())
 

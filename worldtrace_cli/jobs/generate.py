@@ -124,7 +124,8 @@ class _Generation:
         t0 = time.perf_counter()
         with stage(f"conditioning on {inputs.image_label}", logging.INFO if self.loaded_here else logging.DEBUG):
             # LingBot: a prompt and camera poses besides the image; text-to-video: the chunks' prompts, no image
-            extra = (inputs.lingbot,) if preset.is_lingbot else (inputs.prompts,) if preset.is_text else ()
+            extra = ((inputs.lingbot,) if preset.is_lingbot else (inputs.prompts, cfg.prompt_switch) if preset.is_text
+                     else ())
             conditioned = pipeline.condition(inputs.image, plan.num_chunks, *extra)
         self.cond_s = time.perf_counter() - t0
         if pipeline.device.type == "cuda":

@@ -192,6 +192,10 @@ def check_text_options(cfg, traj) -> None:
         what = given[0] if given else f"{traj.source}: image"
         raise InputError(f"{what}: preset {cfg.preset.name} is text-to-video: it takes prompts, not an image or "
                          f"camera poses")
+    from ..trajectory.prompts import SWITCH_MODES
+
+    if cfg.prompt_switch not in SWITCH_MODES:
+        raise InputError(f"--prompt-switch: must be one of {', '.join(SWITCH_MODES)}, got {cfg.prompt_switch!r}")
     chunk_prompts(cfg, traj)
 
 
@@ -213,13 +217,16 @@ def check_lingbot_options(cfg, traj) -> None:
     preset = cfg.preset
     if preset.is_text:
         return
+    if cfg.prompt_switch != "recache":
+        raise InputError(f"--prompt-switch: only text-to-video presets switch prompts (preset {preset.name} is "
+                         f"{preset.architecture})")
     if not preset.is_lingbot:
         given = [flag for flag, value in (("--prompt", cfg.prompt), ("--poses", cfg.poses),
                                           ("--intrinsics", cfg.intrinsics)) if value is not None]
         if given:
-            raise InputError(f"{given[0]}: only LingBot and text-to-video presets take a prompt, only LingBot "
-                             f"presets camera poses "
-                             f"(preset {preset.name} is {preset.architecture})")
+            what = "LingBot and text-to-video presets take a prompt" if given[0] == "--prompt" else \
+                "LingBot presets take camera poses"
+            raise InputError(f"{given[0]}: only {what} (preset {preset.name} is {preset.architecture})")
         return
     from ..model.lingbot.inputs import load_lingbot_inputs
 

@@ -12,9 +12,11 @@ Replayed: ``sf_global`` (Self-Forcing's global cache = ``full`` at actual positi
 ``sf_la6_sink3`` (window 6 + sink 3 with chunks of 3 keeps the sink frames alone beside the current
 chunk: ``sink`` with budget = sink frames = 3, at actual positions) and ``longlive_infinity``
 (LongLive's infinity model, window 12 + sink 3: keys kept un-rotated and read at cache-relative
-frames = ``sink`` with budget 9 at ``rank`` positions, contiguous with the current chunk). Not
-yet: ``longlive_switch`` (LoRA, prompt switch with re-cache): :func:`compare_selfforcing` lists it as
-not replayed, never as passed.
+frames = ``sink`` with budget 9 at ``rank`` positions, contiguous with the current chunk) and
+``longlive_switch`` (LongLive's standard model: ``sink`` with budget 9 at ``actual`` positions, its LoRA
+merged at rank 4 / alpha 8, and the prompt switch before chunk 6 re-caching the window under the second
+prompt: :func:`~worldtrace_cli.engine.recache.recache`; the cache is compared right after the
+re-cache too). A variant folder this module does not know is listed as not replayed, never as passed.
 """
 
 from __future__ import annotations
@@ -33,7 +35,8 @@ from ..model.checkpoint import read_state_dict
 # window's end) is the sink writer at rank positions
 REPLAYED = {"sf_global": {"cache": "full", "positions": "actual"},
             "sf_la6_sink3": {"cache": "sink", "budget": 3, "sink_frames": 3, "positions": "actual"},
-            "longlive_infinity": {"cache": "sink", "budget": 9, "sink_frames": 3, "positions": "rank"}}
+            "longlive_infinity": {"cache": "sink", "budget": 9, "sink_frames": 3, "positions": "rank"},
+            "longlive_switch": {"cache": "sink", "budget": 9, "sink_frames": 3, "positions": "actual"}}
 
 
 def is_selfforcing_fixture(folder: str | Path) -> bool:
@@ -64,10 +67,14 @@ def load_selfforcing_dit(folder: Path, device: str = "cpu"):
 
 
 def replay_variant(model, inputs: dict, outputs: dict, memory: dict, chunks: int, trained_offset: int,
-                   device: str = "cpu", rollout_out: list | None = None) -> tuple[dict, torch.Tensor]:
+                   device: str = "cpu", rollout_out: list | None = None, switch_chunk: int | None = None,
+                   on_recache=None, switch: str = "recache") -> tuple[dict, torch.Tensor]:
     """One fixture rollout: (x0 per ``"c{c}_s{s}_x0"`` [1, 16, 3, lh, lw], latents [1, 16, 3N, lh, lw]) on
     the CPU. ``inputs``/``outputs``: the fixture's tensors (frame-major, permuted here to ours).
-    ``rollout_out``: a list that receives the finished rollout (its writer, for :func:`cache_diff`)."""
+    ``rollout_out``: a list that receives the finished rollout (its writer, for :func:`cache_diff`).
+    ``switch_chunk``: chunks from this one on read ``text_context_2`` (LongLive's re-cache at the
+    switch, or as ``switch`` says: :data:`~worldtrace_cli.engine.recache.SWITCH_MODES`);
+    ``on_recache(rollout)`` sees the rollout right after the re-cache."""
     from ..engine.text_rollout import TextRollout
     from ..memory import MemoryConfig, build_writer
 
@@ -79,19 +86,34 @@ def replay_variant(model, inputs: dict, outputs: dict, memory: dict, chunks: int
 
     x0s: dict = {}
     writer = build_writer(MemoryConfig.of(**memory), 0, trained_offset + 1)
-    rollout = TextRollout(model, writer, inputs["text_context"], 0, torch.device(device), tuple(noise.shape[-2:]),
-                          trained_offset=trained_offset, noise=stored,
+    text = inputs["text_context"]
+    if switch_chunk is not None:
+        text = [text] * switch_chunk + [inputs["text_context_2"]] * (chunks - switch_chunk)
+    rollout = TextRollout(model, writer, text, 0, torch.device(device), tuple(noise.shape[-2:]),
+                          trained_offset=trained_offset, noise=stored, switch=switch,
                           on_step=lambda c, s, x0: x0s.__setitem__(f"c{c}_s{s}_x0", x0.cpu()))
+    if on_recache is not None:
+        prepare = rollout.prepare_chunk
+
+        def observed(chunk, frame_start):
+            events = prepare(chunk, frame_start)
+            if any(e["type"] == "prompt_recache" for e in events):
+                on_recache(rollout)
+            return events
+
+        rollout.prepare_chunk = observed
     latents = torch.cat([rollout.step().latents for _ in range(chunks)], dim=2).cpu()
     if rollout_out is not None:
         rollout_out.append(rollout)
     return x0s, latents
 
 
-def cache_diff(rollout, outputs: dict, chunks: int, sink_frames: int, rotated: bool) -> float:
+def cache_diff(rollout, outputs: dict, chunks: int, sink_frames: int, rotated: bool, snapshot: str | None = None
+               ) -> float:
     """Largest |difference| between the official self-attention cache after the last chunk
     (``kv_after_c{N-1}_L{l}_k`` / ``_v`` [1, L_cache, H, d], slots below ``local_end``: the sink frames
-    first, then the newest frames in order) and the same frames in our writer.
+    first, then the newest frames in order; ``snapshot``: another snapshot's key prefix, e.g.
+    ``kv_after_recache_before_c6``, taken after ``chunks`` chunks) and the same frames in our writer.
 
     Our writer keeps keys canonical (spatial RoPE applied, temporal not); ``rotated`` (the standard
     models) rotates them to their absolute frames, as the official cache stores them, and compares
@@ -104,13 +126,14 @@ def cache_diff(rollout, outputs: dict, chunks: int, sink_frames: int, rotated: b
     writer.begin_chunk(f * chunks)
     ids = [f for slot in writer.slots() for f in slot.frames]
     worst = 0.0
+    prefix = snapshot or f"kv_after_c{chunks - 1}"
     for layer in range(rollout.geometry.num_layers):
         k, v = writer.read(layer)[:2]
-        end = int(outputs[f"kv_after_c{chunks - 1}_L{layer}_local_end"]) // s_tokens
+        end = int(outputs[f"{prefix}_L{layer}_local_end"]) // s_tokens
         official = list(range(sink_frames)) + list(range(f * chunks - (end - sink_frames), f * chunks))
         rows = torch.cat([torch.arange(official.index(f) * s_tokens, (official.index(f) + 1) * s_tokens) for f in ids])
-        want_k = outputs[f"kv_after_c{chunks - 1}_L{layer}_k"][:, rows]
-        want_v = outputs[f"kv_after_c{chunks - 1}_L{layer}_v"][:, rows]
+        want_k = outputs[f"{prefix}_L{layer}_k"][:, rows]
+        want_v = outputs[f"{prefix}_L{layer}_v"][:, rows]
         worst = max(worst, (v.float().cpu() - want_v).abs().max().item())
         if rotated:
             k = rollout.dit.rope.rotate_slots(k.float(), torch.tensor(ids, dtype=torch.float64))
@@ -127,8 +150,10 @@ def compare_selfforcing(folder: str | Path, device: str = "cpu") -> tuple[dict[s
     Raises:
         InputError / CheckpointError: an incomplete or unreadable folder.
     """
+    from ..model.selfforcing.lora import merge_lora, read_lora
+
     folder = Path(folder)
-    model = load_selfforcing_dit(folder, device)
+    base = load_selfforcing_dit(folder, device)
     inputs = read_state_dict(_need(folder / "tiny_inputs.safetensors"))
     diffs, skipped = {}, []
     for sub in sorted(p for p in folder.iterdir() if (p / "run_config.json").is_file()):
@@ -139,8 +164,27 @@ def compare_selfforcing(folder: str | Path, device: str = "cpu") -> tuple[dict[s
         outputs = read_state_dict(_need(sub / "tiny_outputs.safetensors"))
         n = cfg["num_chunks"]
         window = cfg["local_attn_size"] if cfg["local_attn_size"] > 0 else cfg["kv_cache_tokens"] // cfg["frame_seq_length"]
+        model = base
+        if cfg.get("lora"):  # LongLive's adapter, merged (rank and alpha as the fixture ran them)
+            import copy
+
+            model = copy.deepcopy(base)
+            merge_lora(model, read_lora(_need(folder / cfg["lora"]["file"])), cfg["lora"]["alpha"], cfg["lora"]["file"])
+        switch, seen = None, {}
+        if cfg.get("switch_frame_indices"):  # the switch takes effect at the next chunk boundary (§10.3)
+            f = cfg["num_frame_per_block"]
+            switch = -(-cfg["switch_frame_indices"][0] // f)
+            seen = {"switch": switch}
+
+        def snapshot(rollout, sink=cfg["sink_size"], at=switch, want=outputs):
+            seen["cache_recache"] = cache_diff(rollout, want, at, sink, True, f"kv_after_recache_before_c{at}")
         done: list = []
-        x0s, latents = replay_variant(model, inputs, outputs, REPLAYED[sub.name], n, window - 1, device, done)
+        x0s, latents = replay_variant(model, inputs, outputs, REPLAYED[sub.name], n, window - 1, device, done,
+                                      switch, snapshot if switch is not None else None)
+        if switch is not None:
+            if "cache_recache" not in seen:
+                raise InputError(f"{sub}: the prompt switch before chunk {switch} did not re-cache")
+            diffs[f"{sub.name}/cache_after_recache"] = seen["cache_recache"]
         want = {f"c{c}_s{s}_x0": outputs[f"call_c{c}_s{s}_x0"].permute(0, 2, 1, 3, 4) for c in range(n) for s in range(4)}
         diffs[f"{sub.name}/x0"] = max((x0s[k] - v).abs().max().item() for k, v in want.items())
         diffs[f"{sub.name}/latents"] = (latents - outputs["output_latents"].permute(0, 2, 1, 3, 4)).abs().max().item()

@@ -156,8 +156,11 @@ def write_configs(folder: str | Path = DEFAULT_FOLDER) -> list[Path]:
 
 
 def tier_of(config: str) -> int | str:
-    """The paper's tier of a configuration (1..4 or ``sweep``); ``custom`` for other trajectories."""
-    return CONFIGS[config].tier if config in CONFIGS else "custom"
+    """The paper's tier of a configuration (1..4 or ``sweep``); ``prompt`` for a prompt loop
+    (:data:`~worldtrace_cli.loopbench.prompts.PROMPT_LOOPS`); ``custom`` for other trajectories."""
+    from .prompts import PROMPT_LOOPS
+
+    return CONFIGS[config].tier if config in CONFIGS else "prompt" if config in PROMPT_LOOPS else "custom"
 
 
 def is_aba(config: str) -> bool:

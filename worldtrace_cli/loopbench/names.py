@@ -15,8 +15,9 @@ METRIC_NAMES = {"pac": "PAC", "temp_ssim": "TempSSIM", GT_METRIC: "GT-PSNR on re
 METRIC_RANGE = {"pac": (-1.0, 1.0), "temp_ssim": (-1.0, 1.0), GT_METRIC: (0.0, None), GT_DETAIL: (0.0, None)}
 
 TIER_TITLES = {1: "Tier 1: topology", 2: "Tier 2: rollout length (ABA)", 3: "Tier 3: camera orientation",
-               4: "Tier 4: multi-revisit", "sweep": "ABA sweep", "custom": "Custom trajectories"}
-TIER_ORDER = (1, 2, 3, 4, "sweep", "custom")
+               4: "Tier 4: multi-revisit", "sweep": "ABA sweep", "prompt": "Prompt loops (text-to-video)",
+               "custom": "Custom trajectories"}
+TIER_ORDER = (1, 2, 3, 4, "sweep", "prompt", "custom")
 
 
 def metrics_of(rows: list[dict]) -> tuple[str, ...]:

@@ -170,10 +170,13 @@ def parse_worlds(spec: str) -> list[int]:
 
 
 def plan_jobs(configs: Iterable[str], caches: Iterable[str], images: Iterable[str | Path],
-              seeds: Iterable[int], scratch: Path | None = None, worlds: Iterable[int] = ()) -> list[Job]:
+              seeds: Iterable[int], scratch: Path | None = None, worlds: Iterable[int] = (),
+              prompt_scenes: dict | None = None) -> list[Job]:
     """Every (config, cache, scene, seed) job, sorted by (config, cache, scene, seed) so that every
     process of a sweep computes the same list whatever order the flags list them in. Scenes are the
-    ``images`` (named by stem) and the ``worlds`` (named ``world<N>``).
+    ``images`` (named by stem) and the ``worlds`` (named ``world<N>``), or for a text-to-video sweep
+    the ``prompt_scenes`` (name -> {label: prompt}; configs are then prompt loops,
+    :mod:`~worldtrace_cli.loopbench.prompts`, each written per scene into ``scratch``).
 
     Raises:
         InputError: unknown configs (see :func:`resolve_config`), duplicates, an empty dimension.
@@ -181,6 +184,8 @@ def plan_jobs(configs: Iterable[str], caches: Iterable[str], images: Iterable[st
     configs, caches, seeds = list(configs), list(caches), list(seeds)
     images, worlds = [Path(p) for p in images], list(worlds)
     scenes = [(p.stem, p, None) for p in images] + [(f"world{w}", None, int(w)) for w in worlds]
+    if prompt_scenes is not None:
+        return _prompt_jobs(configs, caches, seeds, prompt_scenes, scratch)
     for flag, values in (("--configs", configs), ("--caches", caches), ("--images/--worlds", scenes),
                          ("--seeds", seeds)):
         if not values:
@@ -195,6 +200,28 @@ def plan_jobs(configs: Iterable[str], caches: Iterable[str], images: Iterable[st
     trajectories = {name: resolve_config(spec, scratch) for name, spec in zip(names, configs)}
     return sorted(Job(name, cache, scene, int(seed), trajectories[name], image, world)
                   for name in names for cache in caches for scene, image, world in scenes for seed in seeds)
+
+
+def _prompt_jobs(loops: list[str], caches: list[str], seeds: list[int], scenes: dict, scratch: Path | None
+                 ) -> list[Job]:
+    """:func:`plan_jobs` of a text-to-video sweep: one trajectory per (prompt loop, scene)."""
+    from .prompts import PROMPT_LOOPS, write_prompt_loop
+
+    for flag, values in (("--configs", loops), ("--caches", caches), ("--prompts", list(scenes)), ("--seeds", seeds)):
+        if not values:
+            raise InputError(f"{flag}: empty list")
+        if len(set(values)) != len(values):
+            raise InputError(f"{flag}: duplicate entries in {', '.join(map(str, values))}")
+    unknown = [c for c in loops if c not in PROMPT_LOOPS]
+    if unknown:
+        raise InputError(f"--configs: {unknown[0]!r} is not a prompt loop (a text-to-video preset runs "
+                         f"{', '.join(PROMPT_LOOPS)})")
+    if scratch is None:
+        raise InputError("a text-to-video sweep writes its trajectories into the sweep folder: none given")
+    paths = {(loop, name): write_prompt_loop(loop, name, prompts, scratch)
+             for loop in loops for name, prompts in scenes.items()}
+    return sorted(Job(loop, cache, name, int(seed), paths[loop, name])
+                  for loop in loops for cache in caches for name in scenes for seed in seeds)
 
 
 # --------------------------------------------------------------------------- shards

@@ -154,11 +154,15 @@ def markdown(rows: list[dict], agg: dict, failed: list[dict], out_dir: Path) -> 
              + ("" if full else ", not every combination") + ")"
              + (f"; {len(failed)} failed (see `failures.jsonl`)." if failed else "."), ""]
     lines += legend(metrics)
-    lines += ["", "## The paper's table, side by side", "",
-              "Tab. \"loopbench_full\" of the paper (Matrix-Game-2.0, 100 scenes) against this sweep: PAC of "
-              "WorldTrace-Landmark and the sliding window on the same loops, and beside it the return-leg "
-              "GT-PSNR of the same runs.", ""]
-    lines += paper_table(rows, agg)
+    if all(tier_of(c) == "prompt" for c in configs):  # LoopBench for prompts: the paper has no such table
+        lines += ["", "Prompt loops (text-to-video): PAC pairs each chunk of the return to prompt A with the same "
+                  "chunk of the first A segment (docs/metrics.md, 'From prompts').", ""]
+    else:
+        lines += ["", "## The paper's table, side by side", "",
+                  "Tab. \"loopbench_full\" of the paper (Matrix-Game-2.0, 100 scenes) against this sweep: PAC of "
+                  "WorldTrace-Landmark and the sliding window on the same loops, and beside it the return-leg "
+                  "GT-PSNR of the same runs.", ""]
+        lines += paper_table(rows, agg)
     tiers = [t for t in TIER_ORDER if any(r["tier"] == t for r in rows)]
     for k, metric in enumerate(metrics, 1):
         lines += ["", f"## {k}. {METRIC_NAMES[metric]}", "", "### By tier", ""]

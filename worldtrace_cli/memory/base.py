@@ -171,6 +171,15 @@ class CacheWriter:
         """
         raise NotImplementedError
 
+    def rewrite(self, layers_kv: Sequence[tuple[torch.Tensor, torch.Tensor]], frame_ids: Sequence[int],
+                summary: bool = False) -> list[int]:
+        """Replace the K/V of frames the cache holds verbatim by a re-computation (LongLive's prompt-switch
+        re-cache, selfforcing-architecture.md §10.3): per layer canonical K and V [1, F*T, H, D] of the
+        absolute frames ``frame_ids`` [F]. Recent slots among them are rewritten; summary slots (sinks)
+        only with ``summary`` (LongLive's early switch rewrites its sink); nothing is added or evicted.
+        Returns the frame ids rewritten. Default: none (a writer whose slots are not verbatim frames)."""
+        return []
+
     # --- explicit state (resume) ---
 
     def state_dict(self) -> dict:

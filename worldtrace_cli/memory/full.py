@@ -63,6 +63,16 @@ class FullWriter(CacheWriter):
                 self._v[layer].append(v)
         self._ids.extend(frame_ids)
 
+    def rewrite(self, layers_kv, frame_ids, summary: bool = False) -> list[int]:
+        """:meth:`CacheWriter.rewrite`: the held frames among ``frame_ids``."""
+        index = {f: i for i, f in enumerate(frame_ids)}
+        done = [f for f in self._ids if f in index]
+        for j, f in enumerate(self._ids):
+            if f in index:
+                for layer, (k, v) in enumerate(split_frames(layers_kv, [index[f]], self.geometry.tokens_per_frame)[0]):
+                    self._k[layer][j], self._v[layer][j] = k, v
+        return done
+
     def state_dict(self) -> dict:
         """Frame ids [N] and per layer the stored K/V frames, each [1, T, H, D]."""
         return {**super().state_dict(), "frames": list(self._ids), "k": [list(x) for x in self._k],

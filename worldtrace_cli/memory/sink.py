@@ -33,6 +33,14 @@ class SinkSummary(SummaryMemory):
             self._ids.append(frame_id)
             self._kv.append(frame_kv)  # the recent window's own per-frame copy (split_frames)
 
+    def rewrite(self, frames: dict) -> list[int]:
+        """Replace the sink frames among ``frames`` (LongLive's early prompt switch)."""
+        done = [f for f in self._ids if f in frames]
+        for i, f in enumerate(self._ids):
+            if f in frames:
+                self._kv[i] = frames[f]
+        return done
+
     def slots(self) -> list[Slot]:
         return [Slot("sink", (f,), "summary") for f in self._ids]
 

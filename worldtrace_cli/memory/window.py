@@ -58,6 +58,11 @@ class SummaryMemory:
     def end_chunk(self) -> None:
         """Called once per commit, after the chunk's evictions (per-chunk updates, e.g. MemRoPE's EMA)."""
 
+    def rewrite(self, frames: dict) -> list[int]:
+        """Replace verbatim frames this component keeps (``frames``: id -> :data:`FrameKV`); returns
+        the ids replaced. Default none: averages, landmarks and streams are not one frame's K/V."""
+        return []
+
     def state_dict(self) -> dict:
         """This component's rollout state (see :meth:`CacheWriter.state_dict`)."""
         raise NotImplementedError
@@ -143,6 +148,19 @@ class RecentWindowWriter(CacheWriter):
                     comp.evict(old_id, old_kv)
         for comp in self._components:
             comp.end_chunk()
+
+    def rewrite(self, layers_kv, frame_ids, summary: bool = False) -> list[int]:
+        """:meth:`CacheWriter.rewrite`: the recent window's frames among ``frame_ids`` and, with
+        ``summary``, sink frames (the only summary slots that are one verbatim frame)."""
+        frames = dict(zip(frame_ids, split_frames(layers_kv, range(len(frame_ids)), self.geometry.tokens_per_frame)))
+        done = []
+        for i, fid in enumerate(self._recent_ids):
+            if fid in frames:
+                self._recent[i] = frames[fid]
+                done.append(fid)
+        if summary:
+            done += [f for comp in self._components for f in comp.rewrite(frames)]
+        return sorted(done)
 
     def state_dict(self) -> dict:
         return {**super().state_dict(), "recent_ids": list(self._recent_ids), "recent": frames_state(self._recent),

@@ -113,6 +113,28 @@ def pairs_from_waypoints(plan: ActionPlan) -> list[tuple[int, int]]:
     return sorted(p for p in pairs if p[0] < p[1] < plan.num_chunks)
 
 
+def pairs_from_prompts(prompts: list) -> list[tuple[int, int]]:
+    """Revisits of a prompt-segment plan (text-to-video, LoopBench for prompts): ``[(first, return), ...]``.
+
+    The chunks form runs of one prompt. A run whose prompt an earlier run had (another prompt came in
+    between: A -> B -> A) is paired with the EARLIEST such run, chunk by chunk from their starts: the
+    return's i-th chunk with the first run's i-th chunk, for i below both lengths. A scene, a detour,
+    the first prompt again: the return is scored against the first A segment (issue 46 part 5).
+    """
+    runs: list[tuple[int, int, object]] = []  # [start, end) of each run of one prompt
+    for c, prompt in enumerate(prompts):
+        if runs and runs[-1][2] == prompt:
+            runs[-1] = (runs[-1][0], c + 1, prompt)
+        else:
+            runs.append((c, c + 1, prompt))
+    pairs = []
+    for k, (s2, e2, prompt) in enumerate(runs):
+        first = next(((s1, e1) for s1, e1, p in runs[:k] if p == prompt), None)
+        if first is not None:
+            pairs += [(first[0] + i, s2 + i) for i in range(min(first[1] - first[0], e2 - s2))]
+    return sorted(pairs)
+
+
 def _frame_pairs(chunk_pairs, frames_per_chunk: int = 3) -> list[tuple[int, int]]:
     """Pixel-frame pairs of chunk pairs: frame k of one with frame k of the other, aligned at the
     chunks' ends (chunk 0 has 9 frames, later chunks 12; LingBot 13 and 16)."""
@@ -127,13 +149,16 @@ def _frame_pairs(chunk_pairs, frames_per_chunk: int = 3) -> list[tuple[int, int]
 def revisit_pairs(plan: ActionPlan) -> dict:
     """Revisited chunks and pixel frames of a plan, for :func:`pac`.
 
-    Returns ``{"source": "waypoints"|"poses"|"none", "chunk_pairs": [(fwd, ret), ...],
-    "frame_pairs": [(fwd_frame, ret_frame), ...]}``: :func:`pairs_from_waypoints` when some label
-    occurs twice, else :func:`pairs_from_poses` on :func:`dead_reckon`; "none" when neither finds
-    a pair. Frame pairs: each chunk pair's frames matched index by index, aligned at the ends.
+    Returns ``{"source": "prompts"|"waypoints"|"poses"|"none", "chunk_pairs": [(fwd, ret), ...],
+    "frame_pairs": [(fwd_frame, ret_frame), ...]}``: :func:`pairs_from_prompts` for a prompt-segment
+    plan (text-to-video), else :func:`pairs_from_waypoints` when some label occurs twice, else
+    :func:`pairs_from_poses` on :func:`dead_reckon`; "none" when none finds a pair. Frame pairs:
+    each chunk pair's frames matched index by index, aligned at the ends.
     """
     labels = [label for _, label in plan.waypoints]
-    if len(set(labels)) < len(labels):
+    if plan.prompts is not None:
+        chunk_pairs, source = pairs_from_prompts(plan.prompts), "prompts"
+    elif len(set(labels)) < len(labels):
         chunk_pairs, source = pairs_from_waypoints(plan), "waypoints"
     else:
         chunk_pairs, source = pairs_from_poses(dead_reckon(plan), plan.num_chunks,
@@ -144,4 +169,4 @@ def revisit_pairs(plan: ActionPlan) -> dict:
             "frame_pairs": _frame_pairs(chunk_pairs, plan.frames_per_chunk)}
 
 
-__all__ = ["pairs_from_poses", "pairs_from_waypoints", "revisit_pairs"]
+__all__ = ["pairs_from_poses", "pairs_from_prompts", "pairs_from_waypoints", "revisit_pairs"]

@@ -46,10 +46,14 @@ class CacheView:
         past: per layer the :class:`LayerPast` the writer returned for this chunk.
         temporal_freq_scale: optional [t_ch/2] multipliers of the temporal RoPE frequencies for this
             chunk's queries and keys (YaRN); None = the model's own frequencies.
+        query_only_tokens: the call's first tokens that only query: their keys and values are not
+            attended (LongLive's prompt-switch re-cache, selfforcing-architecture.md §10.3: the frames
+            whose cache slots the sink keeps); 0 for every chunk of a rollout.
     """
 
     past: list[LayerPast]
     temporal_freq_scale: torch.Tensor | None = None
+    query_only_tokens: int = 0
     _buffers: dict[int, tuple[torch.Tensor, torch.Tensor]] = field(default_factory=dict, init=False)
     _slot_angles: dict[tuple, tuple[torch.Tensor, torch.Tensor]] = field(default_factory=dict, init=False)
     _tables: tuple | None = field(default=None, init=False)

@@ -143,12 +143,14 @@ class SelfAttention(_Projections):
         """SDPA of q [1, n, H, d] over this layer's [past slots | current chunk] buffer -> [1, n, H*d].
 
         The buffer (:meth:`ChunkInputs.kv_buffer`) holds the past slots rotated once per chunk; the
-        current chunk's rotated k and its v are copied into its tail.
+        current chunk's rotated k and its v are copied into its tail, less its first
+        ``chunk.query_only_tokens`` tokens (a re-cache call's query-only frames; 0 otherwise).
         """
         b, n, h, d = q.shape
-        kbuf, vbuf = chunk.kv_buffer(layer, rope, n, k.dtype, b)
-        kbuf[:, -n:] = k
-        vbuf[:, -n:] = v
+        skip = chunk.query_only_tokens
+        kbuf, vbuf = chunk.kv_buffer(layer, rope, n - skip, k.dtype, b)
+        kbuf[:, kbuf.shape[1] - (n - skip):] = k[:, skip:]
+        vbuf[:, vbuf.shape[1] - (n - skip):] = v[:, skip:]
         out = F.scaled_dot_product_attention(q.transpose(1, 2), kbuf.transpose(1, 2), vbuf.transpose(1, 2))
         return out.transpose(1, 2).reshape(b, n, h * d)
 

@@ -61,8 +61,9 @@ class Session:
         from ..metrics import OnlineMetrics
 
         if cfg.preset.is_lingbot or cfg.preset.is_text:
-            raise InputError(f"preset {cfg.preset.name}: sessions run MG2-architecture models; LingBot-World and "
-                             f"text-to-video presets run with worldtrace generate")
+            who = "LingBot-World runs" if cfg.preset.is_lingbot else "the text-to-video presets run"
+            raise InputError(f"preset {cfg.preset.name}: sessions run MG2-architecture models; {who} with worldtrace "
+                             f"generate")
         self.pipeline, self.cfg, self.preset = pipeline, cfg, cfg.preset
         self.writer = pipeline.build_writer(cfg.memory)
         self.actions = ActionLog(self.preset.mode, self.preset.frames_per_chunk)

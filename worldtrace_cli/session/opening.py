@@ -59,8 +59,8 @@ def open(preset: str = "loopworld", cache: str | None = None, *, checkpoint: str
     if record is not None:
         check_record(record)
     if resolved.is_lingbot or resolved.is_text:
-        raise InputError(f"preset {resolved.name}: sessions run MG2-architecture models; LingBot-World and the "
-                         f"text-to-video presets run with worldtrace generate")
+        who = "LingBot-World runs" if resolved.is_lingbot else "the text-to-video presets run"
+        raise InputError(f"preset {resolved.name}: sessions run MG2-architecture models; {who} with worldtrace generate")
     options = {**default_cache(resolved), **writer_options} if cache is None else {"cache": cache, **writer_options}
     known = {"positions", *SLOT_FIELDS, *writer_flags()}
     unknown = sorted(set(writer_options) - known)

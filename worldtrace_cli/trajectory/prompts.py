@@ -19,6 +19,9 @@ from __future__ import annotations
 
 from .actions import CHUNK_FRAMES, MAX_CHUNKS, Segment
 
+# what a prompt switch does to the cache (worldtrace_cli.engine.recache): LongLive's official K/V re-cache,
+# the same keeping the sink on an early switch, or none (Self-Forcing's)
+SWITCH_MODES = ("recache", "recache-keep-sink", "plain")
 MAX_PROMPT_CHARS = 10_000  # far past the encoder's 512 tokens (longer prompts are truncated with a warning)
 PROMPT_SEGMENT_KEYS = ("label", "prompt", "chunks")
 _NOT_HERE = ("action", "keys", "mouse", "frames")  # action-segment keys: refused with a hint
@@ -76,4 +79,4 @@ def parse_prompt_segment(p, node, field: str, start_row: int, label) -> Segment:
     return Segment(prompt_label(prompt), (), None, num_frames, label, line, prompt)
 
 
-__all__ = ["MAX_PROMPT_CHARS", "PROMPT_SEGMENT_KEYS", "check_prompt", "parse_prompt_segment", "prompt_label"]
+__all__ = ["MAX_PROMPT_CHARS", "SWITCH_MODES", "PROMPT_SEGMENT_KEYS", "check_prompt", "parse_prompt_segment", "prompt_label"]

@@ -6,6 +6,8 @@ up (selfforcing-architecture.md §0, §2), relative paths from the preset's ``fi
 * ``checkpoints/self_forcing_dmd.pt``: a ``torch.save`` of ``{"generator": sd, "generator_ema": sd}``
   (keys prefixed ``model.``: the wrapper's attribute); the EMA weights are the ones the official
   ``inference.py --use_ema`` samples with, and the ones read here (``generator`` when there is no EMA);
+* LongLive v1.0 (``longlive``): ``longlive_models/models/longlive_base.pt`` (``generator``, as its
+  configs' ``use_ema: false``) and ``longlive_models/models/lora.pt`` (merged at load, scale 1);
 * ``wan_models/Wan2.1-T2V-1.3B/``: ``Wan2.1_VAE.pth``, ``models_t5_umt5-xxl-enc-bf16.pth`` and the
   ``google/umt5-xxl/`` tokenizer, the same encoder LingBot-World reads
   (:class:`~worldtrace_cli.model.lingbot.text.UMT5TextEncoder`).
@@ -29,13 +31,14 @@ from ..lingbot.text import UMT5TextEncoder
 from ..lingbot.world import LingbotWorld, checkpoint_paths, load_lingbot_world
 from ..weights import check_state_dict
 
-GENERATOR_KEYS = ("generator_ema", "generator")  # self_forcing_dmd.pt's entries, the EMA preferred
+GENERATOR_KEYS = ("generator_ema", "generator")  # self_forcing_dmd.pt's entries, the EMA preferred (--use_ema)
+LONGLIVE_KEYS = ("generator", "model", "generator_ema")  # longlive_base.pt: its configs set use_ema: false
 PREFIX = "model."  # WanDiffusionWrapper.model
 
 
-def read_generator(path: str | Path) -> tuple[dict[str, torch.Tensor], str]:
-    """The DiT state dict of a Self-Forcing training checkpoint (``.pt``: ``generator_ema`` or
-    ``generator``, keys with the ``model.`` prefix dropped) or of a flat ``.pt`` / ``.safetensors``.
+def read_generator(path: str | Path, keys: tuple[str, ...] = GENERATOR_KEYS) -> tuple[dict[str, torch.Tensor], str]:
+    """The DiT state dict of a Self-Forcing / LongLive training checkpoint (``.pt``: the first of
+    ``keys`` present, keys with the ``model.`` prefix dropped) or of a flat ``.pt`` / ``.safetensors``.
     Read with ``weights_only=True`` (tensors only, memory-mapped). Returns (state dict, entry name).
 
     Raises:
@@ -56,26 +59,36 @@ def read_generator(path: str | Path) -> tuple[dict[str, torch.Tensor], str]:
     except Exception as exc:  # truncated or corrupt files raise many types
         raise CheckpointError(f"{path}: cannot read weights ({type(exc).__name__}: {str(exc).splitlines()[0][:160]})"
                               ) from None
-    entry = next((k for k in GENERATOR_KEYS if isinstance(raw, dict) and isinstance(raw.get(k), dict)), None)
+    entry = next((k for k in keys if isinstance(raw, dict) and isinstance(raw.get(k), dict)), None)
     sd = raw[entry] if entry else raw
     if not isinstance(sd, dict) or not sd or not all(isinstance(v, torch.Tensor) for v in sd.values()):
-        raise CheckpointError(f"{path}: no DiT state dict (expected {' or '.join(GENERATOR_KEYS)}, or a flat one)")
+        raise CheckpointError(f"{path}: no DiT state dict (expected {' or '.join(keys)}, or a flat one)")
     if all(k.startswith(PREFIX) for k in sd):
         sd = {k[len(PREFIX):]: v for k, v in sd.items()}
     return sd, entry or "state dict"
 
 
-def load_selfforcing_dit(path: str | Path, cfg, dtype: torch.dtype, device: torch.device) -> LingbotDiT:
-    """A ``t2v`` :class:`LingbotDiT` of ``cfg`` filled strictly from ``path`` (:func:`read_generator`).
+def load_selfforcing_dit(path: str | Path, cfg, dtype: torch.dtype, device: torch.device,
+                         lora: str | Path | None = None, lora_alpha: float | None = None) -> LingbotDiT:
+    """A ``t2v`` :class:`LingbotDiT` of ``cfg`` filled strictly from ``path`` (:func:`read_generator`;
+    with ``lora``, LongLive's entry order :data:`LONGLIVE_KEYS` and its adapter merged in float32 before
+    the cast to ``dtype``: :func:`~worldtrace_cli.model.selfforcing.lora.merge_lora`, scale
+    ``lora_alpha / rank``, 1 when None).
 
     Raises:
-        CheckpointError: unreadable file, or missing / unexpected / mis-shaped keys (one line naming them).
+        CheckpointError: unreadable file, missing / unexpected / mis-shaped keys (one line naming them),
+            a LoRA that does not fit.
     """
-    sd, _ = read_generator(path)
+    sd, _ = read_generator(path, LONGLIVE_KEYS if lora else GENERATOR_KEYS)
     with torch.device("meta"):
         dit = LingbotDiT(cfg)
     check_state_dict(dit, sd, str(path))
     dit.load_state_dict(sd, strict=True, assign=True)
+    if lora is not None:
+        from .lora import merge_lora, read_lora
+
+        dit = dit.float()
+        merge_lora(dit, read_lora(lora), lora_alpha, str(lora))
     return dit.to(device=device, dtype=dtype).eval().requires_grad_(False)
 
 
@@ -94,10 +107,10 @@ def load_selfforcing_world(preset, checkpoint: str | Path | None, random_weights
     if random_weights or preset.weights == "random":
         return load_lingbot_world(preset, None, True, weights_seed, device, dtype)
     if checkpoint is None:
-        raise InputError(f"preset {preset.name} needs --checkpoint DIR (the Self-Forcing repository root holding "
+        raise InputError(f"preset {preset.name} needs --checkpoint DIR (the Self-Forcing or LongLive repository root holding "
                          f"{', '.join(preset.files.values())}) or --random-weights")
     paths = checkpoint_paths(preset, checkpoint)
-    dit = load_selfforcing_dit(paths["dit"], preset.dit, dtype, device)
+    dit = load_selfforcing_dit(paths["dit"], preset.dit, dtype, device, paths.get("lora"))
     vae = build_wan_vae(preset.vae, paths["vae"], device=device, dtype=dtype)
     if paths["text_encoder"].is_file():
         text = UMT5TextEncoder.from_wan_checkpoint(paths["text_encoder"], paths["tokenizer"], dtype=dtype, device=device)
@@ -111,4 +124,4 @@ def load_selfforcing_world(preset, checkpoint: str | Path | None, random_weights
     return LingbotWorld(dit, vae, clip, text, files)
 
 
-__all__ = ["GENERATOR_KEYS", "load_selfforcing_dit", "load_selfforcing_world", "read_generator"]
+__all__ = ["GENERATOR_KEYS", "LONGLIVE_KEYS", "load_selfforcing_dit", "load_selfforcing_world", "read_generator"]

@@ -1,0 +1,90 @@
+"""LongLive's prompt-switch K/V re-cache through the cache contract (selfforcing-architecture.md §10.3).
+
+At a prompt switch LongLive recomputes the keys and values of its window under the new prompt: one DiT
+call at timestep 0 on the clean latents of the last ``W`` latent frames (``W`` = the window, fewer at the
+start), bidirectional among themselves, reading the sink (old prompt) as past. Frames whose slots the
+sink protects only query; the K/V of the later frames replace the cache's. Written for any writer:
+
+* the call covers frames ``r0 .. start - 1``, ``r0 = start - min(W, start)``;
+* **official** (``recache``): with ``r0 > 0`` the call reads the writer's summary slots (sinks,
+  averages, landmarks: the old prompt's) and its first ``N_s`` frames only query (``N_s`` = the
+  writer's summary slots: LongLive's 3 sink slots); the recent slots among the later frames are
+  rewritten. With ``r0 = 0`` (a switch within the first window: LongLive's early-switch surprise,
+  §11.5) nothing is read, every frame attends, and the sink frames are rewritten too;
+* ``recache-keep-sink`` (the fixed behaviour): as official, but an early switch starts the call after
+  the summary's frames and keeps them: the sink always holds the first prompt;
+* ``plain``: no re-cache (Self-Forcing's behaviour: new chunks read the new prompt, the cache keeps the
+  old one's K/V).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from ..memory import CacheWriter
+from ..model.chunk import LayerPast
+from ..trajectory.prompts import SWITCH_MODES
+
+
+def summary_past(writer: CacheWriter, num_layers: int, before: int) -> list[LayerPast]:
+    """Every layer's :class:`LayerPast` of the writer's summary slots whose frames all precede latent
+    frame ``before``, at the positions of the chunk ``writer`` began (call ``begin_chunk`` first).
+
+    Raises:
+        ValueError: a writer whose slots differ in size (store-time compressed chunks).
+    """
+    slots, positions = writer.slots(), writer.positions()
+    keep = [i for i, s in enumerate(slots) if s.role == "summary" and max(s.frames) < before]
+    t = writer.geometry.tokens_per_frame
+    rows = torch.tensor([i * t + j for i in keep for j in range(t)], dtype=torch.int64)
+    out = []
+    for layer in range(num_layers):
+        if writer.token_counts(layer) is not None:
+            raise ValueError(f"--cache {writer.name}: slots of differing sizes cannot be re-cached")
+        k, v, _ = writer.read(layer)
+        rows_d = rows.to(k.device)
+        out.append(LayerPast(k[:, rows_d], v[:, rows_d], positions[keep]))
+    return out
+
+
+def can_recache(writer: CacheWriter) -> bool:
+    """True when the writer rewrites verbatim frames (:meth:`~worldtrace_cli.memory.base.CacheWriter.rewrite`)."""
+    return type(writer).rewrite is not CacheWriter.rewrite
+
+
+def recache(rollout, start: int, rows: torch.Tensor, mode: str) -> dict:
+    """Re-cache ``rollout``'s writer before the chunk starting at latent frame ``start`` under the new
+    prompt's text ``rows`` [L, 4096]; returns the event for the chunk's record
+    (``{"type": "prompt_recache", "frames": [r0, start], "query_only", "rewritten", "sink_rewritten"}``).
+
+    ``rollout``: a :class:`~worldtrace_cli.engine.text_rollout.TextRollout` (its ``state.history``
+    [1, C, n, h, w] holds the last clean latent frames, ``recache_window`` W).
+    """
+    from ..model.lingbot.dit import LingbotChunk
+
+    writer, history = rollout.writer, rollout.state.history
+    n_summary = getattr(writer, "n_summary", 0)
+    n_r = min(rollout.recache_window, start, history.shape[2])
+    r0 = start - n_r
+    early = r0 == 0
+    if early and mode == "recache-keep-sink":
+        r0 = min(n_summary, start - 1)
+    query_only = 0 if early else min(n_summary, start - r0 - 1)
+    writer.begin_chunk(r0)
+    past = [] if early and mode == "recache" else summary_past(writer, rollout.geometry.num_layers, r0)
+    if not past:
+        past = [LayerPast(*writer._empty(), torch.zeros(0, dtype=torch.float64)) for _ in range(rollout.geometry.num_layers)]
+    x0 = history[:, :, history.shape[2] - (start - r0):]
+    rollout.state.cross_kv = None  # the call reads the new prompt
+    inputs = LingbotChunk(rollout=rollout.state, past=past, text_context=rows,
+                          temporal_freq_scale=writer.temporal_frequency_scale(),
+                          query_only_tokens=query_only * rollout.geometry.tokens_per_frame)
+    _, committed = rollout._dit(x0, 0.0, None, inputs, commit=True)
+    t = rollout.geometry.tokens_per_frame
+    kept = [(k[:, query_only * t:], v[:, query_only * t:]) for k, v in committed]
+    rewritten = writer.rewrite(kept, list(range(r0 + query_only, start)), summary=early and mode == "recache")
+    return {"type": "prompt_recache", "frames": [r0, start], "query_only": query_only, "rewritten": rewritten,
+            "sink_rewritten": early and mode == "recache"}
+
+
+__all__ = ["SWITCH_MODES", "can_recache", "recache", "summary_past"]
