@@ -80,3 +80,20 @@ def skip_without_ffmpeg():
         ffmpeg_exe()
     except OutputError as err:
         pytest.skip(str(err))
+
+
+def invoke(*args):
+    """``worldtrace ARGS`` through click's CliRunner (in process), every argument as a string."""
+    from click.testing import CliRunner
+
+    from worldtrace_cli.cli import main
+
+    return CliRunner().invoke(main, [*map(str, args)])
+
+
+def one_line_error(result, code=2):
+    """The one ``worldtrace: error:`` line of a CliRunner result that exited ``code``, no traceback."""
+    assert result.exit_code == code, result.output
+    lines = [ln for ln in result.output.strip().splitlines() if ln.startswith("worldtrace: error:")]
+    assert len(lines) == 1 and "Traceback" not in result.output, result.output
+    return lines[0]

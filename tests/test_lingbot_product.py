@@ -12,31 +12,18 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from click.testing import CliRunner
 
-from worldtrace_cli.cli import main
 from worldtrace_cli.config import RunConfig, default_cache, load_preset
 from worldtrace_cli.errors import InputError
 from worldtrace_cli.model.lingbot.inputs import LingbotInputs
 from worldtrace_cli.outputs import probe_video, read_jsonl
 from worldtrace_cli.trajectory import load_trajectory, plan_actions
 
-from conftest import skip_without_ffmpeg
+from conftest import invoke, one_line_error, skip_without_ffmpeg
 
 ROOT = Path(__file__).parent.parent
 ABA = ROOT / "trajectories" / "aba.yaml"
 DATA = ROOT / "tests" / "data" / "lingbot"
-
-
-def invoke(*args):
-    return CliRunner().invoke(main, [*map(str, args)])
-
-
-def one_line_error(result, code=2):
-    assert result.exit_code == code, result.output
-    lines = [ln for ln in result.output.strip().splitlines() if ln.startswith("worldtrace: error:")]
-    assert len(lines) == 1 and "Traceback" not in result.output, result.output
-    return lines[0]
 
 
 @pytest.fixture(scope="module")

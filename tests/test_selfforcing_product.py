@@ -12,28 +12,15 @@ from pathlib import Path
 import pytest
 import torch
 import yaml
-from click.testing import CliRunner
 
-from worldtrace_cli.cli import main
 from worldtrace_cli.config import default_cache, load_preset, memory_config
 from worldtrace_cli.errors import CheckpointError, InputError
 from worldtrace_cli.outputs import probe_video, read_jsonl
 
-from conftest import skip_without_ffmpeg
+from conftest import invoke, one_line_error, skip_without_ffmpeg
 
 ROOT = Path(__file__).parent.parent
 ABA = ROOT / "trajectories" / "prompts_aba.yaml"
-
-
-def invoke(*args):
-    return CliRunner().invoke(main, [*map(str, args)])
-
-
-def one_line_error(result, code=2):
-    assert result.exit_code == code, result.output
-    lines = [ln for ln in result.output.strip().splitlines() if ln.startswith("worldtrace: error:")]
-    assert len(lines) == 1 and "Traceback" not in result.output, result.output
-    return lines[0]
 
 
 @pytest.fixture(scope="module")
@@ -322,3 +309,34 @@ def test_loopbench_for_prompts_runs_and_reports(tmp_path):
     assert "--prompts: only text-to-video presets" in one_line_error(invoke(
         "loopbench", "run", "--preset", "tiny", "--prompts", scenes, "--images", ROOT / "assets" / "images",
         "-o", tmp_path / "x"))
+
+
+@pytest.mark.parametrize("cache, held", [("sliding", [3, 4, 5]), ("full", [0, 1, 2, 3, 4, 5]),
+                                         ("sink", [0, 3, 4, 5]), ("landmark", [4, 5])])
+def test_rewrite_replaces_only_the_verbatim_frames_held(cache, held):
+    """CacheWriter.rewrite (the re-cache's commit): frames the writer holds verbatim among the ids
+    get the new K/V; nothing is added, evicted or moved; summaries keep theirs (sinks only with
+    ``summary``)."""
+    from worldtrace_cli.memory import CacheGeometry, MemoryConfig, build_writer
+
+    extra = {"budget": 3} if cache == "sliding" else {"budget": 4, "sink_frames": 1} if cache == "sink" else {}
+    writer = build_writer(MemoryConfig.of(cache, **extra), 3, 6)
+    writer.reset(CacheGeometry(2, 1, 4, 2, 3, 5, torch.device("cpu"), torch.float32))
+    for c in range(2):
+        kv = [(torch.full((1, 6, 1, 4), 10.0 * c + layer), torch.full((1, 6, 1, 4), -10.0 * c - layer))
+              for layer in range(2)]
+        writer.commit(kv, [3 * c, 3 * c + 1, 3 * c + 2])
+    writer.begin_chunk(6)
+    before = [writer.read(layer)[:2] for layer in range(2)]
+    slots = [s.frames for s in writer.slots()]
+    new = [(torch.full((1, 12, 1, 4), 99.0), torch.full((1, 12, 1, 4), -99.0)) for _ in range(2)]
+    done = writer.rewrite(new, [0, 1, 2, 3, 4, 5], summary=cache == "sink")
+    assert sorted(done) == held
+    writer.begin_chunk(6)
+    assert [s.frames for s in writer.slots()] == slots
+    for layer in range(2):
+        k, v = writer.read(layer)[:2]
+        for i, frames in enumerate(slots):
+            rows = slice(2 * i, 2 * i + 2)
+            rewritten = len(frames) == 1 and frames[0] in held and writer.slots()[i].kind in ("past", "recent", "sink")
+            assert torch.equal(k[:, rows], torch.full_like(k[:, rows], 99.0) if rewritten else before[layer][0][:, rows])

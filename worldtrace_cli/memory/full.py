@@ -14,7 +14,7 @@ import torch
 
 from ..errors import RunError
 from .base import CacheGeometry, CacheWriter, Slot, register
-from .window import split_frames
+from .window import rewrite_held, split_frames
 
 
 
@@ -65,13 +65,7 @@ class FullWriter(CacheWriter):
 
     def rewrite(self, layers_kv, frame_ids, summary: bool = False) -> list[int]:
         """:meth:`CacheWriter.rewrite`: the held frames among ``frame_ids``."""
-        index = {f: i for i, f in enumerate(frame_ids)}
-        done = [f for f in self._ids if f in index]
-        for j, f in enumerate(self._ids):
-            if f in index:
-                for layer, (k, v) in enumerate(split_frames(layers_kv, [index[f]], self.geometry.tokens_per_frame)[0]):
-                    self._k[layer][j], self._v[layer][j] = k, v
-        return done
+        return rewrite_held(self._ids, self._k, self._v, layers_kv, frame_ids, self.geometry.tokens_per_frame)
 
     def state_dict(self) -> dict:
         """Frame ids [N] and per layer the stored K/V frames, each [1, T, H, D]."""

@@ -44,6 +44,20 @@ def split_frames(layers_kv: Sequence[tuple[torch.Tensor, torch.Tensor]], frames:
             for i in frames]
 
 
+def rewrite_held(ids, ks: list, vs: list, layers_kv, frame_ids, tokens_per_frame: int) -> list[int]:
+    """Replace in place the held frames among ``frame_ids`` of a per-layer frame store (``ids``: the
+    held frame ids in order; ``ks[layer][j]`` / ``vs[layer][j]``: frame j's K / V [1, T, H, D]) by
+    their re-computation ``layers_kv`` (per layer [1, F*T, H, D] of ``frame_ids``); returns the ids
+    replaced (:meth:`~worldtrace_cli.memory.base.CacheWriter.rewrite` of ``sliding`` and ``full``)."""
+    index = {f: i for i, f in enumerate(frame_ids)}
+    done = [f for f in ids if f in index]
+    for j, f in enumerate(ids):
+        if f in index:
+            for layer, (k, v) in enumerate(split_frames(layers_kv, [index[f]], tokens_per_frame)[0]):
+                ks[layer][j], vs[layer][j] = k, v
+    return done
+
+
 class SummaryMemory:
     """A component that owns some summary slots. State is created in :meth:`reset` and saved by
     :meth:`state_dict` (plain data and tensors, see :meth:`CacheWriter.state_dict`)."""

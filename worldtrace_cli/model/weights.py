@@ -29,6 +29,22 @@ def read_state_dict(path: str | Path) -> dict[str, torch.Tensor]:
         CheckpointError: missing file, truncated or corrupt file, or a file that is not a flat
             name -> tensor mapping.
     """
+    sd = read_weights_file(path)
+    if isinstance(sd, dict) and "state_dict" in sd and isinstance(sd["state_dict"], dict):
+        sd = sd["state_dict"]
+    if not isinstance(sd, dict) or not all(isinstance(v, torch.Tensor) for v in sd.values()):
+        raise CheckpointError(f"{path}: not a state dict of tensors")
+    return sd
+
+
+def read_weights_file(path: str | Path):
+    """The object of a ``.safetensors`` file (a flat dict) or a ``.pt``/``.pth`` read with
+    ``weights_only=True`` (tensors and plain containers only, memory-mapped): nested dicts such as a
+    training checkpoint's ``{"generator": ...}`` come back as they are.
+
+    Raises:
+        CheckpointError: missing file, truncated or corrupt file, Python objects besides tensors.
+    """
     path = Path(path)
     if not path.is_file():
         raise CheckpointError(f"{path}: file not found")
@@ -47,10 +63,6 @@ def read_state_dict(path: str | Path) -> dict[str, torch.Tensor]:
         kind = "safetensors" if path.suffix == ".safetensors" else "PyTorch (.pt/.pth, zip format)"
         raise CheckpointError(f"{path}: cannot read weights: not a readable {kind} file "
                               f"({type(exc).__name__}: {_first_line(exc)[:160]})") from None
-    if isinstance(sd, dict) and "state_dict" in sd and isinstance(sd["state_dict"], dict):
-        sd = sd["state_dict"]
-    if not isinstance(sd, dict) or not all(isinstance(v, torch.Tensor) for v in sd.values()):
-        raise CheckpointError(f"{path}: not a state dict of tensors")
     return sd
 
 

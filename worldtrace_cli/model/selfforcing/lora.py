@@ -18,6 +18,7 @@ from pathlib import Path
 import torch
 
 from ...errors import CheckpointError
+from ..weights import read_weights_file
 
 PREFIX = "base_model.model."
 _KEY = re.compile(r"^(blocks\.\d+\.(?:self_attn|cross_attn)\.[qkvo]|blocks\.\d+\.ffn\.[02])\.lora_([AB])\.weight$")
@@ -28,23 +29,9 @@ def read_lora(path: str | Path) -> dict[str, torch.Tensor]:
     """The adapter's tensors of ``path`` (``generator_lora`` entry or flat; ``.pt`` read weights-only).
 
     Raises:
-        CheckpointError: unreadable file, or no tensors.
+        CheckpointError: a missing or unreadable file, or no tensors.
     """
-    path = Path(path)
-    if path.suffix == ".safetensors":
-        from safetensors.torch import load_file
-
-        try:
-            return load_file(str(path))
-        except Exception as exc:
-            raise CheckpointError(f"{path}: cannot read the LoRA ({type(exc).__name__})") from None
-    try:
-        raw = torch.load(str(path), map_location="cpu", weights_only=True, mmap=True)
-    except FileNotFoundError:
-        raise CheckpointError(f"{path}: file not found") from None
-    except Exception as exc:
-        raise CheckpointError(f"{path}: cannot read the LoRA ({type(exc).__name__}: {str(exc).splitlines()[0][:120]})"
-                              ) from None
+    raw = read_weights_file(path)
     sd = raw.get("generator_lora", raw) if isinstance(raw, dict) else None
     if not isinstance(sd, dict) or not sd or not all(isinstance(v, torch.Tensor) for v in sd.values()):
         raise CheckpointError(f"{path}: no LoRA state dict (expected generator_lora or a flat dict of tensors)")

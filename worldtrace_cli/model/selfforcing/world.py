@@ -19,7 +19,6 @@ The files are never bundled (Self-Forcing's weights are CC BY-NC-SA 4.0, LongLiv
 
 from __future__ import annotations
 
-import pickle
 from pathlib import Path
 
 import torch
@@ -29,7 +28,7 @@ from ..checkpoint import file_identity
 from ..lingbot.dit import LingbotDiT
 from ..lingbot.text import UMT5TextEncoder
 from ..lingbot.world import LingbotWorld, checkpoint_paths, load_lingbot_world
-from ..weights import check_state_dict
+from ..weights import check_state_dict, read_weights_file
 
 GENERATOR_KEYS = ("generator_ema", "generator")  # self_forcing_dmd.pt's entries, the EMA preferred (--use_ema)
 LONGLIVE_KEYS = ("generator", "model", "generator_ema")  # longlive_base.pt: its configs set use_ema: false
@@ -44,21 +43,7 @@ def read_generator(path: str | Path, keys: tuple[str, ...] = GENERATOR_KEYS) -> 
     Raises:
         CheckpointError: missing or unreadable file, Python objects besides tensors, no generator entry.
     """
-    path = Path(path)
-    if not path.is_file():
-        raise CheckpointError(f"{path}: file not found")
-    try:
-        if path.suffix == ".safetensors":
-            from safetensors.torch import load_file
-
-            raw = load_file(str(path))
-        else:
-            raw = torch.load(str(path), map_location="cpu", weights_only=True, mmap=True)
-    except pickle.UnpicklingError:
-        raise CheckpointError(f"{path}: holds Python objects besides tensors; worldtrace reads tensors only") from None
-    except Exception as exc:  # truncated or corrupt files raise many types
-        raise CheckpointError(f"{path}: cannot read weights ({type(exc).__name__}: {str(exc).splitlines()[0][:160]})"
-                              ) from None
+    raw = read_weights_file(path)
     entry = next((k for k in keys if isinstance(raw, dict) and isinstance(raw.get(k), dict)), None)
     sd = raw[entry] if entry else raw
     if not isinstance(sd, dict) or not sd or not all(isinstance(v, torch.Tensor) for v in sd.values()):
