@@ -340,3 +340,53 @@ def test_rewrite_replaces_only_the_verbatim_frames_held(cache, held):
             rows = slice(2 * i, 2 * i + 2)
             rewritten = len(frames) == 1 and frames[0] in held and writer.slots()[i].kind in ("past", "recent", "sink")
             assert torch.equal(k[:, rows], torch.full_like(k[:, rows], 99.0) if rewritten else before[layer][0][:, rows])
+
+
+def test_a_text_session_steps_on_prompts_and_generate_replays_it(tmp_path):
+    """``wt.open("self-forcing-tiny")``: ``step(prompt=...)`` per chunk (none: the last prompt goes
+    on; a new one re-caches), the recorded trajectory.yaml is prompt segments that ``generate``
+    replays to the same frames; fork and save/load continue identically."""
+    skip_without_ffmpeg()
+    import worldtrace_cli as wt
+    from worldtrace_cli.session import Session
+
+    s = wt.open("self-forcing-tiny", cache="sliding", device="cpu", record=tmp_path / "rec")
+    for p in ["a red lighthouse", None, "a busy market", None, "a red lighthouse"]:
+        frames, record = s.step(prompt=p)
+    assert frames.shape == (12, 96, 176, 3) and record["prompt"] == "a red lighthouse"
+    assert s.actions_taken() == ["a red lighthouse"] * 2 + ["a busy market"] * 2 + ["a red lighthouse"]
+    assert any(e["type"] == "prompt_recache" for e in record["cache"]["events"])
+    twin = s.fork()
+    s.save(tmp_path / "state")
+    loaded = Session.load(tmp_path / "state", s.pipeline)
+    shas = {x.step("a quiet beach").record["frames_sha256"] for x in (s, twin, loaded)}
+    assert len(shas) == 1
+    twin.close(), loaded.close(), s.close()
+    assert "- {prompt: a busy market, chunks: 2}" in (tmp_path / "rec" / "trajectory.yaml").read_text()
+    res = invoke("generate", tmp_path / "rec" / "trajectory.yaml", "--preset", "self-forcing-tiny", "--cache",
+                 "sliding", "-o", tmp_path / "replay", "--no-progress")
+    assert res.exit_code == 0, res.output
+    want = [r["frames_sha256"] for r in read_jsonl(tmp_path / "rec" / "chunks.jsonl")]
+    assert [r["frames_sha256"] for r in read_jsonl(tmp_path / "replay" / "chunks.jsonl")] == want
+
+
+def test_text_session_refusals():
+    import worldtrace_cli as wt
+
+    with pytest.raises(InputError, match="not an image"):
+        wt.open("self-forcing-tiny", image=ROOT / "assets" / "images" / "mg2_universal_0000.png")
+    with pytest.raises(InputError, match="prompt_switch must be one of"):
+        wt.open("self-forcing-tiny", prompt_switch="sometimes")
+    s = wt.open("self-forcing-tiny", device="cpu")
+    with pytest.raises(InputError, match="first chunk of a text-to-video session needs a prompt"):
+        s.step()
+    with pytest.raises(InputError, match="empty prompt"):
+        s.step(prompt="  ")
+    with pytest.raises(InputError, match="takes a prompt"):
+        s.step({"keys": "W"})
+    assert s.chunk == 0
+    s.close()
+    m = wt.open("tiny", image=ROOT / "assets" / "images" / "mg2_universal_0000.png", device="cpu")
+    with pytest.raises(InputError, match="prompt= is for text-to-video presets"):
+        m.step(prompt="a lighthouse")
+    m.close()

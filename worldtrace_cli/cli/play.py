@@ -122,10 +122,12 @@ def play(preset, cache, checkpoint, random_weights, image, world_seed, seed, dev
         from ..writer_options import settings_for
 
         resolved = load_preset(preset)
-        if resolved.is_lingbot or resolved.is_text:
-            who = "LingBot-World runs" if resolved.is_lingbot else "the text-to-video presets run"
-            raise InputError(f"--preset {resolved.name}: play runs MG2-architecture models; {who} with worldtrace "
-                             f"generate")
+        if resolved.is_lingbot:
+            raise InputError(f"--preset {resolved.name}: play runs MG2-architecture models; LingBot-World runs with "
+                             f"worldtrace generate")
+        if resolved.is_text:
+            raise InputError(f"--preset {resolved.name}: play has no prompt box yet: drive a text-to-video preset from "
+                             f"Python (wt.open(...).step(prompt=...)) or with worldtrace generate")
         if image is not None:
             check_image(image, resolved.height, resolved.width)
         elif not resolved.has_world:

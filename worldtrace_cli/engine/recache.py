@@ -82,9 +82,10 @@ def recache(rollout, start: int, rows: torch.Tensor, mode: str) -> dict:
     _, committed = rollout._dit(x0, 0.0, None, inputs, commit=True)
     t = rollout.geometry.tokens_per_frame
     kept = [(k[:, query_only * t:], v[:, query_only * t:]) for k, v in committed]
+    summary_frames = {f for s in writer.slots() if s.role == "summary" for f in s.frames}
     rewritten = writer.rewrite(kept, list(range(r0 + query_only, start)), summary=early and mode == "recache")
     return {"type": "prompt_recache", "frames": [r0, start], "query_only": query_only, "rewritten": rewritten,
-            "sink_rewritten": early and mode == "recache"}
+            "sink_rewritten": bool(summary_frames & set(rewritten))}
 
 
 __all__ = ["SWITCH_MODES", "can_recache", "recache", "summary_past"]

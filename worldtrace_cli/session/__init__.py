@@ -16,8 +16,9 @@ the start image's conditioning latents are causal in the frame count (encoded on
 longest rollout, 31 latent frames), and noise depends only on (seed, chunk). The trajectory a
 session wrote (``trajectory.yaml``) replays it with ``worldtrace generate``.
 
-Only MG2-architecture presets (loopworld, tiny*, mg2-*) run as sessions; LingBot-World runs through
-``generate``.
+MG2-architecture presets (loopworld, tiny*, mg2-*) and the text-to-video ones run as sessions (a text
+session steps on prompts: ``s.step(prompt="a red lighthouse")``, :mod:`.text`); LingBot-World runs
+through ``generate``.
 """
 
 from .live import Session, StepResult

@@ -90,7 +90,8 @@ class ActionLog:
         self.mode = mode
         keyboard = torch.zeros(0, spec.keyboard_dim, dtype=torch.float32)
         mouse = torch.zeros(0, 2, dtype=torch.float32) if spec.mouse else None
-        self.plan = ActionPlan(mode, 0, keyboard, mouse, [], [], [], frames_per_chunk)
+        self.plan = ActionPlan(mode, 0, keyboard, mouse, [], [], [], frames_per_chunk,
+                               [] if mode == "text" else None)  # a text session: each chunk's prompt
         self.segments: list[list[dict]] = []
 
     @property
@@ -116,6 +117,8 @@ class ActionLog:
             plan.mouse = torch.cat([plan.mouse, torch.tensor([m for _, m in per_row], dtype=torch.float32)])
         plan.num_chunks += 1
         plan.chunk_actions.append(name)
+        if plan.prompts is not None:
+            plan.prompts.append(segments[0]["prompt"])
         self.segments.append(segments)
 
     def append_saved(self, segments: list[dict], name: str) -> None:
@@ -127,6 +130,9 @@ class ActionLog:
         from ..trajectory import parse_trajectory
 
         traj = parse_trajectory(json.dumps({"mode": self.mode, "segments": segments}), source="session state")
+        if self.mode == "text":  # one chunk of one prompt (its rows: 9 for chunk 0, 12 after)
+            self.append(name, [{"prompt": traj.segments[0].prompt, "chunks": 1}], [((), None)] * self.rows_next())
+            return
         self.append(name, segments, [(s.keyboard, s.mouse) for s in traj.segments for _ in range(s.num_frames)])
 
     def drop_last(self) -> None:
@@ -140,6 +146,8 @@ class ActionLog:
         if plan.mouse is not None:
             plan.mouse = plan.mouse[:rows]
         plan.chunk_actions.pop()
+        if plan.prompts:
+            plan.prompts.pop()
         self.segments.pop()
 
     def taken(self) -> list:
@@ -147,6 +155,9 @@ class ActionLog:
         per pixel frame), so replaying them gives the same rows."""
         out = []
         for segs in self.segments:
+            if "prompt" in segs[0]:  # a text session: the chunk's prompt
+                out.append(segs[0]["prompt"])
+                continue
             if len(segs) == 1 and "action" in segs[0]:
                 out.append(segs[0]["action"])
                 continue
@@ -163,9 +174,10 @@ def merge_segments(chunks: list[list[dict]]) -> list[dict]:
     out: list[dict] = []
     for segs in chunks:
         for seg in segs:
-            body = {k: v for k, v in seg.items() if k != "frames"}
-            if out and {k: v for k, v in out[-1].items() if k != "frames"} == body:
-                out[-1]["frames"] += seg["frames"]
+            length = "chunks" if "chunks" in seg else "frames"  # prompt segments count chunks
+            body = {k: v for k, v in seg.items() if k != length}
+            if out and {k: v for k, v in out[-1].items() if k != length} == body:
+                out[-1][length] += seg[length]
             else:
                 out.append(dict(seg))
     return out

@@ -6,32 +6,20 @@ import logging
 import sys
 import time
 from contextlib import ExitStack
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
 
 from ..errors import InputError, WorldtraceError
 from .actions import ActionLog, parse_chunk_actions, replay_command, trajectory_text
-from .parts import MemoTruth, clone_tree
+from .parts import MemoTruth, StepResult, clone_tree
+from .text import text_chunk, text_conditioned, text_contexts
 
 log = logging.getLogger("worldtrace")
 
 SESSION_STATE_VERSION = 1
 CONDITION_CHUNKS = 11  # 33 latent frames: the conditioning encodes its maximum, 31, once (causal: exact)
-
-
-@dataclass
-class StepResult:
-    """One chunk of a session: ``frames`` uint8 [T, H, W, 3] (T = 9 for chunk 0, 12 after, MG2's
-    pixel frames), ``record`` the chunk's ``chunks.jsonl`` record (dict). Unpacks as
-    ``frames, record = session.step(...)``."""
-
-    frames: np.ndarray
-    record: dict
-
-    def __iter__(self):
-        return iter((self.frames, self.record))
 
 
 class Session:
@@ -60,10 +48,9 @@ class Session:
     def __init__(self, pipeline, cfg, record: str | Path | None = None):
         from ..metrics import OnlineMetrics
 
-        if cfg.preset.is_lingbot or cfg.preset.is_text:
-            who = "LingBot-World runs" if cfg.preset.is_lingbot else "the text-to-video presets run"
-            raise InputError(f"preset {cfg.preset.name}: sessions run MG2-architecture models; {who} with worldtrace "
-                             f"generate")
+        if cfg.preset.is_lingbot:
+            raise InputError(f"preset {cfg.preset.name}: sessions run MG2-architecture and text-to-video models; "
+                             f"LingBot-World runs with worldtrace generate")
         self.pipeline, self.cfg, self.preset = pipeline, cfg, cfg.preset
         self.writer = pipeline.build_writer(cfg.memory)
         self.actions = ActionLog(self.preset.mode, self.preset.frames_per_chunk)
@@ -135,11 +122,13 @@ class Session:
                                                        self.preset.width))
             self.scorer.truth = self.truth_source
             image = Image.fromarray(self.truth_source.start_image())
-        else:
+        elif not self.preset.is_text:
             from ..trajectory.images import load_image
 
             image = load_image(self.cfg.image, (self.preset.height, self.preset.width))
-        if self._conditioned is None:
+        if self.preset.is_text:  # the prompts so far (text.py); each step adds its chunk's
+            self._conditioned = text_conditioned(self.pipeline, self.plan.prompts, self.cfg.prompt_switch)
+        elif self._conditioned is None:
             self._conditioned = self.pipeline.condition(image, CONDITION_CHUNKS)
         self.rollout = self.pipeline.rollout(self.writer, self._conditioned, self.plan.keyboard[None],
                                              None if self.plan.mouse is None else self.plan.mouse[None],
@@ -155,6 +144,9 @@ class Session:
 
     def _feed_actions(self) -> None:
         """Hand the rollout and writer the action rows and poses of every chunk so far."""
+        if self.preset.is_text:  # no rows, no poses: every chunk's prompt rows
+            self.rollout.text_context = self._conditioned.contexts = text_contexts(self.pipeline, self.plan.prompts)
+            return
         dev, dt = self.pipeline.device, self.pipeline.dtype
         kb = self.plan.keyboard[None]
         mouse = None if self.plan.mouse is None else self.plan.mouse[None]
@@ -166,7 +158,7 @@ class Session:
 
             self.truth_source.poses = plan_frame_poses(self.plan).numpy()
 
-    def step(self, actions="idle") -> StepResult:
+    def step(self, actions="idle", prompt: str | None = None) -> StepResult:
         """Generate, decode and (when recording) write the next chunk.
 
         Args:
@@ -174,6 +166,8 @@ class Session:
                 ``"forward+camera_l"`` (macros of the preset's mode joined by ``+``; ``idle``), a dict
                 ``{"keys": "WA", "mouse": [pitch, yaw]}`` (MG2's keyboard letters, mouse in [-1, 1]),
                 or a list of those, one per pixel frame (:meth:`rows_next`: 9 for chunk 0, then 12).
+            prompt: text-to-video presets: the chunk's prompt (also as ``step("a lighthouse")``); none
+                goes on with the last one; a new one switches (re-cached as ``cfg.prompt_switch`` says).
         Returns:
             :class:`StepResult`: ``frames`` uint8 [T, H, W, 3] on the CPU and the chunk's record
             (the dict ``generate`` writes as a chunks.jsonl line: slots, virtual positions,
@@ -185,7 +179,10 @@ class Session:
         """
         if self._closed:
             raise InputError("step: the session is closed")
-        name, segments, per_row = parse_chunk_actions(actions, self.preset.mode, self.rows_next())
+        if prompt is not None and not self.preset.is_text:
+            raise InputError(f"step: prompt= is for text-to-video presets (preset {self.preset.name} takes actions)")
+        name, segments, per_row = (text_chunk(self.actions, actions, prompt) if self.preset.is_text else
+                                   parse_chunk_actions(actions, self.preset.mode, self.rows_next()))
         self.actions.append(name, segments, per_row)
         try:
             if self.rollout is None:
@@ -346,8 +343,8 @@ class Session:
 
         return run_summary(status, self.cfg, self.folder.path if self.folder else None, list(sys.argv), None,
                            self.pipeline, self.writer, self.rollout, self.scorer, self.plan, self._sinks,
-                           self._started, image_label=str(self.cfg.image) if self.cfg.image else
-                           f"world:{self.cfg.world_seed}", seed=self._seed(),
+                           self._started, image_label=str(self.cfg.image) if self.cfg.image else "prompts"
+                           if self.preset.is_text else f"world:{self.cfg.world_seed}", seed=self._seed(),
                            world_seed=None if self.truth_source is None else self.cfg.world_seed)
 
     def close(self) -> dict | None:

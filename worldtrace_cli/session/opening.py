@@ -23,11 +23,12 @@ def open(preset: str = "loopworld", cache: str | None = None, *, checkpoint: str
          image: str | Path | None = None, world_seed: int = 0, seed: int = 0, device: str = "auto",
          dtype: str = "auto", compile: str = "none", rope_precision: str = "float32", metrics: str = "fast",
          random_weights: bool = False, weights_seed: int = 0, record: str | Path | None = None,
-         overwrite: bool = False, pipeline=None, **writer_options) -> Session:
+         overwrite: bool = False, pipeline=None, prompt_switch: str = "recache", **writer_options) -> Session:
     """Open a live :class:`Session` (``import worldtrace_cli as wt; s = wt.open("loopworld", cache="landmark")``).
 
     Args:
-        preset: a preset name (``worldtrace presets``) or YAML file; MG2 architecture.
+        preset: a preset name (``worldtrace presets``) or YAML file; MG2 architecture, or a
+            text-to-video one (``self-forcing-tiny``, ...: ``step(prompt="...")``).
         cache: the writer spec as ``--cache`` takes it (``sliding``, ``field``, ``landmark``,
             ``mixed:2``, ...); None = the model's own cache.
         checkpoint: the official MG2 folder (mg2-* presets). image: a conditioning image (loopworld
@@ -36,6 +37,7 @@ def open(preset: str = "loopworld", cache: str | None = None, *, checkpoint: str
         device, dtype, compile, rope_precision: as ``generate``'s flags. metrics: ``none`` | ``fast`` | ``all``.
         record: a run folder to record into (refused when it holds a run, unless ``overwrite``).
         pipeline: a loaded pipeline to share (``worldtrace play`` shares one between sessions).
+        prompt_switch: text-to-video presets: ``recache`` (LongLive's), ``recache-keep-sink`` or ``plain``.
         writer_options: ``generate``'s memory flags as keywords: the shared ``positions``,
             ``budget``, ``summary_slots``, ``recent_slots``, and the writer's own settings
             (``landmark_threshold``, ``sink_frames``, ``top_k``, ...: the fields of its options
@@ -58,9 +60,14 @@ def open(preset: str = "loopworld", cache: str | None = None, *, checkpoint: str
         raise InputError(f"open: {api_words(str(exc))}") from None
     if record is not None:
         check_record(record)
-    if resolved.is_lingbot or resolved.is_text:
-        who = "LingBot-World runs" if resolved.is_lingbot else "the text-to-video presets run"
-        raise InputError(f"preset {resolved.name}: sessions run MG2-architecture models; {who} with worldtrace generate")
+    if resolved.is_lingbot:
+        raise InputError(f"preset {resolved.name}: sessions run MG2-architecture and text-to-video models; "
+                         f"LingBot-World runs with worldtrace generate")
+    from ..trajectory.prompts import SWITCH_MODES
+
+    if prompt_switch not in SWITCH_MODES or (prompt_switch != "recache" and not resolved.is_text):
+        raise InputError(f"open: prompt_switch must be one of {', '.join(SWITCH_MODES)} (text-to-video presets only), "
+                         f"got {prompt_switch!r}")
     options = {**default_cache(resolved), **writer_options} if cache is None else {"cache": cache, **writer_options}
     known = {"positions", *SLOT_FIELDS, *writer_flags()}
     unknown = sorted(set(writer_options) - known)
@@ -70,9 +77,11 @@ def open(preset: str = "loopworld", cache: str | None = None, *, checkpoint: str
     for name, value in (("seed", seed), ("world_seed", world_seed)):  # the CLI's range (--seed, --world-seed)
         if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= MAX_SEED:
             raise InputError(f"open: {name} must be an integer with 0 <= {name} < 2**63, got {value!r}")
+    if image is not None and resolved.is_text:
+        raise InputError(f"preset {resolved.name} is text-to-video: it takes prompts (step(prompt=...)), not an image")
     if image is not None:
         load_image(image, (resolved.height, resolved.width))  # decoded now: a bad file is refused before the model
-    elif not resolved.has_world:
+    elif not (resolved.has_world or resolved.is_text):
         raise InputError(f"preset {resolved.name}: needs a conditioning image: open(..., image=PATH)")
     try:
         check_memory(memory, resolved.window, resolved.default_budget)  # torch-free first, as generate's checks
@@ -84,7 +93,7 @@ def open(preset: str = "loopworld", cache: str | None = None, *, checkpoint: str
                     checkpoint=None if checkpoint is None else Path(checkpoint).resolve(),
                     random_weights=random_weights, weights_seed=weights_seed, world_seed=world_seed, memory=memory,
                     overwrite=overwrite, progress=False, metrics=metrics, save_every=0, rope_precision=rope_precision,
-                    compile=compile)
+                    compile=compile, prompt_switch=prompt_switch)
     if pipeline is None or not pipeline.serves(cfg):
         pipeline = Pipeline.from_config(cfg)
     return Session(pipeline, cfg, record)

@@ -2,6 +2,23 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
+import numpy as np
+
+
+@dataclass
+class StepResult:
+    """One chunk of a session: ``frames`` uint8 [T, H, W, 3] (T = 9 for chunk 0, 12 after, MG2's
+    pixel frames), ``record`` the chunk's ``chunks.jsonl`` record (dict). Unpacks as
+    ``frames, record = session.step(...)``."""
+
+    frames: np.ndarray
+    record: dict
+
+    def __iter__(self):
+        return iter((self.frames, self.record))
+
 
 def clone_tree(parts: dict) -> dict:
     """An independent copy of nested state dicts (every tensor cloned on its device), through the
@@ -39,4 +56,4 @@ class MemoTruth:
         return self._last[1]
 
 
-__all__ = ["MemoTruth", "clone_tree"]
+__all__ = ["MemoTruth", "StepResult", "clone_tree"]
