@@ -437,3 +437,76 @@ def test_a_failing_page_says_why_in_its_log_line(monkeypatch):
     assert closing.type == aiohttp.WSMsgType.CLOSE
     assert [line for line in lines if "a page failed" in line] == [
         "play: a page failed (RuntimeError: the model fell over second line); its recordings are completed"]
+
+
+def test_a_text_to_video_preset_plays_on_prompts(tmp_path):
+    """``worldtrace play --preset self-forcing-tiny``: ``ready`` says mode text (no truth); a step
+    carries the prompt (none: the last goes on; a new one switches and re-caches); the recording's
+    trajectory is prompt segments. In a browser the prompt box starts the video (typing W in it
+    does not walk); action-only messages get the session's one-line error."""
+    import aiohttp
+
+    runs = tmp_path / "runs"
+    proc, url = start_server(runs, "--preset", "self-forcing-tiny", "--cache", "sliding")
+    try:
+        async def drive():
+            async with aiohttp.ClientSession() as http, http.ws_connect(url + "ws") as ws:
+                ready = await _receive(ws)
+                out = []
+                for msg in ({"op": "step"}, {"op": "step", "prompt": "a red lighthouse"}, {"op": "step"},
+                            {"op": "step", "prompt": "a busy market"}, {"op": "step", "prompt": 3}):
+                    await ws.send_str(json.dumps(msg))
+                    out.append(await _receive(ws))
+                return ready, out
+
+        ready, (first, *chunks, bad) = run(drive())
+        assert ready["mode"] == "text" and ready["truth"] is False
+        assert first["op"] == "error" and "needs a prompt" in first["message"]
+        assert [c["action"] for c in chunks] == ["a red lighthouse", "a red lighthouse", "a busy market"]
+        assert bad["op"] == "error" and "\"prompt\" is text" in bad["message"]
+        if CHROMIUM and CHROMEDRIVER:
+            _browser_types_a_prompt(url, tmp_path)
+    finally:
+        rc, err = stop_server(proc)
+    assert rc == 0, err[-2000:]
+    (run_dir,) = [p for p in runs.iterdir() if (p / "trajectory.yaml").is_file() and "market" in
+                  (p / "trajectory.yaml").read_text()]
+    assert "- {prompt: a red lighthouse, chunks: 2}" in (run_dir / "trajectory.yaml").read_text()
+    records = [json.loads(line) for line in (run_dir / "chunks.jsonl").read_text().splitlines()]
+    assert any(e["type"] == "prompt_recache" for e in records[2]["cache"]["events"])
+
+
+def _browser_types_a_prompt(url, tmp_path):
+    from selenium import webdriver
+    from selenium.webdriver.chrome.service import Service
+    from selenium.webdriver.common.by import By
+
+    options = webdriver.ChromeOptions()
+    options.binary_location = CHROMIUM
+    for arg in ("--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage", "--window-size=1500,900"):
+        options.add_argument(arg)
+    driver = webdriver.Chrome(service=Service(CHROMEDRIVER), options=options)
+
+    def wait_for(predicate, what, timeout=120):
+        deadline = time.time() + timeout
+        while time.time() < deadline:
+            if predicate():
+                return
+            time.sleep(0.2)
+        raise AssertionError(f"timed out waiting for {what}; status: {driver.find_element(By.ID, 'status').text}")
+
+    try:
+        driver.get(url)
+        wait_for(lambda: "waits for your first prompt" in driver.find_element(By.ID, "status").text, "the page")
+        assert driver.find_element(By.ID, "promptbar").is_displayed()
+        box = driver.find_element(By.ID, "prompt")
+        box.send_keys("a windmill by a canal")  # holds a 'w' and a space: typing must not walk or pause
+        time.sleep(1)
+        assert driver.find_element(By.ID, "chunk").text == "-" and driver.find_element(By.ID, "pause").text == "Pause"
+        box.send_keys("\n")
+        wait_for(lambda: driver.find_element(By.ID, "chunk").text.isdigit() and int(driver.find_element(By.ID, "chunk").text) >= 1,
+                 "two chunks")
+        assert driver.find_element(By.ID, "action").text == "a windmill by a canal"
+        driver.save_screenshot(str(tmp_path / "play-text.png"))
+    finally:
+        driver.quit()

@@ -64,7 +64,8 @@ def check_port(host: str, port: int) -> None:
 @click.command("play")
 @click.option("--preset", default="loopworld", show_default=True, metavar="NAME|FILE",
               help="An MG2-architecture preset: loopworld (trained embedded world with ground truth, CPU), tiny "
-                   "(random weights), mg2-universal (with --checkpoint), or a preset YAML.")
+                   "(random weights), mg2-universal (with --checkpoint), a text-to-video one (self-forcing-tiny, "
+                   "longlive-tiny: a prompt box), or a preset YAML.")
 @click.option("--cache", default=None, metavar="WRITER",
               help=cache_help("The first writer (the page switches writers and opens a second one beside it): ",
                               " Default: the model's own cache (MG2: sliding)."))
@@ -101,7 +102,8 @@ def play(preset, cache, checkpoint, random_weights, image, world_seed, seed, dev
     """Walk a world live in your browser, with its KV-cache memory on screen.
 
     Serves one page at http://HOST:PORT/ (printed on stdout): WASD to walk, arrow keys or mouse drag
-    to look, one chunk per step; the true view and GT-PSNR beside the generated one on loopworld;
+    to look, one chunk per step (text-to-video presets such as self-forcing-tiny: a prompt box, each
+    new prompt a switch); the true view and GT-PSNR beside the generated one on loopworld;
     the cache's slots (recent / summary, source frames, virtual positions, landmarks, retrievals)
     drawn chunk by chunk. Switch the writer, or open a second one beside it driven by the same keys
     (walk away from a place and back: which one remembers?). Every session is recorded under
@@ -125,12 +127,11 @@ def play(preset, cache, checkpoint, random_weights, image, world_seed, seed, dev
         if resolved.is_lingbot:
             raise InputError(f"--preset {resolved.name}: play runs MG2-architecture models; LingBot-World runs with "
                              f"worldtrace generate")
-        if resolved.is_text:
-            raise InputError(f"--preset {resolved.name}: play has no prompt box yet: drive a text-to-video preset from "
-                             f"Python (wt.open(...).step(prompt=...)) or with worldtrace generate")
+        if image is not None and resolved.is_text:
+            raise InputError(f"--image: preset {resolved.name} is text-to-video: type prompts in the page instead")
         if image is not None:
             check_image(image, resolved.height, resolved.width)
-        elif not resolved.has_world:
+        elif not (resolved.has_world or resolved.is_text):
             raise InputError(f"--preset {resolved.name}: needs --image (only loopworld has a world of its own)")
         options = {k: v for k, v in memory.items() if v is not None}
         from ..config import default_cache
@@ -149,7 +150,8 @@ def play(preset, cache, checkpoint, random_weights, image, world_seed, seed, dev
             except OSError as exc:
                 raise OutputError(f"--runs-dir {runs_dir}: not writable ({exc.strerror or exc})") from None
         check_port(host, port)  # a non-loopback --host is announced once bound, with the port bound
-        kwargs = {"checkpoint": checkpoint, "random_weights": random_weights, "image": image,
+        # the preset itself: without it every page opened open()'s default, loopworld, whatever --preset said
+        kwargs = {"preset": resolved, "checkpoint": checkpoint, "random_weights": random_weights, "image": image,
                   "world_seed": world_seed, "seed": seed, "device": device, "dtype": dtype, "compile": compile_mode,
                   "metrics": metrics, **options}
         from ..config import RunConfig

@@ -77,9 +77,9 @@ class Page:
                 raise PageLeft()
             session.step(actions)
 
-    def _step_all(self, action: str) -> list:
-        with self.settings.lock:
-            return [lane.step(action) for lane in self.lanes]
+    def _step_all(self, action: str, prompt: str | None = None) -> list:
+        with self.settings.lock:  # a text-to-video lane takes the prompt (None: the last one goes on)
+            return [lane.step(action, prompt=prompt) if lane.preset.is_text else lane.step(action) for lane in self.lanes]
 
     def close_sessions(self, lanes=None) -> list[str]:
         """Close sessions (their run folders completed); returns the folders recorded (a session
@@ -206,13 +206,15 @@ class Page:
     async def on_step(self, msg: dict) -> None:
         from ..errors import InputError
 
-        action = msg.get("action", "idle")
+        action, prompt = msg.get("action", "idle"), msg.get("prompt")
         if not self.lanes:
             raise InputError("step: no session is open (a reset failed to open one); reload the page")
         if not isinstance(action, str):
             raise InputError("step: \"action\" is action words, e.g. \"forward+camera_l\"")
+        if prompt is not None and (not isinstance(prompt, str) or not self.lanes[0].preset.is_text):
+            raise InputError("step: \"prompt\" is text, for a text-to-video preset (self-forcing-tiny, ...)")
         started = time.perf_counter()
-        results = await self.run(self._step_all, action)
+        results = await self.run(self._step_all, action, prompt)
         lanes = []
         for lane, (frames, record) in zip(self.lanes, results):
             lanes.append({"writer": lane.cfg.memory.cache, "frames": jpeg_b64(frames),

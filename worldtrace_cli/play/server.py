@@ -10,6 +10,8 @@ Protocol (JSON text messages over ``/ws``; each page is one connection and owns 
 client -> server
   ``{"op": "step", "action": "forward+camera_l"}``   one chunk for every lane (action words of the
                                                       trajectory format; ``idle`` when nothing is held)
+  ``{"op": "step", "prompt": "a red lighthouse"}``   the same for a text-to-video preset (``ready``'s
+                                                      mode ``text``); no prompt: the last one goes on
   ``{"op": "writer", "cache": "field"}``             lane 0 becomes a new session with that writer,
                                                       replaying the actions taken so far
   ``{"op": "compare", "cache": "sliding" | null}``   a second lane: the same actions replayed under

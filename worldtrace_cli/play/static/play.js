@@ -35,7 +35,7 @@ function keyChanged() {
   // a key or drag: note when (key-to-frame), and the first one starts the world
   const now = performance.now();
   S.keyChangedAt = now; S.keyPausedMs = pausedSoFar(now);
-  if (S.waiting) { S.waiting = false; if (S.ready) status(S.paused ? "paused" : "running"); }
+  if (S.waiting && (!S.text || S.prompt)) { S.waiting = false; if (S.ready) status(S.paused ? "paused" : "running"); }
 }
 
 function send(obj) { if (S.ws && S.ws.readyState === 1) S.ws.send(JSON.stringify(obj)); }
@@ -48,7 +48,7 @@ function pump() {
   S.keyChangedAt = null;
   const a = action();
   S.dragDx = 0; S.dragDy = 0;
-  send({ op: "step", action: a });
+  send(S.text ? { op: "step", prompt: S.prompt } : { op: "step", action: a });
 }
 
 function image(b64) { const img = new Image(); img.src = "data:image/jpeg;base64," + b64; return img; }
@@ -189,7 +189,12 @@ function connect() {
   ws.onmessage = (ev) => {
     const msg = JSON.parse(ev.data);
     if (msg.op === "ready") {
-      S.ready = true; S.fps = msg.fps; S.mode = msg.mode; S.truth = msg.truth;
+      S.ready = true; S.fps = msg.fps; S.mode = msg.mode; S.truth = msg.truth; S.text = msg.mode === "text";
+      $("promptbar").hidden = !S.text;  // a text-to-video preset: prompts instead of keys
+      if (S.text) {
+        $("help").textContent = "type a prompt, Enter: the video starts; a new prompt switches the scene · space pauses";
+        $("keys").hidden = true; $("actionlabel").textContent = "prompt";
+      }
       $("preset").textContent = `${msg.preset} (${msg.mode})`;
       msg.writers.forEach((w) => { for (const id of ["writer", "compare"]) { const o = document.createElement("option"); o.value = o.textContent = w; $(id).appendChild(o); } });
       $("truthpanel").hidden = !msg.truth;
@@ -197,7 +202,9 @@ function connect() {
       setInterval(drawFrame, 1000 / S.fps);
       S.waitForKey = msg.wait_for_key !== false;
       S.waiting = S.waitForKey && S.waiting;
-      status(S.waiting ? "ready: the world waits for your first key (hold W to walk)" : "running");
+      if (S.text && !S.prompt) S.waiting = true;  // a text session's first chunk needs a prompt
+      status(S.waiting ? (S.text ? "ready: the video waits for your first prompt"
+        : "ready: the world waits for your first key (hold W to walk)") : "running");
       pump();
     } else if (msg.op === "chunk") onChunk(msg);
     else if (msg.op === "lanes") { S.inflight = false; setLanes(msg.lanes); status(`writers: ${msg.lanes.map((l) => l.writer).join(" | ")}`); pump(); }
@@ -209,7 +216,15 @@ function connect() {
 }
 
 function keyName(ev) { return ev.key.toLowerCase(); }
+function setPrompt() {
+  // a text-to-video session: the next chunks read this prompt (the first one starts the video)
+  const p = $("prompt").value.trim();
+  if (!p) { status("type a prompt first", true); return; }
+  S.prompt = p; keyChanged(); status(`prompt: ${p}`);
+}
+$("setprompt").onclick = setPrompt;
 document.addEventListener("keydown", (ev) => {
+  if (ev.target && ev.target.tagName === "INPUT") { if (ev.key === "Enter") setPrompt(); return; }  // typing a prompt
   const k = keyName(ev);
   if (k === " ") { togglePause(); ev.preventDefault(); return; }
   if (!KEYS.has(k) || S.held.has(k)) return;
