@@ -390,3 +390,22 @@ def test_text_session_refusals():
     with pytest.raises(InputError, match="prompt= is for text-to-video presets"):
         m.step(prompt="a lighthouse")
     m.close()
+
+
+def test_compare_and_bench_speed_take_the_text_presets(tmp_path):
+    """``compare`` runs writers side by side on prompt segments (PAC paired by prompts; ``--sink-frames``
+    goes to the sink alone); ``bench speed``
+    runs the model's own cache with its official settings (LongLive: a 3-frame sink) and refuses an image."""
+    skip_without_ffmpeg()
+    res = invoke("compare", "--preset", "longlive-tiny", ABA, "--cache", "sink,landmark", "--sink-frames", 3, "--chunks", 9,
+                 "-o", tmp_path / "cmp", "--no-progress")
+    assert res.exit_code == 0, res.output
+    assert len(json.loads((tmp_path / "cmp" / "compare.json").read_text())["modes"]) == 2
+    summary = json.loads((tmp_path / "cmp" / "sink" / "summary.json").read_text())
+    assert summary["config"]["memory"]["sink_frames"] == 3 and summary["metrics"]["revisit"]["source"] == "prompts"
+    res = invoke("bench", "speed", "--preset", "longlive-tiny", "--caches", "sink", "--chunks", 2, "--device", "cpu",
+                 "-o", tmp_path / "bench")
+    assert res.exit_code == 0, res.output
+    assert "takes no image" in one_line_error(invoke("bench", "speed", "--preset", "longlive-tiny", "--image",
+                                                     ROOT / "assets" / "images" / "mg2_universal_0000.png",
+                                                     "--chunks", 2, "-o", tmp_path / "b2"))

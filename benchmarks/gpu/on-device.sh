@@ -5,6 +5,7 @@
 #                                                     # <= 9.3 min with the max-autotune test, which never finished)
 #   FAST_EXTRA="--budget 6" bash benchmarks/gpu/on-device.sh fast  # compiled + CUDA graphs + overlapped decode (<= 4.8 min)
 #   bash benchmarks/gpu/on-device.sh max              # the max-autotune GPU test alone (MAX_LIMIT s, default 130)
+#   bash benchmarks/gpu/on-device.sh text             # Self-Forcing / LongLive fast path: sink and memory writers (<= 5 min)
 #   bash benchmarks/gpu/on-device.sh train all        # instead of fast: GPU-encoded clips + batched DiT training (<= 4.5 min)
 #   bash benchmarks/gpu/on-device.sh train precisions # s per batched training step in float32, tf32, bf16 (<= 4.7 min)
 # Longer steps, for a session with more device time:
@@ -86,6 +87,13 @@ case "${1:-check}" in
         --caches sliding,field,landmark --chunks "${QUICK_CHUNKS:-16}" --repeats 3 --warmup 4 \
         --compile reduce-overhead --overlap-decode ${FAST_EXTRA:-} -o "$OUT" --name "speed-$PRESET-ratio-fast" 2>&1 \
         | tee "$OUT/speed-fast.log"  # FAST_EXTRA, e.g. "--budget 6": every writer at one cache size
+    ;;
+  text)
+    # Issue 46 part 6: full-size Self-Forcing (random weights, 480x832) on the fast path; target >= 20 fps with LongLive's
+    # sink cache on an H100 (LongLive claims 20.7), memory writers <= 1.05x. Both presets are one network: one load.
+    step 280 python3 -m worldtrace_cli bench speed --preset "${TEXT_PRESET:-longlive}" --random-weights --device "$DEVICE" \
+        --caches sink,landmark,field,sliding --chunks "${QUICK_CHUNKS:-16}" --repeats 2 --warmup 4 \
+        --compile reduce-overhead --overlap-decode -o "$OUT" --name "speed-text-fast" 2>&1 | tee "$OUT/speed-text.log"
     ;;
   check)
     python3 -m pytest -q -m gpu tests -p no:logging -rfE --ignore=tests/test_schemas.py 2>&1 | tee "$OUT/gpu-tests.log"

@@ -35,7 +35,9 @@ def speed_benchmark(preset_name: str = "tiny", caches: tuple[str, ...] = ("slidi
 
     ``budget``: past latent-frame slots of every writer (None = each writer's default: sliding
     reads MG2's own 3 past frames, the WorldTrace writers 6, so at defaults they attend over 6 vs 9
-    latent frames; pass 6 to compare at one cache size). ``repeats``: the writers run in turn this
+    latent frames; pass 6 to compare at one cache size). The preset's own cache (``config.default_cache``:
+    MG2 ``sliding``, LingBot's and LongLive's ``sink``, Self-Forcing's ``full``) runs with its official
+    settings (LongLive: 3 sink frames at true offsets). ``repeats``: the writers run in turn this
     many times (interleaved, so drifting machine speed hits all alike); :func:`speed_summary` takes
     medians. ``rope_precision``/``compile_mode`` are :func:`~worldtrace_cli.model.speed.configure_speed`'s;
     compilation happens in the first chunk, so keep ``warmup_chunks`` >= 1 (>= 3 for
@@ -82,6 +84,9 @@ def speed_benchmark(preset_name: str = "tiny", caches: tuple[str, ...] = ("slidi
     if spec.keyboard_dim:  # (text-to-video: no keys)
         keyboard[..., 0] = 1.0  # hold the first key (forward / jump) the whole time
     mouse = torch.zeros(1, rows_n, 2) if spec.mouse else None
+    from ..config import default_cache
+
+    own = default_cache(preset)
     phase_names = ("denoise", "context", "cache", "decode") + (("decode_wait",) if overlap_decode and decode else ())
 
     def sync():
@@ -89,7 +94,10 @@ def speed_benchmark(preset_name: str = "tiny", caches: tuple[str, ...] = ("slidi
             torch.cuda.synchronize(dev)
 
     def measure(cache: str, repeat: int) -> list[dict]:
-        writer = pipe.build_writer(memory_config(cache, preset=preset, budget=budget))  # the preset's tau
+        # the preset's own cache with its settings (LongLive's sink of 3, LingBot's of 6; MG2 sliding), the preset's tau
+        spec = {**own, **({} if budget is None else {"budget": budget})} if own["cache"] == cache else \
+            {"cache": cache, "budget": budget}
+        writer = pipe.build_writer(memory_config(preset=preset, **spec))
         sync()
         if dev.type == "cuda":
             torch.cuda.reset_peak_memory_stats(dev)
