@@ -409,3 +409,42 @@ def test_compare_and_bench_speed_take_the_text_presets(tmp_path):
     assert "takes no image" in one_line_error(invoke("bench", "speed", "--preset", "longlive-tiny", "--image",
                                                      ROOT / "assets" / "images" / "mg2_universal_0000.png",
                                                      "--chunks", 2, "-o", tmp_path / "b2"))
+
+
+def test_keep_sink_never_rewrites_a_sink_frame(pipe):
+    """``recache-keep-sink`` before the sink is complete: a switch at frame 3 re-caches nothing; at
+    frame 6 the call starts after frames 0-2 and reads them, so the sink they become holds exactly
+    what a run without re-cache holds."""
+    *_, events = _switch_run(pipe, "recache-keep-sink", chunks=2, switch_at=1)
+    assert events == [{"type": "prompt_switch", "recache": False, "reason": "the frames so far are the kept sink"}]
+    _, plain, _ = _switch_run(pipe, "plain", chunks=3, switch_at=2)
+    _, kept, events = _switch_run(pipe, "recache-keep-sink", chunks=3, switch_at=2)
+    assert events[0]["frames"] == [3, 6] and events[0]["rewritten"] == [3, 4, 5] and not events[0]["sink_rewritten"]
+    assert len(kept) == 6 and all(torch.equal(a[0], b[0]) and torch.equal(a[1], b[1]) for a, b in zip(plain, kept))
+
+
+def test_a_recache_reads_every_frame_held_before_it_at_the_writers_positions():
+    """The call on frames r0.. reads the slots held before r0 (Self-Forcing's global cache: every older
+    frame), positioned among themselves as a chunk at r0 would read them: rank positions contiguous."""
+    from worldtrace_cli.engine.recache import past_before
+    from worldtrace_cli.memory import CacheGeometry, MemoryConfig, build_writer
+
+    geometry = CacheGeometry(1, 1, 4, 2, 3, 20, torch.device("cpu"), torch.float32)
+    for spec, want in (({"cache": "full", "positions": "actual"}, [-6, -5, -4, -3, -2, -1]),
+                       ({"cache": "sink", "budget": 9, "sink_frames": 3, "positions": "rank"}, [-3, -2, -1])):
+        writer = build_writer(MemoryConfig.of(**spec), 9, 21)
+        writer.reset(geometry)
+        for c in range(6):
+            writer.commit([(torch.full((1, 6, 1, 4), float(c)), torch.full((1, 6, 1, 4), float(c)))], [3 * c, 3 * c + 1, 3 * c + 2])
+        start = 6 if spec["cache"] == "full" else 3
+        writer.begin_chunk(start)
+        (layer,) = past_before(writer, 1, start)
+        assert layer.positions.tolist() == want and layer.k.shape[1] == 2 * len(want)
+
+
+def test_a_text_session_replay_command_keeps_its_prompt_switch(tmp_path):
+    import worldtrace_cli as wt
+
+    s = wt.open("self-forcing-tiny", device="cpu", prompt_switch="plain")
+    assert "--prompt-switch plain" in s.replay_command("t.yaml")
+    s.close()

@@ -6,13 +6,15 @@ start), bidirectional among themselves, reading the sink (old prompt) as past. F
 sink protects only query; the K/V of the later frames replace the cache's. Written for any writer:
 
 * the call covers frames ``r0 .. start - 1``, ``r0 = start - min(W, start)``;
-* **official** (``recache``): with ``r0 > 0`` the call reads the writer's summary slots (sinks,
-  averages, landmarks: the old prompt's) and its first ``N_s`` frames only query (``N_s`` = the
-  writer's summary slots: LongLive's 3 sink slots); the recent slots among the later frames are
-  rewritten. With ``r0 = 0`` (a switch within the first window: LongLive's early-switch surprise,
-  §11.5) nothing is read, every frame attends, and the sink frames are rewritten too;
+* **official** (``recache``): with ``r0 > 0`` the call reads the slots the writer holds before
+  ``r0`` (LongLive: the sink, the old prompt's; a global cache: every older frame; summaries:
+  averages, landmarks) and its first ``N_s`` frames only query (``N_s`` = the writer's summary
+  slots: LongLive's 3 sink slots); the recent slots among the later frames are rewritten. With
+  ``r0 = 0`` (a switch within the first window: LongLive's early-switch surprise, §11.5) nothing is
+  read, every frame attends, and the sink frames are rewritten too;
 * ``recache-keep-sink`` (the fixed behaviour): as official, but an early switch starts the call after
-  the summary's frames and keeps them: the sink always holds the first prompt;
+  the first ``N_s`` frames and reads them: the sink always holds the first prompt (a switch before
+  the sink is complete re-caches nothing);
 * ``plain``: no re-cache (Self-Forcing's behaviour: new chunks read the new prompt, the cache keeps the
   old one's K/V).
 """
@@ -26,15 +28,20 @@ from ..model.chunk import LayerPast
 from ..trajectory.prompts import SWITCH_MODES
 
 
-def summary_past(writer: CacheWriter, num_layers: int, before: int) -> list[LayerPast]:
-    """Every layer's :class:`LayerPast` of the writer's summary slots whose frames all precede latent
-    frame ``before``, at the positions of the chunk ``writer`` began (call ``begin_chunk`` first).
+def past_before(writer: CacheWriter, num_layers: int, before: int) -> list[LayerPast]:
+    """Every layer's :class:`LayerPast` of the slots the writer holds whose frames all precede latent
+    frame ``before`` (LongLive: its sink; Self-Forcing's global cache: every older frame), positioned
+    by the writer's scheme among themselves and the call's frames (as a chunk at ``before`` would read
+    them without the slots the call replaces). Call ``writer.begin_chunk(before)`` first.
 
     Raises:
         ValueError: a writer whose slots differ in size (store-time compressed chunks).
     """
-    slots, positions = writer.slots(), writer.positions()
-    keep = [i for i, s in enumerate(slots) if s.role == "summary" and max(s.frames) < before]
+    from ..memory import SCHEMES
+
+    slots = writer.slots()
+    keep = [i for i, s in enumerate(slots) if max(s.frames) < before]
+    positions = SCHEMES[writer.positions_scheme]([slots[i] for i in keep], before, writer.geometry)
     t = writer.geometry.tokens_per_frame
     rows = torch.tensor([i * t + j for i in keep for j in range(t)], dtype=torch.int64)
     out = []
@@ -43,7 +50,7 @@ def summary_past(writer: CacheWriter, num_layers: int, before: int) -> list[Laye
             raise ValueError(f"--cache {writer.name}: slots of differing sizes cannot be re-cached")
         k, v, _ = writer.read(layer)
         rows_d = rows.to(k.device)
-        out.append(LayerPast(k[:, rows_d], v[:, rows_d], positions[keep]))
+        out.append(LayerPast(k[:, rows_d], v[:, rows_d], positions))
     return out
 
 
@@ -68,12 +75,12 @@ def recache(rollout, start: int, rows: torch.Tensor, mode: str) -> dict:
     r0 = start - n_r
     early = r0 == 0
     if early and mode == "recache-keep-sink":
-        r0 = min(n_summary, start - 1)
+        if start <= n_summary:  # every frame made so far is a sink frame to keep: nothing to re-cache
+            return {"type": "prompt_switch", "recache": False, "reason": "the frames so far are the kept sink"}
+        r0 = n_summary
     query_only = 0 if early else min(n_summary, start - r0 - 1)
     writer.begin_chunk(r0)
-    past = [] if early and mode == "recache" else summary_past(writer, rollout.geometry.num_layers, r0)
-    if not past:
-        past = [LayerPast(*writer._empty(), torch.zeros(0, dtype=torch.float64)) for _ in range(rollout.geometry.num_layers)]
+    past = past_before(writer, rollout.geometry.num_layers, r0)  # r0 = 0: nothing (LongLive's early switch)
     x0 = history[:, :, history.shape[2] - (start - r0):]
     rollout.state.cross_kv = None  # the call reads the new prompt
     inputs = LingbotChunk(rollout=rollout.state, past=past, text_context=rows,
@@ -88,4 +95,4 @@ def recache(rollout, start: int, rows: torch.Tensor, mode: str) -> dict:
             "sink_rewritten": bool(summary_frames & set(rewritten))}
 
 
-__all__ = ["SWITCH_MODES", "can_recache", "recache", "summary_past"]
+__all__ = ["SWITCH_MODES", "can_recache", "past_before", "recache"]

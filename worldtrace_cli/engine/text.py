@@ -53,6 +53,21 @@ def token_count(text_encoder, prompt: str) -> int:
     return int(tok.attention_mask.sum())
 
 
+def encode_prompts(pipeline, prompts: list[str]) -> tuple[list, list]:
+    """(every prompt's umT5 rows [L, 4096] on the pipeline's device, one tensor per distinct prompt:
+    chunks of one prompt share it; the distinct prompts over the encoder's 512 tokens, truncated to
+    512). The truncation is warned the first time the encoder meets the prompt."""
+    encoder, rows, truncated = pipeline.world.text, {}, []
+    for prompt in dict.fromkeys(prompts):
+        n = token_count(encoder, prompt)
+        if n > encoder.max_length:
+            truncated.append(prompt)
+            if prompt not in encoder._cache:
+                log.warning(f"prompt {prompt[:40]!r}...: {n} tokens, truncated to the encoder's {encoder.max_length}")
+        rows[prompt] = encoder.encode(prompt).to(pipeline.device)
+    return [rows[p] for p in prompts], truncated
+
+
 class TextPipeline(PipelineBase):
     """A ``selfforcing`` preset's DiT (``t2v``), Wan2.1 VAE and umT5 encoder (CLIP tower only for
     ``--metrics all``), loaded once. ``world`` is a :class:`~worldtrace_cli.model.lingbot.world.LingbotWorld`."""
@@ -97,15 +112,7 @@ class TextPipeline(PipelineBase):
         if not prompts or len(prompts) < num_chunks:
             raise InputError(f"preset {self.preset.name}: {num_chunks} chunks need a prompt each, got "
                              f"{len(prompts or [])}")
-        encoder, contexts, truncated = self.world.text, [], []
-        for prompt in prompts[:num_chunks]:
-            if prompt not in encoder._cache:
-                n = token_count(encoder, prompt)
-                if n > encoder.max_length:
-                    truncated.append(prompt)
-                    log.warning(f"prompt {prompt[:40]!r}...: {n} tokens, truncated to the encoder's "
-                                f"{encoder.max_length}")
-            contexts.append(encoder.encode(prompt).to(self.device))
+        contexts, truncated = encode_prompts(self, prompts[:num_chunks])
         return TextConditioned(list(prompts[:num_chunks]), contexts, truncated, switch)
 
     def rollout(self, writer, conditioned: TextConditioned, keyboard=None, mouse=None, seed: int = 0, noise=None,
@@ -127,4 +134,4 @@ class TextPipeline(PipelineBase):
         return None
 
 
-__all__ = ["TextConditioned", "TextPipeline", "schedule_of", "token_count"]
+__all__ = ["TextConditioned", "TextPipeline", "encode_prompts", "schedule_of", "token_count"]

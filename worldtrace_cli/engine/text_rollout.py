@@ -49,8 +49,8 @@ class TextRollout(ChunkRollout):
         writer: the self-attention cache writer (reset here).
         text_context: umT5 rows [L, 4096] float32 (L <= 512; zero-padded to 512 by the DiT), or one
             such tensor per chunk (a prompt-segment trajectory: chunk c reads entry c, the last one
-            past the list's end). A prompt switch changes the rows chunks read from then on; the
-            cache keeps the K/V written under the earlier prompt (no re-cache).
+            past the list's end). A prompt switch changes the rows chunks read from then on and, as
+            ``switch`` says, re-caches the window (:mod:`~worldtrace_cli.engine.recache`).
         seed: noise seed (chunk c draws from ``chunk_generator(seed, c)`` on the CPU).
         device: where the DiT runs; latent_hw: (lh, lw); frames_per_chunk: F (3).
         trained_offset: the largest query-key offset the model was trained on, in latent frames
@@ -95,13 +95,14 @@ class TextRollout(ChunkRollout):
         window under the new prompt (:func:`~worldtrace_cli.engine.recache.recache`) unless ``plain``."""
         from .recache import can_recache, recache
 
-        rows = self.prompt_rows(chunk)
-        if chunk == 0 or rows is self.prompt_rows(chunk - 1):
+        rows, before = self.prompt_rows(chunk), self.prompt_rows(max(chunk - 1, 0))
+        if chunk == 0 or rows is before or (rows.shape == before.shape and torch.equal(rows, before)):
             return []
         if self.switch == "plain" or self.state.history is None:
             return [{"type": "prompt_switch", "recache": False}]
         if not can_recache(self.writer):
-            return [{"type": "prompt_switch", "recache": False, "reason": f"{self.writer.name} holds no verbatim frames"}]
+            return [{"type": "prompt_switch", "recache": False,
+                     "reason": f"{self.writer.name} cannot rewrite its frames (CacheWriter.rewrite)"}]
         event = recache(self, frame_start, rows, self.switch)
         self._rows = rows
         return [event]

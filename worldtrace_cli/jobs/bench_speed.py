@@ -95,9 +95,9 @@ def speed_benchmark(preset_name: str = "tiny", caches: tuple[str, ...] = ("slidi
 
     def measure(cache: str, repeat: int) -> list[dict]:
         # the preset's own cache with its settings (LongLive's sink of 3, LingBot's of 6; MG2 sliding), the preset's tau
-        spec = {**own, **({} if budget is None else {"budget": budget})} if own["cache"] == cache else \
+        memory = {**own, **({} if budget is None else {"budget": budget})} if own["cache"] == cache else \
             {"cache": cache, "budget": budget}
-        writer = pipe.build_writer(memory_config(preset=preset, **spec))
+        writer = pipe.build_writer(memory_config(preset=preset, **memory))
         sync()
         if dev.type == "cuda":
             torch.cuda.reset_peak_memory_stats(dev)

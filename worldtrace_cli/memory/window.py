@@ -74,7 +74,8 @@ class SummaryMemory:
 
     def rewrite(self, frames: dict) -> list[int]:
         """Replace verbatim frames this component keeps (``frames``: id -> :data:`FrameKV`); returns
-        the ids replaced. Default none: averages, landmarks and streams are not one frame's K/V."""
+        the ids replaced. Default none: a summary keeps the K/V it was made with (as LongLive's sink
+        keeps the first prompt's); only the sink is rewritten, on LongLive's early switch."""
         return []
 
     def state_dict(self) -> dict:

@@ -210,6 +210,8 @@ def replay_command(cfg, trajectory: str) -> str:
         words += ["--image", str(cfg.image)]
     elif preset.has_world:
         words += ["--world-seed", str(cfg.world_seed)]
+    if cfg.prompt_switch != "recache":  # a text session's switches replay as they ran
+        words += ["--prompt-switch", cfg.prompt_switch]
     given, default = m.to_dict(), memory_config(m.cache, preset=preset).to_dict()
     for name, value in given.items():
         if name != "cache" and value != default.get(name):

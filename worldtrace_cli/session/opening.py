@@ -85,7 +85,9 @@ def open(preset: str = "loopworld", cache: str | None = None, *, checkpoint: str
         raise InputError(f"preset {resolved.name}: needs a conditioning image: open(..., image=PATH)")
     try:
         check_memory(memory, resolved.window, resolved.default_budget)  # torch-free first, as generate's checks
-        build_writer(memory, resolved.default_budget, resolved.window)  # a --bank-device this machine lacks
+        writer = build_writer(memory, resolved.default_budget, resolved.window)  # a --bank-device this machine lacks
+        if resolved.is_text and writer.needs_poses:
+            raise InputError(f"--cache {memory.cache}: retrieves memory by camera pose; a text-to-video run has no camera")
     except InputError as exc:  # the CLI's words ("--top-k: --cache landmark ..."), in the API's
         raise InputError(f"open: {api_words(str(exc))}") from None
     cfg = RunConfig(preset=resolved, trajectory=Path("<session>"), output=Path("<session>"),

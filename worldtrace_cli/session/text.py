@@ -38,10 +38,11 @@ def text_chunk(log, actions, prompt) -> tuple[str, list[dict], list[tuple]]:
 
 
 def text_contexts(pipeline, prompts: list[str]) -> list:
-    """Every chunk's umT5 rows [L, 4096] (encoded once per distinct prompt: the encoder caches them,
-    so chunks of one prompt share one tensor and a switch is seen as a change)."""
-    text = pipeline.world.text
-    return [text.encode(p).to(pipeline.device) for p in prompts]
+    """Every chunk's umT5 rows [L, 4096] (:func:`~worldtrace_cli.engine.text.encode_prompts`: one tensor
+    per distinct prompt, so a switch is seen as a change; a prompt past 512 tokens warned once)."""
+    from ..engine.text import encode_prompts
+
+    return encode_prompts(pipeline, prompts)[0]
 
 
 def text_conditioned(pipeline, prompts: list[str], switch: str):
