@@ -55,6 +55,32 @@ def server(tmp_path_factory):
     assert "a page failed" not in err, err[-2000:]  # dropped, flooded and bombed pages are no failures
 
 
+def _chrome():
+    """Headless Chromium from Debian's packages, driven by Selenium."""
+    from selenium import webdriver
+    from selenium.webdriver.chrome.service import Service
+
+    options = webdriver.ChromeOptions()
+    options.binary_location = CHROMIUM
+    for arg in ("--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage", "--window-size=1500,900"):
+        options.add_argument(arg)
+    return webdriver.Chrome(service=Service(CHROMEDRIVER), options=options)
+
+
+def _waiter(driver):
+    """``wait_for(predicate, what, timeout)``: poll until true, else fail naming what and the page's status."""
+    from selenium.webdriver.common.by import By
+
+    def wait_for(predicate, what, timeout=120):
+        deadline = time.time() + timeout
+        while time.time() < deadline:
+            if predicate():
+                return
+            time.sleep(0.2)
+        raise AssertionError(f"timed out waiting for {what}; status: {driver.find_element(By.ID, 'status').text}")
+    return wait_for
+
+
 async def _receive(ws) -> dict:
     msg = await asyncio.wait_for(ws.receive(), timeout=180)
     return json.loads(msg.data)
@@ -199,25 +225,12 @@ def test_ctrl_c_completes_the_recordings_of_connected_pages(tmp_path):
 @pytest.mark.skipif(not (CHROMIUM and CHROMEDRIVER), reason="needs Debian's chromium and chromium-driver "
                     "(apt-get install chromium chromium-driver; .ci/run installs them)")
 def test_a_browser_walks_and_the_cache_panel_follows(server, tmp_path):
-    from selenium import webdriver
-    from selenium.webdriver.chrome.service import Service
     from selenium.webdriver.common.action_chains import ActionChains
     from selenium.webdriver.common.by import By
 
     url, _ = server
-    options = webdriver.ChromeOptions()
-    options.binary_location = CHROMIUM
-    for arg in ("--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage", "--window-size=1500,900"):
-        options.add_argument(arg)
-    driver = webdriver.Chrome(service=Service(CHROMEDRIVER), options=options)
-
-    def wait_for(predicate, what, timeout=120):
-        deadline = time.time() + timeout
-        while time.time() < deadline:
-            if predicate():
-                return
-            time.sleep(0.2)
-        raise AssertionError(f"timed out waiting for {what}; status: {driver.find_element(By.ID, 'status').text}")
+    driver = _chrome()
+    wait_for = _waiter(driver)
 
     def chunk():
         text = driver.find_element(By.ID, "chunk").text
@@ -477,23 +490,10 @@ def test_a_text_to_video_preset_plays_on_prompts(tmp_path):
 
 
 def _browser_types_a_prompt(url, tmp_path):
-    from selenium import webdriver
-    from selenium.webdriver.chrome.service import Service
     from selenium.webdriver.common.by import By
 
-    options = webdriver.ChromeOptions()
-    options.binary_location = CHROMIUM
-    for arg in ("--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage", "--window-size=1500,900"):
-        options.add_argument(arg)
-    driver = webdriver.Chrome(service=Service(CHROMEDRIVER), options=options)
-
-    def wait_for(predicate, what, timeout=120):
-        deadline = time.time() + timeout
-        while time.time() < deadline:
-            if predicate():
-                return
-            time.sleep(0.2)
-        raise AssertionError(f"timed out waiting for {what}; status: {driver.find_element(By.ID, 'status').text}")
+    driver = _chrome()
+    wait_for = _waiter(driver)
 
     try:
         driver.get(url)
