@@ -160,7 +160,9 @@ def compare_markdown(result: dict) -> str:
 
     gt = any(m["metrics"].get("gt_psnr") is not None for m in result["modes"])
     lines = ["# worldtrace compare", "",
-             f"Trajectory `{result['trajectory']}`, image `{result['image']}`, seed {result['seed']}, "
+             f"Trajectory `{result['trajectory']}`, "
+             + ("prompt segments (text-to-video)" if result["image"] == "prompts" else f"image `{result['image']}`")
+             + f", seed {result['seed']}, "
              f"{result['chunks']} chunks, preset {result['preset']}, device {result['device']}. "
              f"Video: `compare.mp4` ({result['video']['frames']} frames, "
              f"{result['video']['width']}x{result['video']['height']}).", "",
