@@ -305,8 +305,8 @@ class RunConfig:
         prompt, poses, intrinsics: LingBot presets only: the text prompt and LingBot's own
             ``poses.npy`` / ``intrinsics.npy`` (override the trajectory's ``prompt`` / ``poses`` /
             ``intrinsics``; without poses the trajectory's actions drive the camera).
-        prompt_switch: text-to-video presets: what a prompt switch does to the cache (``recache``
-            LongLive's official K/V re-cache, ``recache-keep-sink``, ``plain``; engine/recache.py).
+        prompt_switch: text-to-video presets: ``recache`` (LongLive's), ``recache-keep-sink``, ``plain``.
+        weights_dtype: ``auto`` (the run's dtype) or ``fp8`` (:func:`~worldtrace_cli.model.speed.store_weights`).
     """
 
     preset: Preset
@@ -334,6 +334,7 @@ class RunConfig:
     poses: Path | None = None
     intrinsics: Path | None = None
     prompt_switch: str = "recache"
+    weights_dtype: str = "auto"
 
     def to_dict(self) -> dict[str, Any]:
         """Plain data (``summary.json``'s ``config``, resume states): the preset's dict and the memory

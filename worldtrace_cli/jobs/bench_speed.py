@@ -14,7 +14,8 @@ def speed_benchmark(preset_name: str = "tiny", caches: tuple[str, ...] = ("slidi
                     chunk_counts: tuple[int, ...] = (8, 16), device: str = "auto", dtype: str = "auto",
                     image=None, warmup_chunks: int = 1, decode: bool = True, seed: int = 0,
                     rope_precision: str = "float32", compile_mode: str = "none",
-                    overlap_decode: bool = False, budget: int | None = None, repeats: int = 1) -> dict:
+                    overlap_decode: bool = False, budget: int | None = None, repeats: int = 1,
+                    weights_dtype: str = "auto") -> dict:
     """Time and measure memory of each writer in one rollout per writer of ``max(chunk_counts)`` chunks,
     with snapshots at every count in ``chunk_counts``. Weights are seeded random (speed does not
     depend on their values).
@@ -61,6 +62,13 @@ def speed_benchmark(preset_name: str = "tiny", caches: tuple[str, ...] = ("slidi
         raise ValueError(f"repeats must be >= 1, got {repeats}")
     preset = load_preset(preset_name)
     pipe = Pipeline.from_preset(preset, None, True, seed, device, dtype, rope_precision, compile_mode)
+    from ..model.speed import store_weights
+
+    if weights_dtype != "auto" and compile_mode != "none":
+        from ..errors import InputError
+
+        raise InputError(f"--weights-dtype {weights_dtype} with --compile {compile_mode}: not measured together yet")
+    store_weights(pipe.world.dit, weights_dtype, pipe.dtype)  # fp8: float8 storage (issue 45); auto: nothing
     dev, dt = pipe.device, pipe.dtype
     n_max = max(chunk_counts)
     if preset.is_text and image is not None:
@@ -161,6 +169,7 @@ def speed_benchmark(preset_name: str = "tiny", caches: tuple[str, ...] = ("slidi
             "caches": list(caches), "chunk_counts": list(chunk_counts), "warmup_chunks": warmup_chunks,
             "decode": decode, "resolution": [preset.height, preset.width], "rope_precision": rope_precision,
             "compile": compile_mode, "overlap_decode": overlap_decode and decode, "budget": budget,
+            "weights_dtype": weights_dtype,
             "repeats": repeats}
     result = {"meta": meta, "rows": rows}
     result["summary"] = speed_summary(result)
