@@ -1,6 +1,7 @@
 """umT5 text path of LingBot (spec §10.4): prompt cleaning, real-token rows cut from a padded encode,
 padding invisible to the real rows, and the DiT's zero padding back to 512 rows."""
 
+import pytest
 import torch
 
 from worldtrace_cli.model.lingbot.config import LingbotConfig
@@ -102,3 +103,28 @@ def test_a_pth_of_another_layout_is_a_one_line_error(tmp_path):
     torch.save(state, tmp_path / "t5.pth")
     with pytest.raises(CheckpointError, match=r"t5.pth: not Wan's umT5 encoder layout \(unexpected blocks.0.attn.extra"):
         UMT5TextEncoder.from_wan_checkpoint(tmp_path / "t5.pth", _tokenizer_folder(tmp_path / "tok"))
+
+
+def test_an_encoder_kept_on_host_gives_the_same_rows(one_thread):
+    """keep_on_host (issue 45): the weights stay in host memory between prompts and visit the run's
+    device for each new prompt; the rows are those of the encoder left in place."""
+    from worldtrace_cli.model.lingbot.text import ByteTokenizer
+
+    plain = UMT5TextEncoder(tiny_umt5(seed=2), ByteTokenizer())
+    kept = UMT5TextEncoder(tiny_umt5(seed=2), ByteTokenizer())
+    kept.keep_on_host("cpu")
+    assert torch.equal(plain.encode("a red lighthouse"), kept.encode("a red lighthouse"))
+    assert all(p.device.type == "cpu" for p in kept.model.parameters())
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_an_encoder_kept_on_host_leaves_the_gpu_between_prompts():
+    from worldtrace_cli.model.lingbot.text import ByteTokenizer
+
+    enc = UMT5TextEncoder(tiny_umt5(seed=2), ByteTokenizer())
+    on_gpu = UMT5TextEncoder(tiny_umt5(seed=2).cuda(), ByteTokenizer()).encode("a red lighthouse")
+    enc.keep_on_host("cuda")
+    rows = enc.encode("a red lighthouse")
+    assert rows.is_cuda and torch.allclose(rows, on_gpu, atol=1e-5)
+    assert all(p.device.type == "cpu" for p in enc.model.parameters())

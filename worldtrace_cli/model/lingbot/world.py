@@ -59,6 +59,21 @@ def random_dit(cfg, seed: int, device: torch.device, dtype: torch.dtype) -> Ling
     return dit.eval().requires_grad_(False)
 
 
+def load_text_encoder(paths: dict, dtype: torch.dtype, device: torch.device) -> UMT5TextEncoder:
+    """The umT5 encoder of a checkpoint folder (the release's ``.pth`` in Wan's module names, or an HF
+    ``text_encoder/`` folder), loaded into host memory and kept there between prompts
+    (:meth:`UMT5TextEncoder.keep_on_host`: on a GPU it is there only while a prompt is encoded).
+
+    Raises:
+        CheckpointError: an unreadable encoder or tokenizer."""
+    if paths["text_encoder"].is_file():
+        text = UMT5TextEncoder.from_wan_checkpoint(paths["text_encoder"], paths["tokenizer"], dtype=dtype, device="cpu")
+    else:
+        text = UMT5TextEncoder.from_pretrained(paths["text_encoder"], paths["tokenizer"], dtype=dtype, device="cpu")
+    text.keep_on_host(device)
+    return text
+
+
 def load_lingbot_world(preset, checkpoint: str | Path | None, random_weights: bool, weights_seed: int,
                        device: torch.device, dtype: torch.dtype, full_hash: bool = False) -> LingbotWorld:
     """Build a LingBot preset's networks from a checkpoint folder or seeded random weights.
@@ -78,7 +93,8 @@ def load_lingbot_world(preset, checkpoint: str | Path | None, random_weights: bo
         dit = random_dit(preset.dit, weights_seed, device, dtype)
         vae = build_wan_vae(preset.vae, None, seed=weights_seed + 1, device=device, dtype=dtype)
         clip = build_clip_tower(preset.clip, None, seed=weights_seed + 2, device=device, dtype=dtype)
-        text = UMT5TextEncoder(tiny_umt5(seed=weights_seed + 3).to(device), ByteTokenizer())
+        text = UMT5TextEncoder(tiny_umt5(seed=weights_seed + 3), ByteTokenizer())
+        text.keep_on_host(device)  # on a GPU only while a prompt is encoded (issue 45)
         return LingbotWorld(dit, vae, clip, text, [])
     if checkpoint is None:
         raise InputError(f"preset {preset.name} needs --checkpoint DIR (a LingBot-World causal-fast folder holding "
@@ -95,10 +111,7 @@ def load_lingbot_world(preset, checkpoint: str | Path | None, random_weights: bo
     dit.cfg = preset.dit
     dit.requires_grad_(False)
     vae = build_wan_vae(preset.vae, paths["vae"], device=device, dtype=dtype)
-    if paths["text_encoder"].is_file():  # the release's .pth in Wan's names
-        text = UMT5TextEncoder.from_wan_checkpoint(paths["text_encoder"], paths["tokenizer"], dtype=dtype, device=device)
-    else:
-        text = UMT5TextEncoder.from_pretrained(paths["text_encoder"], paths["tokenizer"], dtype=dtype, device=device)
+    text = load_text_encoder(paths, dtype, device)
     width = text.model.config.d_model
     if width != 4096:
         raise CheckpointError(f"{paths['text_encoder']}: umT5 width {width}, the DiT reads 4096 (umT5-XXL)")

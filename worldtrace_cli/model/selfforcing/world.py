@@ -26,8 +26,7 @@ import torch
 from ...errors import CheckpointError, InputError
 from ..checkpoint import file_identity
 from ..lingbot.dit import LingbotDiT
-from ..lingbot.text import UMT5TextEncoder
-from ..lingbot.world import LingbotWorld, checkpoint_paths, load_lingbot_world
+from ..lingbot.world import LingbotWorld, checkpoint_paths, load_lingbot_world, load_text_encoder
 from ..weights import check_state_dict, read_weights_file
 
 GENERATOR_KEYS = ("generator_ema", "generator")  # self_forcing_dmd.pt's entries, the EMA preferred (--use_ema)
@@ -97,10 +96,7 @@ def load_selfforcing_world(preset, checkpoint: str | Path | None, random_weights
     paths = checkpoint_paths(preset, checkpoint)
     dit = load_selfforcing_dit(paths["dit"], preset.dit, dtype, device, paths.get("lora"))
     vae = build_wan_vae(preset.vae, paths["vae"], device=device, dtype=dtype)
-    if paths["text_encoder"].is_file():
-        text = UMT5TextEncoder.from_wan_checkpoint(paths["text_encoder"], paths["tokenizer"], dtype=dtype, device=device)
-    else:
-        text = UMT5TextEncoder.from_pretrained(paths["text_encoder"], paths["tokenizer"], dtype=dtype, device=device)
+    text = load_text_encoder(paths, dtype, device)  # in host memory between prompts
     if text.model.config.d_model != 4096:
         raise CheckpointError(f"{paths['text_encoder']}: umT5 width {text.model.config.d_model}, the DiT reads 4096")
     clip = build_clip_tower(preset.clip, paths["clip"], device=device, dtype=dtype) if "clip" in paths else None
