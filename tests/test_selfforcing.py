@@ -75,7 +75,7 @@ def test_a_wrong_cache_is_caught():
     from worldtrace_cli.jobs import parity_selfforcing as P
     from worldtrace_cli.model.checkpoint import read_state_dict
 
-    model = P.load_selfforcing_dit(FIXTURES)
+    model = P.load_fixture_dit(FIXTURES)
     inputs = read_state_dict(FIXTURES / "tiny_inputs.safetensors")
     outputs = read_state_dict(FIXTURES / "sf_global" / "tiny_outputs.safetensors")
     want = outputs["output_latents"].permute(0, 2, 1, 3, 4)
@@ -110,7 +110,7 @@ def test_a_wrong_prompt_switch_or_lora_is_caught():
     from worldtrace_cli.model.checkpoint import read_state_dict
     from worldtrace_cli.model.selfforcing.lora import merge_lora, read_lora
 
-    base = P.load_selfforcing_dit(FIXTURES)
+    base = P.load_fixture_dit(FIXTURES)
     inputs = read_state_dict(FIXTURES / "tiny_inputs.safetensors")
     outputs = read_state_dict(FIXTURES / "longlive_switch" / "tiny_outputs.safetensors")
     want = outputs["output_latents"].permute(0, 2, 1, 3, 4)

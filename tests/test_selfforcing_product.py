@@ -103,11 +103,20 @@ def test_images_poses_pose_retrieval_and_action_files_are_refused_before_loading
     assert not (tmp_path / "o").exists()
 
 
-def test_a_prompt_past_512_tokens_is_truncated_with_a_warning(pipe, capsys):
+def test_a_prompt_past_512_tokens_is_truncated_with_a_warning(pipe):
+    import logging
+
     long = "a lighthouse " * 60  # 779 bytes once cleaned: 780 tokens of the byte tokenizer with EOS
-    cond = pipe.condition(None, 2, [long, "a market"])
+    said: list[str] = []
+    handler = logging.Handler()
+    handler.emit = lambda record: said.append(record.getMessage())
+    logging.getLogger("worldtrace").addHandler(handler)  # whether or not a CLI call set up stderr before
+    try:
+        cond = pipe.condition(None, 2, [long, "a market"])
+    finally:
+        logging.getLogger("worldtrace").removeHandler(handler)
     assert cond.truncated == [long]
-    assert "780 tokens, truncated to the encoder's 512" in capsys.readouterr().err
+    assert any("780 tokens, truncated to the encoder's 512" in m for m in said), said
     assert cond.contexts[0].shape == (512, 4096) and cond.contexts[1].shape[0] == len("a market") + 1
 
 

@@ -96,8 +96,9 @@ class ChunkRollout:
     def check_chunk(self, chunk: int, frame_start: int) -> None:
         """Refuse a chunk the backbone cannot make (RunError); default: any."""
 
-    def prepare_chunk(self, chunk: int, frame_start: int) -> list[dict]:
-        """Work on the cache before the chunk reads it (the text backbone's prompt-switch re-cache);
+    def prepare_chunk(self, chunk: int, frame_start: int, timer: PhaseTimer) -> list[dict]:
+        """Work on the cache before the chunk reads it (the text backbone's prompt-switch re-cache,
+        timed in ``timer``'s phases when there is work: no stream synchronisation otherwise);
         returns events for the chunk's record. Default: none."""
         return []
 
@@ -158,8 +159,7 @@ class ChunkRollout:
         start = c * f
         self.check_chunk(c, start)
         timer = PhaseTimer(self.device)
-        with timer.phase("context"):
-            before = self.prepare_chunk(c, start)
+        before = self.prepare_chunk(c, start, timer)
         with timer.phase("cache"):
             read = begin_chunk(self.writer, start, self.geometry.num_layers)  # before this chunk's commit
         inputs, cond = self.chunk_inputs(read, start, f)

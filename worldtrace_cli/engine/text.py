@@ -47,8 +47,11 @@ def token_count(text_encoder, prompt: str) -> int:
     """Tokens the encoder's tokenizer makes of ``prompt`` (cleaned as for encoding), EOS included,
     without the 512-token truncation."""
     from ..model.lingbot.text import clean_prompt
+    from ..trajectory.prompts import MAX_PROMPT_CHARS
 
-    tok = text_encoder.tokenizer([clean_prompt(prompt)], max_length=1 << 20, truncation=False, padding=False,
+    # no truncation: room for every byte of the longest prompt taken (the byte tokenizer pads to it)
+    tok = text_encoder.tokenizer([clean_prompt(prompt)], max_length=4 * MAX_PROMPT_CHARS + 2, truncation=False,
+                                 padding=False,
                                  add_special_tokens=True, return_tensors="pt")
     return int(tok.attention_mask.sum())
 

@@ -90,7 +90,7 @@ class TextRollout(ChunkRollout):
             return self.text_context
         return self.text_context[min(chunk, len(self.text_context) - 1)]
 
-    def prepare_chunk(self, chunk: int, frame_start: int) -> list[dict]:
+    def prepare_chunk(self, chunk: int, frame_start: int, timer) -> list[dict]:
         """At a prompt switch (this chunk's prompt rows are not the previous chunk's), re-cache the
         window under the new prompt (:func:`~worldtrace_cli.engine.recache.recache`) unless ``plain``."""
         from .recache import can_recache, recache
@@ -103,7 +103,8 @@ class TextRollout(ChunkRollout):
         if not can_recache(self.writer):
             return [{"type": "prompt_switch", "recache": False,
                      "reason": f"{self.writer.name} cannot rewrite its frames (CacheWriter.rewrite)"}]
-        event = recache(self, frame_start, rows, self.switch)
+        with timer.phase("context"):  # the re-cache is a context pass over the window
+            event = recache(self, frame_start, rows, self.switch)
         self._rows = rows
         return [event]
 
@@ -111,8 +112,9 @@ class TextRollout(ChunkRollout):
         """Keep the last ``recache_window`` clean latent frames (``state.history``)."""
         if self.switch == "plain":
             return
-        hist = x0.detach() if self.state.history is None else torch.cat([self.state.history, x0.detach()], dim=2)
-        self.state.history = hist[:, :, -self.recache_window:].clone()
+        # cat makes a new tensor each chunk; the view of its last W frames keeps at most W + F alive
+        hist = x0.clone() if self.state.history is None else torch.cat([self.state.history, x0], dim=2)
+        self.state.history = hist[:, :, -self.recache_window:]
 
     def chunk_inputs(self, read, frame_start: int, frames: int):
         rows = self.prompt_rows(self.chunk)

@@ -51,7 +51,7 @@ def _need(path: Path) -> Path:
     return path
 
 
-def load_selfforcing_dit(folder: Path, device: str = "cpu"):
+def load_fixture_dit(folder: Path, device: str = "cpu"):
     """The fixture's ``t2v`` :class:`~worldtrace_cli.model.lingbot.dit.LingbotDiT` in float32
     (:func:`~worldtrace_cli.model.lingbot.checkpoint.load_lingbot_dit`: every key of
     ``tiny_weights.safetensors`` strictly, official names; Self-Forcing's state dict is LingBot's less
@@ -95,8 +95,8 @@ def replay_variant(model, inputs: dict, outputs: dict, memory: dict, chunks: int
     if on_recache is not None:
         prepare = rollout.prepare_chunk
 
-        def observed(chunk, frame_start):
-            events = prepare(chunk, frame_start)
+        def observed(chunk, frame_start, timer):
+            events = prepare(chunk, frame_start, timer)
             if any(e["type"] == "prompt_recache" for e in events):
                 on_recache(rollout)
             return events
@@ -153,7 +153,7 @@ def compare_selfforcing(folder: str | Path, device: str = "cpu") -> tuple[dict[s
     from ..model.selfforcing.lora import merge_lora, read_lora
 
     folder = Path(folder)
-    base = load_selfforcing_dit(folder, device)
+    base = load_fixture_dit(folder, device)
     inputs = read_state_dict(_need(folder / "tiny_inputs.safetensors"))
     diffs, skipped = {}, []
     for sub in sorted(p for p in folder.iterdir() if (p / "run_config.json").is_file()):
@@ -196,4 +196,4 @@ def compare_selfforcing(folder: str | Path, device: str = "cpu") -> tuple[dict[s
     return diffs, skipped
 
 
-__all__ = ["REPLAYED", "cache_diff", "compare_selfforcing", "is_selfforcing_fixture", "load_selfforcing_dit", "replay_variant"]
+__all__ = ["REPLAYED", "cache_diff", "compare_selfforcing", "is_selfforcing_fixture", "load_fixture_dit", "replay_variant"]

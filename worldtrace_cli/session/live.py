@@ -14,7 +14,7 @@ import numpy as np
 from ..errors import InputError, WorldtraceError
 from .actions import ActionLog, parse_chunk_actions, replay_command, trajectory_text
 from .parts import MemoTruth, StepResult, clone_tree
-from .text import text_chunk, text_conditioned, text_contexts
+from .text import sync_contexts, text_chunk
 
 log = logging.getLogger("worldtrace")
 
@@ -127,7 +127,8 @@ class Session:
 
             image = load_image(self.cfg.image, (self.preset.height, self.preset.width))
         if self.preset.is_text:  # the prompts so far (text.py); each step adds its chunk's
-            self._conditioned = text_conditioned(self.pipeline, self.plan.prompts, self.cfg.prompt_switch)
+            self._conditioned = self.pipeline.condition(None, self.chunk, list(self.plan.prompts),
+                                                        self.cfg.prompt_switch)
         elif self._conditioned is None:
             self._conditioned = self.pipeline.condition(image, CONDITION_CHUNKS)
         self.rollout = self.pipeline.rollout(self.writer, self._conditioned, self.plan.keyboard[None],
@@ -145,7 +146,7 @@ class Session:
     def _feed_actions(self) -> None:
         """Hand the rollout and writer the action rows and poses of every chunk so far."""
         if self.preset.is_text:  # no rows, no poses: every chunk's prompt rows
-            self.rollout.text_context = self._conditioned.contexts = text_contexts(self.pipeline, self.plan.prompts)
+            sync_contexts(self.pipeline, self._conditioned.contexts, self.plan.prompts)  # the rollout's own list
             return
         dev, dt = self.pipeline.device, self.pipeline.dtype
         kb = self.plan.keyboard[None]

@@ -228,9 +228,7 @@ def _parse_document(p: _Parser, root: yaml.Node, base_dir: Path | None) -> Traje
 def _parse_segment(p: _Parser, spec: ModeSpec, node: yaml.Node, field: str,
                    start_row: int) -> Segment:
     if spec.name == "text":  # prompt segments (Self-Forcing / LongLive presets)
-        fields = p.mapping(node, field, _SEGMENT_KEYS + ("prompt",))
-        label = _parse_label(p, fields["label"], f"{field}.label") if "label" in fields else None
-        return parse_prompt_segment(p, node, field, start_row, label)
+        return parse_prompt_segment(p, node, field, start_row, _parse_label)
     f = p.mapping(node, field, _SEGMENT_KEYS)
     line = node.start_mark.line + 1
     label = _parse_label(p, f["label"], f"{field}.label") if "label" in f else None

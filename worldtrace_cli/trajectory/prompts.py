@@ -49,8 +49,9 @@ def prompt_label(prompt: str | None, width: int = 40) -> str:
     return prompt if len(prompt) <= width else prompt[:width - 1] + "…"
 
 
-def parse_prompt_segment(p, node, field: str, start_row: int, label) -> Segment:
-    """One ``mode: text`` segment (``p``: the trajectory parser; ``label``: its parsed label or None).
+def parse_prompt_segment(p, node, field: str, start_row: int, parse_label) -> Segment:
+    """One ``mode: text`` segment (``p``: the trajectory parser; ``parse_label(p, node, field)``: the
+    parser's label check).
 
     Returns a :class:`Segment` with ``prompt`` (None: the top-level prompt applies), no keyboard or
     mouse, ``num_frames`` = 12 chunks (9 fewer rows for the first chunk of the run), or a label-only
@@ -64,6 +65,7 @@ def parse_prompt_segment(p, node, field: str, start_row: int, label) -> Segment:
                     " (prompt segments are whole chunks: use chunks)" if key == "frames" else "")
             raise p.error(f[key], f"{field}.{key}", f"not a prompt-segment key{hint}; valid: {', '.join(PROMPT_SEGMENT_KEYS)}")
     line = node.start_mark.line + 1
+    label = parse_label(p, f["label"], f"{field}.label") if "label" in f else None
     prompt = None
     if "prompt" in f:
         try:
