@@ -196,7 +196,7 @@ TORCH_FREE = ["config", "errors", "writer_options", "writer_options.checks", "tr
               "play.server", "play.page", "play.views",
               "loopbench.report", "loopbench.plan", "model.config", "model.layout", "model.lingbot.config",
               "model.lingbot.inputs", "model.lingbot.camera", "world.scene", "world.render", "cli", "cli.generate",
-              "cli.play", "jobs.generate", "jobs.compare", "jobs.loopbench", "jobs.inputs"]
+              "cli.play", "jobs.generate", "jobs.compare", "jobs.loopbench", "jobs.inputs", "jobs.bench_memory"]
 
 
 def test_the_torch_free_modules_load_no_torch():

@@ -126,6 +126,85 @@ def bench_tau(run_dirs, min_change, rate, output, show):
     run_job(job)
 
 
+@bench.command("memory")
+@click.option("--preset", default="tiny", show_default=True, help="Model preset (planned at its full size).")
+@click.option("--cache", default=None, metavar="WRITER", callback=_writers,
+              help="KV-cache writer (default: the preset's own cache with its settings).")
+@click.option("--budget", type=click.IntRange(0), default=None, help="Past latent-frame slots (default: the writer's).")
+@click.option("--chunks", type=click.IntRange(1), default=64, show_default=True,
+              help="The run's length (a growing cache such as full is planned at this many chunks).")
+@click.option("--offload", type=click.Choice(["none", "text", "blocks", "auto"]), default="text", show_default=True,
+              help="none = the text encoder stays on the GPU; text = umT5 visits the GPU only to encode a prompt "
+                   "(what runs do); blocks = also the DiT's blocks in host memory, two at a time on the GPU; "
+                   "auto = the first of text, text+fp8, blocks, blocks+fp8 that fits --device-gb.")
+@click.option("--weights-dtype", type=click.Choice(["auto", "fp8"]), default="auto", show_default=True,
+              help="DiT weight storage (generate's flag): fp8 = float8 Linear weights.")
+@click.option("--dtype", type=click.Choice(["bf16", "fp32"]), default=None,
+              help="Compute dtype (default: bf16, a GPU run's; fp32 for the tiny presets, which run on CPU).")
+@click.option("--device-gb", type=click.FloatRange(0, min_open=True), default=None,
+              help="GPU memory to plan for, in GB (default: this machine's GPU, if any).")
+@click.option("--random-weights", is_flag=True,
+              help="Plan a --random-weights run (LingBot / Self-Forcing: the tiny random umT5, not umT5-XXL).")
+@click.option("--json", "as_json", is_flag=True, help="Print the plans as JSON on stdout instead of a table.")
+def bench_memory(preset, cache, budget, chunks, offload, weights_dtype, dtype, device_gb, random_weights, as_json):
+    """Peak GPU memory of a run, per phase (load, text encoding, denoise, context pass, decode), in GB:
+    the real modules run at the real shapes without memory (PyTorch's FakeTensorMode and MemTracker),
+    on any machine, in seconds (about 10 s for the 14B LingBot-World DiT).
+
+    Leaves out the CUDA context, cuBLAS/cuDNN workspaces and allocator rounding; "fits" keeps 10 %
+    and 1.5 GB of room for them (docs/gpu-memory.md). generate refuses a CUDA run that does not fit.
+
+    \b
+    LingBot-World on an 80 GB card:
+      worldtrace bench memory --preset lingbot-fast --device-gb 80 --offload auto
+    """
+    import json
+
+    import torch
+
+    from ..config import default_cache, load_preset, memory_config
+    from ..jobs.bench_memory import device_memory_gb, memory_markdown, memory_plans
+
+    def job():
+        resolved = load_preset(preset)
+        options = default_cache(resolved) if cache is None else {"cache": cache[0]}
+        if len(cache or []) > 1:
+            from ..errors import InputError
+
+            raise InputError(f"--cache {','.join(cache)}: bench memory plans one writer")
+        if budget is not None:
+            options = {**options, "budget": budget}
+        memory = memory_config(preset=resolved, **options)
+        from ..jobs.inputs import check_writers
+
+        check_writers([memory], resolved)
+        name = None
+        gb = device_gb
+        if gb is None:
+            here = device_memory_gb("auto")
+            if here is not None:
+                gb, name = here
+        elif device_gb:
+            name = f"--device-gb {device_gb:g}"
+        if offload == "auto" and gb is None:
+            from ..errors import InputError
+
+            raise InputError("--offload auto: needs --device-gb (this machine has no GPU to plan for)")
+        dt = {"bf16": torch.bfloat16, "fp32": torch.float32}[dtype or ("fp32" if resolved.weights == "random"
+                                                                         else "bf16")]
+        plans = memory_plans(resolved, memory, offload, weights_dtype, dt, chunks,
+                             False if random_weights else None, gb)
+        if as_json:
+            from ..jobs.bench_memory import fits
+
+            click.echo(json.dumps({"device": name, "device_gb": gb, "plans": [
+                {**p.to_dict(), "fits": None if gb is None else fits(p, gb)} for p in plans]}, indent=1))
+        else:
+            click.echo(memory_markdown(plans, gb, name))
+
+    run_job(job)
+
+
 @bench.command("speed")
 @click.option("--preset", default="tiny", show_default=True, help="Model preset (random weights at its full size).")
 @click.option("--random-weights", is_flag=True, help="Accepted for clarity: the speed bench always uses random weights.")

@@ -68,8 +68,7 @@ def _window_attention(q, k_cur, v_cur, past_k, past_v, tables):
 
 def _tables(frames: int, past: int, device):
     """Action-RoPE tables of the current offsets 0..frames-1 and the past offsets -past..-1."""
-    return (*action_rope_tables(torch.arange(frames, dtype=torch.float32), device),
-            *action_rope_tables(torch.arange(-past, 0, dtype=torch.float32), device))
+    return (*action_rope_tables(range(frames), device), *action_rope_tables(range(-past, 0), device))
 
 
 class ActionModule(nn.Module):

@@ -243,16 +243,23 @@ def yarn_frequency_scale(omega: torch.Tensor, trained_frames: float, scale: floa
 _ACTION_ANGLES: dict[tuple, tuple[torch.Tensor, torch.Tensor]] = {}
 
 
-def action_rope_tables(positions: torch.Tensor, device=None, theta: float = ACTION_ROPE_THETA
+def action_rope_tables(positions, device=None, theta: float = ACTION_ROPE_THETA
                        ) -> tuple[torch.Tensor, torch.Tensor]:
     """cos/sin float32 [T, 4] of the action-module RoPE (MG2 spec §6.2) at latent-frame ``positions``
-    [T]: four pairs with ``omega_j = 256 ** (-2j/8)`` (1, 1/4, 1/16, 1/64). Memoised per window and
-    device (a handful of distinct windows per rollout, reused by every call)."""
-    key = (tuple(positions.tolist()), str(device), theta)
+    (a [T] tensor or a sequence of T numbers): four pairs with ``omega_j = 256 ** (-2j/8)`` (1, 1/4,
+    1/16, 1/64). Memoised per window and device (a handful of distinct windows per rollout, reused by
+    every call); tables made under a fake-tensor mode (the memory plan, engine/memory_plan.py) are not
+    kept, so a later real run never meets them."""
+    from torch._subclasses.fake_tensor import is_fake
+
+    values = tuple(positions.tolist() if isinstance(positions, torch.Tensor) else (float(p) for p in positions))
+    key = (values, str(device), theta)
     if key not in _ACTION_ANGLES:
         omega = theta ** (-torch.arange(0, ACTION_ROPE_CHANNELS, 2, dtype=torch.float32, device="cpu")
                           / ACTION_ROPE_CHANNELS)
-        ang = torch.outer(positions.to(torch.float32).cpu(), omega).to(device)
+        ang = torch.outer(torch.tensor(values, dtype=torch.float32), omega).to(device)
+        if is_fake(ang):
+            return ang.cos(), ang.sin()
         if len(_ACTION_ANGLES) > 64:
             _ACTION_ANGLES.clear()
         _ACTION_ANGLES[key] = (ang.cos(), ang.sin())

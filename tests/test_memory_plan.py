@@ -1,0 +1,130 @@
+"""The GPU memory plan (issue 45 part 1): the real modules at the real shapes under FakeTensorMode,
+checked against real allocations of the tiny presets (the same MemTracker over a real run), against
+what a cache slot costs by count, and as the CLI and generate use it."""
+
+import json
+
+import pytest
+import torch
+
+from conftest import invoke, one_line_error
+from worldtrace_cli.config import default_cache, load_preset, memory_config
+from worldtrace_cli.engine.memory_plan import PHASES, peak_tracker, plan_memory
+
+
+def real_peak(preset, memory, chunks: int) -> int:
+    """Peak bytes MemTracker sees over a real CPU run: conditioning, then ``chunks`` chunks each decoded."""
+    from PIL import Image
+
+    from worldtrace_cli.engine.pipeline import Pipeline
+    from worldtrace_cli.trajectory import MODES, frames_for_chunks
+
+    pipe = Pipeline.from_preset(preset, None, True, 0, "cpu", "fp32")
+    tracker = peak_tracker()
+    tracker.track_external(*[m for m in (pipe.world.dit, pipe.world.vae, pipe.world.clip) if m is not None])
+    spec = MODES[preset.mode]
+    rows = frames_for_chunks(chunks, preset.frames_per_chunk)
+    keyboard, mouse = torch.zeros(1, rows, spec.keyboard_dim), torch.zeros(1, rows, 2) if spec.mouse else None
+    with tracker:
+        cond = pipe.condition(None, chunks, ["a lighthouse"] * chunks) if preset.is_text else \
+            pipe.condition(Image.new("RGB", (preset.width, preset.height)), chunks)
+        rollout = pipe.rollout(pipe.build_writer(memory), cond, keyboard, mouse, 0)
+        decoder = pipe.decoder()
+        for _ in range(chunks):
+            decoder.decode(rollout.step().latents)
+    return max(s["Total"] for s in tracker.get_tracker_snapshot("peak").values())
+
+
+@pytest.mark.parametrize("name,cache", [("tiny", "sliding"), ("tiny", "field"), ("tiny", "landmark"),
+                                        ("lingbot-tiny", None), ("longlive-tiny", None)])
+def test_the_plan_is_within_15_percent_of_a_real_cpu_run(name, cache, one_thread):
+    """On the CPU the host store is in the same memory, so it is added back to the GPU plan."""
+    preset = load_preset(name)
+    memory = memory_config(preset=preset, **(default_cache(preset) if cache is None else {"cache": cache}))
+    plan = plan_memory(preset, memory, "text", "auto", torch.float32, chunks=8, checkpoint_text=False)
+    planned = max(plan.phases[p] for p in ("denoise", "context", "decode")) + plan.parts["host_store"]
+    real = real_peak(preset, memory, 8)
+    assert abs(planned - real) <= 0.15 * real, (planned, real, plan.to_dict())
+    assert set(plan.phases) == set(PHASES) and plan.slots > 0
+
+
+def test_a_cache_slot_costs_what_it_holds_and_the_writers_code_decides():
+    """Three more sliding slots of full-size MG2 cost 3 x one latent frame's K+V over 30 layers (162 MB
+    in bf16: docs/performance.md), counted from the writer's own commits; field's evicted frames go
+    to its host store, not to the GPU's phases."""
+    preset = load_preset("mg2-universal")
+    small = plan_memory(preset, memory_config(preset=preset, cache="sliding", budget=3), chunks=8)
+    big = plan_memory(preset, memory_config(preset=preset, cache="sliding", budget=6), chunks=8)
+    per_frame = 30 * 2 * 880 * 12 * 128 * 2
+    assert per_frame == 162_201_600
+    assert big.parts["cache"] - small.parts["cache"] == 3 * per_frame
+    assert big.phases["denoise"] - small.phases["denoise"] >= 3 * per_frame  # the rotated buffers grow too
+    assert big.parts["dit"] == small.parts["dit"] > 2.5e9 and big.cache_model == "writer"
+    field = plan_memory(preset, memory_config(preset=preset, cache="field"), chunks=12)
+    assert field.parts["host_store"] > 0 and field.parts["cache"] < field.parts["host_store"]
+
+
+def test_fp8_and_block_offloading_shrink_the_resident_dit():
+    preset = load_preset("mg2-universal")
+    memory = memory_config(preset=preset, cache="sliding")
+    base = plan_memory(preset, memory, chunks=4)
+    fp8 = plan_memory(preset, memory, weights_dtype="fp8", chunks=4)
+    blocks = plan_memory(preset, memory, offload="blocks", chunks=4)
+    assert 0.45 < fp8.parts["dit"] / base.parts["dit"] < 0.6  # Linear weights 1 byte instead of 2
+    assert blocks.parts["dit"] < 0.15 * base.parts["dit"]  # 2 of 30 blocks, and what lies outside them
+    assert blocks.peak < base.peak and fp8.peak < base.peak
+
+
+def test_a_plan_leaves_nothing_fake_behind(tmp_path, one_thread):
+    """The plan runs the action module's memoised RoPE tables under the fake mode; a real run after it
+    in the same process makes the same frames as one before it."""
+    from worldtrace_cli.model.rope import _ACTION_ANGLES
+
+    args = ["generate", "--preset", "tiny", "--image", "assets/images/mg2_universal_0000.png",
+            "trajectories/aba.yaml", "--chunks", "2", "--metrics", "none", "--no-progress"]
+    first = invoke(*args, "-o", tmp_path / "a")
+    assert first.exit_code == 0, first.output
+    preset = load_preset("tiny")
+    plan_memory(preset, memory_config(preset=preset, cache="sliding"), dtype=torch.float32, chunks=4)
+    from torch._subclasses.fake_tensor import is_fake
+
+    assert not any(is_fake(t) for pair in _ACTION_ANGLES.values() for t in pair)
+    second = invoke(*args, "-o", tmp_path / "b")
+    assert second.exit_code == 0, second.output
+    sha = [[json.loads(line)["frames_sha256"] for line in (tmp_path / d / "chunks.jsonl").read_text().splitlines()]
+           for d in "ab"]
+    assert sha[0] == sha[1]
+
+
+def test_bench_memory_prints_phases_and_offload_auto_walks_until_one_fits():
+    out = invoke("bench", "memory", "--preset", "mg2-universal", "--device-gb", "9", "--offload", "auto",
+                 "--chunks", "4", "--json")
+    assert out.exit_code == 0, out.output
+    plans = json.loads(out.output)["plans"]
+    assert [p["options"]["offload"] + "/" + p["options"]["weights_dtype"] for p in plans][0] == "text/auto"
+    assert plans[-1]["fits"] and not any(p["fits"] for p in plans[:-1]) and len(plans) >= 2
+    assert set(plans[0]["phases_gb"]) == set(PHASES)
+    table = invoke("bench", "memory", "--preset", "tiny")
+    assert table.exit_code == 0 and "| text | auto |" in table.output
+
+
+def test_bench_memory_refuses_auto_without_a_device_size():
+    line = one_line_error(invoke("bench", "memory", "--preset", "tiny", "--offload", "auto"))
+    assert "--device-gb" in line
+
+
+def test_generate_refuses_a_cuda_run_that_does_not_fit(monkeypatch, tmp_path):
+    """The device query is this machine's hardware (no GPU here): it is the one thing replaced; the plan,
+    the verdict and the message are the real ones, before any weights load."""
+    from worldtrace_cli.jobs import bench_memory
+
+    monkeypatch.setattr(bench_memory, "device_memory_gb", lambda device: (10.0, "a 10 GB test card"))
+    result = invoke("generate", "--preset", "mg2-universal", "--random-weights", "--image",
+                    "assets/images/mg2_universal_0000.png", "trajectories/aba.yaml", "--chunks", "4",
+                    "--dtype", "bf16", "-o", tmp_path / "run", "--no-progress")
+    line = one_line_error(result)
+    assert "GPU memory" in line and "a 10 GB test card" in line and "--weights-dtype fp8" in line, line
+    assert not (tmp_path / "run").exists()
+    monkeypatch.setenv(bench_memory.SKIP_ENV, "1")
+    monkeypatch.setattr(bench_memory, "device_memory_gb", lambda device: (1.0, "a 1 GB card"))
+    assert bench_memory.check_run_fits(type("Cfg", (), {})(), 4) is None  # skipped before anything is read
