@@ -128,3 +128,41 @@ def test_generate_refuses_a_cuda_run_that_does_not_fit(monkeypatch, tmp_path):
     monkeypatch.setenv(bench_memory.SKIP_ENV, "1")
     monkeypatch.setattr(bench_memory, "device_memory_gb", lambda device: (1.0, "a 1 GB card"))
     assert bench_memory.check_run_fits(type("Cfg", (), {})(), 4) is None  # skipped before anything is read
+
+
+def test_lingbot_world_plans_within_75_gb_on_one_card():
+    """Issue 45's target by the plan (a GPU confirms): the default sink cache, bf16, umT5-XXL off the GPU
+    between prompts, the rotated past in one shared buffer, each layer's past read when it is used."""
+    preset = load_preset("lingbot-fast")
+    plan = plan_memory(preset, memory_config(preset=preset, **default_cache(preset)), chunks=16)
+    assert plan.peak < 75e9, plan.to_dict()
+    assert plan.parts["dit"] > 37e9 and plan.parts["text_encoder"] > 11e9  # umT5-XXL planned, not resident
+    assert plan.phases["load"] < plan.parts["dit"] + 2e9
+
+
+def test_one_shared_rotated_buffer_saves_all_but_one_layer_and_keeps_the_frames(monkeypatch, one_thread):
+    """CacheView.shared_buffer (LingBot's rollout): the same latents as one buffer per layer, and the plan
+    (the code run at the run's shapes) drops by about L - 1 layers' buffers."""
+    from worldtrace_cli.engine.lingbot_rollout import LingbotRollout
+
+    preset = load_preset("lingbot-tiny")
+    memory = memory_config(preset=preset, **default_cache(preset))
+    runs, plans = [], []
+    for shared in (True, False):
+        monkeypatch.setattr(LingbotRollout, "shared_kv_buffer", shared)
+        plans.append(plan_memory(preset, memory, dtype=torch.float32, chunks=6, checkpoint_text=False))
+        from PIL import Image
+
+        from worldtrace_cli.engine.pipeline import Pipeline
+        from worldtrace_cli.trajectory import frames_for_chunks
+
+        pipe = Pipeline.from_preset(preset, None, True, 0, "cpu", "fp32")
+        rows = frames_for_chunks(4, 4)
+        rollout = pipe.rollout(pipe.build_writer(memory), pipe.condition(Image.new("RGB", (preset.width, preset.height)), 4),
+                               torch.zeros(1, rows, 4), torch.zeros(1, rows, 2), 0)
+        runs.append(torch.cat([rollout.step().latents for _ in range(4)], dim=2))
+    assert torch.equal(runs[0], runs[1])
+    layers, tokens = preset.dit.num_layers, (preset.height // 16) * (preset.width // 16)  # per latent frame
+    per_layer = 2 * (plans[0].slots + 4) * tokens * preset.dit.dim * 4  # K and V of [past | chunk], float32
+    saved = plans[1].phases["denoise"] - plans[0].phases["denoise"]
+    assert abs(saved - (layers - 1) * per_layer) <= 0.1 * per_layer, (saved, per_layer)

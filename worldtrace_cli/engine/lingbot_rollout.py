@@ -62,6 +62,10 @@ class LingbotRollout(ChunkRollout):
         self._setup(dit, writer, seed, device, latent_hw, frames_per_chunk, window - 1,
                     dit.patch_embedding.weight.dtype, len(self.timesteps), noise, on_step, poses)
 
+    # the 14B DiT's rotated past for all 40 layers would take 22.2 GB at the default cache: one layer's
+    # buffer, re-filled per call, takes 0.55 GB (issue 45; CacheView.shared_buffer: the same values)
+    shared_kv_buffer = True
+
     def check_chunk(self, chunk: int, frame_start: int) -> None:
         if frame_start + self.frames_per_chunk > self.camera.num_frames:
             raise RunError(f"chunk {chunk}: the camera covers {self.camera.num_frames} latent frames only")
@@ -69,7 +73,7 @@ class LingbotRollout(ChunkRollout):
     def chunk_inputs(self, read, frame_start: int, frames: int):
         inputs = LingbotChunk(rollout=self.state, past=read.past, text_context=self.text_context,
                               camera=self.camera.chunk(frame_start, frames).to(self.device),
-                              temporal_freq_scale=read.freq_scale)
+                              temporal_freq_scale=read.freq_scale, shared_buffer=self.shared_kv_buffer)
         return inputs, self.conditioning.cond_concat(frame_start, frames).to(self.device)
 
     def flow(self, x, step, inputs, cond):

@@ -286,6 +286,32 @@ def _conditioned(pipe, preset, text_rows: int = 512):
     return Conditioned(latents, torch.empty(1, 257, pipe.world.clip.hidden_size, dtype=torch.float32).to(dtype))
 
 
+class _PlanPast:
+    """The rollouts' :class:`~worldtrace_cli.engine.rollout.WriterPast` (each layer read from the writer
+    when the DiT reaches it) with real positions of the same count: the DiT reads positions as Python
+    numbers (one angle table per chunk). A compressed writer's per-slot token counts are values too
+    (WorldKV): its slots are planned whole."""
+
+    def __init__(self, writer, num_layers: int, unset_fake):
+        self.writer, self.num_layers, self.unset_fake = writer, num_layers, unset_fake
+        self._tokens = len(writer.slots()) * writer.geometry.tokens_per_frame
+
+    def __len__(self) -> int:
+        return self.num_layers
+
+    def __getitem__(self, layer: int):
+        from dataclasses import replace
+
+        from ..model.chunk import LayerPast
+
+        p = LayerPast(*self.writer.read(layer))
+        with self.unset_fake():
+            return replace(p, positions=torch.arange(-len(p.positions), 0, dtype=torch.float64))
+
+    def tokens(self, layer: int) -> int:
+        return self._tokens
+
+
 def _fill(rollout, writer, chunks: int, dtype, tracker) -> None:
     """Commit fake chunks of canonical K/V until the writer's slots and bytes stop growing (or ``chunks``
     - 1 are in): the writer's own commit and eviction code at the run's shapes."""
@@ -316,7 +342,7 @@ def _chunk_phases(plan: MemoryPlan, preset, memory, dit, vae, clip, text_residen
     from ..trajectory import MODES, frames_for_chunks
     from .pipeline import pipeline_class
     from ..model.lingbot.inputs import LingbotInputs
-    from .rollout import CacheRead, read_past
+    from .rollout import CacheRead
 
     world = WorldModel(dit, vae, clip, [])
     pipe = pipeline_class(preset)(preset, world, torch.device("cpu"), dtype, "float32", "none")
@@ -357,11 +383,9 @@ def _chunk_phases(plan: MemoryPlan, preset, memory, dit, vae, clip, text_residen
     writer.begin_chunk(start)
     slots = writer.slots()
     plan.slots = len(slots)
-    past = read_past(writer, rollout.geometry.num_layers)
-    with unset_fake():  # the DiT reads positions as Python numbers (one angle table per chunk): real ones of
-        # the same count; a compressed writer's per-slot token counts are values too (WorldKV): read whole here
+    with unset_fake():
         positions = torch.arange(-plan.slots, 0, dtype=torch.float64)
-        past = [replace(p, positions=torch.arange(-len(p.positions), 0, dtype=torch.float64), counts=None) for p in past]
+    past = _PlanPast(writer, rollout.geometry.num_layers, unset_fake)
     read = CacheRead(slots, positions, None, 0, past, writer.temporal_frequency_scale())
     host = writer.host_bytes()
     cache = _current(tracker) - _module_bytes(dit) - _module_bytes(vae) - (0 if clip is None else _module_bytes(clip))

@@ -255,20 +255,61 @@ class CacheRead:
     positions: torch.Tensor
     tokens: torch.Tensor
     kv_bytes: int
-    past: list[LayerPast]
+    past: "WriterPast | list[LayerPast]"
     freq_scale: torch.Tensor | None
+
+
+class WriterPast:
+    """Every layer's :class:`~worldtrace_cli.model.chunk.LayerPast` of the chunk a writer began, read
+    from the writer when the DiT asks for that layer (``past[layer]``) and not held after: the writers
+    that concatenate their slots per read (sliding, sink, full...) would otherwise hold a second copy
+    of the whole cache for the chunk (LingBot-World's default cache: 17.3 GB; issue 45). Valid until
+    the writer's next commit. ``tokens(layer)``: past tokens of a layer without reading it.
+
+    Args:
+        writer: the :class:`~worldtrace_cli.memory.CacheWriter` after ``begin_chunk``.
+        num_layers: self-attention layers of the DiT.
+    """
+
+    def __init__(self, writer: CacheWriter, num_layers: int):
+        self.writer, self.num_layers = writer, num_layers
+        t = writer.geometry.tokens_per_frame
+        self._counts = [writer.token_counts(layer) for layer in range(num_layers)]
+        slots = len(writer.slots())
+        self._tokens = [slots * t if c is None else int(c.sum()) for c in self._counts]
+
+    def __len__(self) -> int:
+        return self.num_layers
+
+    def __getitem__(self, layer: int) -> LayerPast:
+        if not 0 <= layer < self.num_layers:
+            raise IndexError(f"layer {layer} of {self.num_layers}")
+        return LayerPast(*self.writer.read(layer), self._counts[layer])
+
+    def __iter__(self):
+        return (self[layer] for layer in range(self.num_layers))
+
+    def tokens(self, layer: int) -> int:
+        """Past tokens of ``layer`` (the sum of its slots' token counts)."""
+        return self._tokens[layer]
+
+    def counts(self, layer: int) -> torch.Tensor | None:
+        """:meth:`~worldtrace_cli.memory.CacheWriter.token_counts` of ``layer``, read at construction."""
+        return self._counts[layer]
 
 
 def begin_chunk(writer: CacheWriter, frame_start: int, num_layers: int) -> CacheRead:
     """``writer.begin_chunk(frame_start)`` and everything the chunk reads from it (design.md §3), for
-    both rollouts: each writer query once per chunk (token counts once per layer)."""
+    every backbone: each writer query once per chunk (token counts once per layer); the layers' K/V
+    are read when the DiT reaches them (:class:`WriterPast`)."""
     writer.begin_chunk(frame_start)
     slots, positions = writer.slots(), writer.positions()
     kv_bytes = writer.kv_bytes()
-    past = read_past(writer, num_layers)
+    past = WriterPast(writer, num_layers)
     t = writer.geometry.tokens_per_frame
-    tokens = torch.stack([torch.full((len(slots),), t, dtype=torch.int64) if p.counts is None else p.counts.to(torch.int64)
-                          for p in past]) if num_layers else torch.zeros(0, len(slots), dtype=torch.int64)
+    tokens = torch.stack([torch.full((len(slots),), t, dtype=torch.int64) if c is None else c.to(torch.int64)
+                          for c in map(past.counts, range(num_layers))]) if num_layers else \
+        torch.zeros(0, len(slots), dtype=torch.int64)
     return CacheRead(slots, positions, tokens, kv_bytes, past, writer.temporal_frequency_scale())
 
 
