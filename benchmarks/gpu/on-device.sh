@@ -6,6 +6,8 @@
 #   FAST_EXTRA="--budget 6" bash benchmarks/gpu/on-device.sh fast  # compiled + CUDA graphs + overlapped decode (<= 4.8 min)
 #   bash benchmarks/gpu/on-device.sh max              # the max-autotune GPU test alone (MAX_LIMIT s, default 130)
 #   bash benchmarks/gpu/on-device.sh text             # Self-Forcing / LongLive fast path: sink and memory writers (<= 5 min)
+#   bash benchmarks/gpu/on-device.sh memory           # issue 45: the memory plan beside measured peaks, LingBot bf16/fp8,
+#                                                     # MG2's writers at budget 6 in a fresh process (<= 9.5 min)
 #   bash benchmarks/gpu/on-device.sh train all        # instead of fast: GPU-encoded clips + batched DiT training (<= 4.5 min)
 #   bash benchmarks/gpu/on-device.sh train precisions # s per batched training step in float32, tf32, bf16 (<= 4.7 min)
 # Longer steps, for a session with more device time:
@@ -94,6 +96,26 @@ case "${1:-check}" in
     step 280 python3 -m worldtrace_cli bench speed --preset "${TEXT_PRESET:-longlive}" --random-weights --device "$DEVICE" \
         --caches sink,landmark,field,sliding --chunks "${QUICK_CHUNKS:-16}" --repeats 2 --warmup 4 \
         --compile reduce-overhead --overlap-decode -o "$OUT" --name "speed-text-fast" 2>&1 | tee "$OUT/speed-text.log"
+    ;;
+  memory)
+    # Issue 45's runbook in one call (<= 570 s of steps): the plan (bench memory, no GPU needed) beside the measured
+    # peak (bench speed: torch.cuda.max_memory_allocated) for LingBot-World's default sink cache in bf16 and with
+    # fp8 weights (eager, 6 chunks after 2 warm-up), and the MG2 writer table at budget 6 in a fresh process
+    # (sliding, landmark, field, field-streaming, retrieval, worldkv; 16 chunks after 4 warm-up, 3 repeats:
+    # the first repeat is each writer's first run in the process). Then benchmarks/gpu/plan_vs_measured.py.
+    for w in auto fp8; do
+      step 60 python3 -m worldtrace_cli bench memory --preset lingbot-fast --random-weights --weights-dtype "$w" \
+          --chunks 8 --json > "$OUT/plan-lingbot-$w.json"
+      step 170 python3 -m worldtrace_cli bench speed --preset lingbot-fast --random-weights --device "$DEVICE" \
+          --caches sink --chunks 8 --warmup 2 --weights-dtype "$w" -o "$OUT" --name "speed-lingbot-$w" \
+          2>&1 | tail -3 | tee -a "$OUT/memory.log"
+    done
+    step 30 python3 -m worldtrace_cli bench memory --preset "$PRESET" --cache field --budget 6 --chunks 20 --json \
+        > "$OUT/plan-mg2-field.json"
+    step 140 python3 -m worldtrace_cli bench speed --preset "$PRESET" --random-weights --device "$DEVICE" \
+        --caches sliding,landmark,field,field-streaming,retrieval,worldkv --budget 6 --chunks 16 --repeats 3 --warmup 4 \
+        -o "$OUT" --name "speed-$PRESET-writers-b6" 2>&1 | tail -3 | tee -a "$OUT/memory.log"
+    python3 benchmarks/gpu/plan_vs_measured.py "$OUT" 2>&1 | tee -a "$OUT/memory.log"
     ;;
   check)
     python3 -m pytest -q -m gpu tests -p no:logging -rfE --ignore=tests/test_schemas.py 2>&1 | tee "$OUT/gpu-tests.log"

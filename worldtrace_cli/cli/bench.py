@@ -151,8 +151,8 @@ def bench_memory(preset, cache, budget, chunks, offload, weights_dtype, dtype, d
     the real modules run at the real shapes without memory (PyTorch's FakeTensorMode and MemTracker),
     on any machine, in seconds (about 10 s for the 14B LingBot-World DiT).
 
-    Leaves out the CUDA context, cuBLAS/cuDNN workspaces and allocator rounding; "fits" keeps 10 %
-    and 1.5 GB of room for them (docs/gpu-memory.md). generate refuses a CUDA run that does not fit.
+    Leaves out the CUDA context, cuBLAS/cuDNN workspaces and allocator rounding; "fits" keeps 5 %
+    and 1 GB of room for them (docs/gpu-memory.md). generate refuses a CUDA run that does not fit.
 
     \b
     LingBot-World on an 80 GB card:
