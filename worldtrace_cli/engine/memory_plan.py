@@ -35,6 +35,8 @@ from dataclasses import dataclass, field
 
 import torch
 
+from .plan_chunk import chunk_phases, module_bytes, peak_tracker, tracked_peak
+
 PHASES = ("load", "text", "denoise", "context", "decode")
 OFFLOADS = ("none", "text", "blocks")  # what --offload may name besides auto (jobs/inputs.py)
 PREFETCHED_BLOCKS = 2  # blocks on the GPU with block offloading: the running one and the one prefetched
@@ -86,11 +88,6 @@ class MemoryPlan:
                 "cache_model": self.cache_model}
 
 
-def _module_bytes(module) -> int:
-    return sum(p.numel() * p.element_size() for p in module.parameters()) + \
-        sum(b.numel() * b.element_size() for b in module.buffers())
-
-
 @contextmanager
 def _default_dtype(dtype: torch.dtype):
     saved = torch.get_default_dtype()
@@ -115,9 +112,7 @@ def _fake_networks(preset, dtype: torch.dtype, checkpoint_text: bool):
         if preset.clip and not preset.is_text:
             from transformers import CLIPVisionModelWithProjection
 
-            from ..model.image_encoder import clip_config
-
-            from ..model.image_encoder import CLIPImageTower
+            from ..model.image_encoder import CLIPImageTower, clip_config
 
             clip = CLIPImageTower(CLIPVisionModelWithProjection(clip_config(preset.clip)))
         text = None
@@ -157,10 +152,10 @@ def stored_dit_bytes(preset, dtype: torch.dtype, weights_dtype: str, offload: st
         store_weights(dit, weights_dtype, dtype)
         cast = max(m.weight.numel() for m in dit.modules() if getattr(m, "weight", None) is not None
                    and m.weight.dtype == torch.float8_e4m3fn) * dtype.itemsize
-    total = _module_bytes(dit)
+    total = module_bytes(dit)
     if offload != "blocks":
         return total, cast
-    blocks = [_module_bytes(b) for b in dit.blocks]
+    blocks = [module_bytes(b) for b in dit.blocks]
     return total - sum(blocks) + sum(sorted(blocks)[-PREFETCHED_BLOCKS:]), cast
 
 
@@ -182,7 +177,8 @@ def plan_memory(preset, memory, offload: str = "text", weights_dtype: str = "aut
         ValueError: an unknown offload or weights dtype, chunks < 1.
     Takes seconds on a CPU for the tiny presets, about half a minute for the 14B LingBot DiT.
     """
-    from torch._subclasses.fake_tensor import FakeTensorMode, unset_fake_temporarily
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
     from ..model.speed import WEIGHTS_DTYPES
 
     if offload not in OFFLOADS:
@@ -200,8 +196,8 @@ def plan_memory(preset, memory, offload: str = "text", weights_dtype: str = "aut
     with FakeTensorMode(allow_non_fake_inputs=True), torch.no_grad():
         dit, vae, clip, text = _fake_networks(preset, dtype, checkpoint_text)
         dit_bytes, cast = stored_dit_bytes(preset, dtype, weights_dtype, offload)
-        parts = {"dit": dit_bytes, "dit_total": _module_bytes(dit), "vae": _module_bytes(vae),
-                 "clip": 0 if clip is None else _module_bytes(clip), "text_encoder": 0 if text is None else _module_bytes(text)}
+        parts = {"dit": dit_bytes, "dit_total": module_bytes(dit), "vae": module_bytes(vae),
+                 "clip": 0 if clip is None else module_bytes(clip), "text_encoder": 0 if text is None else module_bytes(text)}
         resident = dit_bytes + parts["vae"] + parts["clip"] + (parts["text_encoder"] if offload == "none" else 0)
         # the fake DiT runs in the compute dtype, all of it tracked: the phases that hold it count dit_bytes
         # instead, and with fp8 storage one layer's weight cast to the compute dtype for its call
@@ -209,34 +205,9 @@ def plan_memory(preset, memory, offload: str = "text", weights_dtype: str = "aut
         plan.phases["load"] = resident
         plan.phases["text"] = _text_phase(preset, vae, clip, text, resident, offload, chunks)
         plan.parts = parts
-        _chunk_phases(plan, preset, memory, dit, vae, clip, parts["text_encoder"] * (offload == "none"), dit_off, dtype,
-                      chunks,
-                      unset_fake_temporarily)
+        chunk_phases(plan, preset, memory, (dit, vae, clip), parts["text_encoder"] * (offload == "none") - dit_off,
+                     dtype, chunks)
     return plan
-
-
-def peak_tracker():
-    """A ``MemTracker`` kept to live bytes and their peak: its per-module statistics are off (they refuse
-    a module called twice in one block, which the VAE's frame loop and the denoising steps do, and they
-    hook gradients the planned runs never make). Modules are tracked with ``track_external``."""
-    from torch.distributed._tools.mem_tracker import MemTracker
-
-    class PeakTracker(MemTracker):
-        def _pre_fw_hook(self, module, inputs) -> None:
-            pass
-
-        def _post_fw_hook(self, module, inputs, outputs) -> None:
-            pass
-
-    return PeakTracker()
-
-
-def _peak(tracker) -> int:
-    return max((snap["Total"] for snap in tracker.get_tracker_snapshot("peak").values()), default=0)
-
-
-def _current(tracker) -> int:
-    return sum(snap["Total"] for snap in tracker.get_tracker_snapshot("current").values())
 
 
 def _text_phase(preset, vae, clip, text, resident: int, offload: str, chunks: int) -> int:
@@ -251,7 +222,7 @@ def _text_phase(preset, vae, clip, text, resident: int, offload: str, chunks: in
         with tracker:
             text(input_ids=torch.zeros(1, 512, dtype=torch.long), attention_mask=torch.ones(1, 512, dtype=torch.long))
         # the encoder visits the GPU for the call (offload text / blocks) or lives there (none, in resident)
-        peak = _peak(tracker) + resident - _module_bytes(text) * (offload == "none")
+        peak = tracked_peak(tracker) + resident - module_bytes(text) * (offload == "none")
     if preset.is_text:
         return peak
     image = torch.empty(1, 3, preset.height, preset.width)
@@ -260,162 +231,10 @@ def _text_phase(preset, vae, clip, text, resident: int, offload: str, chunks: in
     with tracker:
         encode_conditioning_latents(vae, image.to(next(vae.parameters()).dtype), chunks * preset.frames_per_chunk)
         if clip is not None:
-                    clip.conditioning_tokens(image.to(next(clip.parameters()).dtype))
-    own = _module_bytes(vae) + (0 if clip is None else _module_bytes(clip))
-    return max(peak, _peak(tracker) - own + resident)
+            clip.conditioning_tokens(image.to(next(clip.parameters()).dtype))
+    own = module_bytes(vae) + (0 if clip is None else module_bytes(clip))
+    return max(peak, tracked_peak(tracker) - own + resident)
 
 
-def _conditioned(pipe, preset, text_rows: int = 512):
-    """Fake conditioning of the backbone's rollout at the run's shapes (what ``pipe.condition`` returns)."""
-    from ..model.conditioning import ConditioningLatents, CONDITIONING_ENCODE_LATENT_FRAMES
-
-    lh, lw = pipe.latent_hw
-    dtype = pipe.dtype
-    if preset.is_text:
-        from .text import TextConditioned
-
-        return TextConditioned(["plan"], [torch.empty(text_rows, 4096)], [], "recache")
-    latents = ConditioningLatents(torch.empty(1, 16, CONDITIONING_ENCODE_LATENT_FRAMES, lh, lw))
-    if preset.is_lingbot:
-        from ..model.lingbot.inputs import LingbotInputs
-        from .lingbot import LingbotConditioned
-
-        return LingbotConditioned(latents, torch.empty(text_rows, 4096), LingbotInputs())
-    from .mg2 import Conditioned
-
-    return Conditioned(latents, torch.empty(1, 257, pipe.world.clip.hidden_size, dtype=torch.float32).to(dtype))
-
-
-class _PlanPast:
-    """The rollouts' :class:`~worldtrace_cli.engine.rollout.WriterPast` (each layer read from the writer
-    when the DiT reaches it) with real positions of the same count: the DiT reads positions as Python
-    numbers (one angle table per chunk). A compressed writer's per-slot token counts are values too
-    (WorldKV): its slots are planned whole."""
-
-    def __init__(self, writer, num_layers: int, unset_fake):
-        self.writer, self.num_layers, self.unset_fake = writer, num_layers, unset_fake
-        self._tokens = len(writer.slots()) * writer.geometry.tokens_per_frame
-
-    def __len__(self) -> int:
-        return self.num_layers
-
-    def __getitem__(self, layer: int):
-        from dataclasses import replace
-
-        from ..model.chunk import LayerPast
-
-        p = LayerPast(*self.writer.read(layer))
-        with self.unset_fake():
-            return replace(p, positions=torch.arange(-len(p.positions), 0, dtype=torch.float64))
-
-    def tokens(self, layer: int) -> int:
-        return self._tokens
-
-
-def _fill(rollout, writer, chunks: int, dtype, tracker) -> None:
-    """Commit fake chunks of canonical K/V until the writer's slots and bytes stop growing (or ``chunks``
-    - 1 are in): the writer's own commit and eviction code at the run's shapes."""
-    g = rollout.geometry
-    f = rollout.frames_per_chunk
-    before = None
-    for c in range(chunks - 1):  # the planned chunk is the last
-        writer.begin_chunk(c * f)
-        now = (len(writer.slots()), _current(tracker))
-        if now == before:
-            break
-        before = now
-        shape = (1, f * g.tokens_per_frame, g.heads, g.head_dim)
-        writer.commit([(torch.empty(shape, dtype=dtype), torch.empty(shape, dtype=dtype)) for _ in range(g.num_layers)],
-                      list(range(c * f, c * f + f)))
-        rollout.chunk = c + 1
-        rollout.finish_chunk(torch.empty(1, rollout.latent_channels, f, *rollout.latent_hw))  # what it keeps
-
-
-def _chunk_phases(plan: MemoryPlan, preset, memory, dit, vae, clip, text_resident: int, dit_off: int, dtype, chunks: int,
-                  unset_fake) -> None:
-    """Fill the cache, then time one chunk's denoising call, context pass and decode in MemTracker."""
-    from dataclasses import replace
-
-    from ..config import memory_config
-    from ..model.checkpoint import WorldModel
-    from ..model.chunk import LayerPast
-    from ..trajectory import MODES, frames_for_chunks
-    from .pipeline import pipeline_class
-    from ..model.lingbot.inputs import LingbotInputs
-    from .rollout import CacheRead
-
-    world = WorldModel(dit, vae, clip, [])
-    pipe = pipeline_class(preset)(preset, world, torch.device("cpu"), dtype, "float32", "none")
-    spec = MODES[preset.mode]
-    with unset_fake():  # the actions and the camera track: host arrays, as in a run
-        rows = frames_for_chunks(chunks, preset.frames_per_chunk)
-        keyboard = torch.zeros(1, rows, spec.keyboard_dim)
-        mouse = torch.zeros(1, rows, 2) if spec.mouse else None
-        if preset.is_lingbot:
-            track = pipe.camera(keyboard, mouse, LingbotInputs())
-            pipe.camera = lambda k, m, i: track
-        else:
-            poses = pipe.latent_poses(keyboard, mouse)
-            pipe.latent_poses = lambda k, m: poses
-    tracker = peak_tracker()
-    tracker.track_external(dit, vae, *([clip] if clip is not None else []))
-
-    def build(mem):
-        writer = pipe.build_writer(mem)
-        rollout = pipe.rollout(writer, conditioned, keyboard, mouse, 0)
-        return writer, rollout
-
-    from torch._subclasses.fake_tensor import DataDependentOutputException, DynamicOutputShapeException
-
-    with tracker:
-        conditioned = _conditioned(pipe, preset)  # held for the whole run, as pipe.condition's output is
-        writer, rollout = build(memory)
-        try:
-            _fill(rollout, writer, chunks, dtype, tracker)
-        except (DataDependentOutputException, DynamicOutputShapeException):  # the writer reads its own values (see the module docstring)
-            slots = len(writer.slots())
-            del writer, rollout
-            plan.cache_model = "slots"
-            writer, rollout = build(memory_config(preset=preset, cache="sliding", budget=max(slots, writer_capacity(memory, pipe))))
-            _fill(rollout, writer, chunks, dtype, tracker)
-    f = preset.frames_per_chunk
-    start = rollout.chunk * f
-    writer.begin_chunk(start)
-    slots = writer.slots()
-    plan.slots = len(slots)
-    with unset_fake():
-        positions = torch.arange(-plan.slots, 0, dtype=torch.float64)
-    past = _PlanPast(writer, rollout.geometry.num_layers, unset_fake)
-    read = CacheRead(slots, positions, None, 0, past, writer.temporal_frequency_scale())
-    host = writer.host_bytes()
-    cache = _current(tracker) - _module_bytes(dit) - _module_bytes(vae) - (0 if clip is None else _module_bytes(clip))
-    plan.parts["cache"] = cache - host
-    plan.parts["host_store"] = host
-    lh, lw = pipe.latent_hw
-    x = torch.empty(1, rollout.latent_channels, f, lh, lw)
-    with tracker:  # the decoder's feature cache (made by the previous chunk's decode) lives across chunks
-        decoder = pipe.decoder()
-        decoder.decode(torch.empty(1, rollout.latent_channels, f, lh, lw))
-    inputs, cond = rollout.chunk_inputs(read, start, f)
-    # the tracker holds the whole DiT and the host store; the GPU holds the resident DiT, not the host store,
-    # and umT5 when it stays (offload none)
-    base = text_resident - dit_off - host
-    with tracker:
-        flow = rollout.flow(x, 0, inputs, cond)
-    plan.phases["denoise"] = _peak(tracker) + base
-    with tracker:
-        x0 = rollout.to_x0(x, flow, 0)
-        committed = rollout.context(x0, inputs, cond)
-        writer.commit(committed, list(range(start, start + f)))  # the writer's copies while the chunk's are alive
-    plan.phases["context"] = _peak(tracker) + base
-    del committed, inputs, cond, flow, read
-    with tracker:
-        decoder.decode(x0)
-    plan.phases["decode"] = _peak(tracker) + base
-
-
-def writer_capacity(memory, pipe) -> int:
-    """Past latent-frame slots the writer ``memory`` names holds on the device: its budget (default:
-    the model's own), the summary slots included."""
-    writer = pipe.build_writer(memory)
-    return int(writer.budget)
+__all__ = ["GB", "MemoryPlan", "OFFLOADS", "PHASES", "PREFETCHED_BLOCKS", "UMT5_XXL", "module_bytes", "peak_tracker",
+           "plan_memory", "stored_dit_bytes", "tracked_peak"]

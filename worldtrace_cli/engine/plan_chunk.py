@@ -1,0 +1,185 @@
+"""The chunk phases of a memory plan (:func:`~worldtrace_cli.engine.memory_plan.plan_memory`): the
+run's writer fills its cache through its own ``commit``, then one chunk runs through the backbone's own
+rollout hooks (``chunk_inputs``, ``flow``, ``context``, the writer's ``commit``) and the streaming VAE
+decoder, all under the plan's FakeTensorMode, in a MemTracker.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch._subclasses.fake_tensor import DataDependentOutputException, DynamicOutputShapeException
+from torch._subclasses.fake_tensor import unset_fake_temporarily as unset_fake
+
+
+def module_bytes(module) -> int:
+    """Bytes of a module's parameters and buffers as they are stored."""
+    return sum(p.numel() * p.element_size() for p in module.parameters()) + \
+        sum(b.numel() * b.element_size() for b in module.buffers())
+
+
+def peak_tracker():
+    """A ``MemTracker`` kept to live bytes and their peak: its per-module statistics are off (they refuse
+    a module called twice in one block, which the VAE's frame loop and the denoising steps do, and they
+    hook gradients the planned runs never make). Modules are tracked with ``track_external``."""
+    from torch.distributed._tools.mem_tracker import MemTracker
+
+    class PeakTracker(MemTracker):
+        def _pre_fw_hook(self, module, inputs) -> None:
+            pass
+
+        def _post_fw_hook(self, module, inputs, outputs) -> None:
+            pass
+
+    return PeakTracker()
+
+
+def tracked_peak(tracker) -> int:
+    """Peak bytes a tracker saw since its last entry (every device together)."""
+    return max((snap["Total"] for snap in tracker.get_tracker_snapshot("peak").values()), default=0)
+
+
+def tracked_now(tracker) -> int:
+    """Bytes a tracker sees live now (every device together)."""
+    return sum(snap["Total"] for snap in tracker.get_tracker_snapshot("current").values())
+
+
+def _conditioned(pipe, preset, text_rows: int = 512):
+    """Fake conditioning of the backbone's rollout at the run's shapes (what ``pipe.condition`` returns)."""
+    from ..model.conditioning import CONDITIONING_ENCODE_LATENT_FRAMES, ConditioningLatents
+
+    lh, lw = pipe.latent_hw
+    if preset.is_text:
+        from .text import TextConditioned
+
+        return TextConditioned(["plan"], [torch.empty(text_rows, 4096)], [], "recache")
+    latents = ConditioningLatents(torch.empty(1, 16, CONDITIONING_ENCODE_LATENT_FRAMES, lh, lw))
+    if preset.is_lingbot:
+        from ..model.lingbot.inputs import LingbotInputs
+        from .lingbot import LingbotConditioned
+
+        return LingbotConditioned(latents, torch.empty(text_rows, 4096), LingbotInputs())
+    from .mg2 import Conditioned
+
+    return Conditioned(latents, torch.empty(1, 257, pipe.world.clip.hidden_size))  # float32, as build_conditioning
+
+
+class PlanPast:
+    """The rollouts' :class:`~worldtrace_cli.engine.rollout.WriterPast` (each layer read from the writer
+    when the DiT reaches it) with real positions of the same count: the DiT reads positions as Python
+    numbers (one angle table per chunk). A compressed writer's per-slot token counts are values too
+    (WorldKV): its slots are planned whole."""
+
+    def __init__(self, writer, num_layers: int):
+        self.writer, self.num_layers = writer, num_layers
+        self._tokens = len(writer.slots()) * writer.geometry.tokens_per_frame
+
+    def __len__(self) -> int:
+        return self.num_layers
+
+    def __getitem__(self, layer: int):
+        from dataclasses import replace
+
+        from ..model.chunk import LayerPast
+
+        p = LayerPast(*self.writer.read(layer))
+        with unset_fake():
+            return replace(p, positions=torch.arange(-len(p.positions), 0, dtype=torch.float64))
+
+    def tokens(self, layer: int) -> int:
+        return self._tokens
+
+
+def _fill(rollout, writer, chunks: int, tracker) -> None:
+    """Commit fake chunks of canonical K/V until the writer's slots and bytes stop growing (or ``chunks``
+    - 1 are in): the writer's own commit and eviction code at the run's shapes."""
+    g, f = rollout.geometry, rollout.frames_per_chunk
+    before = None
+    for c in range(chunks - 1):  # the planned chunk is the last
+        writer.begin_chunk(c * f)
+        now = (len(writer.slots()), tracked_now(tracker))
+        if now == before:
+            break
+        before = now
+        shape = (1, f * g.tokens_per_frame, g.heads, g.head_dim)
+        writer.commit([(torch.empty(shape, dtype=g.dtype), torch.empty(shape, dtype=g.dtype)) for _ in range(g.num_layers)],
+                      list(range(c * f, c * f + f)))
+        rollout.chunk = c + 1
+        rollout.finish_chunk(torch.empty(1, rollout.latent_channels, f, *rollout.latent_hw))  # what it keeps
+
+
+def chunk_phases(plan, preset, memory, networks: tuple, offset: int, dtype, chunks: int) -> None:
+    """Set ``plan``'s (a :class:`~worldtrace_cli.engine.memory_plan.MemoryPlan`) denoise, context and decode phases and its ``cache``, ``host_store`` parts.
+
+    ``networks``: the fake (dit, vae, clip or None); ``offset``: bytes to add to what the tracker sees
+    (it holds the whole DiT in the compute dtype: the GPU holds the stored one; umT5 when it stays).
+    A writer whose commit reads its own values is planned as a window of its slot count
+    (``plan.cache_model = "slots"``)."""
+    from ..config import memory_config
+    from ..model.checkpoint import WorldModel
+    from ..model.lingbot.inputs import LingbotInputs
+    from ..trajectory import MODES, frames_for_chunks
+    from .pipeline import pipeline_class
+    from .rollout import CacheRead
+
+    dit, vae, clip = networks
+    pipe = pipeline_class(preset)(preset, WorldModel(dit, vae, clip, []), torch.device("cpu"), dtype, "float32", "none")
+    spec = MODES[preset.mode]
+    with unset_fake():  # the actions and the camera track: host arrays, as in a run
+        rows = frames_for_chunks(chunks, preset.frames_per_chunk)
+        keyboard = torch.zeros(1, rows, spec.keyboard_dim)
+        mouse = torch.zeros(1, rows, 2) if spec.mouse else None
+        if preset.is_lingbot:
+            track = pipe.camera(keyboard, mouse, LingbotInputs())
+            pipe.camera = lambda k, m, i: track
+        else:
+            poses = pipe.latent_poses(keyboard, mouse)
+            pipe.latent_poses = lambda k, m: poses
+    tracker = peak_tracker()
+    tracker.track_external(*[m for m in networks if m is not None])
+    with tracker:
+        conditioned = _conditioned(pipe, preset)  # held for the whole run, as pipe.condition's output is
+    held = tracked_now(tracker)
+    with tracker:
+        writer = pipe.build_writer(memory)
+        rollout = pipe.rollout(writer, conditioned, keyboard, mouse, 0)
+        try:
+            _fill(rollout, writer, chunks, tracker)
+        except (DataDependentOutputException, DynamicOutputShapeException):  # see the module docstring
+            slots = max(len(writer.slots()), int(writer.budget))
+            plan.cache_model = "slots"
+            writer = pipe.build_writer(memory_config(preset=preset, cache="sliding", budget=slots))
+            rollout = pipe.rollout(writer, conditioned, keyboard, mouse, 0)
+            _fill(rollout, writer, chunks, tracker)
+    f, (lh, lw) = preset.frames_per_chunk, pipe.latent_hw
+    start = rollout.chunk * f
+    writer.begin_chunk(start)
+    slots = writer.slots()
+    plan.slots = len(slots)
+    host = writer.host_bytes()
+    plan.parts["cache"] = tracked_now(tracker) - held - host
+    plan.parts["host_store"] = host
+    with tracker:  # the decoder's feature cache (made by the previous chunk's decode) lives across chunks
+        decoder = pipe.decoder()
+        decoder.decode(torch.empty(1, rollout.latent_channels, f, lh, lw))
+    offset -= host  # the tracker sees the host store; the GPU does not hold it
+    with tracker:
+        with unset_fake():
+            positions = torch.arange(-plan.slots, 0, dtype=torch.float64)
+        read = CacheRead(slots, positions, None, 0, PlanPast(writer, rollout.geometry.num_layers),
+                         writer.temporal_frequency_scale())
+        inputs, cond = rollout.chunk_inputs(read, start, f)
+        x = torch.empty(1, rollout.latent_channels, f, lh, lw)
+        flow = rollout.flow(x, 0, inputs, cond)
+    plan.phases["denoise"] = tracked_peak(tracker) + offset
+    with tracker:
+        x0 = rollout.to_x0(x, flow, 0)
+        committed = rollout.context(x0, inputs, cond)
+        writer.commit(committed, list(range(start, start + f)))  # the writer's copies while the chunk's are alive
+    plan.phases["context"] = tracked_peak(tracker) + offset
+    del committed, inputs, cond, flow, read
+    with tracker:
+        decoder.decode(x0)
+    plan.phases["decode"] = tracked_peak(tracker) + offset
+
+
+__all__ = ["PlanPast", "chunk_phases", "module_bytes", "peak_tracker", "tracked_now", "tracked_peak"]
