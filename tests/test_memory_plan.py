@@ -135,13 +135,18 @@ def test_generate_refuses_a_cuda_run_that_does_not_fit(monkeypatch, tmp_path):
     monkeypatch.setattr(bench_memory, "device_memory_gb", lambda device: (card, "a test card"))
     result = invoke("generate", "--preset", "mg2-universal", "--random-weights", "--image",
                     "assets/images/mg2_universal_0000.png", "trajectories/aba.yaml", "--chunks", "4",
-                    "--dtype", "bf16", "-o", tmp_path / "run", "--no-progress")
+                    "--dtype", "bf16", "--offload", "text", "-o", tmp_path / "run", "--no-progress")
     line = one_line_error(result)
-    assert "GPU memory" in line and "a test card" in line and "--weights-dtype fp8" in line, line
+    assert "GPU memory" in line and "a test card" in line and "--offload text --weights-dtype fp8" in line, line
     assert not (tmp_path / "run").exists()
     monkeypatch.setenv(bench_memory.SKIP_ENV, "1")
     monkeypatch.setattr(bench_memory, "device_memory_gb", lambda device: (1.0, "a 1 GB card"))
-    assert bench_memory.check_run_fits(type("Cfg", (), {})(), 4) is None  # skipped before anything is read
+    from pathlib import Path
+
+    from worldtrace_cli.config import RunConfig
+
+    cfg = RunConfig(preset=load_preset("mg2-universal"), trajectory=Path("t"), output=Path("o"), offload="auto")
+    assert bench_memory.fit_run(cfg, 4).offload == "text"  # not checked: auto is the text encoder's offload
 
 
 def test_lingbot_world_plans_within_75_gb_on_one_card():

@@ -287,17 +287,15 @@ class RunConfig:
     """Everything one ``worldtrace generate`` run needs, resolved (written into summary.json).
 
     Attributes:
-        chunks: number of chunks (3 latent frames each); None = the trajectory's length.
-        seed: noise seed; None = the trajectory's seed, else 0.
-        device: ``auto`` | ``cuda`` | ``cpu``; dtype: ``auto`` | ``bf16`` | ``fp32``.
+        chunks: number of chunks (None = the trajectory's length); seed: noise seed (None = the trajectory's,
+            else 0); device: ``auto`` | ``cuda`` | ``cpu``; dtype: ``auto`` | ``bf16`` | ``fp32``.
         checkpoint: official MG2 folder (required by checkpoint presets unless ``random_weights``).
         weights_seed: seed of random weights (tiny preset, ``--random-weights``).
         world_seed: the procedural world a ``world: procedural`` preset (loopworld) runs in; its
             view from the start pose is the conditioning image and its renders are the ground truth.
         metrics: ``none`` | ``fast`` (TempSSIM, LatentDiff) | ``all`` (+ CLIP Scene Drift, PAC).
         save_every: save a resume state every this many chunks (0: only on Ctrl-C / SIGTERM).
-        rope_precision: ``float32`` | ``float64``: dtype of the RoPE tables and rotation
-            (:class:`~worldtrace_cli.model.rope.MainRope`); both replay the golden fixtures.
+        rope_precision: ``float32`` | ``float64``: RoPE tables' dtype (both replay the golden fixtures).
         compile: ``none`` | ``default`` | ``reduce-overhead`` | ``max-autotune``: torch.compile of the
             DiT blocks' pure parts (:func:`~worldtrace_cli.model.speed.compile_blocks`).
         overlap_decode: decode each chunk while the next one is generated
@@ -306,7 +304,8 @@ class RunConfig:
             ``poses.npy`` / ``intrinsics.npy`` (override the trajectory's ``prompt`` / ``poses`` /
             ``intrinsics``; without poses the trajectory's actions drive the camera).
         prompt_switch: text-to-video presets: ``recache`` (LongLive's), ``recache-keep-sink``, ``plain``.
-        weights_dtype: ``auto`` (the run's dtype) or ``fp8`` (:func:`~worldtrace_cli.model.speed.store_weights`).
+        weights_dtype: ``auto`` (the run's dtype) or ``fp8`` (:func:`~worldtrace_cli.model.speed.store_weights`);
+            offload: ``text`` (umT5 on the GPU only to encode) or ``blocks`` (:func:`~worldtrace_cli.model.speed.offload_blocks`).
     """
 
     preset: Preset
@@ -335,6 +334,7 @@ class RunConfig:
     intrinsics: Path | None = None
     prompt_switch: str = "recache"
     weights_dtype: str = "auto"
+    offload: str = "text"
 
     def to_dict(self) -> dict[str, Any]:
         """Plain data (``summary.json``'s ``config``, resume states): the preset's dict and the memory

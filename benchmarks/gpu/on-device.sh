@@ -103,12 +103,13 @@ case "${1:-check}" in
     # fp8 weights (eager, 6 chunks after 2 warm-up), and the MG2 writer table at budget 6 in a fresh process
     # (sliding, landmark, field, field-streaming, retrieval, worldkv; 16 chunks after 4 warm-up, 3 repeats:
     # the first repeat is each writer's first run in the process). Then benchmarks/gpu/plan_vs_measured.py.
-    for w in auto fp8; do
+    for variant in ${LINGBOT_VARIANTS:-text:auto text:fp8}; do  # offload:weights; blocks:fp8 adds ~3 min (host init)
+      o="${variant%%:*}" w="${variant##*:}"
       step 60 python3 -m worldtrace_cli bench memory --preset lingbot-fast --random-weights --weights-dtype "$w" \
-          --chunks 8 --json > "$OUT/plan-lingbot-$w.json"
+          --offload "$o" --chunks 8 --json > "$OUT/plan-lingbot-$o-$w.json"
       step 170 python3 -m worldtrace_cli bench speed --preset lingbot-fast --random-weights --device "$DEVICE" \
-          --caches sink --chunks 8 --warmup 2 --weights-dtype "$w" -o "$OUT" --name "speed-lingbot-$w" \
-          2>&1 | tail -3 | tee -a "$OUT/memory.log"
+          --caches sink --chunks 8 --warmup 2 --weights-dtype "$w" --offload "$o" -o "$OUT" \
+          --name "speed-lingbot-$o-$w" 2>&1 | tail -3 | tee -a "$OUT/memory.log"
     done
     step 30 python3 -m worldtrace_cli bench memory --preset "$PRESET" --cache field --budget 6 --chunks 20 --json \
         > "$OUT/plan-mg2-field.json"

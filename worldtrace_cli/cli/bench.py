@@ -226,11 +226,13 @@ def bench_memory(preset, cache, budget, chunks, offload, weights_dtype, dtype, d
               help="Run the writers in turn this many times; the summary takes medians.")
 @click.option("--weights-dtype", type=click.Choice(["auto", "fp8"]), default="auto", show_default=True,
               help="DiT weight storage: auto = --dtype; fp8 = float8 storage, computed in --dtype (generate's flag).")
+@click.option("--offload", type=click.Choice(["text", "blocks"]), default="text", show_default=True,
+              help="blocks = the DiT's blocks in host memory, each on the GPU for its forward (generate's flag).")
 @click.option("-o", "--output", type=NonEmptyPath(path_type=Path), default=Path("bench-results"), show_default=True,
               help="Folder for the results (JSON and Markdown; files of the same --name are replaced).")
 @click.option("--name", default=None, help="File stem of the results (default: speed-<preset>-<device>).")
 def bench_speed(preset, random_weights, caches, chunks, device, dtype, image, warmup, no_decode, rope_precision,
-                compile_mode, overlap_decode, budget, repeats, weights_dtype, output, name):
+                compile_mode, overlap_decode, budget, repeats, weights_dtype, offload, output, name):
     """Seconds per chunk by phase, wall-clock seconds per chunk, DiT forward time, fps and peak memory
     of each writer (JSON + Markdown with the device, versions and command).
 
@@ -250,7 +252,7 @@ def bench_speed(preset, random_weights, caches, chunks, device, dtype, image, wa
         result = speed_benchmark(preset, tuple(caches), tuple(chunks), device, dtype, image,
                                  warmup, not no_decode, rope_precision=rope_precision, compile_mode=compile_mode,
                                  overlap_decode=overlap_decode, budget=budget, repeats=repeats,
-                                 weights_dtype=weights_dtype)
+                                 weights_dtype=weights_dtype, offload=offload)
         result["meta"]["command"] = sys.argv
         output.mkdir(parents=True, exist_ok=True)
         stem = name or f"speed-{preset}-{result['meta']['device'].split(':')[0]}"

@@ -71,13 +71,18 @@ from .options import (CHUNKS, SEED, NonEmptyPath, cache_help, device_options, me
 @click.option("--weights-dtype", type=click.Choice(["auto", "fp8"]), default="auto", show_default=True,
               help="DiT weight storage: auto = --dtype; fp8 = float8 (e4m3) storage computed in --dtype through "
                    "diffusers' layerwise casting: half bf16's weight memory (loopworld: GT-PSNR within 0.05 dB).")
+@click.option("--offload", type=click.Choice(["auto", "text", "blocks"]), default="auto", show_default=True,
+              help="GPU memory: text = the text encoder (LingBot, Self-Forcing) on the GPU only to encode a prompt; "
+                   "blocks = also the DiT's blocks in host memory, each brought to the GPU for its forward (diffusers' "
+                   "group offloading: slower, a fraction of the weights' memory); auto = text when the run's memory "
+                   "plan fits the card, else blocks (docs/gpu-memory.md).")
 @click.option("--resume", "resume_dir", type=click.Path(path_type=Path), default=None, metavar="RUN_DIR",
               help="Continue an interrupted run from its last saved state (other options come from the run, "
                    "except --overlap-decode and --no-progress).")
 @click.option("--no-progress/--progress", "no_progress", default=False, help="No progress bar (default: --progress, on stderr).")
 def generate(trajectory, preset, checkpoint, prompt, prompt_switch, poses, intrinsics, random_weights, image, world_seed, chunks, seed,
              output, overwrite, cache, device, dtype, metrics, hash_checkpoint, save_every, rope_precision,
-             compile_mode, overlap_decode, weights_dtype, resume_dir, no_progress, **memory):
+             compile_mode, overlap_decode, weights_dtype, offload, resume_dir, no_progress, **memory):
     """Generate a video from TRAJECTORY (a YAML file of actions, or of prompt segments for the
     text-to-video presets; see trajectories/README.md).
 
@@ -137,7 +142,7 @@ def generate(trajectory, preset, checkpoint, prompt, prompt_switch, poses, intri
         out = output or Path("runs") / f"{trajectory.stem}-{cache_folder(options['cache'])}"
         cfg = RunConfig(preset=resolved, trajectory=trajectory, output=out, image=image, chunks=chunks,
                         world_seed=world_seed, prompt=prompt, poses=poses, intrinsics=intrinsics,
-                        prompt_switch=prompt_switch, weights_dtype=weights_dtype,
+                        prompt_switch=prompt_switch, weights_dtype=weights_dtype, offload=offload,
                         seed=seed, device=device, dtype=dtype, checkpoint=checkpoint, random_weights=random_weights,
                         memory=memory_config(preset=resolved, **options),
                         overwrite=overwrite, progress=not no_progress, hash_checkpoint=hash_checkpoint,

@@ -80,6 +80,7 @@ class ModelKey:
     compile: str
     hash_checkpoint: bool
     weights_dtype: str = "auto"
+    offload: str = "text"
 
     @classmethod
     def of(cls, cfg) -> "ModelKey":
@@ -90,7 +91,7 @@ class ModelKey:
         return cls(json.dumps(cfg.preset.to_dict(), sort_keys=True, default=str),
                    None if cfg.checkpoint is None else str(cfg.checkpoint), bool(cfg.random_weights),
                    cfg.weights_seed, str(device), str(resolve_dtype(cfg.dtype, device)), cfg.rope_precision,
-                   cfg.compile, bool(cfg.hash_checkpoint), cfg.weights_dtype)
+                   cfg.compile, bool(cfg.hash_checkpoint), cfg.weights_dtype, cfg.offload)
 
 
 def check_speed(rope_precision: str, compile_mode: str) -> None:
@@ -153,20 +154,36 @@ class PipelineBase:
     @classmethod
     def from_config(cls, cfg) -> "PipelineBase":
         """The pipeline a :class:`~worldtrace_cli.config.RunConfig` asks for (its ``weights_dtype``:
-        :func:`~worldtrace_cli.model.speed.store_weights`).
+        :func:`~worldtrace_cli.model.speed.store_weights`; its ``offload`` ``blocks``: the networks load
+        into host memory, all but the DiT move to the device, and the DiT's blocks visit it one at a
+        time, :func:`~worldtrace_cli.model.speed.offload_blocks`).
 
         Raises:
-            InputError: ``fp8`` weights with ``--compile`` (not measured together yet)."""
-        from ..model.speed import store_weights
+            InputError: ``fp8`` weights or block offloading with ``--compile`` (not measured together yet)."""
+        from ..model.speed import offload_blocks, store_weights
 
-        if cfg.weights_dtype != "auto" and cfg.compile != "none":
-            raise InputError(f"--weights-dtype {cfg.weights_dtype} with --compile {cfg.compile}: the casting hooks "
-                             f"are not measured under torch.compile yet; run one of them")
-        pipe = cls.from_preset(cfg.preset, cfg.checkpoint, cfg.random_weights, cfg.weights_seed, cfg.device,
-                               cfg.dtype, cfg.rope_precision, cfg.compile, cfg.hash_checkpoint, ModelKey.of(cfg))
+        for flag, value, default in (("--weights-dtype", cfg.weights_dtype, "auto"), ("--offload", cfg.offload, "text")):
+            if value != default and cfg.compile != "none":
+                raise InputError(f"{flag} {value} with --compile {cfg.compile}: the hooks are not measured under "
+                                 f"torch.compile yet; run one of them")
+        device, dtype = cfg.device, cfg.dtype
+        if cfg.offload == "blocks":  # load on the host in the device's dtype, then move all but the DiT
+            target = resolve_device(cfg.device)
+            device, dtype = "cpu", {torch.bfloat16: "bf16", torch.float32: "fp32"}[resolve_dtype(cfg.dtype, target)]
+        pipe = cls.from_preset(cfg.preset, cfg.checkpoint, cfg.random_weights, cfg.weights_seed, device,
+                               dtype, cfg.rope_precision, cfg.compile, cfg.hash_checkpoint, ModelKey.of(cfg))
         stored = store_weights(pipe.world.dit, cfg.weights_dtype, pipe.dtype)
         if stored:
             log.info(f"--weights-dtype {cfg.weights_dtype}: {stored / 1e6:.1f} M DiT parameters stored in float8")
+        if cfg.offload == "blocks":
+            for net in (pipe.world.vae, pipe.world.clip):
+                if net is not None:
+                    net.to(target)
+            if getattr(pipe.world, "text", None) is not None:
+                pipe.world.text.keep_on_host(target)
+            pipe.device = target
+            blocks = offload_blocks(pipe.world.dit, target)
+            log.info(f"--offload blocks: {blocks} DiT blocks in host memory, each on {target} for its own forward")
         return pipe
 
     def serves(self, cfg) -> bool:

@@ -64,42 +64,54 @@ def memory_plans(preset, memory, offload: str, weights_dtype: str, dtype, chunks
     return plans
 
 
-def check_run_fits(cfg, chunks: int) -> None:
-    """Refuse a CUDA run of ``cfg`` (a RunConfig, ``chunks`` long) whose memory plan does not fit its
-    device, before the weights load, naming the options that fit. CPU runs, and runs with
-    ``WORLDTRACE_NO_MEMORY_CHECK=1``, are not checked. Logs the plan's peak at debug level.
+def fit_run(cfg, chunks: int):
+    """``cfg`` (a RunConfig, ``chunks`` long) with its ``offload`` resolved, after checking that a CUDA
+    run's memory plan fits its device, before the weights load. ``offload`` ``auto``: ``text`` when
+    that fits (and on a CPU, and with ``WORLDTRACE_NO_MEMORY_CHECK=1``), else ``blocks`` when that does
+    (not with ``--compile``). Logs the plan's peak.
 
     Raises:
-        InputError: the plan exceeds the device (exit 2, one line).
+        InputError: nothing asked for fits (exit 2, one line naming the options that would).
     """
-    if os.environ.get(SKIP_ENV) == "1":
-        return
-    device = device_memory_gb(cfg.device)
+    from dataclasses import replace
+
+    device = None if os.environ.get(SKIP_ENV) == "1" else device_memory_gb(cfg.device)
     if device is None:
-        return
+        return replace(cfg, offload="text") if cfg.offload == "auto" else cfg
+    import time
+
     from ..engine.base import resolve_dtype, resolve_device
     from ..engine.memory_plan import plan_memory
-
-    import time
 
     total, name = device
     dtype = resolve_dtype(cfg.dtype, resolve_device(cfg.device))
     text = cfg.preset.weights == "checkpoint" and not cfg.random_weights
+
+    def plan(offload, weights_dtype=cfg.weights_dtype):
+        return plan_memory(cfg.preset, cfg.memory, offload, weights_dtype, dtype, chunks, text)
+
     log.info("planning GPU memory ...")
     start = time.perf_counter()
-    plan = plan_memory(cfg.preset, cfg.memory, "text", cfg.weights_dtype, dtype, chunks, text)
-    log.info(f"planning GPU memory ... {time.perf_counter() - start:.1f} s: peak {plan.peak / 1e9:.1f} GB "
-             f"({plan.peak_phase}); {name} has {total:.1f} GB")
-    if fits(plan, total):
-        return
-    helps = []
-    if cfg.weights_dtype == "auto" and cfg.compile == "none":
-        fp8 = plan_memory(cfg.preset, cfg.memory, "text", "fp8", dtype, chunks, text)
-        if fits(fp8, total):
-            helps.append(f"--weights-dtype fp8 (plan {fp8.peak / 1e9:.1f} GB)")
-    tip = f"these fit: {'; '.join(helps)}" if helps else "a smaller --budget or cache, or a larger card"
-    raise InputError(f"GPU memory: the plan of {cfg.preset.name} with --cache {cfg.memory.cache} peaks at "
-                     f"{plan.peak / 1e9:.1f} GB ({plan.peak_phase}), {name} has {total:.1f} GB: {tip} "
+    offloads = [cfg.offload] if cfg.offload != "auto" else ["text"] + (["blocks"] if cfg.compile == "none" else [])
+    for offload in offloads:
+        got = plan(offload)
+        log.info(f"planning GPU memory ... {time.perf_counter() - start:.1f} s: --offload {offload} peaks at "
+                 f"{got.peak / 1e9:.1f} GB ({got.peak_phase}); {name} has {total:.1f} GB")
+        if fits(got, total):
+            return replace(cfg, offload=offload)
+    tip = "a smaller --budget or cache, or a larger card"
+    for offload, weights_dtype in CANDIDATES if cfg.compile == "none" else ():
+        tried = offload in offloads and weights_dtype == cfg.weights_dtype
+        if tried or (weights_dtype == "auto" and cfg.weights_dtype != "auto"):
+            continue
+        other = plan(offload, weights_dtype)
+        if fits(other, total):
+            tip = (f"this fits: --offload {offload}" + (f" --weights-dtype {weights_dtype}" if weights_dtype != "auto"
+                                                        else "") + f" (plan {other.peak / 1e9:.1f} GB)")
+            break
+    raise InputError(f"GPU memory: the plan of {cfg.preset.name} with --cache {cfg.memory.cache} and --offload "
+                     f"{offloads[-1]} peaks at "
+                     f"{got.peak / 1e9:.1f} GB ({got.peak_phase}), {name} has {total:.1f} GB: {tip} "
                      f"(worldtrace bench memory --preset {cfg.preset.name} shows the phases; "
                      f"{SKIP_ENV}=1 runs anyway)")
 
@@ -119,5 +131,5 @@ def memory_markdown(plans: list, device_gb: float | None, device_name: str | Non
     return "\n".join(lines)
 
 
-__all__ = ["CANDIDATES", "HEADROOM", "RESERVE_GB", "SKIP_ENV", "check_run_fits", "device_memory_gb", "fits",
+__all__ = ["CANDIDATES", "HEADROOM", "RESERVE_GB", "SKIP_ENV", "device_memory_gb", "fit_run", "fits",
            "memory_markdown", "memory_plans"]

@@ -15,7 +15,7 @@ def speed_benchmark(preset_name: str = "tiny", caches: tuple[str, ...] = ("slidi
                     image=None, warmup_chunks: int = 1, decode: bool = True, seed: int = 0,
                     rope_precision: str = "float32", compile_mode: str = "none",
                     overlap_decode: bool = False, budget: int | None = None, repeats: int = 1,
-                    weights_dtype: str = "auto") -> dict:
+                    weights_dtype: str = "auto", offload: str = "text") -> dict:
     """Time and measure memory of each writer in one rollout per writer of ``max(chunk_counts)`` chunks,
     with snapshots at every count in ``chunk_counts``. Weights are seeded random (speed does not
     depend on their values).
@@ -61,14 +61,14 @@ def speed_benchmark(preset_name: str = "tiny", caches: tuple[str, ...] = ("slidi
     if repeats < 1:
         raise ValueError(f"repeats must be >= 1, got {repeats}")
     preset = load_preset(preset_name)
-    pipe = Pipeline.from_preset(preset, None, True, seed, device, dtype, rope_precision, compile_mode)
-    from ..model.speed import store_weights
+    from pathlib import Path
 
-    if weights_dtype != "auto" and compile_mode != "none":
-        from ..errors import InputError
+    from ..config import RunConfig
 
-        raise InputError(f"--weights-dtype {weights_dtype} with --compile {compile_mode}: not measured together yet")
-    store_weights(pipe.world.dit, weights_dtype, pipe.dtype)  # fp8: float8 storage (issue 45); auto: nothing
+    # as generate loads it: fp8 storage and block offloading (issue 45) through the one loader
+    pipe = Pipeline.from_config(RunConfig(preset=preset, trajectory=Path("-"), output=Path("-"), random_weights=True,
+                                          weights_seed=seed, device=device, dtype=dtype, rope_precision=rope_precision,
+                                          compile=compile_mode, weights_dtype=weights_dtype, offload=offload))
     dev, dt = pipe.device, pipe.dtype
     n_max = max(chunk_counts)
     if preset.is_text and image is not None:
@@ -169,7 +169,7 @@ def speed_benchmark(preset_name: str = "tiny", caches: tuple[str, ...] = ("slidi
             "caches": list(caches), "chunk_counts": list(chunk_counts), "warmup_chunks": warmup_chunks,
             "decode": decode, "resolution": [preset.height, preset.width], "rope_precision": rope_precision,
             "compile": compile_mode, "overlap_decode": overlap_decode and decode, "budget": budget,
-            "weights_dtype": weights_dtype,
+            "weights_dtype": weights_dtype, "offload": offload,
             "repeats": repeats}
     result = {"meta": meta, "rows": rows}
     result["summary"] = speed_summary(result)

@@ -94,10 +94,13 @@ def run_generation(cfg, resume: bool = False, pipeline=None) -> dict:
              "reading the prompts" if cfg.preset.is_text else "reading the start image")
     with stage(f"reading the inputs (importing torch, {start})", level):
         inputs = prepare_inputs(cfg, traj)
+    if cfg.offload == "auto" and pipeline is not None and pipeline.key is not None:  # a shared model's own choice
+        cfg = replace(cfg, offload=pipeline.key.offload) if pipeline.serves(replace(cfg, offload=pipeline.key.offload)) \
+            else cfg
     if pipeline is None or not pipeline.serves(cfg):  # a CUDA run that cannot fit is refused before it loads
-        from .bench_memory import check_run_fits
+        from .bench_memory import fit_run
 
-        check_run_fits(cfg, inputs.plan.num_chunks)
+        cfg = fit_run(cfg, inputs.plan.num_chunks)
     with folder.lock("generate --resume" if resume else "generate"):
         if not resume:
             folder.prepare(cfg.overwrite)

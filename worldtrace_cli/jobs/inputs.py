@@ -132,9 +132,10 @@ def check_inputs(cfg, traj=None):
                              ("--seed", cfg.seed, 0), ("--chunks", cfg.chunks, 1)):
         if value is not None and value < low:
             raise InputError(f"{name}: must be >= {low}, got {value}")
-    if cfg.weights_dtype != "auto" and cfg.compile != "none":  # as PipelineBase.from_config, before anything runs
-        raise InputError(f"--weights-dtype {cfg.weights_dtype} with --compile {cfg.compile}: the casting hooks are not "
-                         f"measured under torch.compile yet; run one of them")
+    for flag, value, default in (("--weights-dtype", cfg.weights_dtype, "auto"), ("--offload", cfg.offload, "text")):
+        if value not in (default, "auto") and cfg.compile != "none":  # as PipelineBase.from_config, before anything runs
+            raise InputError(f"{flag} {value} with --compile {cfg.compile}: the hooks are not measured under "
+                             f"torch.compile yet; run one of them")
     traj = load_trajectory(cfg.trajectory) if traj is None else traj
     if traj.mode != cfg.preset.mode:
         hint = ("; prompt segments run on a text-to-video preset (self-forcing-tiny, longlive-tiny, self-forcing)"

@@ -38,6 +38,29 @@ class LayerPast:
     counts: torch.Tensor | None = None
 
 
+class ContextKV:
+    """A rollout's cross-attention (k, v) of its constant context (MG2's CLIP tokens, LingBot's text),
+    per layer, each made by its own block on first use and kept for the rollout (spec §5.2): a block's
+    weights are used only inside its own forward, which is what diffusers' group offloading needs (it
+    brings a block to the GPU for its forward: ``--offload blocks``, issue 45).
+
+    Args:
+        ctx: the projected context [1, L, D] (the DiT's ``img_emb`` / ``embed_text`` output).
+        num_layers: blocks of the DiT.
+    """
+
+    def __init__(self, ctx: torch.Tensor, num_layers: int):
+        self.ctx = ctx
+        self._kv: list[tuple[torch.Tensor, torch.Tensor] | None] = [None] * num_layers
+
+    def get(self, layer: int, attention) -> tuple[torch.Tensor, torch.Tensor]:
+        """Layer ``layer``'s (k, v), made by ``attention.context_kv(ctx)`` (its block's cross-attention)
+        the first time."""
+        if self._kv[layer] is None:
+            self._kv[layer] = attention.context_kv(self.ctx)
+        return self._kv[layer]
+
+
 def past_tokens(past, layer: int) -> int:
     """Past tokens of ``layer`` in ``past`` (a list of :class:`LayerPast`, or a sequence with a
     ``tokens(layer)`` method that reads them without the K/V: the rollouts' ``WriterPast``)."""

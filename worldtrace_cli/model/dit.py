@@ -19,7 +19,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from .action import ActionKV, ActionModule
-from .chunk import CacheView, LayerPast  # noqa: F401  (LayerPast re-exported)
+from .chunk import CacheView, ContextKV, LayerPast  # noqa: F401  (LayerPast re-exported)
 from .config import DiTConfig
 from .rope import MainRope, rotate_channels
 
@@ -30,7 +30,7 @@ class RolloutState:
     constant CLIP context (computed on the first call, spec §5.2) and the action caches (spec §8)."""
 
     num_layers: int
-    cross_kv: list[tuple[torch.Tensor, torch.Tensor]] | None = None
+    cross_kv: ContextKV | None = None
     mouse_kv: list[ActionKV] = field(init=False)
     keyboard_kv: list[ActionKV] = field(init=False)
 
@@ -200,7 +200,7 @@ class Block(nn.Module):
         # the writer copies what it keeps (CacheWriter.commit), so CUDA-graph outputs are safe to hand out
         kv = (k_canon, v) if commit else None
         attn = self.self_attn.attend(q, k, v, layer, chunk, rope)
-        x = self.attention_outputs(x, attn, m, chunk.rollout.cross_kv[layer])
+        x = self.attention_outputs(x, attn, m, chunk.rollout.cross_kv.get(layer, self.cross_attn))
         if self.action_model is not None:
             x = self.action_model(x, chunk.action_rows(self.action_model, f, x.dtype),
                                   chunk.rollout.mouse_kv[layer], chunk.rollout.keyboard_kv[layer], commit)
@@ -350,8 +350,7 @@ class CausalWanDiT(nn.Module):
         e0 = self.time_projection(e).view(b, f, 6, -1)
         e = e.view(b, f, -1)
         if chunk.rollout.cross_kv is None:
-            ctx = self.img_emb(chunk.visual_context.to(dtype))
-            chunk.rollout.cross_kv = [blk.cross_attn.context_kv(ctx) for blk in self.blocks]
+            chunk.rollout.cross_kv = ContextKV(self.img_emb(chunk.visual_context.to(dtype)), len(self.blocks))
         grid = (f, gh, gw)
         if self.cudagraphs and h.is_cuda:
             torch.compiler.cudagraph_mark_step_begin()  # the previous call's graph outputs are dead now

@@ -127,4 +127,31 @@ def store_weights(model, weights_dtype: str, compute_dtype: torch.dtype) -> int:
     return sum(p.numel() for p in model.parameters() if p.dtype == torch.float8_e4m3fn)
 
 
-__all__ = ["COMPILE_MODES", "ROPE_PRECISIONS", "WEIGHTS_DTYPES", "compile_blocks", "configure_speed", "store_weights"]
+OFFLOADS = ("text", "blocks")  # text: umT5 on the GPU only to encode (the loaders); blocks: also the DiT's blocks
+
+
+def offload_blocks(model, device) -> int:
+    """Keep the DiT's blocks in host memory and bring each to ``device`` for its own forward, the next
+    one prefetched on a side CUDA stream while the current one runs: diffusers' group offloading at
+    block level (``diffusers.hooks.apply_group_offloading``, one block per group, ``use_stream`` on
+    CUDA; it needs ``accelerate``). The model's other parameters (patch, time and text embeddings,
+    head) form one more group, brought at the model's forward. The model must be in host memory when
+    this is called. On a CPU host and device are one: the hooks run and nothing moves (the tests).
+    Returns the blocks offloaded.
+
+    Issue 45: LingBot-World's 14B DiT holds about 1.9 GB of weights on the GPU instead of 37 GB (two
+    blocks and the rest), planned by ``worldtrace bench memory --offload blocks``; its speed on a GPU
+    is not measured yet. A block's weights must be used only inside its forward: the rollout's
+    cross-attention K/V are made by each block (:class:`~worldtrace_cli.model.chunk.ContextKV`).
+    """
+    from diffusers.hooks import apply_group_offloading
+
+    device = torch.device(device)
+    stream = device.type == "cuda"
+    apply_group_offloading(model, onload_device=device, offload_device=torch.device("cpu"), offload_type="block_level",
+                           num_blocks_per_group=1, use_stream=stream, record_stream=stream, non_blocking=stream)
+    return len(model.blocks)
+
+
+__all__ = ["COMPILE_MODES", "OFFLOADS", "ROPE_PRECISIONS", "WEIGHTS_DTYPES", "compile_blocks", "configure_speed",
+           "offload_blocks", "store_weights"]

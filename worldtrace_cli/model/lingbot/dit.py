@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 import torch
 from torch import nn
 
-from ..chunk import CacheView, LayerPast
+from ..chunk import CacheView, ContextKV, LayerPast
 from ..dit import CrossAttention, FloatLayerNorm, SelfAttention, patch_tokens, sinusoidal_embedding
 from ..rope import MainRope
 from .config import TEXT_DIM, LingbotConfig
@@ -32,7 +32,7 @@ class LingbotRolloutState:
     """Per-rollout state outside the self-attention cache: the text cross-attention K/V of every
     layer (``(k, v)`` [1, H, 512, d] each), computed on the first DiT call and reused (spec §5.2)."""
 
-    cross_kv: list[tuple[torch.Tensor, torch.Tensor]] | None = None
+    cross_kv: ContextKV | None = None
 
     def state_dict(self) -> dict:
         """Nothing to save: the text K/V are recomputed from the prompt on the first call after a
@@ -125,7 +125,7 @@ class LingbotBlock(nn.Module):
         # the writer copies what it keeps (CacheWriter.commit), so CUDA-graph outputs are safe to hand out
         kv = (k_canon, v) if commit else None
         attn = self.self_attn.attend(q, k, v, layer, chunk, rope)
-        return self.block_outputs(x, attn, m, cam, chunk.rollout.cross_kv[layer]), kv
+        return self.block_outputs(x, attn, m, cam, chunk.rollout.cross_kv.get(layer, self.cross_attn)), kv
 
     def attention_inputs(self, x, m, cos, sin, t_ch: int, commit: bool):
         """Pure (compiled by :func:`~worldtrace_cli.model.speed.compile_blocks`): norm1 + modulation,
@@ -242,8 +242,7 @@ class LingbotDiT(nn.Module):
         e = self.time_embedding(sinusoidal_embedding(self.cfg.freq_dim, t).float().to(dtype))  # [1, D]
         e0 = self.time_projection(e).view(1, 6, -1)
         if chunk.rollout.cross_kv is None:
-            ctx = self.embed_text(chunk.text_context.to(x.device))
-            chunk.rollout.cross_kv = [blk.cross_attn.context_kv(ctx) for blk in self.blocks]
+            chunk.rollout.cross_kv = ContextKV(self.embed_text(chunk.text_context.to(x.device)), len(self.blocks))
         if camera and chunk._cam_tokens is None:
             chunk._cam_tokens = self.embed_camera(chunk.camera.to(x.device))
         if self.cudagraphs and h.is_cuda:
