@@ -260,6 +260,27 @@ def test_cuda_matches_cpu(cache):
         assert all(t.is_pinned() for t in gpu_w._components[0]._store)
 
 
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_cuda_host_store_reserved_at_reset_is_carved_without_page_locking():
+    """issue 45: reserve_host(frames) page-locks the store's slabs at reset; 30 chunks then allocate no
+    slab, and the slots equal a writer's without the reservation."""
+    cuda = CacheGeometry(**{**GEOM.__dict__, "device": torch.device("cuda")})
+    plain, ahead = (build_writer(MemoryConfig.of(cache="field", summary_slots=4, recent_slots=2), 3) for _ in "ab")
+    plain.reset(cuda)
+    ahead.reset(cuda)
+    assert ahead.reserve_host(90) > 0
+    made = ahead._components[0]._arena.slabs_made
+    gen = torch.Generator().manual_seed(7)
+    for c in range(30):
+        new = [[(k.cuda(), v.cuda()) for k, v in random_frame(gen)] for _ in range(3)]
+        commit(plain, new, range(3 * c, 3 * c + 3))
+        commit(ahead, new, range(3 * c, 3 * c + 3))
+    assert ahead._components[0]._arena.slabs_made == made
+    for layer in range(GEOM.num_layers):
+        assert all(torch.equal(a, b) for a, b in zip(plain.read(layer)[:2], ahead.read(layer)[:2]))
+
+
 @pytest.mark.parametrize("flags,counts", [
     ({}, (4, 2)),
     ({"summary_slots": 2, "recent_slots": 4}, (2, 4)),

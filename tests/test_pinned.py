@@ -125,3 +125,19 @@ def test_field_host_store_restored_into_slabs_saves_and_resumes_again_bit_identi
             assert all(torch.equal(a, b) for a, b in zip(ref.read(layer), w.read(layer)))
         for x in (ref, w):
             x.commit(chunks[c], [3 * c, 3 * c + 1, 3 * c + 2])
+
+
+def test_a_reserved_arena_carves_without_allocating():
+    """issue 45: reserve() makes the slabs of a run's host store at reset; take() then only carves them
+    (on a CPU machine unpinned, the same layout); past the reservation it allocates as before."""
+    nbytes = 162_201_600  # full-size MG2: one latent frame of K+V over 30 layers in bf16
+    arena = PinnedArena(pin=False)
+    per_slab = 1 + (slab_bytes(nbytes) - nbytes) // (-(-nbytes // ALIGN) * ALIGN)
+    assert per_slab >= 2
+    reserved = arena.reserve(nbytes, 2 * per_slab)
+    assert arena.slabs_made == 2 and reserved == 2 * slab_bytes(nbytes)
+    taken = [arena.take((nbytes // 2,), torch.bfloat16) for _ in range(2 * per_slab)]
+    assert arena.slabs_made == 2 and len({t.data_ptr() for t in taken}) == len(taken)
+    assert arena.reserve(nbytes, 0) == 0 and arena.slabs_made == 2
+    arena.take((nbytes // 2,), torch.bfloat16)
+    assert arena.slabs_made == 3

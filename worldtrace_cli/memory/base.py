@@ -271,6 +271,12 @@ class CacheWriter:
         """Bytes kept off the compute device (e.g. the field writer's evicted frames); 0 by default."""
         return 0
 
+    def reserve_host(self, latent_frames: int) -> int:
+        """Size (and on CUDA page-lock) now the host store that ``latent_frames`` more committed latent
+        frames will need, after :meth:`reset`, so the chunk loop does not pay for it (issue 45); returns
+        the bytes reserved. Default: nothing to reserve. Same values either way."""
+        return 0
+
     def temporal_frequency_scale(self) -> torch.Tensor | None:
         """Multipliers [t_ch/2] of the temporal RoPE frequencies for this chunk (YaRN); None = unchanged."""
         return None

@@ -67,6 +67,33 @@ class PinnedArena:
         self.pin, self.limit = pin, limit
         self._slab: torch.Tensor | None = None
         self._offset = 0
+        self._ready: list[torch.Tensor] = []  # slabs made ahead by reserve(), taken in order
+        self.slabs_made = 0  # slabs allocated (and page-locked with ``pin``) so far, reserved ones included
+
+    def _new_slab(self, nbytes: int) -> torch.Tensor:
+        self.slabs_made += 1
+        return torch.empty(slab_bytes(nbytes, self.limit), dtype=torch.uint8, pin_memory=self.pin)
+
+    def reserve(self, nbytes: int, count: int) -> int:
+        """Allocate (and with ``pin`` page-lock) now the slabs that ``count`` more tensors of ``nbytes``
+        bytes each will take, so that :meth:`take` later only carves them (issue 45: a writer's host
+        store sized at reset from the run's length instead of page-locked on the generating thread,
+        which cost field 2.09x sliding's time per chunk in a fresh process on an H200). Returns the
+        bytes reserved.
+
+        Raises:
+            ValueError: ``nbytes`` < 1 or ``count`` < 0.
+        """
+        if nbytes < 1 or count < 0:
+            raise ValueError(f"reserve {count} tensors of {nbytes} bytes")
+        step = _aligned(nbytes)
+        room = 0 if self._slab is None else max(0, (self._slab.numel() - self._offset + step - nbytes) // step)
+        per_slab = 1 + (slab_bytes(nbytes, self.limit) - nbytes) // step
+        made = []
+        for _ in range(math.ceil(max(0, count - room - len(self._ready) * per_slab) / per_slab)):
+            made.append(self._new_slab(nbytes))
+        self._ready.extend(made)
+        return sum(s.numel() for s in made)
 
     def take(self, shape: tuple[int, ...] | torch.Size, dtype: torch.dtype) -> torch.Tensor:
         """A new, uninitialised host tensor of ``shape`` and ``dtype`` (contiguous; pinned with
@@ -75,8 +102,8 @@ class PinnedArena:
         if nbytes == 0:
             return torch.empty(shape, dtype=dtype)
         if self._slab is None or self._offset + nbytes > self._slab.numel():
-            size = slab_bytes(nbytes, self.limit)
-            self._slab = torch.empty(size, dtype=torch.uint8, pin_memory=self.pin)
+            fits = self._ready and self._ready[0].numel() >= nbytes
+            self._slab = self._ready.pop(0) if fits else self._new_slab(nbytes)
             self._offset = 0
         view = self._slab[self._offset:self._offset + nbytes].view(dtype).view(shape)
         self._offset += _aligned(nbytes)

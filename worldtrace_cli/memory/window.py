@@ -98,6 +98,11 @@ class SummaryMemory:
         """Bytes kept off the compute device."""
         return 0
 
+    def reserve_host(self, evictions: int) -> int:
+        """Make ahead the host store of ``evictions`` more evicted latent frames (bytes returned); default
+        nothing: only a component with a page-locked host store (Field's) has work here."""
+        return 0
+
     def events(self) -> list[dict]:
         """Events since the last call (e.g. landmark detections), for chunks.jsonl."""
         return []
@@ -193,6 +198,12 @@ class RecentWindowWriter(CacheWriter):
 
     def host_bytes(self) -> int:
         return sum(comp.host_bytes() for comp in self._components)
+
+    def reserve_host(self, latent_frames: int) -> int:
+        """:meth:`CacheWriter.reserve_host`: the frames that will leave the recent window go to the
+        summary components' host stores."""
+        evictions = max(0, latent_frames - self.n_recent)
+        return sum(comp.reserve_host(evictions) for comp in self._components)
 
     def events(self) -> list[dict]:
         return [e for comp in self._components for e in comp.events()]
