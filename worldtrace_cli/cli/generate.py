@@ -76,13 +76,17 @@ from .options import (CHUNKS, SEED, NonEmptyPath, cache_help, device_options, me
                    "blocks = also the DiT's blocks in host memory, each brought to the GPU for its forward (diffusers' "
                    "group offloading: slower, a fraction of the weights' memory); auto = text when the run's memory "
                    "plan fits the card, else blocks (docs/gpu-memory.md).")
+@click.option("--fsdp", is_flag=True,
+              help="Under torchrun --nproc-per-node N: the DiT's weights sharded across the N processes with FSDP2 "
+                   "(1/N of them each; one GPU per process, gloo on a CPU); process 0 writes the run. Not with "
+                   "--resume, --compile, fp8 weights or block offloading.")
 @click.option("--resume", "resume_dir", type=click.Path(path_type=Path), default=None, metavar="RUN_DIR",
               help="Continue an interrupted run from its last saved state (other options come from the run, "
                    "except --overlap-decode and --no-progress).")
 @click.option("--no-progress/--progress", "no_progress", default=False, help="No progress bar (default: --progress, on stderr).")
 def generate(trajectory, preset, checkpoint, prompt, prompt_switch, poses, intrinsics, random_weights, image, world_seed, chunks, seed,
              output, overwrite, cache, device, dtype, metrics, hash_checkpoint, save_every, rope_precision,
-             compile_mode, overlap_decode, weights_dtype, offload, resume_dir, no_progress, **memory):
+             compile_mode, overlap_decode, weights_dtype, offload, fsdp, resume_dir, no_progress, **memory):
     """Generate a video from TRAJECTORY (a YAML file of actions, or of prompt segments for the
     text-to-video presets; see trajectories/README.md).
 
@@ -105,6 +109,8 @@ def generate(trajectory, preset, checkpoint, prompt, prompt_switch, poses, intri
 
     def build_and_run():
         if resume_dir is not None:
+            if fsdp:
+                raise InputError("--fsdp with --resume: not supported yet; resume without --fsdp")
             from dataclasses import replace
 
             flags = {p.name: max(p.opts, key=len) for p in ctx.command.params}
@@ -150,7 +156,21 @@ def generate(trajectory, preset, checkpoint, prompt, prompt_switch, poses, intri
                         **speed_config(rope_precision, compile_mode, overlap_decode))
         from ..jobs.generate import run_generation as run_generate  # checks the inputs before torch loads
 
-        report(run_generate(cfg))
+        if not fsdp:
+            report(run_generate(cfg))
+            return
+        from ..engine import shard  # torch: the process group (engine/shard.py)
+        from ..jobs.generate import follow_generation
+
+        shard.check(cfg)
+        shard.start(cfg.device)
+        try:
+            if shard.rank():
+                follow_generation(cfg)  # process 0 writes and reports the run
+            else:
+                report(run_generate(cfg))
+        finally:
+            shard.finish()
 
     def report(summary):
         t = summary["totals"]

@@ -166,22 +166,29 @@ class PipelineBase:
             if value != default and cfg.compile != "none":
                 raise InputError(f"{flag} {value} with --compile {cfg.compile}: the hooks are not measured under "
                                  f"torch.compile yet; run one of them")
+        from . import shard
+
         device, dtype = cfg.device, cfg.dtype
-        if cfg.offload == "blocks":  # load on the host in the device's dtype, then move all but the DiT
-            target = resolve_device(cfg.device)
+        hosted = cfg.offload == "blocks" or shard.active()
+        if hosted:  # load on the host in the device's dtype, then move all but the DiT
+            target = shard.device() if shard.active() else resolve_device(cfg.device)
             device, dtype = "cpu", {torch.bfloat16: "bf16", torch.float32: "fp32"}[resolve_dtype(cfg.dtype, target)]
         pipe = cls.from_preset(cfg.preset, cfg.checkpoint, cfg.random_weights, cfg.weights_seed, device,
                                dtype, cfg.rope_precision, cfg.compile, cfg.hash_checkpoint, ModelKey.of(cfg))
         stored = store_weights(pipe.world.dit, cfg.weights_dtype, pipe.dtype)
         if stored:
             log.info(f"--weights-dtype {cfg.weights_dtype}: {stored / 1e6:.1f} M DiT parameters stored in float8")
-        if cfg.offload == "blocks":
+        if hosted:
             for net in (pipe.world.vae, pipe.world.clip):
                 if net is not None:
                     net.to(target)
             if getattr(pipe.world, "text", None) is not None:
                 pipe.world.text.keep_on_host(target)
             pipe.device = target
+        if shard.active():
+            held = shard.shard_dit(pipe.world.dit, target)
+            log.info(f"--fsdp: this process holds {held / 1e6:.1f} M of the DiT's parameters (FSDP2)")
+        elif cfg.offload == "blocks":
             blocks = offload_blocks(pipe.world.dit, target)
             log.info(f"--offload blocks: {blocks} DiT blocks in host memory, each on {target} for its own forward")
         return pipe

@@ -139,6 +139,10 @@ class _Generation:
             torch.cuda.reset_peak_memory_stats(pipeline.device)
         self.rollout = pipeline.rollout(self.writer, conditioned, plan.keyboard[None],
                                         None if plan.mouse is None else plan.mouse[None], inputs.seed)
+        from ..engine import shard
+
+        if shard.active():  # --fsdp: the other processes make each chunk with this one (engine/shard.py)
+            self.rollout.step = shard.lockstep(self.rollout.step)
         self.decoder = pipeline.decoder()
         self.scorer = OnlineMetrics(cfg.metrics, pipeline.world.clip if cfg.metrics == "all" else None, inputs.truth)
         self.progress = {"totals": {}, "peak": {"rss_bytes": 0, "gpu_peak_bytes": 0}}
@@ -244,6 +248,24 @@ class _Generation:
         result = self.summary("complete")
         folder.clear_state()
         return result
+
+
+def follow_generation(cfg) -> int:
+    """A ``generate --fsdp`` process other than 0 (:mod:`~worldtrace_cli.engine.shard`): the same inputs,
+    model shard, writer, conditioning and rollout as process 0, then each chunk it makes; nothing
+    written. Returns the chunks made."""
+    from ..engine import shard
+    from ..engine.pipeline import Pipeline
+
+    inputs = prepare_inputs(replace(cfg, offload="text"))
+    plan = inputs.plan
+    pipeline = Pipeline.from_config(replace(cfg, offload="text"))
+    extra = ((inputs.lingbot,) if cfg.preset.is_lingbot else (inputs.prompts, cfg.prompt_switch) if cfg.preset.is_text
+             else ())
+    conditioned = pipeline.condition(inputs.image, plan.num_chunks, *extra)
+    rollout = pipeline.rollout(pipeline.build_writer(cfg.memory), conditioned, plan.keyboard[None],
+                               None if plan.mouse is None else plan.mouse[None], inputs.seed)
+    return shard.follow(rollout)
 
 
 def _generate(cfg, inputs: RunInputs, folder: RunFolder, resume: bool, pipeline, started: float) -> dict:
