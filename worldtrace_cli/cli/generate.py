@@ -160,10 +160,11 @@ def generate(trajectory, preset, checkpoint, prompt, prompt_switch, poses, intri
             report(run_generate(cfg))
             return
         from ..engine import shard  # torch: the process group (engine/shard.py)
+        from ..engine.base import resolve_device
         from ..jobs.generate import follow_generation
 
         shard.check(cfg)
-        shard.start(cfg.device)
+        shard.start(resolve_device(cfg.device))
         try:
             if shard.rank():
                 follow_generation(cfg)  # process 0 writes and reports the run

@@ -29,17 +29,17 @@ log = logging.getLogger("worldtrace")
 _STATE: dict = {}  # the active sharding: rank, world, device (set by start)
 
 
-def start(device: str = "auto") -> tuple[int, int, torch.device]:
+def start(device: torch.device) -> tuple[int, int, torch.device]:
     """Join torchrun's process group (``nccl`` when the run is on CUDA, one GPU per process by
     LOCAL_RANK; ``gloo`` on a CPU) and make the sharding active for this process's pipelines.
-    Returns (rank, world size, this process's device). Processes other than 0 log warnings only.
+    ``device``: the run's resolved device (``engine.base.resolve_device``); on CUDA each process takes
+    the GPU of its LOCAL_RANK. Returns (rank, world size, this process's device). Processes other
+    than 0 log warnings only.
 
     Raises:
-        InputError: not under torchrun (WORLD_SIZE unset or 1), or ``--device cuda`` without CUDA.
+        InputError: not under torchrun (WORLD_SIZE unset or 1).
     """
     import torch.distributed as dist
-
-    from .base import resolve_device
 
     try:
         rank, world = int(os.environ.get("RANK", "0")), int(os.environ.get("WORLD_SIZE", "1"))
@@ -48,7 +48,6 @@ def start(device: str = "auto") -> tuple[int, int, torch.device]:
         raise InputError("RANK / WORLD_SIZE / LOCAL_RANK must be integers (torchrun sets them)") from None
     if world < 2:
         raise InputError("--fsdp shards the DiT across processes: run under torchrun --nproc-per-node N (N >= 2)")
-    device = resolve_device(device)
     if device.type == "cuda":
         device = torch.device("cuda", local)
     if device.type == "cuda":
