@@ -165,13 +165,15 @@ def generate(trajectory, preset, checkpoint, prompt, prompt_switch, poses, intri
 
         shard.check(cfg)
         shard.start(resolve_device(cfg.device))
+        clean = False
         try:
             if shard.rank():
                 follow_generation(cfg)  # process 0 writes and reports the run
             else:
                 report(run_generate(cfg))
+            clean = True
         finally:
-            shard.finish()
+            shard.finish(clean)
 
     def report(summary):
         t = summary["totals"]

@@ -107,13 +107,18 @@ def lockstep(step):
     return stepped
 
 
-def finish() -> None:
-    """Process 0, after its last chunk (or on the way out): the others stop following; the group ends."""
+def finish(clean: bool = True) -> None:
+    """On the way out of a sharded run: process 0 tells the others that no chunk follows; every process
+    then waits for the others (``clean``: a process other than 0 that failed does not wait, it exits and
+    torchrun ends the rest) and leaves the group."""
     import torch.distributed as dist
 
     if _STATE and dist.is_initialized():
         if _STATE["rank"] == 0:
             _say(False)
+        if clean or _STATE["rank"] == 0:
+            dist.barrier()  # every process past the last broadcast before the group goes (gloo aborted a
+            # process that tore its group down while another's last receive was in flight: 1 run in 7 here)
         dist.destroy_process_group()
     _STATE.clear()
 
