@@ -160,43 +160,31 @@ def bench_memory(preset, cache, budget, chunks, offload, weights_dtype, dtype, d
     """
     import json
 
-    import torch
-
     from ..config import default_cache, load_preset, memory_config
-    from ..jobs.bench_memory import device_memory_gb, memory_markdown, memory_plans
+    from ..engine.base import DTYPES
+    from ..errors import InputError
+    from ..jobs.bench_memory import device_memory_gb, fits, memory_markdown, memory_plans
+    from ..jobs.inputs import check_writers
 
     def job():
+        if len(cache or []) > 1:
+            raise InputError(f"--cache {','.join(cache)}: bench memory plans one writer")
         resolved = load_preset(preset)
         options = default_cache(resolved) if cache is None else {"cache": cache[0]}
-        if len(cache or []) > 1:
-            from ..errors import InputError
-
-            raise InputError(f"--cache {','.join(cache)}: bench memory plans one writer")
         if budget is not None:
             options = {**options, "budget": budget}
         memory = memory_config(preset=resolved, **options)
-        from ..jobs.inputs import check_writers
-
         check_writers([memory], resolved)
-        name = None
-        gb = device_gb
-        if gb is None:
-            here = device_memory_gb("auto")
-            if here is not None:
-                gb, name = here
-        elif device_gb:
-            name = f"--device-gb {device_gb:g}"
+        if device_gb is None:
+            gb, name = device_memory_gb("auto") or (None, None)  # this machine's GPU, if any
+        else:
+            gb, name = device_gb, f"--device-gb {device_gb:g}"
         if offload == "auto" and gb is None:
-            from ..errors import InputError
-
             raise InputError("--offload auto: needs --device-gb (this machine has no GPU to plan for)")
-        dt = {"bf16": torch.bfloat16, "fp32": torch.float32}[dtype or ("fp32" if resolved.weights == "random"
-                                                                         else "bf16")]
+        dt = DTYPES[dtype or ("fp32" if resolved.weights == "random" else "bf16")]
         plans = memory_plans(resolved, memory, offload, weights_dtype, dt, chunks,
                              False if random_weights else None, gb)
         if as_json:
-            from ..jobs.bench_memory import fits
-
             click.echo(json.dumps({"device": name, "device_gb": gb, "plans": [
                 {**p.to_dict(), "fits": None if gb is None else fits(p, gb)} for p in plans]}, indent=1))
         else:

@@ -33,6 +33,9 @@ def resolve_device(name: str) -> torch.device:
     return torch.device(name)
 
 
+DTYPES = {"bf16": torch.bfloat16, "fp32": torch.float32}  # --dtype's names
+
+
 def resolve_dtype(name: str, device: torch.device) -> torch.dtype:
     """``auto`` -> bf16 on cuda, fp32 on cpu; ``bf16`` / ``fp32`` as named.
 
@@ -41,9 +44,9 @@ def resolve_dtype(name: str, device: torch.device) -> torch.dtype:
     """
     if name == "auto":
         return torch.bfloat16 if device.type == "cuda" else torch.float32
-    if name not in ("bf16", "fp32"):
+    if name not in DTYPES:
         raise InputError(f"--dtype: must be auto, bf16 or fp32, got {name!r}")
-    return {"bf16": torch.bfloat16, "fp32": torch.float32}[name]
+    return DTYPES[name]
 
 
 def versions() -> dict:
@@ -160,19 +163,18 @@ class PipelineBase:
 
         Raises:
             InputError: ``fp8`` weights or block offloading with ``--compile`` (not measured together yet)."""
+        from ..model.layout import check_weight_hooks
         from ..model.speed import offload_blocks, store_weights
-
-        for flag, value, default in (("--weights-dtype", cfg.weights_dtype, "auto"), ("--offload", cfg.offload, "text")):
-            if value != default and cfg.compile != "none":
-                raise InputError(f"{flag} {value} with --compile {cfg.compile}: the hooks are not measured under "
-                                 f"torch.compile yet; run one of them")
         from . import shard
+
+        check_weight_hooks(cfg.weights_dtype, cfg.offload, cfg.compile)
 
         device, dtype = cfg.device, cfg.dtype
         hosted = cfg.offload == "blocks" or shard.active()
         if hosted:  # load on the host in the device's dtype, then move all but the DiT
             target = shard.device() if shard.active() else resolve_device(cfg.device)
-            device, dtype = "cpu", {torch.bfloat16: "bf16", torch.float32: "fp32"}[resolve_dtype(cfg.dtype, target)]
+            dtype = next(name for name, dt in DTYPES.items() if dt == resolve_dtype(cfg.dtype, target))
+            device = "cpu"
         pipe = cls.from_preset(cfg.preset, cfg.checkpoint, cfg.random_weights, cfg.weights_seed, device,
                                dtype, cfg.rope_precision, cfg.compile, cfg.hash_checkpoint, ModelKey.of(cfg))
         stored = store_weights(pipe.world.dit, cfg.weights_dtype, pipe.dtype)
@@ -241,4 +243,4 @@ class PipelineBase:
         return build_writer(memory, self.default_budget, self.window)
 
 
-__all__ = ["ModelKey", "PipelineBase", "check_speed", "resolve_device", "resolve_dtype", "versions"]
+__all__ = ["DTYPES", "ModelKey", "PipelineBase", "check_speed", "resolve_device", "resolve_dtype", "versions"]

@@ -29,7 +29,6 @@ under the fake mode; its device cache is then planned as a window of the same sl
 
 from __future__ import annotations
 
-import math
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 
@@ -38,7 +37,7 @@ import torch
 from .plan_chunk import chunk_phases, module_bytes, peak_tracker, tracked_peak
 
 PHASES = ("load", "text", "denoise", "context", "decode")
-OFFLOADS = ("none", "text", "blocks")  # what --offload may name besides auto (jobs/inputs.py)
+OFFLOADS = ("none", "text", "blocks")  # bench memory's --offload besides auto (generate's: text, blocks)
 PREFETCHED_BLOCKS = 2  # blocks on the GPU with block offloading: the running one and the one prefetched
 GB = 1e9
 # umT5-XXL, the text encoder of LingBot-World / Self-Forcing / LongLive checkpoints (lingbot spec §12)
@@ -175,7 +174,7 @@ def plan_memory(preset, memory, offload: str = "text", weights_dtype: str = "aut
             preset (checkpoint presets: XXL).
     Raises:
         ValueError: an unknown offload or weights dtype, chunks < 1.
-    Takes seconds on a CPU for the tiny presets, about half a minute for the 14B LingBot DiT.
+    Takes seconds on a CPU for the tiny presets, about 10 s for the 14B LingBot DiT.
     """
     from torch._subclasses.fake_tensor import FakeTensorMode
 

@@ -10,6 +10,8 @@ import torch
 from torch._subclasses.fake_tensor import DataDependentOutputException, DynamicOutputShapeException
 from torch._subclasses.fake_tensor import unset_fake_temporarily as unset_fake
 
+from .rollout import CacheRead, WriterPast
+
 
 def module_bytes(module) -> int:
     """Bytes of a module's parameters and buffers as they are stored."""
@@ -63,30 +65,22 @@ def _conditioned(pipe, preset, text_rows: int = 512):
     return Conditioned(latents, torch.empty(1, 257, pipe.world.clip.hidden_size))  # float32, as build_conditioning
 
 
-class PlanPast:
+class PlanPast(WriterPast):
     """The rollouts' :class:`~worldtrace_cli.engine.rollout.WriterPast` (each layer read from the writer
     when the DiT reaches it) with real positions of the same count: the DiT reads positions as Python
     numbers (one angle table per chunk). A compressed writer's per-slot token counts are values too
     (WorldKV): its slots are planned whole."""
 
-    def __init__(self, writer, num_layers: int):
-        self.writer, self.num_layers = writer, num_layers
-        self._tokens = len(writer.slots()) * writer.geometry.tokens_per_frame
-
-    def __len__(self) -> int:
-        return self.num_layers
+    def __init__(self, writer, num_layers: int, slots: int):
+        self.writer, self.num_layers, self.slots = writer, num_layers, slots
+        self.counts = [None] * num_layers
 
     def __getitem__(self, layer: int):
         from dataclasses import replace
 
-        from ..model.chunk import LayerPast
-
-        p = LayerPast(*self.writer.read(layer))
+        p = super().__getitem__(layer)
         with unset_fake():
             return replace(p, positions=torch.arange(-len(p.positions), 0, dtype=torch.float64))
-
-    def tokens(self, layer: int) -> int:
-        return self._tokens
 
 
 def _fill(rollout, writer, chunks: int, tracker) -> None:
@@ -119,7 +113,6 @@ def chunk_phases(plan, preset, memory, networks: tuple, offset: int, dtype, chun
     from ..model.lingbot.inputs import LingbotInputs
     from ..trajectory import MODES, frames_for_chunks
     from .pipeline import pipeline_class
-    from .rollout import CacheRead
 
     dit, vae, clip = networks
     pipe = pipeline_class(preset)(preset, WorldModel(dit, vae, clip, []), torch.device("cpu"), dtype, "float32", "none")
@@ -165,7 +158,7 @@ def chunk_phases(plan, preset, memory, networks: tuple, offset: int, dtype, chun
     with tracker:
         with unset_fake():
             positions = torch.arange(-plan.slots, 0, dtype=torch.float64)
-        read = CacheRead(slots, positions, None, 0, PlanPast(writer, rollout.geometry.num_layers),
+        read = CacheRead(slots, positions, None, 0, PlanPast(writer, rollout.geometry.num_layers, plan.slots),
                          writer.temporal_frequency_scale())
         inputs, cond = rollout.chunk_inputs(read, start, f)
         x = torch.empty(1, rollout.latent_channels, f, lh, lw)

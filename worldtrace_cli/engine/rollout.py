@@ -269,14 +269,12 @@ class WriterPast:
     Args:
         writer: the :class:`~worldtrace_cli.memory.CacheWriter` after ``begin_chunk``.
         num_layers: self-attention layers of the DiT.
+        slots: the writer's slot count this chunk.
     """
 
-    def __init__(self, writer: CacheWriter, num_layers: int):
-        self.writer, self.num_layers = writer, num_layers
-        t = writer.geometry.tokens_per_frame
-        self._counts = [writer.token_counts(layer) for layer in range(num_layers)]
-        slots = len(writer.slots())
-        self._tokens = [slots * t if c is None else int(c.sum()) for c in self._counts]
+    def __init__(self, writer: CacheWriter, num_layers: int, slots: int):
+        self.writer, self.num_layers, self.slots = writer, num_layers, slots
+        self.counts = [writer.token_counts(layer) for layer in range(num_layers)]  # int64 [S] on the CPU, or None
 
     def __len__(self) -> int:
         return self.num_layers
@@ -284,18 +282,12 @@ class WriterPast:
     def __getitem__(self, layer: int) -> LayerPast:
         if not 0 <= layer < self.num_layers:
             raise IndexError(f"layer {layer} of {self.num_layers}")
-        return LayerPast(*self.writer.read(layer), self._counts[layer])
-
-    def __iter__(self):
-        return (self[layer] for layer in range(self.num_layers))
+        return LayerPast(*self.writer.read(layer), self.counts[layer])
 
     def tokens(self, layer: int) -> int:
         """Past tokens of ``layer`` (the sum of its slots' token counts)."""
-        return self._tokens[layer]
-
-    def counts(self, layer: int) -> torch.Tensor | None:
-        """:meth:`~worldtrace_cli.memory.CacheWriter.token_counts` of ``layer``, read at construction."""
-        return self._counts[layer]
+        c = self.counts[layer]
+        return self.slots * self.writer.geometry.tokens_per_frame if c is None else int(c.sum())
 
 
 def begin_chunk(writer: CacheWriter, frame_start: int, num_layers: int) -> CacheRead:
@@ -305,11 +297,10 @@ def begin_chunk(writer: CacheWriter, frame_start: int, num_layers: int) -> Cache
     writer.begin_chunk(frame_start)
     slots, positions = writer.slots(), writer.positions()
     kv_bytes = writer.kv_bytes()
-    past = WriterPast(writer, num_layers)
+    past = WriterPast(writer, num_layers, len(slots))
     t = writer.geometry.tokens_per_frame
     tokens = torch.stack([torch.full((len(slots),), t, dtype=torch.int64) if c is None else c.to(torch.int64)
-                          for c in map(past.counts, range(num_layers))]) if num_layers else \
-        torch.zeros(0, len(slots), dtype=torch.int64)
+                          for c in past.counts]) if num_layers else torch.zeros(0, len(slots), dtype=torch.int64)
     return CacheRead(slots, positions, tokens, kv_bytes, past, writer.temporal_frequency_scale())
 
 

@@ -18,7 +18,8 @@ log = logging.getLogger("worldtrace")
 # plan * HEADROOM + RESERVE_GB is within the device's memory
 HEADROOM = 1.05
 RESERVE_GB = 1.0
-# what --offload auto tries, cheapest first: (offload, weights dtype); each later one trades speed for memory
+# bench memory --offload auto's candidates and the options a refusal names, cheapest first: (offload, weights
+# dtype); each later one trades speed for memory (generate's own --offload auto tries text, then blocks)
 CANDIDATES = (("text", "auto"), ("text", "fp8"), ("blocks", "auto"), ("blocks", "fp8"))
 SKIP_ENV = "WORLDTRACE_NO_MEMORY_CHECK"  # set to 1: generate runs without checking its plan
 
@@ -46,10 +47,7 @@ def memory_plans(preset, memory, offload: str, weights_dtype: str, dtype, chunks
                  device_gb: float | None) -> list:
     """The plans ``bench memory`` prints: the one asked for, or with ``offload`` ``auto`` the
     :data:`CANDIDATES` in order up to the first that fits ``device_gb`` (all of them without one)
-    (``weights_dtype`` fp8 skips the candidates in the run's dtype).
-
-    Raises:
-        InputError: ``auto`` without a device size (no ``--device-gb`` and no GPU here)."""
+    (``weights_dtype`` fp8 skips the candidates in the run's dtype)."""
     from ..engine.memory_plan import plan_memory
 
     if offload != "auto":

@@ -95,8 +95,8 @@ def run_generation(cfg, resume: bool = False, pipeline=None) -> dict:
     with stage(f"reading the inputs (importing torch, {start})", level):
         inputs = prepare_inputs(cfg, traj)
     if cfg.offload == "auto" and pipeline is not None and pipeline.key is not None:  # a shared model's own choice
-        cfg = replace(cfg, offload=pipeline.key.offload) if pipeline.serves(replace(cfg, offload=pipeline.key.offload)) \
-            else cfg
+        shared = replace(cfg, offload=pipeline.key.offload)
+        cfg = shared if pipeline.serves(shared) else cfg
     if pipeline is None or not pipeline.serves(cfg):  # a CUDA run that cannot fit is refused before it loads
         from .bench_memory import fit_run
 
@@ -130,15 +130,11 @@ class _Generation:
         self.pipeline, self.writer = pipeline, pipeline.build_writer(cfg.memory)
         t0 = time.perf_counter()
         with stage(f"conditioning on {inputs.image_label}", logging.INFO if self.loaded_here else logging.DEBUG):
-            # LingBot: a prompt and camera poses besides the image; text-to-video: the chunks' prompts, no image
-            extra = ((inputs.lingbot,) if preset.is_lingbot else (inputs.prompts, cfg.prompt_switch) if preset.is_text
-                     else ())
-            conditioned = pipeline.condition(inputs.image, plan.num_chunks, *extra)
+            conditioned = condition_run(pipeline, cfg, inputs)
         self.cond_s = time.perf_counter() - t0
         if pipeline.device.type == "cuda":
             torch.cuda.reset_peak_memory_stats(pipeline.device)
-        self.rollout = pipeline.rollout(self.writer, conditioned, plan.keyboard[None],
-                                        None if plan.mouse is None else plan.mouse[None], inputs.seed)
+        self.rollout = start_rollout(pipeline, self.writer, conditioned, inputs)
         from ..engine import shard
 
         if shard.active():  # --fsdp: the other processes make each chunk with this one (engine/shard.py)
@@ -250,6 +246,21 @@ class _Generation:
         return result
 
 
+def condition_run(pipeline, cfg, inputs: RunInputs):
+    """The run's conditioning: the start image, and for LingBot its prompt and camera inputs; for a
+    text-to-video preset the chunks' prompts and ``--prompt-switch``, no image."""
+    preset = cfg.preset
+    extra = ((inputs.lingbot,) if preset.is_lingbot else (inputs.prompts, cfg.prompt_switch) if preset.is_text else ())
+    return pipeline.condition(inputs.image, inputs.plan.num_chunks, *extra)
+
+
+def start_rollout(pipeline, writer, conditioned, inputs: RunInputs):
+    """A fresh rollout of the run's actions and seed through ``writer``."""
+    plan = inputs.plan
+    return pipeline.rollout(writer, conditioned, plan.keyboard[None], None if plan.mouse is None else plan.mouse[None],
+                            inputs.seed)
+
+
 def follow_generation(cfg) -> int:
     """A ``generate --fsdp`` process other than 0 (:mod:`~worldtrace_cli.engine.shard`): the same inputs,
     model shard, writer, conditioning and rollout as process 0, then each chunk it makes; nothing
@@ -257,14 +268,10 @@ def follow_generation(cfg) -> int:
     from ..engine import shard
     from ..engine.pipeline import Pipeline
 
-    inputs = prepare_inputs(replace(cfg, offload="text"))
-    plan = inputs.plan
-    pipeline = Pipeline.from_config(replace(cfg, offload="text"))
-    extra = ((inputs.lingbot,) if cfg.preset.is_lingbot else (inputs.prompts, cfg.prompt_switch) if cfg.preset.is_text
-             else ())
-    conditioned = pipeline.condition(inputs.image, plan.num_chunks, *extra)
-    rollout = pipeline.rollout(pipeline.build_writer(cfg.memory), conditioned, plan.keyboard[None],
-                               None if plan.mouse is None else plan.mouse[None], inputs.seed)
+    cfg = replace(cfg, offload="text")  # process 0's choice under --fsdp (bench_memory.fit_run)
+    inputs = prepare_inputs(cfg)
+    pipeline = Pipeline.from_config(cfg)
+    rollout = start_rollout(pipeline, pipeline.build_writer(cfg.memory), condition_run(pipeline, cfg, inputs), inputs)
     return shard.follow(rollout)
 
 

@@ -132,10 +132,9 @@ def check_inputs(cfg, traj=None):
                              ("--seed", cfg.seed, 0), ("--chunks", cfg.chunks, 1)):
         if value is not None and value < low:
             raise InputError(f"{name}: must be >= {low}, got {value}")
-    for flag, value, default in (("--weights-dtype", cfg.weights_dtype, "auto"), ("--offload", cfg.offload, "text")):
-        if value not in (default, "auto") and cfg.compile != "none":  # as PipelineBase.from_config, before anything runs
-            raise InputError(f"{flag} {value} with --compile {cfg.compile}: the hooks are not measured under "
-                             f"torch.compile yet; run one of them")
+    from ..model.layout import check_weight_hooks
+
+    check_weight_hooks(cfg.weights_dtype, cfg.offload, cfg.compile)  # as the loader does, before anything runs
     traj = load_trajectory(cfg.trajectory) if traj is None else traj
     if traj.mode != cfg.preset.mode:
         hint = ("; prompt segments run on a text-to-video preset (self-forcing-tiny, longlive-tiny, self-forcing)"

@@ -38,10 +38,9 @@ from safetensors.torch import load_file, save_file
 from ..errors import InputError, OutputError
 from .base import CacheGeometry, Slot, register
 from .pinned import PinnedArena
-
-RESERVE_FRACTION = 0.5  # of the host memory free at reset that a run's page-locked store may take ahead
 from .window import FrameKV, RecentWindowWriter, SummaryMemory
 
+RESERVE_FRACTION = 0.5  # of the host memory free at reset that a run's page-locked store may take ahead
 REFRESH_EVERY = 64  # incremental updates of a slot before it is recomputed exactly (drift bound)
 
 

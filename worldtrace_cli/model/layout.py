@@ -132,3 +132,19 @@ def check_model_size(preset, device: str = "auto", dtype: str = "auto") -> None:
         raise InputError(f"preset {preset.name}: dit: dim {preset.dit.dim}, ffn_dim {preset.dit.ffn_dim}, "
                          f"{preset.dit.num_layers} layers: at least {params:.3g} parameters, {need / 1e9:.3g} GB in "
                          f"{'bf16' if per_param == 2 else 'float32'}, more than {where}")
+
+
+def check_weight_hooks(weights_dtype: str, offload: str, compile_mode: str) -> None:
+    """Refuse fp8 weight storage or block offloading (diffusers' hooks, issue 45) with ``--compile``:
+    not measured together yet. ``auto`` values are not refused (``--offload auto`` never chooses blocks
+    with ``--compile``). Called by the input checks before torch loads and by the loader
+    (``PipelineBase.from_config``).
+
+    Raises:
+        InputError: one line naming both flags.
+    """
+    for flag, value, default in (("--weights-dtype", weights_dtype, "auto"), ("--offload", offload, "text")):
+        if value not in (default, "auto") and compile_mode != "none":
+            raise InputError(f"{flag} {value} with --compile {compile_mode}: the hooks are not measured under "
+                             f"torch.compile yet; run one of them")
+

@@ -250,14 +250,14 @@ def action_rope_tables(positions, device=None, theta: float = ACTION_ROPE_THETA
     1/16, 1/64). Memoised per window and device (a handful of distinct windows per rollout, reused by
     every call); tables made under a fake-tensor mode (the memory plan, engine/memory_plan.py) are not
     kept, so a later real run never meets them."""
-    from torch._subclasses.fake_tensor import is_fake
-
     values = tuple(positions.tolist() if isinstance(positions, torch.Tensor) else (float(p) for p in positions))
     key = (values, str(device), theta)
     if key not in _ACTION_ANGLES:
         omega = theta ** (-torch.arange(0, ACTION_ROPE_CHANNELS, 2, dtype=torch.float32, device="cpu")
                           / ACTION_ROPE_CHANNELS)
         ang = torch.outer(torch.tensor(values, dtype=torch.float32), omega).to(device)
+        from torch._subclasses.fake_tensor import is_fake
+
         if is_fake(ang):
             return ang.cos(), ang.sin()
         if len(_ACTION_ANGLES) > 64:

@@ -127,9 +127,6 @@ def store_weights(model, weights_dtype: str, compute_dtype: torch.dtype) -> int:
     return sum(p.numel() for p in model.parameters() if p.dtype == torch.float8_e4m3fn)
 
 
-OFFLOADS = ("text", "blocks")  # text: umT5 on the GPU only to encode (the loaders); blocks: also the DiT's blocks
-
-
 def offload_blocks(model, device) -> int:
     """Keep the DiT's blocks in host memory and bring each to ``device`` for its own forward, the next
     one prefetched on a side CUDA stream while the current one runs: diffusers' group offloading at
@@ -153,5 +150,5 @@ def offload_blocks(model, device) -> int:
     return len(model.blocks)
 
 
-__all__ = ["COMPILE_MODES", "OFFLOADS", "ROPE_PRECISIONS", "WEIGHTS_DTYPES", "compile_blocks", "configure_speed",
+__all__ = ["COMPILE_MODES", "ROPE_PRECISIONS", "WEIGHTS_DTYPES", "compile_blocks", "configure_speed",
            "offload_blocks", "store_weights"]
