@@ -110,27 +110,39 @@ def lockstep(step):
 def finish(clean: bool = True) -> None:
     """On the way out of a sharded run: process 0 tells the others that no chunk follows; every process
     then waits for the others (``clean``: a process other than 0 that failed does not wait, it exits and
-    torchrun ends the rest) and leaves the group."""
+    torchrun ends the rest) and leaves the group. A peer already gone (killed) is logged, not raised:
+    the run's own outcome (complete, stopped with its resume state, failed) is what is reported."""
     import torch.distributed as dist
 
     if _STATE and dist.is_initialized():
-        if _STATE["rank"] == 0:
-            _say(False)
-        if clean or _STATE["rank"] == 0:
-            dist.barrier()  # every process past the last broadcast before the group goes (gloo aborted a
-            # process that tore its group down while another's last receive was in flight: 1 run in 7 here)
+        try:
+            if _STATE["rank"] == 0:
+                _say(False)
+            if clean or _STATE["rank"] == 0:
+                dist.barrier()  # every process past the last broadcast before the group goes (gloo aborted a
+                # process that tore its group down while another's last receive was in flight: 1 run in 7 here)
+        except RuntimeError as exc:  # gloo / nccl: the other process is gone
+            log.debug(f"--fsdp: leaving the process group without the others ({str(exc).splitlines()[0]})")
         dist.destroy_process_group()
     _STATE.clear()
 
 
 def follow(rollout) -> int:
     """A process other than 0: make each chunk process 0 makes (the DiT's collectives pair up), until
-    it says none follows. Returns the chunks made."""
-    made = 0
-    while _say(False):
-        rollout.step()
-        made += 1
-    return made
+    it says none follows. Ctrl-C and SIGTERM (torchrun sends them to every process) are left to process
+    0, which stops after its current chunk, saves the run and then says so. Returns the chunks made."""
+    import signal
+
+    saved = {sig: signal.signal(sig, signal.SIG_IGN) for sig in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        made = 0
+        while _say(False):
+            rollout.step()
+            made += 1
+        return made
+    finally:
+        for sig, handler in saved.items():
+            signal.signal(sig, handler)
 
 
 def check(cfg) -> None:
