@@ -1,6 +1,7 @@
-"""generate --fsdp (issue 45 part 4): the DiT's weights sharded with FSDP2 across torchrun's processes.
-Proven on this CPU with the gloo backend: two processes make the single process's frames, bit for bit,
-for MG2 tiny and lingbot-tiny with sliding, field and landmark."""
+"""generate --fsdp and --split-heads (issue 45 part 4): the DiT across torchrun's processes, its weights sharded
+with FSDP2 or its heads split (tensor parallel). Proven on this CPU with the gloo backend, for MG2 tiny and
+lingbot-tiny with sliding, field and landmark: with --fsdp two processes make the single process's frames bit
+for bit; with --split-heads its latents within 1e-5 (sums in another order), the same slots and choices."""
 
 import json
 import os
@@ -69,3 +70,114 @@ def test_ctrl_c_stops_both_processes_after_a_saved_chunk(tmp_path):
     assert "worldtrace: stopped: interrupted after chunk" in err
     assert "Connection closed by peer" not in err and "[rank0]: Traceback" not in err, err[-3000:]
     assert (out / "resume").exists() and summary["totals"]["chunks"] == records.read_text().count("\n")
+
+
+# --split-heads (tensor parallel): each process computes its heads and holds their slice of the cache
+
+def split_run(tmp_path, preset, cache, processes):
+    out = tmp_path / f"{preset}-{cache}-{processes}.pt"
+    script = [os.path.join(os.path.dirname(__file__), "split_heads_run.py"), preset, cache, str(out)]
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    cmd = ([sys.executable, *script] if processes == 1 else
+           [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(processes), *script, "--split"])
+    run = subprocess.run(cmd, capture_output=True, text=True, timeout=300, env=env)
+    assert run.returncode == 0, run.stderr[-3000:]
+    import torch
+
+    return torch.load(out)
+
+
+def without_bytes(slots):
+    return [[{k: v for k, v in slot.items() if k != "bytes"} for slot in chunk] for chunk in slots]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("preset", ["tiny", "lingbot-tiny"])
+@pytest.mark.parametrize("cache", ["sliding", "field", "landmark"])
+def test_split_heads_makes_the_single_process_latents(preset, cache, tmp_path):
+    """Two processes, each with half the heads (and half of every cache slot), make one process's
+    latents within float rounding (the sums run in another order), and the writer keeps the same slots
+    and makes the same choices (landmark's scene-entry distances, summed over both halves)."""
+    one, two = split_run(tmp_path, preset, cache, 1), split_run(tmp_path, preset, cache, 2)
+    assert (one["latents"] - two["latents"]).abs().max() < 1e-5
+    assert one["latents"].abs().max() > 1  # not a pair of empty runs
+    assert two["heads"] * 2 == one["heads"]
+    assert without_bytes(two["slots"]) == without_bytes(one["slots"])
+    held = [(a["bytes"], b["bytes"]) for ca, cb in zip(one["slots"], two["slots"]) for a, b in zip(ca, cb)]
+    assert held and all(a == 2 * b for a, b in held)  # each process holds its heads' half of each slot
+    assert two["events"] == one["events"]
+
+
+@pytest.mark.slow
+def test_generate_split_heads_writes_the_run_from_process_0(tmp_path):
+    out = tmp_path / "two"
+    run = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "-m",
+                          "worldtrace_cli", "generate", "--preset", "tiny", "trajectories/aba.yaml", "--image", IMAGE, "--chunks", "3",
+                          "--metrics", "none", "--no-progress", "--cache", "landmark", "--split-heads", "-o", str(out)],
+                         capture_output=True, text=True, timeout=300, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    assert run.returncode == 0, run.stderr[-3000:]
+    assert run.stdout.strip().splitlines() == [str(out)]
+    assert "--split-heads: this process holds" in run.stderr and "its 1 of 2 heads" in run.stderr
+    assert len(shas(out)) == 3 and (out / "video.mp4").stat().st_size > 0
+
+
+def test_split_heads_is_refused_where_it_cannot_run(tmp_path, monkeypatch):
+    monkeypatch.delenv("WORLD_SIZE", raising=False)
+    base = ["generate", "--preset", "tiny", "trajectories/aba.yaml", "--image", IMAGE, "--split-heads"]
+    assert "torchrun" in one_line_error(invoke(*base, "-o", tmp_path / "a"))
+    assert "choose one" in one_line_error(invoke(*base, "--fsdp", "-o", tmp_path / "b"))
+    assert "--split-heads" in one_line_error(invoke(*base, "--offload", "blocks", "-o", tmp_path / "c"))
+    resumed = invoke("generate", "--resume", tmp_path / "a", "--split-heads")
+    assert "--split-heads with --resume" in one_line_error(resumed)
+
+
+def test_split_heads_refuses_a_process_count_that_does_not_divide_the_heads(dit, monkeypatch):
+    import torch
+
+    from worldtrace_cli.engine import shard
+    from worldtrace_cli.errors import InputError
+
+    monkeypatch.setattr(shard, "_STATE", {"world": 3, "rank": 0, "mode": "heads"})
+    with pytest.raises(InputError, match=f"heads \\({dit.cfg.num_heads}\\) do not divide by 3"):
+        shard.split_heads(dit, torch.device("cpu"))  # refused before the DiT is touched
+    assert all(block.self_attn.heads == dit.cfg.num_heads for block in dit.blocks)
+
+
+HEAD_SUMS = '''
+import sys, torch, torch.distributed as dist
+from worldtrace_cli.memory.bank import keep_indices
+from worldtrace_cli.memory.landmark import descriptor_distance, frame_descriptor
+from worldtrace_cli.memory.slots import CacheGeometry
+dist.init_process_group("gloo")
+rank = dist.get_rank()
+gen = torch.Generator().manual_seed(0)
+k = torch.randn(3 * 6, 4, 8, generator=gen)  # a chunk of 3 frames x 6 tokens, 4 heads of 8 channels
+a, b = ([(torch.randn(1, 6, 4, 8, generator=gen), None)] * 2 for _ in range(2))  # two frames, 2 layers
+mine = slice(2 * rank, 2 * rank + 2)  # this process's 2 of the 4 heads
+geometry = CacheGeometry(2, 2, 8, 6, head_group=dist.group.WORLD)
+half = lambda frame: [(x[:, :, mine], v) for x, v in frame]
+result = {"keep": keep_indices(k, 3, 6, 0.5).tolist(),
+          "keep_split": keep_indices(k[:, mine], 3, 6, 0.5, geometry).tolist(),
+          "distance": descriptor_distance(frame_descriptor(a, 4), frame_descriptor(b, 4)),
+          "distance_split": descriptor_distance(frame_descriptor(half(a), 4, geometry),
+                                                frame_descriptor(half(b), 4, geometry), geometry)}
+torch.save(result, sys.argv[1] + f".{rank}")
+dist.destroy_process_group()
+'''
+
+
+def test_writers_choose_over_every_head_when_the_heads_are_split(tmp_path):
+    """WorldKV's kept tokens (cosine over all heads) and landmark's descriptor distance, computed by two
+    processes holding 2 of 4 heads each, are the whole-head results on both processes."""
+    import torch
+
+    script = tmp_path / "head_sums.py"
+    script.write_text(HEAD_SUMS)
+    run = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", str(script),
+                          str(tmp_path / "out")], capture_output=True, text=True, timeout=120,
+                         env={**os.environ, "OMP_NUM_THREADS": "1"})
+    assert run.returncode == 0, run.stderr[-3000:]
+    for rank in (0, 1):
+        r = torch.load(tmp_path / f"out.{rank}")
+        assert r["keep_split"] == r["keep"] and len(r["keep"]) == 6 + 2 * 3
+        assert abs(r["distance_split"] - r["distance"]) < 1e-6 and r["distance"] > 0.1

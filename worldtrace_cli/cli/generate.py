@@ -80,13 +80,19 @@ from .options import (CHUNKS, SEED, NonEmptyPath, cache_help, device_options, me
               help="Under torchrun --nproc-per-node N: the DiT's weights sharded across the N processes with FSDP2 "
                    "(1/N of them each; one GPU per process, gloo on a CPU); process 0 writes the run. Not with "
                    "--resume, --compile, fp8 weights or block offloading.")
+@click.option("--split-heads", is_flag=True,
+              help="Under torchrun --nproc-per-node N: tensor parallel, each process computing H/N of the attention "
+                   "heads and 1/N of the FFN, and holding its heads' slice of every cache slot (frames within float "
+                   "rounding of one process's; faster per chunk on N GPUs, and ~1/N of the weights each). N must "
+                   "divide the heads. Not with --fsdp, --resume, --compile, fp8 weights or block offloading.")
 @click.option("--resume", "resume_dir", type=click.Path(path_type=Path), default=None, metavar="RUN_DIR",
               help="Continue an interrupted run from its last saved state (other options come from the run, "
                    "except --overlap-decode and --no-progress).")
 @click.option("--no-progress/--progress", "no_progress", default=False, help="No progress bar (default: --progress, on stderr).")
 def generate(trajectory, preset, checkpoint, prompt, prompt_switch, poses, intrinsics, random_weights, image, world_seed, chunks, seed,
              output, overwrite, cache, device, dtype, metrics, hash_checkpoint, save_every, rope_precision,
-             compile_mode, overlap_decode, weights_dtype, offload, fsdp, resume_dir, no_progress, **memory):
+             compile_mode, overlap_decode, weights_dtype, offload, fsdp, split_heads, resume_dir, no_progress,
+             **memory):
     """Generate a video from TRAJECTORY (a YAML file of actions, or of prompt segments for the
     text-to-video presets; see trajectories/README.md).
 
@@ -109,8 +115,9 @@ def generate(trajectory, preset, checkpoint, prompt, prompt_switch, poses, intri
 
     def build_and_run():
         if resume_dir is not None:
-            if fsdp:
-                raise InputError("--fsdp with --resume: not supported yet; resume without --fsdp")
+            if fsdp or split_heads:
+                flag = "--fsdp" if fsdp else "--split-heads"
+                raise InputError(f"{flag} with --resume: not supported yet; resume without {flag}")
             from dataclasses import replace
 
             flags = {p.name: max(p.opts, key=len) for p in ctx.command.params}
@@ -156,15 +163,19 @@ def generate(trajectory, preset, checkpoint, prompt, prompt_switch, poses, intri
                         **speed_config(rope_precision, compile_mode, overlap_decode))
         from ..jobs.generate import run_generation as run_generate  # checks the inputs before torch loads
 
-        if not fsdp:
+        if not (fsdp or split_heads):
             report(run_generate(cfg))
             return
+        if fsdp and split_heads:
+            raise InputError("--fsdp and --split-heads: choose one (--split-heads also splits the attention and FFN "
+                             "weights across the processes)")
         from ..engine import shard  # torch: the process group (engine/shard.py)
         from ..engine.base import resolve_device
         from ..jobs.generate import follow_generation
 
-        shard.check(cfg)
-        shard.start(resolve_device(cfg.device))
+        mode = "fsdp" if fsdp else "heads"
+        shard.check(cfg, mode)
+        shard.start(resolve_device(cfg.device), mode)
         clean = False
         try:
             if shard.rank():

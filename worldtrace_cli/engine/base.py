@@ -188,8 +188,7 @@ class PipelineBase:
                 pipe.world.text.keep_on_host(target)
             pipe.device = target
         if shard.active():
-            held = shard.shard_dit(pipe.world.dit, target)
-            log.info(f"--fsdp: this process holds {held / 1e6:.1f} M of the DiT's parameters (FSDP2)")
+            log.info(shard.place_dit(pipe.world.dit, target))
         elif cfg.offload == "blocks":
             blocks = offload_blocks(pipe.world.dit, target)
             log.info(f"--offload blocks: {blocks} DiT blocks in host memory, each on {target} for its own forward")

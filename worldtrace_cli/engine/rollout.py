@@ -26,6 +26,7 @@ from ..errors import RunError
 from ..memory import CacheGeometry, CacheWriter
 from ..model.dit import ChunkInputs, LayerPast
 from ..model.sampler import FlowMatchSchedule, chunk_generator, flow_to_x0, next_x
+from . import shard
 from .record import chunk_record
 
 log = logging.getLogger("worldtrace")
@@ -85,8 +86,10 @@ class ChunkRollout:
         self.num_steps = num_steps
         cfg = dit.cfg
         self.latent_channels = cfg.out_dim
-        self.geometry = CacheGeometry(cfg.num_layers, cfg.num_heads, cfg.head_dim, dit.tokens_per_frame(latent_hw),
-                                      frames_per_chunk, trained_offset, device, dtype)
+        ranks, group = shard.head_split()  # --split-heads: this process's heads only (engine/shard.py)
+        self.geometry = CacheGeometry(cfg.num_layers, cfg.num_heads // ranks, cfg.head_dim,
+                                      dit.tokens_per_frame(latent_hw), frames_per_chunk, trained_offset, device, dtype,
+                                      group)
         writer.reset(self.geometry)
         writer.set_poses(poses)
         self.state = dit.new_rollout_state()

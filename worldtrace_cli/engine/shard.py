@@ -1,18 +1,31 @@
-"""The DiT's weights sharded across torchrun's processes with FSDP2 (issue 45 part 4): ``torchrun
---nproc-per-node N -m worldtrace_cli generate --fsdp ...``.
+"""The DiT across torchrun's processes (issue 45 part 4): ``torchrun --nproc-per-node N -m worldtrace_cli
+generate --fsdp ...`` or ``... --split-heads ...``.
 
-PyTorch's own distributed runtime does the work: ``torch.distributed.fsdp.fully_shard`` on every
-block and on the DiT (each process keeps 1/N of every weight; a block's weights are gathered for its
-forward and freed after), over a device mesh of all processes (``nccl`` on GPUs, ``gloo`` on a CPU).
+PyTorch's own distributed runtime does the work, over a device mesh of all processes (``nccl`` on
+GPUs, ``gloo`` on a CPU):
+
+- ``--fsdp`` (:func:`shard_dit`): ``torch.distributed.fsdp.fully_shard`` on every block and on the DiT.
+  Each process keeps 1/N of every weight; a block's weights are gathered for its forward and freed
+  after. Every process computes the whole chunk: memory is split, time is not.
+- ``--split-heads`` (:func:`split_heads`, tensor parallel): ``torch.distributed.tensor.parallel``'s
+  ``ColwiseParallel`` on the q/k/v projections and the FFN's first Linear and ``RowwiseParallel`` on
+  the output projections and the FFN's second (Megatron's split). Each process computes its H/N heads
+  of the self- and cross-attention and 1/N of the FFN, and holds its heads' slice of every cache slot
+  (the writer's geometry has H/N heads); two all-reduces per block join the outputs, and Wan's q/k
+  RMSNorm, which normalises over all heads, all-reduces its sum of squares
+  (:class:`~worldtrace_cli.model.dit.RMSNorm`). Writers whose choices read keys across heads
+  (landmark's scene-entry test, the compression of WorldKV and retrieval) all-reduce their sums over
+  the same group (:func:`~worldtrace_cli.memory.slots.head_sum`), so every process keeps the same
+  slots. The frames match the single process's within float rounding (sums in another order), not
+  bit for bit. What stays whole on every process: the embeddings, the head, the modulation and MG2's
+  action modules (a few percent of the weights).
+
 Every process runs the same chunk loop on the same inputs (the same seeded noise, so the same
 latents); process 0 also decodes and writes the run, the others only generate
 (:func:`follow`). Process 0 says before each chunk whether another follows (:func:`lockstep`), so the
 others stop when it stops (the last chunk, Ctrl-C, a failure: torchrun ends the others when a process
 exits with an error). A block's weights are used only inside its own forward
 (:class:`~worldtrace_cli.model.chunk.ContextKV`), which FSDP2 needs as diffusers' offloading does.
-
-Not here: attention heads split across processes (tensor parallel: each process computing its heads'
-slice of every cache slot), which would make a chunk faster; FSDP2 splits the memory of the weights only.
 """
 
 from __future__ import annotations
@@ -26,15 +39,16 @@ import torch
 from ..errors import InputError
 
 log = logging.getLogger("worldtrace")
-_STATE: dict = {}  # the active sharding: rank, world, device (set by start)
+_STATE: dict = {}  # the active sharding: rank, world, device, mode (set by start)
+MODES = {"fsdp": "--fsdp", "heads": "--split-heads"}
 
 
-def start(device: torch.device) -> tuple[int, int, torch.device]:
+def start(device: torch.device, mode: str = "fsdp") -> tuple[int, int, torch.device]:
     """Join torchrun's process group (``nccl`` when the run is on CUDA, one GPU per process by
     LOCAL_RANK; ``gloo`` on a CPU) and make the sharding active for this process's pipelines.
     ``device``: the run's resolved device (``engine.base.resolve_device``); on CUDA each process takes
-    the GPU of its LOCAL_RANK. Returns (rank, world size, this process's device). Processes other
-    than 0 log warnings only.
+    the GPU of its LOCAL_RANK. ``mode``: ``fsdp`` or ``heads`` (:data:`MODES`). Returns (rank, world
+    size, this process's device). Processes other than 0 log warnings only.
 
     Raises:
         InputError: not under torchrun (WORLD_SIZE unset or 1).
@@ -47,14 +61,15 @@ def start(device: torch.device) -> tuple[int, int, torch.device]:
     except ValueError:
         raise InputError("RANK / WORLD_SIZE / LOCAL_RANK must be integers (torchrun sets them)") from None
     if world < 2:
-        raise InputError("--fsdp shards the DiT across processes: run under torchrun --nproc-per-node N (N >= 2)")
+        raise InputError(f"{MODES[mode]} splits the DiT across processes: "
+                         f"run under torchrun --nproc-per-node N (N >= 2)")
     if device.type == "cuda":
         device = torch.device("cuda", local)
     if device.type == "cuda":
         torch.cuda.set_device(device)
     if not dist.is_initialized():
         dist.init_process_group("nccl" if device.type == "cuda" else "gloo", timeout=timedelta(minutes=30))
-    _STATE.update(rank=rank, world=world, device=device)
+    _STATE.update(rank=rank, world=world, device=device, mode=mode)
     if rank:
         logging.getLogger("worldtrace").setLevel(logging.WARNING)
     return rank, world, device
@@ -87,6 +102,63 @@ def shard_dit(dit, device: torch.device) -> int:
         fully_shard(block, mesh=mesh)
     fully_shard(dit, mesh=mesh)
     return sum(p.to_local().numel() for p in dit.parameters())
+
+
+def split_heads(dit, device: torch.device) -> int:
+    """Tensor parallel over a mesh of all N processes on ``device``'s type (see the module docstring):
+    in every block the self- and cross-attention's q/k/v and ``ffn.0`` column-wise, their ``o`` and
+    ``ffn.2`` row-wise (``parallelize_module``), the q/k RMSNorms' gains sliced to this process's heads
+    and joined over the mesh's group; ``heads`` of both attentions becomes H/N. The rest of the DiT moves
+    to ``device`` whole. Returns the DiT parameters this process holds (elements).
+
+    Raises:
+        InputError: the DiT's heads or FFN width not divisible by N.
+    """
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor import DTensor
+    from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
+
+    world, cfg = _STATE["world"], dit.cfg
+    for what, count in (("attention heads", cfg.num_heads), ("FFN width", cfg.ffn_dim)):
+        if count % world:
+            raise InputError(f"--split-heads over {world} processes: the DiT's {what} ({count}) do not divide by "
+                             f"{world}; use a process count that divides {cfg.num_heads} (or --fsdp)")
+    mesh = init_device_mesh(device.type, (world,))
+    group, here = mesh.get_group(), _STATE["rank"]
+    _STATE["group"] = group
+    plan = {"ffn.0": ColwiseParallel(), "ffn.2": RowwiseParallel()}
+    for attn in ("self_attn", "cross_attn"):
+        plan.update({f"{attn}.{p}": ColwiseParallel() for p in "qkv"}, **{f"{attn}.o": RowwiseParallel()})
+    for block in dit.blocks:
+        parallelize_module(block, mesh, plan)
+        for attn in (block.self_attn, block.cross_attn):
+            attn.heads = cfg.num_heads // world
+            for norm in (attn.norm_q, attn.norm_k):
+                width = norm.full_dim // world
+                norm.weight = torch.nn.Parameter(norm.weight.detach()[here * width:(here + 1) * width].clone(),
+                                                 requires_grad=False)
+                norm.group = group
+    dit.to(device)
+    return sum(p.to_local().numel() if isinstance(p, DTensor) else p.numel() for p in dit.parameters())
+
+
+def head_split() -> tuple[int, object]:
+    """(processes the heads are split over, their process group) under ``--split-heads``; (1, None)
+    otherwise. The writers' geometry holds H / the first of them."""
+    if _STATE.get("mode") != "heads":
+        return 1, None
+    return _STATE["world"], _STATE["group"]
+
+
+def place_dit(dit, device: torch.device) -> str:
+    """Split the loaded DiT over the processes by the active mode (:func:`shard_dit` or
+    :func:`split_heads`); returns the log line that says what this process holds."""
+    if _STATE["mode"] == "heads":
+        held = split_heads(dit, device)
+        return f"--split-heads: this process holds {held / 1e6:.1f} M of the DiT's parameters " \
+               f"(its {dit.cfg.num_heads // _STATE['world']} of {dit.cfg.num_heads} heads in every block)"
+    held = shard_dit(dit, device)
+    return f"--fsdp: this process holds {held / 1e6:.1f} M of the DiT's parameters (FSDP2)"
 
 
 def _say(go: bool) -> bool:
@@ -122,7 +194,8 @@ def finish(clean: bool = True) -> None:
                 dist.barrier()  # every process past the last broadcast before the group goes (gloo aborted a
                 # process that tore its group down while another's last receive was in flight: 1 run in 7 here)
         except RuntimeError as exc:  # gloo / nccl: the other process is gone
-            log.debug(f"--fsdp: leaving the process group without the others ({str(exc).splitlines()[0]})")
+            log.debug(f"{MODES[_STATE['mode']]}: leaving the process group without the others "
+                      f"({str(exc).splitlines()[0]})")
         dist.destroy_process_group()
     _STATE.clear()
 
@@ -145,16 +218,18 @@ def follow(rollout) -> int:
             signal.signal(sig, handler)
 
 
-def check(cfg) -> None:
+def check(cfg, mode: str = "fsdp") -> None:
     """Refuse what a sharded run does not do yet (one line, before anything loads).
 
     Raises:
-        InputError: ``--resume``, ``--compile``, ``--weights-dtype fp8`` or ``--offload blocks`` with ``--fsdp``.
+        InputError: ``--compile``, ``--weights-dtype fp8`` or ``--offload blocks`` with ``--fsdp`` or
+            ``--split-heads`` (``mode``).
     """
     for flag, value, default in (("--compile", cfg.compile, "none"), ("--weights-dtype", cfg.weights_dtype, "auto"),
                                  ("--offload", cfg.offload, "text")):
         if value not in (default, "auto"):
-            raise InputError(f"--fsdp with {flag} {value}: not supported together yet")
+            raise InputError(f"{MODES[mode]} with {flag} {value}: not supported together yet")
 
 
-__all__ = ["active", "check", "device", "finish", "follow", "lockstep", "rank", "shard_dit", "start"]
+__all__ = ["MODES", "active", "check", "device", "finish", "follow", "head_split", "lockstep", "place_dit", "rank",
+           "shard_dit", "split_heads", "start"]

@@ -75,7 +75,7 @@ def fit_run(cfg, chunks: int):
 
     from ..engine import shard
 
-    # a sharded run (--fsdp) holds 1/N of the DiT per process: not what the plan counts, so not checked
+    # a sharded run (--fsdp, --split-heads) holds ~1/N of the DiT per process: not what the plan counts, so not checked
     device = None if os.environ.get(SKIP_ENV) == "1" or shard.active() else device_memory_gb(cfg.device)
     if device is None:
         return replace(cfg, offload="text") if cfg.offload == "auto" else cfg

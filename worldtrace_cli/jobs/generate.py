@@ -137,7 +137,7 @@ class _Generation:
         self.rollout = start_rollout(pipeline, self.writer, conditioned, inputs)
         from ..engine import shard
 
-        if shard.active():  # --fsdp: the other processes make each chunk with this one (engine/shard.py)
+        if shard.active():  # --fsdp, --split-heads: the other processes make each chunk with this one (engine/shard.py)
             self.rollout.step = shard.lockstep(self.rollout.step)
         self.decoder = pipeline.decoder()
         self.scorer = OnlineMetrics(cfg.metrics, pipeline.world.clip if cfg.metrics == "all" else None, inputs.truth)
@@ -262,13 +262,13 @@ def start_rollout(pipeline, writer, conditioned, inputs: RunInputs):
 
 
 def follow_generation(cfg) -> int:
-    """A ``generate --fsdp`` process other than 0 (:mod:`~worldtrace_cli.engine.shard`): the same inputs,
-    model shard, writer, conditioning and rollout as process 0, then each chunk it makes; nothing
-    written. Returns the chunks made."""
+    """A ``generate --fsdp`` or ``--split-heads`` process other than 0 (:mod:`~worldtrace_cli.engine.shard`):
+    the same inputs, model shard, writer, conditioning and rollout as process 0, then each chunk it makes;
+    nothing written. Returns the chunks made."""
     from ..engine import shard
     from ..engine.pipeline import Pipeline
 
-    cfg = replace(cfg, offload="text")  # process 0's choice under --fsdp (bench_memory.fit_run)
+    cfg = replace(cfg, offload="text")  # process 0's choice under --fsdp and --split-heads (bench_memory.fit_run)
     inputs = prepare_inputs(cfg)
     pipeline = Pipeline.from_config(cfg)
     rollout = start_rollout(pipeline, pipeline.build_writer(cfg.memory), condition_run(pipeline, cfg, inputs), inputs)

@@ -30,6 +30,7 @@ import torch
 
 from ..model.rope import MainRope
 from .base import CacheGeometry
+from .slots import head_sum
 from .pinned import PinnedArena
 
 EPS = 1e-8  # cosine-similarity guard (WorldKV release)
@@ -75,13 +76,17 @@ def kept_per_frame(keep_ratio: float, tokens_per_frame: int) -> int:
     return math.ceil(round(keep_ratio * tokens_per_frame, 9))
 
 
-def keep_indices(k_rot: torch.Tensor, frames: int, tokens_per_frame: int, keep_ratio: float) -> torch.Tensor:
+def keep_indices(k_rot: torch.Tensor, frames: int, tokens_per_frame: int, keep_ratio: float,
+                 geometry: CacheGeometry | None = None) -> torch.Tensor:
     """Tokens a chunk keeps in one layer (WorldKV §3, pooled selection).
 
     Args:
         k_rot: keys of one chunk and layer [C*T, H, D], rotated to their temporal positions (the
             release scores post-RoPE keys), tokens in (frame, token) order.
         frames: C; tokens_per_frame: T; keep_ratio: r in (0, 1].
+        geometry: the writer's geometry; under ``--split-heads`` (``geometry.head_group``) H is this
+            process's heads, and the dot products and norms are summed over every process's heads
+            (:func:`~worldtrace_cli.memory.slots.head_sum`), so every process keeps the same tokens.
     Returns:
         int64 [T + (C-1)*ceil(r*T)] sorted token indices: the anchor frame's T tokens, then the
         ``(C-1)*ceil(r*T)`` non-anchor tokens whose cosine similarity (over all heads, float32) to
@@ -91,7 +96,12 @@ def keep_indices(k_rot: torch.Tensor, frames: int, tokens_per_frame: int, keep_r
     flat = k_rot.reshape(frames * t, -1).float()
     centroid = flat[:t].mean(0)
     rest = flat[t:]
-    sim = (rest @ centroid) / (rest.norm(dim=1) * centroid.norm() + EPS)
+    if geometry is None or geometry.head_group is None:
+        sim = (rest @ centroid) / (rest.norm(dim=1) * centroid.norm() + EPS)
+    else:
+        n = rest.shape[0]
+        sums = head_sum(geometry, torch.cat([rest @ centroid, rest.pow(2).sum(1), centroid.pow(2).sum()[None]]))
+        sim = sums[:n] / (sums[n:2 * n].sqrt() * sums[2 * n].sqrt() + EPS)
     n_keep = min(rest.shape[0], (frames - 1) * kept_per_frame(keep_ratio, t))
     chosen = torch.sort(sim, stable=True).indices[:n_keep].sort().values + t
     return torch.cat([torch.arange(t, device=chosen.device), chosen])
@@ -194,7 +204,7 @@ class ChunkBank:
             k, v = k[0], v[0]
             if compress:
                 rotated = self._rope.apply_temporal(k[None], None, angles=angles)[0]  # original positions (A15)
-                idx = keep_indices(rotated, c, t, self.keep_ratio)
+                idx = keep_indices(rotated, c, t, self.keep_ratio, self.geometry)
                 k, v = k.index_select(0, idx), v.index_select(0, idx)
                 counts.append(torch.bincount(idx // t, minlength=c))  # on the DiT's device: no sync per layer
             else:

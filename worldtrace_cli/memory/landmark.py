@@ -34,28 +34,38 @@ import torch.nn.functional as F
 
 from ..model.rope import axis_channels
 from .base import CacheGeometry, MemoryConfig, Slot, frames_state, load_frames, register
+from .slots import head_sum
 from .window import FrameKV, RecentWindowWriter, SummaryMemory
 
 DESCRIPTOR = "per-layer token mean of canonical-key temporal channels [0, t_ch), heads concatenated, " \
              "L2-normalised per layer; distance = 1 - mean over layers of cosine similarity"
 
 
-def frame_descriptor(frame_kv: FrameKV, t_ch: int) -> torch.Tensor:
+def frame_descriptor(frame_kv: FrameKV, t_ch: int, geometry: CacheGeometry | None = None) -> torch.Tensor:
     """Position-free appearance descriptor of one latent frame (see the module docstring).
 
     Args:
         frame_kv: per layer (canonical k, v), k [1, T, H, D] in any float dtype.
         t_ch: number of temporal RoPE channels (leading channels of D; 44 for D = 128).
+        geometry: the writer's geometry; under ``--split-heads`` (``geometry.head_group``) H is this
+            process's heads and each row is normalised by the norm over every process's heads.
     Returns:
-        float32 [L, H * t_ch], each row unit-norm (or zero if the layer's mean is zero).
+        float32 [L, H * t_ch], each row unit-norm over all heads (or zero if the layer's mean is zero).
     """
-    rows = [k[0, :, :, :t_ch].float().mean(dim=0).flatten() for k, _ in frame_kv]
-    return F.normalize(torch.stack(rows), dim=1)
+    rows = torch.stack([k[0, :, :, :t_ch].float().mean(dim=0).flatten() for k, _ in frame_kv])
+    if geometry is None or geometry.head_group is None:
+        return F.normalize(rows, dim=1)
+    norms = head_sum(geometry, rows.pow(2).sum(dim=1)).sqrt()
+    return rows / norms.clamp_min(1e-12)[:, None]  # F.normalize's eps
 
 
-def descriptor_distance(a: torch.Tensor, b: torch.Tensor) -> float:
-    """Cosine distance ``1 - mean_l <a_l, b_l>`` of two :func:`frame_descriptor` results, in [0, 2]."""
-    return 1.0 - (a * b).sum(dim=1).mean().item()
+def descriptor_distance(a: torch.Tensor, b: torch.Tensor, geometry: CacheGeometry | None = None) -> float:
+    """Cosine distance ``1 - mean_l <a_l, b_l>`` of two :func:`frame_descriptor` results, in [0, 2]
+    (the dot products summed over every process's heads under ``--split-heads``)."""
+    dots = (a * b).sum(dim=1)
+    if geometry is not None:
+        dots = head_sum(geometry, dots)
+    return 1.0 - dots.mean().item()
 
 
 class LandmarkSummary(SummaryMemory):
@@ -82,8 +92,8 @@ class LandmarkSummary(SummaryMemory):
         """Test a frame leaving the recent window; store it (frozen) if it is a scene entry."""
         if self.n_slots == 0:
             return
-        desc = frame_descriptor(frame_kv, self.t_ch)
-        distance = None if self._prev is None else descriptor_distance(self._prev, desc)
+        desc = frame_descriptor(frame_kv, self.t_ch, self.geometry)
+        distance = None if self._prev is None else descriptor_distance(self._prev, desc, self.geometry)
         self._prev = desc
         is_landmark = distance is None or distance > self.threshold
         self._events.append({"type": "landmark_test", "frame": frame_id,

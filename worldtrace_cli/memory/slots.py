@@ -10,7 +10,12 @@ import torch
 
 @dataclass(frozen=True)
 class CacheGeometry:
-    """Shapes of what a writer stores: per layer, slots of ``tokens_per_frame`` tokens x heads x head_dim."""
+    """Shapes of what a writer stores: per layer, slots of ``tokens_per_frame`` tokens x heads x head_dim.
+
+    ``head_group``: under ``generate --split-heads`` the process group the DiT's heads are split over
+    (``heads`` is then this process's share); None when every head is here. Writers that reduce over
+    heads sum through :func:`head_sum`.
+    """
 
     num_layers: int
     heads: int
@@ -20,6 +25,17 @@ class CacheGeometry:
     trained_offset: int = 5  # largest temporal offset seen in training: local_attn_size - 1
     device: str | torch.device = "cpu"
     dtype: torch.dtype = torch.float32
+    head_group: object = None
+
+
+def head_sum(geometry: CacheGeometry, values: torch.Tensor) -> torch.Tensor:
+    """``values`` (a float tensor of partial sums over this process's heads) summed over every head:
+    all-reduced in place over ``geometry.head_group`` under ``--split-heads``, else returned as is."""
+    if geometry.head_group is not None:
+        import torch.distributed as dist
+
+        dist.all_reduce(values, group=geometry.head_group)
+    return values
 
 
 ROLES = ("summary", "recent")
@@ -65,4 +81,4 @@ class Slot:
         return self.role == "recent"
 
 
-__all__ = ["ROLES", "CacheGeometry", "Slot"]
+__all__ = ["ROLES", "CacheGeometry", "Slot", "head_sum"]

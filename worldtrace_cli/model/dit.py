@@ -83,17 +83,32 @@ class ChunkInputs(CacheView):
 
 
 class RMSNorm(nn.Module):
-    """RMSNorm over the last dim with a gain, computed in float32 (Wan's WanRMSNorm, spec §5.1)."""
+    """RMSNorm over the last dim with a gain, computed in float32 (Wan's WanRMSNorm, spec §5.1).
+
+    Split across processes (``generate --split-heads``, :func:`~worldtrace_cli.engine.shard.split_heads`):
+    each process holds a slice of the D channels (its heads) and of the gain, and the mean square is over
+    all D: the slices' sums of squares are all-reduced over :attr:`group` (float32), then divided by
+    :attr:`full_dim`. ``group`` None: every channel is here.
+    """
 
     def __init__(self, dim: int, eps: float = 1e-6):
         super().__init__()
         self.eps = eps
         self.weight = nn.Parameter(torch.ones(dim))
+        self.group, self.full_dim = None, dim
 
     def forward(self, x):
-        """x [..., D] any float dtype -> same shape and dtype."""
+        """x [..., D] (or this process's slice of D) any float dtype -> same shape and dtype."""
         xf = x.float()
-        return (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)).type_as(x) * self.weight
+        if self.group is None:
+            mean_square = xf.pow(2).mean(-1, keepdim=True)
+        else:
+            import torch.distributed as dist
+
+            mean_square = xf.pow(2).sum(-1, keepdim=True)
+            dist.all_reduce(mean_square, group=self.group)
+            mean_square = mean_square / self.full_dim
+        return (xf * torch.rsqrt(mean_square + self.eps)).type_as(x) * self.weight
 
 
 class FloatLayerNorm(nn.LayerNorm):
@@ -166,10 +181,10 @@ class CrossAttention(_Projections):
 
     def forward(self, x, kv):
         """x [1, N, D] -> [1, N, D], attending to the context ``kv`` from :meth:`context_kv`."""
-        b, n, d = x.shape
+        b, n, _ = x.shape
         q = self.norm_q(self.q(x)).view(b, n, self.heads, -1).transpose(1, 2)
         out = F.scaled_dot_product_attention(q, kv[0], kv[1])
-        return self.o(out.transpose(1, 2).reshape(b, n, d))
+        return self.o(out.transpose(1, 2).reshape(b, n, -1))  # -1: this process's heads under --split-heads
 
 
 class Block(nn.Module):

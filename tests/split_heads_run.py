@@ -1,0 +1,55 @@
+"""A short rollout's latents, in one process or under torchrun with the DiT's heads split across the
+processes (``--split-heads``, engine/shard.py), for tests/test_fsdp.py. Not a test module: a script.
+
+    python tests/split_heads_run.py PRESET CACHE OUT.pt              # one process
+    torchrun --nproc-per-node 2 tests/split_heads_run.py PRESET CACHE OUT.pt --split
+
+Builds the run as ``generate`` does (prepare_inputs, Pipeline.from_config, condition_run,
+start_rollout), makes 3 chunks, and process 0 saves {"latents": [3, 16, F, h, w] float32, "slots":
+per chunk the cache's slot list, "events": the writer's events} to OUT.pt.
+"""
+
+import sys
+from pathlib import Path
+
+import torch
+
+from worldtrace_cli.config import RunConfig, load_preset, memory_config
+from worldtrace_cli.engine import shard
+from worldtrace_cli.engine.pipeline import Pipeline
+from worldtrace_cli.jobs.generate import condition_run, start_rollout
+from worldtrace_cli.jobs.inputs import prepare_inputs
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def main(preset_name: str, cache: str, out: str, split: bool) -> None:
+    torch.set_num_threads(1)
+    preset = load_preset(preset_name)
+    cfg = RunConfig(preset=preset, trajectory=ROOT / "trajectories/aba.yaml", output=Path(out).parent / "unused",
+                    image=ROOT / "assets/images/mg2_universal_0000.png", chunks=3, metrics="none", progress=False,
+                    memory=memory_config(cache=cache, preset=preset))
+    if split:
+        shard.start(torch.device("cpu"), "heads")
+    try:
+        inputs = prepare_inputs(cfg)
+        pipeline = Pipeline.from_config(cfg)
+        rollout = start_rollout(pipeline, pipeline.build_writer(cfg.memory), condition_run(pipeline, cfg, inputs),
+                                inputs)
+        if shard.rank():  # as generate's other processes: each chunk process 0 makes
+            shard.follow(rollout)
+            return
+        if split:
+            rollout.step = shard.lockstep(rollout.step)
+        chunks = [rollout.step() for _ in range(3)]
+        torch.save({"latents": torch.cat([c.latents for c in chunks]),
+                    "slots": [c.record["cache"]["slots"] for c in chunks],
+                    "events": [c.record["cache"]["events"] for c in chunks],
+                    "heads": rollout.geometry.heads}, out)
+    finally:
+        if split:
+            shard.finish()
+
+
+if __name__ == "__main__":
+    main(sys.argv[1], sys.argv[2], sys.argv[3], "--split" in sys.argv[4:])
