@@ -348,3 +348,26 @@ def test_worldkv_runs_through_the_lingbot_rollout(one_thread):
     lat_f = latents.shape[1]
     assert torch.isfinite(latents).all() and lat_f == 32
     assert w.describe()["bank"]["entries"] == lat_f // 4 and w.recent_chunks == 2
+
+
+def test_a_pinned_bank_reserved_ahead_carves_every_chunk_without_a_new_slab():
+    """issue 45: ChunkBank.reserve(chunks) page-locks at reset what that many entries' K and V take
+    (compressed or not), so storing them allocates no slab on the generating thread. The arena here
+    is unpinned (no CUDA) with the pinned bank's layout: the same slabs and offsets."""
+    from worldtrace_cli.memory.pinned import PinnedArena
+
+    for ratio in (1.0, 0.25):
+        geom = CacheGeometry(**{**GEOM.__dict__, "tokens_per_frame": 4})
+        bank = ChunkBank(geom, ratio, "cpu")
+        bank._pin, bank._arena = True, PinnedArena(pin=False, limit=4096)  # small slabs: several are needed
+        reserved = bank.reserve(6)
+        made = bank._arena.slabs_made
+        assert made > 1 and reserved > 0
+        for chunk in range(6):
+            e = bank.store(chunk_kv(chunk, geom), [3 * chunk, 3 * chunk + 1, 3 * chunk + 2], circle(3, 24))
+            assert e.k.shape[1] == bank.entry_tokens()
+        assert bank._arena.slabs_made == made  # every entry carved from the reserved slabs
+        bank.store(chunk_kv(6, geom), [18, 19, 20], circle(3, 24))
+        assert bank._arena.slabs_made >= made  # a seventh chunk may need a slab of its own
+    cpu_bank = ChunkBank(geom, 1.0, "cpu")
+    assert cpu_bank.reserve(6) == 0  # a CPU model's bank is not page-locked: nothing to reserve

@@ -31,7 +31,7 @@ import torch
 from ..model.rope import MainRope
 from .base import CacheGeometry
 from .slots import head_sum
-from .pinned import PinnedArena
+from .pinned import PinnedArena, affordable
 
 EPS = 1e-8  # cosine-similarity guard (WorldKV release)
 
@@ -174,6 +174,25 @@ class ChunkBank:
     def on_host(self) -> bool:
         """True when the entries live in host memory (``--bank-device cpu``)."""
         return self.device.type == "cpu"
+
+    def entry_tokens(self) -> int:
+        """Tokens per layer of a full chunk's entry: C*T, or compressed ``T + (C-1)*ceil(r*T)``
+        (:func:`keep_indices`)."""
+        c, t = self.geometry.frames_per_chunk, self.geometry.tokens_per_frame
+        if self.keep_ratio < 1 and c > 1:
+            return t + min((c - 1) * t, (c - 1) * kept_per_frame(self.keep_ratio, t))
+        return c * t
+
+    def reserve(self, chunks: int) -> int:
+        """Page-lock now the host memory that ``chunks`` more entries' K and V [L, N, H, D] will take
+        (a pinned bank only: a CUDA model with the bank in host memory), within
+        :func:`~worldtrace_cli.memory.pinned.affordable`; :meth:`store` then only carves it (issue 45).
+        Returns the bytes reserved."""
+        if not self._pin or chunks < 1:
+            return 0
+        g = self.geometry
+        nbytes = g.num_layers * self.entry_tokens() * g.heads * g.head_dim * g.dtype.itemsize
+        return self._arena.reserve(nbytes, affordable(2 * chunks, nbytes))
 
     def _place(self, x: torch.Tensor, owned: bool = False) -> torch.Tensor:
         """``x`` on the bank device (pinned host memory when pinning); a copy unless ``owned`` and

@@ -37,10 +37,9 @@ from safetensors.torch import load_file, save_file
 
 from ..errors import InputError, OutputError
 from .base import CacheGeometry, Slot, register
-from .pinned import PinnedArena
+from .pinned import PinnedArena, affordable
 from .window import FrameKV, RecentWindowWriter, SummaryMemory
 
-RESERVE_FRACTION = 0.5  # of the host memory free at reset that a run's page-locked store may take ahead
 REFRESH_EVERY = 64  # incremental updates of a slot before it is recomputed exactly (drift bound)
 
 
@@ -102,14 +101,13 @@ class FieldSummary(SummaryMemory):
 
     def reserve_host(self, evictions: int) -> int:
         """The pinned slabs of ``evictions`` more frames [L, 2, T, H, D] (CUDA runs without a spill
-        folder: the only ones whose host store is page-locked), at most :data:`RESERVE_FRACTION` of the
-        host memory free now; the rest, if any, is page-locked as it comes."""
+        folder: the only ones whose host store is page-locked), within
+        :func:`~worldtrace_cli.memory.pinned.affordable`."""
         if self.num_slots == 0 or self._dir is not None or self._device.type != "cuda" or evictions < 1:
             return 0
         g = self.geometry
         frame = g.num_layers * 2 * g.tokens_per_frame * g.heads * g.head_dim * g.dtype.itemsize
-        free = os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
-        return self._arena.reserve(frame, min(evictions, int(free * RESERVE_FRACTION) // frame))
+        return self._arena.reserve(frame, affordable(evictions, frame))
 
     def evict(self, frame_id: int, frame_kv: FrameKV) -> None:
         if self.num_slots == 0:

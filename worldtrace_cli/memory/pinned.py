@@ -19,6 +19,17 @@ import torch
 ALIGN = 512                 # bytes: every tensor starts at a multiple (any dtype's alignment, DMA-friendly)
 SLAB_LIMIT = 1 << 31        # bytes: the largest slab chosen to cut waste (a single larger tensor gets its own)
 MAX_WASTE = 1 / 16          # the first power of two at or under this waste is taken
+RESERVE_FRACTION = 0.5      # of the host memory free at reset that a run's page-locked stores may take ahead
+
+
+def affordable(count: int, nbytes: int) -> int:
+    """How many of ``count`` tensors of ``nbytes`` bytes a writer may page-lock ahead: at most
+    :data:`RESERVE_FRACTION` of the host memory free now (Linux ``SC_AVPHYS_PAGES``); the rest, if any,
+    is page-locked as it comes."""
+    import os
+
+    free = os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    return max(0, min(count, int(free * RESERVE_FRACTION) // max(1, nbytes)))
 
 
 def _aligned(nbytes: int) -> int:
@@ -115,4 +126,4 @@ class PinnedArena:
         return self.take(x.shape, x.dtype).copy_(x, non_blocking=non_blocking)
 
 
-__all__ = ["ALIGN", "MAX_WASTE", "PinnedArena", "SLAB_LIMIT", "slab_bytes"]
+__all__ = ["ALIGN", "MAX_WASTE", "PinnedArena", "RESERVE_FRACTION", "SLAB_LIMIT", "affordable", "slab_bytes"]

@@ -155,6 +155,11 @@ class RetrievalWriter(PoseRetrieval, RecentWindowWriter):
         super().begin_chunk(frame_start)
         self._summary.record(self._summary.select(frame_start, self.geometry.frames_per_chunk, self.frame_pose))
 
+    def reserve_host(self, latent_frames: int) -> int:
+        """:meth:`CacheWriter.reserve_host`: every committed chunk goes to the bank
+        (:meth:`ChunkBank.reserve`)."""
+        return self._summary.bank.reserve(-(-latent_frames // self.geometry.frames_per_chunk))
+
     def commit(self, layers_kv: Sequence[tuple[torch.Tensor, torch.Tensor]], frame_ids: Sequence[int]) -> None:
         """Bank the chunk first (it needs every frame of the chunk), then run the recent window."""
         self._summary.store(layers_kv, frame_ids, self.frame_pose(frame_ids))

@@ -171,6 +171,11 @@ class WorldKVWriter(PoseRetrieval, CacheWriter):
         """K/V of the window read this chunk, plus the bank when it lives on a GPU."""
         return super().kv_bytes() + (0 if self._bank.on_host else self._bank.nbytes())
 
+    def reserve_host(self, latent_frames: int) -> int:
+        """:meth:`CacheWriter.reserve_host`: every committed chunk goes to the bank
+        (:meth:`~worldtrace_cli.memory.bank.ChunkBank.reserve`)."""
+        return self._bank.reserve(-(-latent_frames // self.geometry.frames_per_chunk))
+
     def host_bytes(self) -> int:
         """The bank's K/V when it lives in host memory (``--bank-device cpu``, the default)."""
         return self._bank.nbytes() if self._bank.on_host else 0
