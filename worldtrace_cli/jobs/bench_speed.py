@@ -110,6 +110,7 @@ def speed_benchmark(preset_name: str = "tiny", caches: tuple[str, ...] = ("slidi
         if dev.type == "cuda":
             torch.cuda.reset_peak_memory_stats(dev)
         rollout = pipe.rollout(writer, conditioned, keyboard, mouse, seed)
+        writer.reserve_host(n_max * preset.frames_per_chunk)  # as generate does, before its clock starts (issue 45)
         pipeline = DecodePipeline(pipe.decoder(), dev, overlap_decode) if decode else None
         timings: list[dict] = []
         out_rows = []

@@ -83,6 +83,7 @@ class FieldSummary(SummaryMemory):
         self._pending: dict[int, torch.Tensor] = {}  # evicted since the last sync, still on device
         self._host_bytes = 0
         self._arena = PinnedArena(pin=self._device.type == "cuda")  # pinned host store (see memory/pinned.py)
+        self._copies: dict[int, torch.cuda.Event] = {}  # CUDA: frame index -> its copy to the host store, in flight
         shape = (self.num_slots, g.num_layers, 2, g.tokens_per_frame, g.heads, g.head_dim)
         self._sum = torch.zeros(shape, dtype=torch.float32, device=self._device)
         self._ranges = [(0, 0)] * self.num_slots     # groups the sums currently hold
@@ -123,7 +124,7 @@ class FieldSummary(SummaryMemory):
             self._store.append(path)
             self._host_bytes += path.stat().st_size
         elif self._device.type == "cuda":
-            host = self._arena.copy(x, non_blocking=True)  # into pinned slabs: asynchronous, ordered on the stream
+            host = self._copy_to_host(x, index)
             self._store.append(host)
             self._host_bytes += host.numel() * host.element_size()
         else:  # already a fresh host tensor (stack_frame copies); nothing ever writes into it
@@ -134,6 +135,22 @@ class FieldSummary(SummaryMemory):
         if len(self._pending) > self.geometry.frames_per_chunk:  # nobody read: bound device memory
             del self._pending[min(self._pending)]
 
+    def _copy_to_host(self, x: torch.Tensor, index: int) -> torch.Tensor:
+        """Frame ``index`` [L, 2, T, H, D] on CUDA copied into the pinned store on a side stream (issue
+        45): the DiT's stream goes on while the copy engine works. The side stream first waits for what
+        made ``x``; ``x`` is not reused before the copy ends (``record_stream``, and ``_pending`` holds
+        it); whoever reads the host copy waits for its event (:meth:`_fetch` on the GPU,
+        :meth:`state_dict` on the host)."""
+        if not hasattr(self, "_side"):
+            self._side = torch.cuda.Stream(self._device)
+        self._side.wait_stream(torch.cuda.current_stream(self._device))
+        with torch.cuda.stream(self._side):
+            host = self._arena.copy(x, non_blocking=True)
+            self._copies[index] = torch.cuda.Event()
+            self._copies[index].record(self._side)
+        x.record_stream(self._side)
+        return host
+
     def _fetch(self, index: int) -> torch.Tensor:
         """Evicted frame ``index`` on the compute device, [L, 2, T, H, D] in the cache dtype."""
         if index in self._pending:
@@ -141,6 +158,9 @@ class FieldSummary(SummaryMemory):
         src = self._store[index]
         if isinstance(src, Path):
             return load_file(str(src), device=str(self._device))["kv"]
+        copy = self._copies.pop(index, None)
+        if copy is not None:  # the host copy may still be in flight: the stream waits for it, the host does not
+            torch.cuda.current_stream(self._device).wait_event(copy)
         return src.to(self._device, non_blocking=True)
 
     def contribution(self, index: int) -> torch.Tensor:
@@ -201,6 +221,9 @@ class FieldSummary(SummaryMemory):
         its file name (``spill_folder`` names the folder); float32 ``sum`` [N_s, L, 2, T, H, D] with
         the group ``ranges`` it holds and the incremental ``updates`` per slot (bit-exact restore)."""
         spill = self._dir is not None
+        for copy in self._copies.values():  # the host store is read on the host: every copy landed
+            copy.synchronize()
+        self._copies.clear()
         return {"ids": list(self._ids), "spill_folder": str(self._dir) if spill else None,
                 "store": [p.name if spill else p for p in self._store], "host_bytes": self._host_bytes,
                 "sum": self._sum, "ranges": [[lo, hi] for lo, hi in self._ranges], "updates": list(self._updates)}
@@ -220,7 +243,7 @@ class FieldSummary(SummaryMemory):
         self._sum = state["sum"].to(self._device, dtype=torch.float32, copy=True)
         self._ranges = [(int(lo), int(hi)) for lo, hi in state["ranges"]]
         self._updates = [int(u) for u in state["updates"]]
-        self._pending = {}
+        self._pending, self._copies = {}, {}
 
     def _adopt(self, src: Path) -> Path:
         """Hard-link a saved frame file into this writer's spill folder (copy across file systems)."""
