@@ -190,7 +190,7 @@ def test_help_is_instant_and_lists_commands():
 
 
 def test_full_cache_refuses_at_its_memory_cap_keeping_finished_chunks(tmp_path):
-    # tiny preset: one latent frame of K+V over 2 layers is 0.27 MB, counted 3 times: refused at chunk 2
+    # tiny preset: one latent frame of K+V over 2 layers is 0.27 MB, counted twice: refused at chunk 3
     out = tmp_path / "o"
     line = one_line_error(generate("--image", IMAGE, ABA, "--chunks", 6, "--cache", "full", "--max-cache-gb", "0.006",
                                    "-o", out), 5)

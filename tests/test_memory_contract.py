@@ -166,7 +166,7 @@ def test_centroid_linear_stays_in_range_but_moves_with_the_horizon():
 
 
 def test_full_refuses_past_its_memory_cap():
-    w = build_writer(MemoryConfig.of(cache="full", max_cache_gb=3 * 5 * 16384 / 1e9), DEFAULT_BUDGET)
+    w = build_writer(MemoryConfig.of(cache="full", max_cache_gb=2 * 5 * 16384 / 1e9), DEFAULT_BUDGET)
     w.reset(GEOM)
     assert w.frame_bytes() == 2 * 4 * 2 * 128 * 2 * 4  # K+V x tokens x heads x head_dim x layers x fp32
     w.commit(chunk_kv(0), [0, 1, 2])  # 3 of the 5 frames the cap allows

@@ -184,3 +184,17 @@ def test_one_shared_rotated_buffer_saves_all_but_one_layer_and_keeps_the_frames(
     per_layer = 2 * (plans[0].slots + 4) * tokens * preset.dit.dim * 4  # K and V of [past | chunk], float32
     saved = plans[1].phases["denoise"] - plans[0].phases["denoise"]
     assert abs(saved - (layers - 1) * per_layer) <= 0.1 * per_layer, (saved, per_layer)
+
+
+def test_a_growing_cache_is_planned_past_generates_cap_and_the_cap_is_named():
+    """Self-Forcing's own cache is full (every past frame): bench memory used to stop at generate's
+    --max-cache-gb 16 (exit 5, naming a flag bench memory does not have); it plans the whole run and
+    says which --max-cache-gb generate would need (the cap counts the stored frames twice)."""
+    out = invoke("bench", "memory", "--preset", "self-forcing", "--chunks", "24", "--json")
+    assert out.exit_code == 0, out.output
+    plan = json.loads(out.stdout)["plans"][0]
+    stored = plan["parts_gb"]["cache"]
+    assert plan["options"]["cache"] == "full" and 2 * stored > 16
+    assert plan["phases_gb"]["denoise"] > 2 * stored  # both copies are in the chunk's peak
+    assert f"generate stops such a run at its --max-cache-gb 16 unless given --max-cache-gb {2 * stored:.0f}" \
+        in out.stderr

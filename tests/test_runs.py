@@ -356,7 +356,7 @@ def test_the_cache_cap_message_never_says_zero_gb():
 
     writer = build_writer(memory_config("full", max_cache_gb=1e-7), 3)
     writer.reset(CacheGeometry(2, 2, 8, 4))
-    with pytest.raises(RunError, match=r"would reach 9.22 kB at latent frame 2, over --max-cache-gb 1e-07"):
+    with pytest.raises(RunError, match=r"would reach 6.14 kB at latent frame 2, over --max-cache-gb 1e-07"):
         writer.commit([], [0, 1, 2])
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import sys
 from pathlib import Path
 
@@ -165,6 +166,7 @@ def bench_memory(preset, cache, budget, chunks, offload, weights_dtype, dtype, d
     from ..errors import InputError
     from ..jobs.bench_memory import device_memory_gb, fits, memory_markdown, memory_plans
     from ..jobs.inputs import check_writers
+    from ..writer_options import MemoryConfig, settings_for
 
     def job():
         if len(cache or []) > 1:
@@ -173,6 +175,8 @@ def bench_memory(preset, cache, budget, chunks, offload, weights_dtype, dtype, d
         options = default_cache(resolved) if cache is None else {"cache": cache[0]}
         if budget is not None:
             options = {**options, "budget": budget}
+        # a plan of the whole run: a growing cache (full, yarn) is planned past generate's default cap, said below
+        options = settings_for(options["cache"], {**options, "max_cache_gb": 1e12})
         memory = memory_config(preset=resolved, **options)
         check_writers([memory], resolved)
         if device_gb is None:
@@ -184,6 +188,12 @@ def bench_memory(preset, cache, budget, chunks, offload, weights_dtype, dtype, d
         dt = DTYPES[dtype or ("fp32" if resolved.weights == "random" else "bf16")]
         plans = memory_plans(resolved, memory, offload, weights_dtype, dt, chunks,
                              False if random_weights else None, gb)
+        cap = MemoryConfig.of(cache="full").settings().max_cache_gb  # generate's default --max-cache-gb
+        stored = max(p.parts.get("cache", 0) for p in plans) / 1e9
+        if "max_cache_gb" in options and 2 * stored > cap:  # the cap counts 2 copies (memory/full.py)
+            logging.getLogger("worldtrace").warning(
+                f"--cache {memory.cache}: {chunks} chunks keep {stored:.1f} GB of KV cache; generate stops such a "
+                f"run at its --max-cache-gb {cap:g} unless given --max-cache-gb {2 * stored:.0f} or more")
         if as_json:
             click.echo(json.dumps({"device": name, "device_gb": gb, "plans": [
                 {**p.to_dict(), "fits": None if gb is None else fits(p, gb)} for p in plans]}, indent=1))

@@ -2,8 +2,10 @@
 
 The unbounded baseline: nothing is forgotten, but offsets leave the trained range (paper §2.1).
 It refuses, with exit code 5, before its KV cache would exceed ``--max-cache-gb``, counting the
-three copies a chunk holds at once (stored frames, their concatenation for the read, the rotated
-attention buffer).
+two copies a chunk holds at once: the stored frames and the rotated attention buffers. (The
+concatenation a layer's read makes lives only while that layer's buffer is filled:
+``engine.rollout.WriterPast``; ``bench memory`` measures both copies: a Self-Forcing plan's chunk
+phases grow by 2.0-2.1x the frame bytes per latent frame.)
 """
 
 from __future__ import annotations
@@ -51,8 +53,8 @@ class FullWriter(CacheWriter):
 
     def commit(self, layers_kv: Sequence[tuple[torch.Tensor, torch.Tensor]], frame_ids: Sequence[int]) -> None:
         cap = self.settings.max_cache_gb * 1e9
-        # the stored frames, their per-chunk concatenation and the rotated attention buffer: 3 copies
-        needed = 3 * (len(self._ids) + len(frame_ids)) * self.frame_bytes()
+        # the stored frames and the rotated attention buffers: 2 copies (module docstring)
+        needed = 2 * (len(self._ids) + len(frame_ids)) * self.frame_bytes()
         if needed > cap:
             raise RunError(f"--cache {self.name}: the KV cache would reach {_gigabytes(needed)} at latent frame "
                            f"{frame_ids[-1]}, over --max-cache-gb {self.settings.max_cache_gb:g}; use a bounded "
