@@ -50,7 +50,8 @@ def score_run(run: Path) -> dict | None:
         return None
     first, again = zip(*pairs)
     self_scores = gt_scores(frames[list(again)], frames[list(first)])
-    truth = GroundTruth(summary["resolved"]["world_seed"], plan, frames.shape[1], frames.shape[2])
+    truth = GroundTruth(summary["resolved"]["world_seed"], plan, frames.shape[1], frames.shape[2],
+                        summary.get("config", {}).get("preset", {}).get("world"))
     true_frames = np.stack([truth.frames(b, b + 1)[0] for b in again])
     gt = gt_scores(frames[list(again)], true_frames)
     return {"pairs": len(pairs), "psnr": float(np.mean(self_scores["psnr"])), "ssim": float(np.mean(self_scores["ssim"])),

@@ -115,15 +115,16 @@ def identify(runs: list[Path], decoys: list[int]) -> list[dict]:
         if own in decoys:
             raise SystemExit(f"{run}: its world {own} is one of the decoys; pick decoys no run uses (--decoys)")
         candidates = [own] + decoys
-        key = (str(cfg["trajectory"]), resolved["chunks"], fpc, frames.shape[1], frames.shape[2])
-        if truths and next(iter(truths))[:5] != key:
+        style = cfg.get("preset", {}).get("world")  # the run's world style (decoys are worlds of the same style)
+        key = (str(cfg["trajectory"]), resolved["chunks"], fpc, frames.shape[1], frames.shape[2], style)
+        if truths and next(iter(truths))[:6] != key:
             truths.clear()  # runs come sorted by folder: one trajectory's renders at a time
         mse, start_mse, struct_mse = [], [], []
         gen_structure = [structure(frames[start:min(end, len(frames))])
                          for start, end in (chunk_rows(c, fpc) for c in range(num_chunks))]
         for w in candidates:
             if key + (w,) not in truths:
-                truths[key + (w,)] = GroundTruth(w, plan, frames.shape[1], frames.shape[2]).frames(0, len(frames))
+                truths[key + (w,)] = GroundTruth(w, plan, frames.shape[1], frames.shape[2], style).frames(0, len(frames))
             truth = truths[key + (w,)]
             mse.append(chunk_mse(frames, truth, fpc, num_chunks))
             start_mse.append(chunk_mse(np.broadcast_to(truths[key + (own,)][:1], truth.shape), truth, fpc, num_chunks))

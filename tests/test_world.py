@@ -191,3 +191,71 @@ def test_camera_to_world_follows_the_motion_model():
     assert torch.equal(latent[0], pixel[0]) and torch.equal(latent[3], pixel[12])
     step = camera_to_world(pixel[1:2])[0, :3, 3] - camera_to_world(pixel[:1])[0, :3, 3]
     assert torch.allclose(step / step.norm(), camera_to_world(pixel[1:2])[0, :3, 2], atol=1e-9)  # yaw applies first
+
+
+# the towers style (issue 47): drawn for what a small model can draw
+
+def test_a_towers_world_is_solid_2x2_towers_off_the_plaza_and_corridor():
+    from worldtrace_cli.world.scene import CORRIDOR_HALF_WIDTH, PLAZA_RADIUS, TOWER_HEIGHT
+
+    a, b = make_world.__wrapped__(7, style="towers"), make_world.__wrapped__(7, style="towers")
+    city = make_world(7)
+    assert np.array_equal(a.solid, b.solid) and np.array_equal(a.color_a, b.color_a)
+    assert a.style == "towers" and a.wall_height == TOWER_HEIGHT and not np.array_equal(a.solid, city.solid)
+    inner = a.solid[2:-2, 2:-2]  # every tower is a whole aligned 2x2 block
+    blocks = inner.reshape(inner.shape[0] // 2, 2, inner.shape[1] // 2, 2)
+    assert np.array_equal(blocks.all(axis=(1, 3)), blocks.any(axis=(1, 3)))
+    assert 0.08 < a.solid[1:-1, 1:-1].mean() < 0.2 < city.solid[1:-1, 1:-1].mean()  # fewer, larger objects
+    centres = np.arange(a.cells) - a.half + 0.5
+    cx, cy = np.meshgrid(centres, centres, indexing="ij")
+    assert not a.solid[np.hypot(cx, cy) <= PLAZA_RADIUS].any()
+    assert not a.solid[(np.abs(cx) < CORRIDOR_HALF_WIDTH) & (cy > -6) & (cy < 50)].any()
+    assert np.array_equal(a.color_a, a.color_b) and np.array_equal(a.floor_a, a.floor_b)  # solid colours
+    with pytest.raises(ValueError, match="world style"):
+        make_world(7, style="castles")
+
+
+def test_a_towers_sky_says_where_the_camera_looks():
+    """The horizon's tint turns with heading and the sun stands at its heading: looking at it shows a
+    pale warm disc at the image centre; the opposite way shows none (the world's towers cleared away
+    here, so that none stands in front of the sun)."""
+    from dataclasses import replace
+
+    w = make_world(3, style="towers")
+    open_sky = replace(w, solid=np.zeros_like(w.solid))
+    yaw, elevation, _ = w.sun
+    toward = render_view(open_sky, (0, 0, yaw, elevation), 96, 176).astype(int)
+    away = render_view(open_sky, (0, 0, yaw + 180, elevation), 96, 176).astype(int)
+    centre = toward[44:52, 84:92].mean((0, 1))
+    assert np.abs(centre - [255, 237, 178]).max() < 3  # the sun
+    assert np.abs(away[44:52, 84:92].mean((0, 1)) - [255, 237, 178]).max() > 30
+    level = [render_view(w, (0, 0, a, 30), 96, 176)[60].astype(float).mean(0) for a in (0, 90, 180, 270)]
+    assert min(np.abs(level[i] - level[j]).max() for i in range(4) for j in range(i + 1, 4)) > 8
+    city = make_world(3)  # the city's sky has no heading: the same horizon all round (before the buildings)
+    assert city.compass is None and city.sun is None
+
+
+def test_a_towers_preset_scores_against_its_own_world(tmp_path):
+    """A preset's ``world: towers`` reaches the ground truth (start image and true frames) and `world
+    render`; training data record the style and their held-out clips follow it."""
+    import yaml
+
+    from worldtrace_cli.cli import main
+    from worldtrace_cli.config import load_preset
+    from worldtrace_cli.train.evaluate import data_world
+
+    raw = yaml.safe_load(open("worldtrace_cli/presets/loopworld.yaml"))
+    preset_file = tmp_path / "towers.yaml"
+    preset_file.write_text(yaml.safe_dump({**raw, "world": "towers"}))
+    preset = load_preset(str(preset_file))
+    assert preset.world == "towers" and preset.has_world
+    plan = plan_of("{action: camera_r, chunks: 2}")
+    truth = GroundTruth(0, plan, 96, 176, preset.world)
+    assert np.array_equal(truth.start_image(), render_view(make_world(0, style="towers"), truth.poses[0], 96, 176))
+    assert not np.array_equal(truth.start_image(), GroundTruth(0, plan, 96, 176).start_image())
+    out = CliRunner().invoke(main, ["world", "render", "trajectories/look_around.yaml", "--chunks", "1", "--preset",
+                                    str(preset_file), "-o", str(tmp_path / "truth"), "--no-progress"])
+    assert out.exit_code == 0, out.output
+    (tmp_path / "data").mkdir()
+    (tmp_path / "data" / "data.json").write_text(json.dumps({"mix": {"world": "towers"}}))
+    assert data_world(tmp_path / "data") == "towers" and data_world(tmp_path) == "procedural"

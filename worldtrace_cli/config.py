@@ -58,8 +58,8 @@ class Preset:
             folders; its ``clip`` file is optional, needed only by ``--metrics all``).
         bundle: file name of a ``bundled`` preset's weights (``dit.*``, ``vae.*``, ``clip.*``), in
             the presets folder (or beside a preset YAML).
-        world: ``procedural`` for a model of the procedural world (start image rendered from the
-            world, ground-truth metrics), else None.
+        world: ``procedural`` or ``towers`` (a style of the procedural world) for a model of it
+            (start image rendered from the world, ground-truth metrics), else None.
         landmark_threshold: the landmark detector's tau calibrated for this model (a cosine
             distance in (0, 2]; ``worldtrace bench tau``), used when ``--landmark-threshold`` is not
             given; None: :data:`LANDMARK_TAU` (0.1, the paper's). Only a default: the value a run
@@ -100,7 +100,7 @@ class Preset:
     def has_world(self) -> bool:
         """True for a model of the procedural world: its start image is the world's view and its
         frames are scored against the world's renders (ground truth)."""
-        return self.world == "procedural"
+        return self.world is not None  # a world style of world/scene.py (checked at load)
 
     @property
     def window(self) -> int:
@@ -205,8 +205,8 @@ def load_preset(name_or_path: str) -> Preset:
         raise InputError(f"{source}: weights: must be 'random', 'checkpoint' or 'bundled'")
     if (raw.get("weights") == "bundled") != bool(raw.get("bundle")):
         raise InputError(f"{source}: bundle: a file name is needed with weights: bundled, and only then")
-    if raw.get("world") not in (None, "procedural"):
-        raise InputError(f"{source}: world: must be 'procedural' or absent, got {raw.get('world')!r}")
+    if raw.get("world") not in (None, "procedural", "towers"):  # world/scene.py: STYLES
+        raise InputError(f"{source}: world: must be 'procedural', 'towers' or absent, got {raw.get('world')!r}")
     files = raw.pop("files", None) or {}
     if set(files) - set(_FILE_ROLES):
         raise InputError(f"{source}: files: unknown roles {sorted(set(files) - set(_FILE_ROLES))}")

@@ -152,6 +152,8 @@ case "${1:-check}" in
     #   bash benchmarks/gpu/on-device.sh train dit      # TRAIN_MINUTES more; rerun to continue (state in train-gpu/)
     # train-gpu/ is git-ignored (kept between calls while the machine stays warm); dit.safetensors and
     # loss.jsonl come back in $OUT. Then here: worldtrace train export --dit ... and a LoopBench subset.
+    # The towers world (issue 47: solid 2x2-cell towers, a heading-tinted sky and a sun; docs/loopworld.md):
+    #   ENCODE_ARGS="--world towers" bash benchmarks/gpu/on-device.sh train all
     T=train-gpu; mkdir -p "$T"
     [ -f "$T/vae.safetensors" ] || python3 -c "
 from safetensors.torch import load_file, save_file

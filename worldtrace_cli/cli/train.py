@@ -131,12 +131,17 @@ def train_vae_cmd(output, steps, minutes, lr, warmup, seed, threads, save_every,
               help="Loops come back at a random latent frame from chunk 1's last on (to a pose of an earlier "
                    "chunk) and walk on, instead of always at the clip's last latent frame: the return can "
                    "then only be placed by reading the actions.")
+@click.option("--world", type=click.Choice(["procedural", "towers"]), default="procedural", show_default=True,
+              help="The worlds' style: procedural = the textured city (loopworld's); towers = 2x2-cell towers in "
+                   "solid colours with a heading-tinted sky and a sun, drawn for a small model (issue 47; "
+                   "docs/loopworld.md).")
 @click.option("--threads", type=click.IntRange(1), default=1, show_default=True,
               help="CPU threads for torch (1 is fastest beside other work on a small machine).")
 @click.option("--device", type=click.Choice(["auto", "cuda", "cpu"]), default="cpu", show_default=True,
               help="Where the VAE encodes (auto: CUDA when available); frames are rendered on the CPU.")
 @click.option("--no-progress/--progress", "no_progress", default=False, help="No progress bar (default: --progress, on stderr).")
-def train_encode_cmd(vae_weights, output, shards, seed, late, loop, max_angle, vary_return, threads, device, no_progress):
+def train_encode_cmd(vae_weights, output, shards, seed, late, loop, max_angle, vary_return, world, threads, device,
+                     no_progress):
     """Render and encode training clips for `train dit` (can run while it trains)."""
     from ..engine.base import resolve_device
     from ..train.dataset import ClipMix, encode_clips
@@ -144,8 +149,8 @@ def train_encode_cmd(vae_weights, output, shards, seed, late, loop, max_angle, v
     stop = _StopFlag()
 
     def job():
-        r = encode_clips(output, vae_weights, shards, seed, ClipMix(late, loop, max_angle, vary_return), threads=threads,
-                         progress=not no_progress, stop=stop, device=str(resolve_device(device)))
+        r = encode_clips(output, vae_weights, shards, seed, ClipMix(late, loop, max_angle, vary_return, world),
+                         threads=threads, progress=not no_progress, stop=stop, device=str(resolve_device(device)))
         click.echo(f"worldtrace: {r['clips']} clips in {output}", err=True)
 
     run_job(job)

@@ -45,7 +45,7 @@ def render_cmd(trajectory, world_seed, chunks, preset, output, no_progress):
             output.mkdir(parents=True, exist_ok=True)
         except OSError as exc:
             raise OutputError(f"{output}: cannot create the folder ({exc.strerror or exc})") from None
-        truth = GroundTruth(world_seed, plan, p.height, p.width)
+        truth = GroundTruth(world_seed, plan, p.height, p.width, p.world)
         truth.write_video(output / "video.mp4", p.fps, plan.num_chunks, progress=not no_progress)
         write_json_atomic(output / "poses.json", {
             "world_seed": world_seed, "trajectory": str(trajectory), "chunks": plan.num_chunks,

@@ -212,7 +212,7 @@ def write_truth_video(folder: Path, world_seed: int, plan, preset) -> Path:
     from ..world.truth import GroundTruth
 
     folder.mkdir(parents=True, exist_ok=True)
-    truth = GroundTruth(world_seed, plan, preset.height, preset.width)
+    truth = GroundTruth(world_seed, plan, preset.height, preset.width, preset.world)
     return truth.write_video(folder / "video.mp4", preset.fps, plan.num_chunks)
 
 

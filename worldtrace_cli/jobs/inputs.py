@@ -300,7 +300,7 @@ def prepare_inputs(cfg, traj=None) -> RunInputs:
 
         from ..world.truth import GroundTruth
 
-        truth = GroundTruth(cfg.world_seed, plan, preset.height, preset.width)
+        truth = GroundTruth(cfg.world_seed, plan, preset.height, preset.width, preset.world)
         if traj.image is not None:
             told.append(f"preset {preset.name}: the start image is world {cfg.world_seed}'s view, not the "
                         f"trajectory's image {traj.image} (that is what makes ground truth possible; pass "

@@ -105,7 +105,8 @@ def summarise_run(run_dir: str | Path, tower=None, level: str = "fast",
         if plan.mode != "universal":
             raise InputError(f"{gt_trajectory}: mode {plan.mode!r}, but the procedural world is walked in "
                              f"universal mode (the run's own trajectory is {own})")
-        truth = GroundTruth(world_seed, plan, frames.shape[1], frames.shape[2])
+        style = (summary.get("config") or {}).get("preset", {}).get("world")  # the run's world style
+        truth = GroundTruth(world_seed, plan, frames.shape[1], frames.shape[2], style)
         psnr, ssim_, detail = [], [], []
         for c in range(num_chunks):
             start, end = chunk_rows(c, fpc)

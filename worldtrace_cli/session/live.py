@@ -119,7 +119,7 @@ class Session:
             from ..world.truth import GroundTruth
 
             self.truth_source = MemoTruth(GroundTruth(self.cfg.world_seed, self.plan, self.preset.height,
-                                                       self.preset.width))
+                                                       self.preset.width, self.preset.world))
             self.scorer.truth = self.truth_source
             image = Image.fromarray(self.truth_source.start_image())
         elif not self.preset.is_text:

@@ -121,17 +121,19 @@ def loop_actions(rng: np.random.Generator, rows: int, start: int, end: int,
     return keyboard, mouse, end
 
 
-def render_clip(world_seed: int, keyboard, mouse, height: int, width: int, start_pose=None) -> Clip:
+def render_clip(world_seed: int, keyboard, mouse, height: int, width: int, start_pose=None,
+                style: str = "procedural") -> Clip:
     """Render the frames of action rows in world ``world_seed`` (pixel frame k at the pose after rows < k).
 
     Args:
-        keyboard: [R, 4], mouse: [R, 2] (numpy or torch); start_pose: optional (x, y, yaw, pitch).
+        keyboard: [R, 4], mouse: [R, 2] (numpy or torch); start_pose: optional (x, y, yaw, pitch);
+        style: the world's style (:data:`~worldtrace_cli.world.scene.STYLES`).
     """
     keyboard = torch.as_tensor(np.asarray(keyboard), dtype=torch.float32)
     mouse = torch.as_tensor(np.asarray(mouse), dtype=torch.float32)
     start = None if start_pose is None else torch.as_tensor(start_pose, dtype=torch.float64)
     poses = frame_poses("universal", keyboard, mouse, start)
-    frames = render_frames(make_world(world_seed), poses, height, width)
+    frames = render_frames(make_world(world_seed, style=style), poses, height, width)
     return Clip(world_seed, keyboard, mouse, poses, frames)
 
 

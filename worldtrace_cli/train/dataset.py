@@ -137,7 +137,8 @@ def _to_video(frames: np.ndarray) -> torch.Tensor:
 
 @torch.no_grad()
 def make_clip(rng: np.random.Generator, vae, clip_tower, late: bool, loop: bool,
-              max_angle_deg: float = 90.0, chunks: int = CLIP_CHUNKS, vary_return: bool = False) -> EncodedClip:
+              max_angle_deg: float = 90.0, chunks: int = CLIP_CHUNKS, vary_return: bool = False,
+              world: str = "procedural") -> EncodedClip:
     """Render and encode one clip (see the module docstring) of ``chunks`` chunks (3 for training;
     longer for the drift test). Deterministic given ``rng``'s state.
 
@@ -170,7 +171,7 @@ def make_clip(rng: np.random.Generator, vae, clip_tower, late: bool, loop: bool,
         keyboard, mouse, ret = loop_actions(rng, pixels, p_frame, end, max_angle_deg)
     else:
         keyboard, mouse = walk_actions(rng, pixels)
-    clip = render_clip(world_seed, keyboard, mouse, height, width, start)
+    clip = render_clip(world_seed, keyboard, mouse, height, width, start, world)
     video = _to_video(clip.frames[lead:]).to(next(vae.parameters()).device)   # rendered on the CPU, encoded where the VAE is
     mu = vae.encode(video).latent_dist.mode()
     from ..model.vae import _norm_stats
@@ -183,7 +184,7 @@ def make_clip(rng: np.random.Generator, vae, clip_tower, late: bool, loop: bool,
         from ..world.render import render_view
         from ..world.scene import make_world
 
-        start_image = render_view(make_world(world_seed), (0.0, 0.0, 0.0, 0.0), height, width)
+        start_image = render_view(make_world(world_seed, style=world), (0.0, 0.0, 0.0, 0.0), height, width)
         image_latents = None
         # sequence frame k is absolute pixel frame k + 4a - 12 - warm (encoded latent j <-> absolute
         # latent a + j - 1 - warm/4), so absolute latent a reads rows 4a-12 .. 4a-1 = sequence rows
@@ -250,12 +251,14 @@ def shard_paths(folder: Path) -> list[Path]:
 class ClipMix:
     """Proportions of clip kinds: ``late`` (vs early) and ``loop`` (vs walk); loops turn up to
     ``max_angle_deg`` degrees and come back at the clip's last latent frame or, with ``vary_return``,
-    anywhere from chunk 1's last latent frame on (:func:`make_clip`)."""
+    anywhere from chunk 1's last latent frame on (:func:`make_clip`); ``world``: the style of the
+    worlds rendered (:data:`~worldtrace_cli.world.scene.STYLES`)."""
 
     late: float = 0.7
     loop: float = 0.85
     max_angle_deg: float = 90.0
     vary_return: bool = False
+    world: str = "procedural"
 
 
 def _with_defaults(settings: dict) -> dict:
@@ -314,7 +317,7 @@ def encode_clips(folder: Path, vae_weights, shards: int, seed: int = 0, mix: Cli
             if stop():
                 raise Interrupted(f"encoding stopped with {i} shards; run the same command to continue")
             clips.append(make_clip(rng, vae, tower, late=rng.random() < mix.late, loop=rng.random() < mix.loop,
-                                   max_angle_deg=mix.max_angle_deg, vary_return=mix.vary_return))
+                                   max_angle_deg=mix.max_angle_deg, vary_return=mix.vary_return, world=mix.world))
         write_shard(folder / f"clips-{i:05d}.safetensors", clips)
         bar.update(1)
     bar.close()

@@ -29,6 +29,7 @@ predicts the average of all motions, which is a blur.
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import numpy as np
@@ -78,13 +79,23 @@ def late_conditioning_of(data: Path, vae_weights, height: int = 96, width: int =
     return load_file(str(path))["latents"]
 
 
+def data_world(data: Path) -> str:
+    """The world style a data folder's clips were rendered in (its ``data.json``; ``procedural`` for
+    a folder written before styles existed, or without one): held-out clips are of the same style."""
+    info = Path(data) / "data.json"
+    mix = json.loads(info.read_text()).get("mix", {}) if info.exists() else {}
+    return mix.get("world", "procedural")
+
+
 def heldout_clips(data: Path, vae_weights, count: int, mix: ClipMix = ClipMix(late=1.0, loop=1.0),
                   clip_seed: int = 2, height: int = 96, width: int = 176) -> list[EncodedClip]:
     """``count`` held-out loop clips, encoded once and kept in ``data/heldout.safetensors``."""
+    world = data_world(data)
+
     def make(vae, tower):
         rng = np.random.default_rng(HELDOUT_SEED)
-        return [make_clip(rng, vae, tower, late=rng.random() < mix.late, loop=True, max_angle_deg=mix.max_angle_deg)
-                for _ in range(count)]
+        return [make_clip(rng, vae, tower, late=rng.random() < mix.late, loop=True, max_angle_deg=mix.max_angle_deg,
+                          world=world) for _ in range(count)]
 
     return _encoded_once(Path(data) / HELDOUT_FILE, count, vae_weights, clip_seed, height, width, make)
 
@@ -93,9 +104,11 @@ def heldout_rollout_clips(data: Path, vae_weights, count: int, chunks: int = 8, 
                           height: int = 96, width: int = 176) -> list[EncodedClip]:
     """``count`` held-out random walks of ``chunks`` chunks from a rollout's start (latents
     [16, 3 chunks, h, w]), encoded once and kept in ``data/heldout-rollouts-<chunks>.safetensors``."""
+    world = data_world(data)
+
     def make(vae, tower):
         rng = np.random.default_rng([HELDOUT_SEED, chunks])
-        return [make_clip(rng, vae, tower, late=False, loop=False, chunks=chunks) for _ in range(count)]
+        return [make_clip(rng, vae, tower, late=False, loop=False, chunks=chunks, world=world) for _ in range(count)]
 
     return _encoded_once(Path(data) / ROLLOUT_FILE.format(chunks=chunks), count, vae_weights, clip_seed, height,
                          width, make)

@@ -2,7 +2,8 @@
 
 Classic grid raycasting (one ray per pixel column, DDA through the cells until a building is hit),
 then per pixel: building wall (pattern in the building's two colours, darker on x-facing sides),
-ground (the region's checker), or sky (a vertical gradient), all blended into the world's fog
+ground (the region's checker), or sky (a vertical gradient; with a world's ``compass`` its horizon
+colour turns with heading, and its ``sun`` is a disc in it), all blended into the world's fog
 colour with distance. Pattern contrast fades out where a pattern period becomes smaller than about
 two pixels, so distant walls and ground do not alias into moire (which a small codec cannot encode
 and a model would learn as noise). Pitch shears the image vertically (the horizon row moves), as
@@ -132,15 +133,16 @@ def render_view(world: World, pose, height: int, width: int) -> np.ndarray:
     horizon = height / 2 + focal * np.tan(np.deg2rad(pitch))
     t = (horizon - (np.arange(height) + 0.5))[:, None] / focal           # [H, 1] slope of each row's ray
     z_wall = EYE_HEIGHT + t * dist[None, :]                                  # [H, W] height hit on the wall
-    is_wall = np.isfinite(dist)[None, :] & (z_wall >= 0) & (z_wall <= WALL_HEIGHT)
+    is_wall = np.isfinite(dist)[None, :] & (z_wall >= 0) & (z_wall <= world.wall_height)
     is_floor = (t < 0) & ~is_wall
     img = np.empty((height, width, 3), np.float32)
     depth = np.full((height, width), np.inf, np.float32)
 
-    # sky: gradient by elevation
+    # sky: gradient by elevation (towards each column's heading tint with a compass), then the sun
     elev = np.clip(np.arctan(t) / np.deg2rad(60), 0, 1) ** 0.7                # [H, 1]
-    sky = world.sky_horizon[None, None] * (1 - elev[..., None]) + world.sky_top[None, None] * elev[..., None]
-    img[:] = np.broadcast_to(sky, img.shape)
+    img[:] = np.broadcast_to(_sky(world, elev, dx, dy), img.shape)
+    if world.sun is not None:
+        _draw_sun(img, world.sun, np.rad2deg(np.arctan(t)), dx, dy)
 
     # walls
     wr, wc = np.nonzero(is_wall)
@@ -175,6 +177,34 @@ def render_view(world: World, pose, height: int, width: int) -> np.ndarray:
     fog = np.where(np.isfinite(depth), fog, 0.0)[..., None]
     img = img * (1 - fog) + world.fog[None, None] * fog
     return (np.clip(img, 0, 1) * 255 + 0.5).astype(np.uint8)
+
+
+def _headings(dx: np.ndarray, dy: np.ndarray) -> np.ndarray:
+    """Heading in degrees [0, 360) of each column's ray (yaw convention: 0 = +y, 90 = +x)."""
+    return np.rad2deg(np.arctan2(dx, dy)) % 360.0
+
+
+def _sky(world: World, elev: np.ndarray, dx: np.ndarray, dy: np.ndarray) -> np.ndarray:
+    """float32 [H, W or 1, 3]: horizon colour (per column from ``world.compass``: the four tints
+    blended with cos^2 weights of the angle to +y, +x, -y, -x) towards ``sky_top`` with ``elev``
+    [H, 1] in [0, 1]."""
+    if world.compass is None:
+        horizon = world.sky_horizon[None, None]
+    else:
+        ang = np.deg2rad(_headings(dx, dy))[:, None] - np.deg2rad([0.0, 90.0, 180.0, 270.0])[None]
+        w = np.clip(np.cos(ang), 0, None) ** 2                                 # [W, 4], sums to 1
+        horizon = ((w / w.sum(1, keepdims=True)) @ world.compass)[None].astype(np.float32)
+    return horizon * (1 - elev[..., None]) + world.sky_top[None, None] * elev[..., None]
+
+
+def _draw_sun(img: np.ndarray, sun, row_elev_deg: np.ndarray, dx: np.ndarray, dy: np.ndarray) -> None:
+    """Paint the sun (yaw_deg, elevation_deg, radius_deg) into the sky ``img`` [H, W, 3] in place, a
+    pale warm disc with a one-degree soft edge (walls and ground are drawn over it)."""
+    yaw, elevation, radius = sun
+    daz = (_headings(dx, dy) - yaw + 180.0) % 360.0 - 180.0                      # [W]
+    off = np.hypot(daz[None, :], row_elev_deg - elevation)                      # [H, W] degrees
+    a = np.clip(radius + 0.5 - off, 0, 1)[..., None]
+    img[:] = img * (1 - a) + np.array([1.0, 0.93, 0.7], np.float32) * a
 
 
 def render_frames(world: World, poses, height: int, width: int) -> np.ndarray:

@@ -22,16 +22,18 @@ class GroundTruth:
         world_seed: the world (any integer >= 0).
         plan: the run's :class:`~worldtrace_cli.trajectory.ActionPlan` (universal mode).
         height, width: frame size in pixels.
+        style: the world's style (:data:`~worldtrace_cli.world.scene.STYLES`; a preset's ``world:``);
+            None = ``procedural``.
     Raises:
         ValueError: a plan whose mode has no camera model in the world (only ``universal`` walks and
             looks around freely); a negative seed (from :func:`~worldtrace_cli.world.scene.make_world`).
     """
 
-    def __init__(self, world_seed: int, plan, height: int, width: int):
+    def __init__(self, world_seed: int, plan, height: int, width: int, style: str | None = None):
         if plan.mode != "universal":
             raise ValueError(f"the procedural world is walked in universal mode, not {plan.mode!r}")
         self.world_seed = int(world_seed)
-        self.world = make_world(self.world_seed)
+        self.world = make_world(self.world_seed, style=style or "procedural")
         self.poses = plan_frame_poses(plan).numpy()  # float64 [R, 4]
         self.height, self.width = height, width
 
