@@ -945,3 +945,20 @@ def test_growth_refuses_what_is_not_adding_blocks(tmp_path):
     for big, message in cases:
         with pytest.raises(InputError, match=message):
             grow_state_dict(state, small.dit, big.dit, build_dit(big, 0).state_dict())
+
+
+def test_towers_clips_are_rendered_in_the_towers_world(tmp_path, vae_file):
+    """train encode --world towers (issue 47): the data folder records the style, and a clip's frames
+    are the towers world's (not the city's of the same seed)."""
+    from worldtrace_cli.train.dataset import ClipMix, encode_clips, make_clip, make_encoder
+    from worldtrace_cli.train.evaluate import data_world
+
+    folder = tmp_path / "towers"
+    encode_clips(folder, vae_file[0], shards=1, mix=ClipMix(late=0.0, loop=1.0, world="towers"), height=48, width=96,
+                 progress=False, shard_clips=1)
+    assert json.loads((folder / "data.json").read_text())["mix"]["world"] == "towers"
+    assert data_world(folder) == "towers"
+    vae, tower = make_encoder(vae_file[0], 2, 48, 96)
+    city, towers = (make_clip(np.random.default_rng(5), vae, tower, late=False, loop=True, world=w)
+                    for w in ("procedural", "towers"))
+    assert city.world_seed == towers.world_seed and not torch.equal(city.latents, towers.latents)
