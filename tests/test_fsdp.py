@@ -129,6 +129,9 @@ def test_split_heads_is_refused_where_it_cannot_run(tmp_path, monkeypatch):
     assert "--split-heads" in one_line_error(invoke(*base, "--offload", "blocks", "-o", tmp_path / "c"))
     resumed = invoke("generate", "--resume", tmp_path / "a", "--split-heads")
     assert "--split-heads with --resume" in one_line_error(resumed)
+    monkeypatch.setenv("WORLD_SIZE", "3")  # tiny's 2 heads over 3 processes: refused before anything loads
+    line = one_line_error(invoke(*base, "-o", tmp_path / "d"))
+    assert "heads (2) do not divide by 3" in line and not (tmp_path / "d").exists()
 
 
 def test_split_heads_refuses_a_process_count_that_does_not_divide_the_heads(dit, monkeypatch):

@@ -305,3 +305,22 @@ def test_state_round_trip_on_cuda_keeps_host_stores_on_the_host(spec, tmp_path):
             w.begin_chunk(3 * c + 3)
     if spec in ("field", "naive", "mixed:2"):
         assert all(t.is_pinned() for t in w2._components[0]._store)
+
+
+def test_a_resume_state_of_another_head_count_is_refused_in_one_line():
+    """A --split-heads process's cache holds H/N heads per slot: restoring it into a whole model must
+    be refused (InputError naming the heads), not fail mid-chunk on a shape."""
+    from dataclasses import replace
+
+    from worldtrace_cli.errors import InputError
+
+    saved = run(build_writer(MemoryConfig.of(cache="sliding"), DEFAULT_BUDGET), 4).state_dict()
+    assert saved["heads"] == GEOM.heads
+    other = build_writer(MemoryConfig.of(cache="sliding"), DEFAULT_BUDGET)
+    other.reset(replace(GEOM, heads=GEOM.heads // 2))
+    with pytest.raises(InputError, match=f"holds {GEOM.heads} heads per slot, this model {GEOM.heads // 2}"):
+        other.load_state_dict(saved)
+    older = {k: v for k, v in saved.items() if k != "heads"}  # states saved before heads were recorded
+    same = build_writer(MemoryConfig.of(cache="sliding"), DEFAULT_BUDGET)
+    same.reset(GEOM)
+    same.load_state_dict(older)

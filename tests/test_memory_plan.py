@@ -193,8 +193,25 @@ def test_a_growing_cache_is_planned_past_generates_cap_and_the_cap_is_named():
     out = invoke("bench", "memory", "--preset", "self-forcing", "--chunks", "24", "--json")
     assert out.exit_code == 0, out.output
     plan = json.loads(out.stdout)["plans"][0]
-    stored = plan["parts_gb"]["cache"]
+    stored = plan["parts_gb"]["cache"]  # after 23 commits
     assert plan["options"]["cache"] == "full" and 2 * stored > 16
     assert plan["phases_gb"]["denoise"] > 2 * stored  # both copies are in the chunk's peak
-    assert f"generate stops such a run at its --max-cache-gb 16 unless given --max-cache-gb {2 * stored:.0f}" \
-        in out.stderr
+    needed = int(out.stderr.split("unless given --max-cache-gb ")[1].split()[0])
+    assert "generate stops such a run at its --max-cache-gb 16" in out.stderr
+    assert 2 * stored * 24 / 23 <= needed < 2 * stored * 24 / 23 + 1  # the last chunk's commit counted, rounded up
+    from worldtrace_cli.config import load_preset
+    from worldtrace_cli.memory import CacheGeometry, build_writer
+    from worldtrace_cli.errors import RunError
+
+    cfg = load_preset("self-forcing").dit  # the same writer refuses at the cap and passes at the suggestion
+    geom = CacheGeometry(cfg.num_layers, cfg.num_heads, cfg.head_dim, 1560, 3, dtype=torch.bfloat16, device="meta")
+    for cap, refused in ((16, True), (needed, False)):
+        writer = build_writer(memory_config("full", max_cache_gb=cap), 3)
+        writer.reset(geom)
+        kv = [(torch.empty(1, 3 * 1560, cfg.num_heads, cfg.head_dim, device="meta"),) * 2] * cfg.num_layers
+        try:
+            for c in range(24):
+                writer.commit(kv, list(range(3 * c, 3 * c + 3)))
+            assert not refused
+        except RunError:
+            assert refused

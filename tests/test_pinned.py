@@ -141,3 +141,20 @@ def test_a_reserved_arena_carves_without_allocating():
     assert arena.reserve(nbytes, 0) == 0 and arena.slabs_made == 2
     arena.take((nbytes // 2,), torch.bfloat16)
     assert arena.slabs_made == 3
+
+
+def test_what_may_be_page_locked_ahead_is_counted_in_whole_slabs(monkeypatch):
+    """issue 45 review: a 1.28 GB frame takes a 2 GiB slab, so half of 10 GiB free holds 2 of them,
+    not 3 (counting the tensors' own bytes let the reservation reach ~80 % of free memory); the
+    processes of a torchrun host share the half."""
+    from worldtrace_cli.memory.pinned import affordable
+
+    frame, free = 1_280_000_000, 10 * 2**30
+    monkeypatch.delenv("LOCAL_WORLD_SIZE", raising=False)
+    assert slab_bytes(frame) == 2**31
+    assert affordable(100, frame, free=free) == 2
+    assert affordable(1, frame, free=free) == 1
+    small = 162_201_600  # MG2's frame: 13 to a 2 GiB slab
+    assert affordable(1000, small, free=free) == 2 * 13
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "2")
+    assert affordable(1000, small, free=free) == 13

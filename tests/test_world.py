@@ -256,6 +256,7 @@ def test_a_towers_preset_scores_against_its_own_world(tmp_path):
     out = CliRunner().invoke(main, ["world", "render", "trajectories/look_around.yaml", "--chunks", "1", "--preset",
                                     str(preset_file), "-o", str(tmp_path / "truth"), "--no-progress"])
     assert out.exit_code == 0, out.output
+    assert json.loads((tmp_path / "truth" / "poses.json").read_text())["world"] == "towers"
     (tmp_path / "data").mkdir()
     (tmp_path / "data" / "data.json").write_text(json.dumps({"mix": {"world": "towers"}}))
     assert data_world(tmp_path / "data") == "towers" and data_world(tmp_path) == "procedural"

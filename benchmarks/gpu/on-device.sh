@@ -117,7 +117,8 @@ case "${1:-check}" in
         --caches sliding,landmark,field,field-streaming,retrieval,worldkv --budget 6 --chunks 16 --repeats 3 --warmup 4 \
         -o "$OUT" --name "speed-$PRESET-writers-b6" 2>&1 | tail -3 | tee -a "$OUT/memory.log"
     # the allocator's cudaHostRegister path for page-locking (PyTorch's pinned_use_cuda_host_register): field's
-    # first run against the default cudaHostAlloc above; kept only where it measures better (issue 45 part 5)
+    # reserve_seconds (the host store page-locked ahead, timed apart in each row) and first run against the
+    # default cudaHostAlloc above; kept only where it measures better (issue 45 part 5)
     PYTORCH_CUDA_ALLOC_CONF=pinned_use_cuda_host_register:True,pinned_num_register_threads:8 \
     step 60 python3 -m worldtrace_cli bench speed --preset "$PRESET" --random-weights --device "$DEVICE" \
         --caches sliding,field --budget 6 --chunks 16 --repeats 1 --warmup 4 \

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import math
 import sys
 from pathlib import Path
 
@@ -189,11 +190,12 @@ def bench_memory(preset, cache, budget, chunks, offload, weights_dtype, dtype, d
         plans = memory_plans(resolved, memory, offload, weights_dtype, dt, chunks,
                              False if random_weights else None, gb)
         cap = MemoryConfig.of(cache="full").settings().max_cache_gb  # generate's default --max-cache-gb
-        stored = max(p.parts.get("cache", 0) for p in plans) / 1e9
+        # the plan holds the cache after chunks - 1 commits; generate's check counts the last chunk's too
+        stored = max(p.parts.get("cache", 0) for p in plans) / 1e9 * chunks / max(1, chunks - 1)
         if "max_cache_gb" in options and 2 * stored > cap:  # the cap counts 2 copies (memory/full.py)
             logging.getLogger("worldtrace").warning(
                 f"--cache {memory.cache}: {chunks} chunks keep {stored:.1f} GB of KV cache; generate stops such a "
-                f"run at its --max-cache-gb {cap:g} unless given --max-cache-gb {2 * stored:.0f} or more")
+                f"run at its --max-cache-gb {cap:g} unless given --max-cache-gb {math.ceil(2 * stored)} or more")
         if as_json:
             click.echo(json.dumps({"device": name, "device_gb": gb, "plans": [
                 {**p.to_dict(), "fits": None if gb is None else fits(p, gb)} for p in plans]}, indent=1))

@@ -48,7 +48,7 @@ def render_cmd(trajectory, world_seed, chunks, preset, output, no_progress):
         truth = GroundTruth(world_seed, plan, p.height, p.width, p.world)
         truth.write_video(output / "video.mp4", p.fps, plan.num_chunks, progress=not no_progress)
         write_json_atomic(output / "poses.json", {
-            "world_seed": world_seed, "trajectory": str(trajectory), "chunks": plan.num_chunks,
+            "world_seed": world_seed, "world": truth.world.style, "trajectory": str(trajectory), "chunks": plan.num_chunks,
             "height": p.height, "width": p.width, "fps": p.fps,
             "pose_fields": ["x", "y", "yaw_deg", "pitch_deg"], "units": "1 unit = 1 chunk of walking",
             "poses": [[round(v, 6) for v in row] for row in truth.poses.tolist()]}, indent=None)

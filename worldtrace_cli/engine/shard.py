@@ -11,14 +11,21 @@ GPUs, ``gloo`` on a CPU):
   ``ColwiseParallel`` on the q/k/v projections and the FFN's first Linear and ``RowwiseParallel`` on
   the output projections and the FFN's second (Megatron's split). Each process computes its H/N heads
   of the self- and cross-attention and 1/N of the FFN, and holds its heads' slice of every cache slot
-  (the writer's geometry has H/N heads); two all-reduces per block join the outputs, and Wan's q/k
-  RMSNorm, which normalises over all heads, all-reduces its sum of squares
+  (the writer's geometry has H/N heads); per block and DiT call, three all-reduces join the row-wise
+  outputs (self-attention ``o``, cross-attention ``o``, ``ffn.2``) and three more join the sums of
+  squares of Wan's q/k RMSNorms, which normalise over all heads
   (:class:`~worldtrace_cli.model.dit.RMSNorm`). Writers whose choices read keys across heads
   (landmark's scene-entry test, the compression of WorldKV and retrieval) all-reduce their sums over
   the same group (:func:`~worldtrace_cli.memory.slots.head_sum`), so every process keeps the same
-  slots. The frames match the single process's within float rounding (sums in another order), not
-  bit for bit. What stays whole on every process: the embeddings, the head, the modulation and MG2's
-  action modules (a few percent of the weights).
+  slots (all-reduced values are the same on every process). Against a single process the frames
+  match within float rounding (sums in another order), not bit for bit, and a writer's choice that
+  sits exactly at its threshold (a landmark distance at tau, a tie among WorldKV's tokens) could
+  fall the other way. What stays whole on every process: the embeddings, the head, the modulation,
+  MG2's action modules and LingBot-World's camera layers (14 % of MG2's weights, 24 % of
+  LingBot-World's: with N = 4 a process holds 35 % / 43 %). Weights are sliced where every process
+  already holds them (no scatter from process 0: ``src_data_rank=None``), so the split is not a
+  collective, and process 0 may fail before it (an occupied output folder) without the others
+  hanging in one. No resume state is saved: each process holds only its heads' share of the cache.
 
 Every process runs the same chunk loop on the same inputs (the same seeded noise, so the same
 latents); process 0 also decodes and writes the run, the others only generate
@@ -119,16 +126,18 @@ def split_heads(dit, device: torch.device) -> int:
     from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
 
     world, cfg = _STATE["world"], dit.cfg
-    for what, count in (("attention heads", cfg.num_heads), ("FFN width", cfg.ffn_dim)):
-        if count % world:
-            raise InputError(f"--split-heads over {world} processes: the DiT's {what} ({count}) do not divide by "
-                             f"{world}; use a process count that divides {cfg.num_heads} (or --fsdp)")
+    check_split(world, cfg.num_heads, cfg.ffn_dim)
     mesh = init_device_mesh(device.type, (world,))
     group, here = mesh.get_group(), _STATE["rank"]
     _STATE["group"] = group
-    plan = {"ffn.0": ColwiseParallel(), "ffn.2": RowwiseParallel()}
+
+    def local(style):  # every process holds the full weights: each slices its own, nothing is scattered
+        style.src_data_rank = None
+        return style
+
+    plan = {"ffn.0": local(ColwiseParallel()), "ffn.2": local(RowwiseParallel())}
     for attn in ("self_attn", "cross_attn"):
-        plan.update({f"{attn}.{p}": ColwiseParallel() for p in "qkv"}, **{f"{attn}.o": RowwiseParallel()})
+        plan.update({f"{attn}.{p}": local(ColwiseParallel()) for p in "qkv"}, **{f"{attn}.o": local(RowwiseParallel())})
     for block in dit.blocks:
         parallelize_module(block, mesh, plan)
         for attn in (block.self_attn, block.cross_attn):
@@ -140,6 +149,21 @@ def split_heads(dit, device: torch.device) -> int:
                 norm.group = group
     dit.to(device)
     return sum(p.to_local().numel() if isinstance(p, DTensor) else p.numel() for p in dit.parameters())
+
+
+def check_split(world: int, heads: int | None, ffn: int | None) -> None:
+    """Refuse a head split the DiT cannot take: ``world`` processes must divide its ``heads`` and its
+    FFN width ``ffn`` (None: not known yet, checked once the DiT is built).
+
+    Raises:
+        InputError: one of them does not divide by ``world``.
+    """
+    for what, count in (("attention heads", heads), ("FFN width", ffn)):
+        if count is not None and count % world:
+            hint = f"use a process count that divides {count}" if heads is None or ffn is None else \
+                f"use a process count that divides both {heads} and {ffn}"
+            raise InputError(f"--split-heads over {world} processes: the DiT's {what} ({count}) do not divide by "
+                             f"{world}; {hint} (or --fsdp)")
 
 
 def head_split() -> tuple[int, object]:
@@ -191,8 +215,11 @@ def finish(clean: bool = True) -> None:
             if _STATE["rank"] == 0:
                 _say(False)
             if clean or _STATE["rank"] == 0:
-                dist.barrier()  # every process past the last broadcast before the group goes (gloo aborted a
-                # process that tore its group down while another's last receive was in flight: 1 run in 7 here)
+                # every process past the last broadcast before the group goes (gloo aborted a process that tore
+                # its group down while another's last receive was in flight: 1 run in 7 here), then past that
+                # barrier's own messages too (--split-heads under load: 1 run in 6 aborted after one barrier)
+                dist.barrier()
+                dist.barrier()
         except RuntimeError as exc:  # gloo / nccl: the other process is gone
             log.debug(f"{MODES[_STATE['mode']]}: leaving the process group without the others "
                       f"({str(exc).splitlines()[0]})")
@@ -223,13 +250,17 @@ def check(cfg, mode: str = "fsdp") -> None:
 
     Raises:
         InputError: ``--compile``, ``--weights-dtype fp8`` or ``--offload blocks`` with ``--fsdp`` or
-            ``--split-heads`` (``mode``).
+            ``--split-heads`` (``mode``); ``--split-heads`` over a process count (torchrun's WORLD_SIZE)
+            that does not divide the preset's heads or FFN width (:func:`check_split`).
     """
     for flag, value, default in (("--compile", cfg.compile, "none"), ("--weights-dtype", cfg.weights_dtype, "auto"),
                                  ("--offload", cfg.offload, "text")):
         if value not in (default, "auto"):
             raise InputError(f"{MODES[mode]} with {flag} {value}: not supported together yet")
+    world, dit = int(os.environ.get("WORLD_SIZE", "1") or 1), cfg.preset.dit
+    if mode == "heads" and world > 1:  # before anything loads (a checkpoint's own config is checked after)
+        check_split(world, getattr(dit, "num_heads", None), getattr(dit, "ffn_dim", None))
 
 
-__all__ = ["MODES", "active", "check", "device", "finish", "follow", "head_split", "lockstep", "place_dit", "rank",
+__all__ = ["MODES", "active", "check", "check_split", "device", "finish", "follow", "head_split", "lockstep", "place_dit", "rank",
            "shard_dit", "split_heads", "start"]

@@ -32,7 +32,8 @@ def speed_benchmark(preset_name: str = "tiny", caches: tuple[str, ...] = ("slidi
     ``warmup_seconds`` (wall clock of the ``warmup_chunks`` excluded chunks, the first included, with
     their decode); both None when ``warmup_chunks`` is 0 (nothing excluded, nothing timed apart), peak GPU bytes
     since the rollout started (``torch.cuda.max_memory_allocated``), process RSS bytes, KV bytes
-    read, writer host bytes.
+    read, writer host bytes, and ``reserve_seconds`` / ``reserved_bytes``: the writer's host store
+    page-locked ahead before the clock starts (``CacheWriter.reserve_host``, as ``generate`` does).
 
     ``budget``: past latent-frame slots of every writer (None = each writer's default: sliding
     reads MG2's own 3 past frames, the WorldTrace writers 6, so at defaults they attend over 6 vs 9
@@ -110,7 +111,9 @@ def speed_benchmark(preset_name: str = "tiny", caches: tuple[str, ...] = ("slidi
         if dev.type == "cuda":
             torch.cuda.reset_peak_memory_stats(dev)
         rollout = pipe.rollout(writer, conditioned, keyboard, mouse, seed)
-        writer.reserve_host(n_max * preset.frames_per_chunk)  # as generate does, before its clock starts (issue 45)
+        t_reserve = time.perf_counter()  # as generate does, before its clock starts (issue 45); timed on its own
+        reserved = writer.reserve_host(n_max * preset.frames_per_chunk)
+        reserve = (time.perf_counter() - t_reserve, reserved)
         pipeline = DecodePipeline(pipe.decoder(), dev, overlap_decode) if decode else None
         timings: list[dict] = []
         out_rows = []
@@ -153,6 +156,7 @@ def speed_benchmark(preset_name: str = "tiny", caches: tuple[str, ...] = ("slidi
                     "dit_forward_seconds": phases["denoise"] / len(preset.denoising_steps),
                     "fps": (frames / wall) if decode and wall else None,
                     "first_chunk_seconds": first_chunk, "warmup_seconds": warmup,
+                    "reserve_seconds": reserve[0], "reserved_bytes": reserve[1],
                     "gpu_peak_bytes": torch.cuda.max_memory_allocated(dev) if dev.type == "cuda" else None,
                     "rss_bytes": process_rss_bytes(),
                     "kv_bytes": out.record["cache"]["kv_bytes"],

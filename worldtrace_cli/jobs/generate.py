@@ -139,6 +139,8 @@ class _Generation:
 
         if shard.active():  # --fsdp, --split-heads: the other processes make each chunk with this one (engine/shard.py)
             self.rollout.step = shard.lockstep(self.rollout.step)
+        # process 0 holds the whole cache unless the heads are split across the processes
+        self.resumable = shard.head_split()[0] == 1
         self.decoder = pipeline.decoder()
         self.scorer = OnlineMetrics(cfg.metrics, pipeline.world.clip if cfg.metrics == "all" else None, inputs.truth)
         self.progress = {"totals": {}, "peak": {"rss_bytes": 0, "gpu_peak_bytes": 0}}
@@ -175,7 +177,7 @@ class _Generation:
             # the chunks decoded before it are written first
             last = c == plan.num_chunks - 1
             signalled = stop.signal is not None  # read once: a signal arriving now counts next chunk
-            save = not last and (signalled or (cfg.save_every and (c + 1) % cfg.save_every == 0))
+            save = not last and (signalled or (cfg.save_every and (c + 1) % cfg.save_every == 0)) and self.resumable
             if save or last or signalled:
                 self.loop.flush()  # the decoder state must cover every chunk saved
             if save:
@@ -233,8 +235,11 @@ class _Generation:
         self.close(failing=False)
         if stopped is not None:
             self.summary("stopped")
+            again = (f"resume with: worldtrace generate --resume {folder.path}" if self.resumable else
+                     "a --split-heads run keeps no resume state (each process holds its heads' share of the cache): "
+                     "run it again with --overwrite")
             raise Interrupted(f"interrupted after chunk {stopped} of {plan.num_chunks}; every finished chunk is in "
-                              f"{folder.path}; resume with: worldtrace generate --resume {folder.path}")
+                              f"{folder.path}; {again}")
         have, need = folder.video_frames(), frames_for_chunks(plan.num_chunks, self.cfg.preset.frames_per_chunk)
         if have < need:  # e.g. video.mp4 deleted or replaced while the run wrote it: not a success
             self.summary("failed")

@@ -192,7 +192,7 @@ class ChunkBank:
             return 0
         g = self.geometry
         nbytes = g.num_layers * self.entry_tokens() * g.heads * g.head_dim * g.dtype.itemsize
-        return self._arena.reserve(nbytes, affordable(2 * chunks, nbytes))
+        return self._arena.reserve(nbytes, affordable(2 * chunks, nbytes, self._arena.limit))
 
     def _place(self, x: torch.Tensor, owned: bool = False) -> torch.Tensor:
         """``x`` on the bank device (pinned host memory when pinning); a copy unless ``owned`` and

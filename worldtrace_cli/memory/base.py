@@ -194,7 +194,7 @@ class CacheWriter:
         w2.load_state_dict(w1.state_dict())`` makes w2 read and commit bit-identically to w1.
         """
         return {"writer": self.name, "version": STATE_VERSION, "budget": self.budget,
-                "frame_start": self.frame_start}
+                "frame_start": self.frame_start, "heads": self.geometry.heads}
 
     def load_state_dict(self, state: dict) -> None:
         """Restore :meth:`state_dict` after :meth:`reset` (with the same config and geometry).
@@ -203,7 +203,8 @@ class CacheWriter:
         source may keep being used.
 
         Raises:
-            InputError: the state belongs to another writer, layout version or budget.
+            InputError: the state belongs to another writer, layout version or budget, or holds
+                another number of heads (a state saved before heads were recorded is taken as whole).
         """
         from ..errors import InputError
 
@@ -214,6 +215,9 @@ class CacheWriter:
             raise InputError(f"resume state: saved by writer {got[0]!r} (state version {got[1]}, budget {got[2]}), "
                              f"cannot restore into --cache {self.config.cache} (version {STATE_VERSION}, "
                              f"budget {self.budget})")
+        if state.get("heads", self.geometry.heads) != self.geometry.heads:
+            raise InputError(f"resume state: its cache holds {state['heads']} heads per slot, this model "
+                             f"{self.geometry.heads}")
         self.frame_start = int(state["frame_start"])
         self._positions = None
 

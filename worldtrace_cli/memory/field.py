@@ -108,7 +108,7 @@ class FieldSummary(SummaryMemory):
             return 0
         g = self.geometry
         frame = g.num_layers * 2 * g.tokens_per_frame * g.heads * g.head_dim * g.dtype.itemsize
-        return self._arena.reserve(frame, affordable(evictions, frame))
+        return self._arena.reserve(frame, affordable(evictions, frame, self._arena.limit))
 
     def evict(self, frame_id: int, frame_kv: FrameKV) -> None:
         if self.num_slots == 0:
@@ -143,6 +143,7 @@ class FieldSummary(SummaryMemory):
         :meth:`state_dict` on the host)."""
         if not hasattr(self, "_side"):
             self._side = torch.cuda.Stream(self._device)
+        self._copies = {i: e for i, e in self._copies.items() if not e.query()}  # landed ones need no wait
         self._side.wait_stream(torch.cuda.current_stream(self._device))
         with torch.cuda.stream(self._side):
             host = self._arena.copy(x, non_blocking=True)
@@ -158,7 +159,7 @@ class FieldSummary(SummaryMemory):
         src = self._store[index]
         if isinstance(src, Path):
             return load_file(str(src), device=str(self._device))["kv"]
-        copy = self._copies.pop(index, None)
+        copy = self._copies.get(index)
         if copy is not None:  # the host copy may still be in flight: the stream waits for it, the host does not
             torch.cuda.current_stream(self._device).wait_event(copy)
         return src.to(self._device, non_blocking=True)

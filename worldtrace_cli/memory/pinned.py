@@ -22,14 +22,20 @@ MAX_WASTE = 1 / 16          # the first power of two at or under this waste is t
 RESERVE_FRACTION = 0.5      # of the host memory free at reset that a run's page-locked stores may take ahead
 
 
-def affordable(count: int, nbytes: int) -> int:
-    """How many of ``count`` tensors of ``nbytes`` bytes a writer may page-lock ahead: at most
-    :data:`RESERVE_FRACTION` of the host memory free now (Linux ``SC_AVPHYS_PAGES``); the rest, if any,
-    is page-locked as it comes."""
+def affordable(count: int, nbytes: int, limit: int = SLAB_LIMIT, free: int | None = None) -> int:
+    """How many of ``count`` tensors of ``nbytes`` bytes a writer may page-lock ahead: as many as fit
+    in the whole slabs (:func:`slab_bytes`, what :meth:`PinnedArena.reserve` allocates) that
+    :data:`RESERVE_FRACTION` of the host memory free now takes (``free`` bytes; default Linux's
+    ``SC_AVPHYS_PAGES``), shared among the processes of a torchrun host (``LOCAL_WORLD_SIZE``). The
+    rest, if any, is page-locked as it comes."""
     import os
 
-    free = os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
-    return max(0, min(count, int(free * RESERVE_FRACTION) // max(1, nbytes)))
+    if free is None:
+        free = os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    share = free * RESERVE_FRACTION / max(1, int(os.environ.get("LOCAL_WORLD_SIZE", "1") or 1))
+    slab = slab_bytes(max(1, nbytes), limit)
+    per_slab = 1 + (slab - nbytes) // _aligned(max(1, nbytes))
+    return max(0, min(count, int(share // slab) * per_slab))
 
 
 def _aligned(nbytes: int) -> int:

@@ -47,21 +47,24 @@ ROLLOUT_FILE = "heldout-rollouts-{chunks}.safetensors"
 HELDOUT_SEED = 10_000_019  # a data stream the training shards (seeds [seed, i]) never use
 
 
-def _encoded_once(path: Path, count: int, vae_weights, clip_seed: int, height: int, width: int, make) -> list[EncodedClip]:
+def _encoded_once(path: Path, count: int, vae_weights, clip_seed: int, height: int, width: int, make,
+                  world: str = "procedural") -> list[EncodedClip]:
     """The first ``count`` clips stored in ``path``; when it holds fewer, or was encoded with another
     VAE file (the header's ``vae``: the sha256 of the whole VAE file; files cached before 2026-11-26
-    have none and are encoded again), ``make(vae, tower)`` encodes them (a
+    have none and are encoded again) or in another world style (the header's ``world``; none =
+    ``procedural``), ``make(vae, tower)`` encodes them (a
     list of :class:`EncodedClip`) and they are stored first. Always the stored (float16-rounded)
     clips, so a score does not depend on whether the file existed."""
     from ..model.checkpoint import file_identity
 
     vae_id = file_identity(vae_weights, full_hash=True)["sha256"]
-    if path.exists() and shard_metadata(path).get("vae") == vae_id:
+    meta = shard_metadata(path) if path.exists() else {}
+    if meta.get("vae") == vae_id and meta.get("world", "procedural") == world:
         clips = read_shard(path)
         if len(clips) >= count:
             return clips[:count]
     vae, tower = make_encoder(vae_weights, clip_seed, height, width)
-    write_shard(path, make(vae, tower), metadata={"vae": vae_id})
+    write_shard(path, make(vae, tower), metadata={"vae": vae_id, "world": world})
     return read_shard(path)[:count]
 
 
@@ -97,7 +100,7 @@ def heldout_clips(data: Path, vae_weights, count: int, mix: ClipMix = ClipMix(la
         return [make_clip(rng, vae, tower, late=rng.random() < mix.late, loop=True, max_angle_deg=mix.max_angle_deg,
                           world=world) for _ in range(count)]
 
-    return _encoded_once(Path(data) / HELDOUT_FILE, count, vae_weights, clip_seed, height, width, make)
+    return _encoded_once(Path(data) / HELDOUT_FILE, count, vae_weights, clip_seed, height, width, make, world)
 
 
 def heldout_rollout_clips(data: Path, vae_weights, count: int, chunks: int = 8, clip_seed: int = 2,
@@ -111,7 +114,7 @@ def heldout_rollout_clips(data: Path, vae_weights, count: int, chunks: int = 8, 
         return [make_clip(rng, vae, tower, late=False, loop=False, chunks=chunks, world=world) for _ in range(count)]
 
     return _encoded_once(Path(data) / ROLLOUT_FILE.format(chunks=chunks), count, vae_weights, clip_seed, height,
-                         width, make)
+                         width, make, world)
 
 
 @torch.no_grad()

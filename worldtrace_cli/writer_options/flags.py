@@ -86,7 +86,8 @@ def _device(v) -> str | None:
 
 
 _SINK_HELP = "first latent frames kept (attention sink)"
-_CAP_HELP = "refuse before the KV cache (3 copies per chunk) exceeds this many GB"
+_CAP_HELP = ("refuse before the KV cache (2 copies per chunk: stored frames, rotated buffers) exceeds this many GB "
+             "(per process under --split-heads)")
 _SPILL_HELP = "keep evicted frames on disk here instead of host memory (very long runs)"
 _TAU_HELP = ("tau: cosine distance (0-2) between consecutive frame descriptors that marks a scene entry (default: "
              "the preset's calibrated tau, loopworld 0.0047, else the paper's 0.1; `worldtrace bench tau` calibrates it)")
