@@ -95,6 +95,14 @@ def _hsv(h, s, v) -> np.ndarray:
     return np.take_along_axis(table, i[None, ..., None].repeat(3, -1), 0)[0].astype(np.float32)
 
 
+def _region_hues(rng: np.random.Generator, cells: int) -> tuple[int, np.ndarray]:
+    """(R regions a side, their hues float64 [R, R] in [0, 1)): spread around the colour wheel in a
+    shuffled order, so neighbouring regions differ (two draws from ``rng``)."""
+    regions = -(-cells // REGION_UNITS)
+    hues = (rng.permutation(regions * regions) / (regions * regions) * 7.0 + rng.random()) % 1.0
+    return regions, hues.reshape(regions, regions)
+
+
 @functools.lru_cache(maxsize=64)
 def make_world(seed: int, cells: int = WORLD_CELLS, style: str = "procedural") -> World:
     """Build the world of ``seed`` in ``style`` (deterministic; about 20 ms; the last 64 are cached,
@@ -121,9 +129,7 @@ def make_world(seed: int, cells: int = WORLD_CELLS, style: str = "procedural") -
     if style == "towers":
         return _towers(seed, cells)
     rng = np.random.default_rng([seed, 0x5EED])
-    regions = -(-cells // REGION_UNITS)
-    hues = (rng.permutation(regions * regions) / (regions * regions) * 7.0 + rng.random()) % 1.0
-    hues = hues.reshape(regions, regions)
+    regions, hues = _region_hues(rng, cells)
     r = rng.random((4, regions, regions))
     floor_a = _hsv(hues, 0.25 + 0.3 * r[0], 0.30 + 0.15 * r[1])
     floor_b = _hsv(hues + 0.05, 0.20 + 0.3 * r[2], 0.45 + 0.2 * r[3])
@@ -179,9 +185,7 @@ def _towers(seed: int, cells: int) -> World:
     the same world as the city of that seed).
     """
     rng = np.random.default_rng([seed, 0x70E5])
-    regions = -(-cells // REGION_UNITS)
-    hues = (rng.permutation(regions * regions) / (regions * regions) * 7.0 + rng.random()) % 1.0
-    hues = hues.reshape(regions, regions)
+    regions, hues = _region_hues(rng, cells)
     r = rng.random((2, regions, regions))
     floor = _hsv(hues, 0.25 + 0.25 * r[0], 0.35 + 0.2 * r[1])
 
