@@ -184,3 +184,21 @@ def test_writers_choose_over_every_head_when_the_heads_are_split(tmp_path):
         r = torch.load(tmp_path / f"out.{rank}")
         assert r["keep_split"] == r["keep"] and len(r["keep"]) == 6 + 2 * 3
         assert abs(r["distance_split"] - r["distance"]) < 1e-6 and r["distance"] > 0.1
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("mode", ["--split-heads", "--fsdp"])
+def test_a_run_process_0_refuses_ends_every_process(mode, tmp_path):
+    """Process 0 refuses an output folder holding a finished run (one line, exit 2) while the others
+    load: they must not wait in a collective of their own (the head split once scattered the weights
+    from process 0, and this hung until the timeout)."""
+    out = tmp_path / "done"
+    first = invoke("generate", "--preset", "tiny", "trajectories/aba.yaml", "--image", IMAGE, "--chunks", "1",
+                   "--metrics", "none", "--no-progress", "-o", out)
+    assert first.exit_code == 0, first.output
+    run = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "-m",
+                          "worldtrace_cli", "generate", "--preset", "tiny", "trajectories/aba.yaml", "--image", IMAGE,
+                          "--chunks", "2", "--metrics", "none", "--no-progress", mode, "-o", str(out)],
+                         capture_output=True, text=True, timeout=120, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    assert run.returncode != 0
+    assert "worldtrace: error: output folder" in run.stderr and "already holds a finished run" in run.stderr

@@ -130,16 +130,12 @@ def split_heads(dit, device: torch.device) -> int:
     mesh = init_device_mesh(device.type, (world,))
     group, here = mesh.get_group(), _STATE["rank"]
     _STATE["group"] = group
-
-    def local(style):  # every process holds the full weights: each slices its own, nothing is scattered
-        style.src_data_rank = None
-        return style
-
-    plan = {"ffn.0": local(ColwiseParallel()), "ffn.2": local(RowwiseParallel())}
+    plan = {"ffn.0": ColwiseParallel(), "ffn.2": RowwiseParallel()}
     for attn in ("self_attn", "cross_attn"):
-        plan.update({f"{attn}.{p}": local(ColwiseParallel()) for p in "qkv"}, **{f"{attn}.o": local(RowwiseParallel())})
+        plan.update({f"{attn}.{p}": ColwiseParallel() for p in "qkv"}, **{f"{attn}.o": RowwiseParallel()})
     for block in dit.blocks:
-        parallelize_module(block, mesh, plan)
+        # every process holds the full weights: each slices its own, nothing is scattered (not a collective)
+        parallelize_module(block, mesh, plan, src_data_rank=None)
         for attn in (block.self_attn, block.cross_attn):
             attn.heads = cfg.num_heads // world
             for norm in (attn.norm_q, attn.norm_k):
