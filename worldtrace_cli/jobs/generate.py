@@ -276,7 +276,10 @@ def follow_generation(cfg) -> int:
     cfg = replace(cfg, offload="text")  # process 0's choice under --fsdp and --split-heads (bench_memory.fit_run)
     inputs = prepare_inputs(cfg)
     pipeline = Pipeline.from_config(cfg)
-    rollout = start_rollout(pipeline, pipeline.build_writer(cfg.memory), condition_run(pipeline, cfg, inputs), inputs)
+    writer = pipeline.build_writer(cfg.memory)
+    rollout = start_rollout(pipeline, writer, condition_run(pipeline, cfg, inputs), inputs)
+    # its host store page-locked ahead too (its share of the host: pinned.affordable), or process 0 waits for it
+    writer.reserve_host(inputs.plan.num_chunks * cfg.preset.frames_per_chunk)
     return shard.follow(rollout)
 
 
