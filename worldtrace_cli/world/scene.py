@@ -172,7 +172,7 @@ def _towers(seed: int, cells: int) -> World:
     """The ``towers`` style (issue 47), drawn for 96x176 frames and a 2x2-patch latent (one token
     covers 16x16 pixels): fewer, larger objects, solid colours, and cues of heading.
 
-    - Towers of 2x2 cells (2 units a side), :data:`TOWER_HEIGHT` high, on about 12 % of the cells
+    - Towers of 2x2 cells (2 units a side), :data:`TOWER_HEIGHT` high, on about 14-15 % of the cells
       (the city: 1x1 cells, 2.5 high, 30 %); a block touching the plaza or corridor is left out whole.
     - Every tower one solid colour near its region's hue (saturation 0.65-0.95, value one of
       :data:`TOWER_VALUES`); x-facing sides darker (the renderer's side shade); plain ground in the
