@@ -103,10 +103,8 @@ class RMSNorm(nn.Module):
         if self.group is None:
             mean_square = xf.pow(2).mean(-1, keepdim=True)
         else:
-            import torch.distributed as dist
-
             mean_square = xf.pow(2).sum(-1, keepdim=True)
-            dist.all_reduce(mean_square, group=self.group)
+            torch.distributed.all_reduce(mean_square, group=self.group)
             mean_square = mean_square / self.full_dim
         return (xf * torch.rsqrt(mean_square + self.eps)).type_as(x) * self.weight
 

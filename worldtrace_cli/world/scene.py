@@ -134,13 +134,7 @@ def make_world(seed: int, cells: int = WORLD_CELLS, style: str = "procedural") -
     floor_a = _hsv(hues, 0.25 + 0.3 * r[0], 0.30 + 0.15 * r[1])
     floor_b = _hsv(hues + 0.05, 0.20 + 0.3 * r[2], 0.45 + 0.2 * r[3])
 
-    half = cells / 2.0
-    centres = np.arange(cells) - half + 0.5
-    cx, cy = np.meshgrid(centres, centres, indexing="ij")
-    solid = rng.random((cells, cells)) < BUILDING_DENSITY
-    solid &= np.hypot(cx, cy) > PLAZA_RADIUS
-    corridor = (np.abs(cx) < CORRIDOR_HALF_WIDTH) & (cy > CORRIDOR_Y[0]) & (cy < CORRIDOR_Y[1])
-    solid &= ~corridor
+    solid = (rng.random((cells, cells)) < BUILDING_DENSITY) & ~_open_ground(cells)
     solid[0, :] = solid[-1, :] = solid[:, 0] = solid[:, -1] = True  # a closed outer wall
 
     region_of = np.arange(cells) // REGION_UNITS
