@@ -39,6 +39,8 @@ PIECE = 33  # pixel frames per encode (1 + 4k: the causal VAE's layout)
 
 
 def load_vae():
+    """The shipped loopworld VAE (float32, CPU, eval) from the ``vae.*`` part of the preset bundle.
+    Raises CheckpointError (split_bundle) for a malformed bundle."""
     from safetensors.torch import load_file
 
     parts = split_bundle(load_file(str(ROOT / "worldtrace_cli/presets/loopworld.safetensors")), "loopworld")
@@ -62,6 +64,7 @@ def round_trip(vae, frames: np.ndarray) -> np.ndarray:
 
 
 def psnr(a: np.ndarray, b: np.ndarray) -> float:
+    """PSNR in dB of uint8 frames ``a`` against ``b`` (same shape), over every pixel and channel."""
     mse = np.mean((a.astype(np.float64) - b.astype(np.float64)) ** 2)
     return float(10 * np.log10(255.0 ** 2 / max(mse, 1e-10)))
 
