@@ -294,3 +294,45 @@ def test_world_identification_benchmark_finds_the_true_world(tmp_path, one_threa
     assert wid.versus(mine, theirs[3:]) == "—"  # world 0 ties with sliding, the others have no pair
     line = wid.markdown(mine, [100, 101, 102, 103], theirs).splitlines()[-1]
     assert line.startswith("| abca | field | 3 | 3/6 (50 %) |") and "| 3/6 (50 %) | 1 / 1 (p = 1.000) |" in line
+
+
+def test_where_it_fails_changes_only_what_the_context_pass_commits(one_thread):
+    """benchmarks/where_it_fails.py (issue 47 part 2): teacher forcing with the free rollout's own
+    latents is the free rollout, bit for bit (the substitution is at the right chunk and nothing else
+    changes); with the true latents chunk 0 is unchanged and chunk 1 is not; the codec mode, the
+    truth through the VAE, is identified as its world in every chunk."""
+    import sys
+
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    import where_it_fails as wif
+    from worldtrace_cli.engine.mg2 import MG2Pipeline
+    from worldtrace_cli.memory import build_writer
+    from worldtrace_cli.model.sampler import FlowMatchSchedule
+    from worldtrace_cli.trajectory import load_trajectory, plan_actions
+    from worldtrace_cli.writer_options.registry import MemoryConfig
+
+    preset = load_preset("loopworld")
+    plan = plan_actions(load_trajectory(ROOT / "trajectories" / "abca.yaml"), 3, 3)
+    pipe = MG2Pipeline.from_preset(preset, device="cpu", dtype="fp32")
+    out = wif.run_world(pipe, preset, plan, 3, [100, 101], seed=0)
+    assert out["codec"]["rank"] == [0, 0, 0] and out["codec"]["structure_rank"] == [0, 0, 0]
+    assert min(out["codec"]["psnr"]) > max(out["free"]["psnr"][1:]) + 2.0  # the codec keeps what the DiT loses
+    first = slice(0, 9)  # chunk 0's pixel frames: made before any context pass, the same in every mode
+    assert np.array_equal(out["frames"]["free"][first], out["frames"]["teacher-forced"][first])
+    assert not np.array_equal(out["frames"]["free"][9:21], out["frames"]["teacher-forced"][9:21])
+
+    from PIL import Image
+
+    conditioned = pipe.condition(Image.fromarray(out["frames"]["truth"][0]), 3)
+    schedule = FlowMatchSchedule(preset.denoising_steps, preset.timestep_shift, preset.sampler)
+
+    def rollout(truth, chunks):
+        writer = build_writer(MemoryConfig(cache="sliding"), pipe.default_budget, pipe.window)
+        r = wif.TruthContext(truth, chunks, pipe.world.dit, writer, conditioned.latents, conditioned.visual_context,
+                             plan.keyboard[None], plan.mouse[None], schedule, 0, pipe.device, pipe.latent_hw, 3)
+        return [r.step().latents for _ in range(3)]
+
+    free = rollout(None, 0)
+    assert all(torch.equal(a, b) for a, b in zip(free, rollout(torch.cat(free, 2), 3)))
+    shifted = rollout(torch.cat(free[1:] + free[:1], 2), 1)  # chunk 0's context pass reads chunk 1's latents
+    assert torch.equal(shifted[0], free[0]) and not torch.allclose(shifted[1], free[1], atol=1e-3)
