@@ -336,3 +336,37 @@ def test_where_it_fails_changes_only_what_the_context_pass_commits(one_thread):
     assert all(torch.equal(a, b) for a, b in zip(free, rollout(torch.cat(free, 2), 3)))
     shifted = rollout(torch.cat(free[1:] + free[:1], 2), 1)  # chunk 0's context pass reads chunk 1's latents
     assert torch.equal(shifted[0], free[0]) and not torch.allclose(shifted[1], free[1], atol=1e-3)
+
+
+def test_positions_comparison_pairs_runs_across_sweeps(tmp_path):
+    """benchmarks/positions_comparison.py (issue 47 part 4): runs of sweeps that differ in their
+    positions are named writer@label, paired on (configuration, world, seed), and GT-PSNR is binned
+    by horizon (chunk 0 left out)."""
+    import sys
+
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    import positions_comparison as pc
+
+    def run(sweep, writer, world, psnr, offset):
+        folder = tmp_path / sweep / "aba" / writer / f"world{world}" / "seed0"
+        folder.mkdir(parents=True)
+        (folder / "summary.json").write_text(json.dumps({
+            "status": "complete", "config": {"memory": {"cache": writer}, "trajectory": "x/aba.yaml"},
+            "resolved": {"seed": 0}, "metrics": {"gt": {"world_seed": world, "return": {"psnr": psnr[-1], "chunks": [3]}}}}))
+        (folder / "chunks.jsonl").write_text("".join(json.dumps({"metrics": {"gt_psnr": p}, "cache": {"max_offset": offset}})
+                                                     + "\n" for p in psnr))
+
+    for w, d in ((0, 0.5), (1, 0.7), (2, 0.3)):
+        run("base", "field", w, [20, 14, 13, 12], 8)
+        run("base", "sliding", w, [20, 14, 13, 12 - d], 5)
+        run("actual", "field", w, [20, 14, 13, 12 + d], 40)
+    rows = pc.load("base", tmp_path / "base") + pc.load("actual", tmp_path / "actual")
+    assert {r["name"] for r in rows} == {"field", "sliding", "field@actual"}
+    assert pc.paired(rows, "field@actual", "field", "aba") == "+0.50 (3/3, p = 0.049)"
+    assert pc.paired(rows, "field", "field", "aba") == "—"
+    assert pc.bins(64) == [(1, 8), (8, 16), (16, 32), (32, 64)] and pc.bins(4) == [(1, 4)]
+    text = pc.markdown(rows, "field")
+    assert "| aba | field@actual | 3 | 12.50 | 13.50 | 40 | +0.50 (3/3, p = 0.049) | +1.00 (3/3, p = 0.049) |" in text
+    assert "| field@actual | 13.17 |" in text and "| sliding | 12.83 |" in text  # chunks 1-3 of their runs
+    with pytest.raises(SystemExit, match="no complete LoopBench run"):
+        pc.load("x", tmp_path / "actual" / "aba" / "nothing")

@@ -155,6 +155,8 @@ case "${1:-check}" in
     # loss.jsonl come back in $OUT. Then here: worldtrace train export --dit ... and a LoopBench subset.
     # The towers world (issue 47: solid 2x2-cell towers, a heading-tinted sky and a sun; docs/loopworld.md):
     #   ENCODE_ARGS="--world towers" bash benchmarks/gpu/on-device.sh train all
+    # TRAIN_ARGS: more `train dit` options for `train all` (e.g. TRAIN_ARGS="--self-context 0.5": context chunks
+    # the model's own samples, against the drift benchmarks/results/where-it-fails-2026-11-28/ measured).
     T=train-gpu; mkdir -p "$T"
     [ -f "$T/vae.safetensors" ] || python3 -c "
 from safetensors.torch import load_file, save_file
@@ -240,14 +242,14 @@ for part in ('vae', 'dit'):
           [ -f "$init" ] || python3 -m worldtrace_cli train grow --preset "$TRAIN_PRESET" -o "$init" >> "$OUT/train-all.log" 2>&1 \
               || { echo "train grow failed (see train-all.log)" | tee -a "$OUT/train-all.log"; exit 1; }
         fi
-        # one training folder per (preset, init): rerunning the same settings continues, other settings start apart
-        D="$T/all-dit-$(echo "${TRAIN_PRESET:-loopworld} ${init:-random}" | md5sum | cut -c1-8)"
+        # one training folder per (preset, init, TRAIN_ARGS): rerunning the same settings continues, other settings start apart
+        D="$T/all-dit-$(echo "${TRAIN_PRESET:-loopworld} ${init:-random}${TRAIN_ARGS:+ $TRAIN_ARGS}" | md5sum | cut -c1-8)"
         encode_while "$lead" "$(python3 -c "print(int($lead + 60 * $minutes + 60))")" "$OUT/train-all.log"
         step "${TRAIN_LIMIT:-240}" python3 -m worldtrace_cli train dit --data "$T/all-data" -o "$D" \
             ${init:+--init "$init"} --preset "${TRAIN_PRESET:-loopworld}" --device "$DEVICE" --batched \
             --batch "${TRAIN_BATCH:-512}" --start-share 0.5 --ema 0.999 --steps "${TRAIN_STEPS:-100000}" \
             --lr "${TRAIN_LR:-5e-4}" --warmup 50 --save-every 100 --minutes "$minutes" --no-progress \
-            --compile "${TRAIN_COMPILE:-none}" --precision "${TRAIN_PRECISION:-float32}" \
+            --compile "${TRAIN_COMPILE:-none}" --precision "${TRAIN_PRECISION:-float32}" ${TRAIN_ARGS:-} \
             2>&1 | tail -n 4 | tee -a "$OUT/train-all.log"
         pkill -f "train encode --vae $T/vae"; wait; link
         echo "$(ls "$T"/all-data/clips-* | wc -l) shards of 32 clips encoded in all (the last ones after training)" | tee -a "$OUT/train-all.log"
