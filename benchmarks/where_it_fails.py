@@ -1,12 +1,13 @@
 """Where does the loopworld DiT lose its world? Free rollouts against teacher forcing (issue 47 part 2).
 
     python benchmarks/where_it_fails.py [--preset loopworld] [--trajectory trajectories/look_around.yaml]
-        [--worlds 40-47] [--decoys 100-115] [--seed 0] [--threads N] -o DIR
+        [--worlds 40-47] [--decoys 100-115] [--seed 0] [--cache sliding] [--threads N] -o DIR
 
 The issue's first question: does the DiT draw its world from the true earlier chunks
 (teacher-forced), and from one clean chunk? If it does not even then, drift is not what loses the
 buildings: capacity and training compute are. Four ways to fill MG2's own cache (``sliding``, the
-previous chunk's 3 latent frames) are run on the same worlds, actions and noise:
+previous chunk's 3 latent frames; ``--cache`` another writer) are run on the same worlds, actions
+and noise:
 
 - ``free``: the product's rollout (``worldtrace generate --cache sliding``): every chunk reads the
   model's own earlier chunk;
@@ -118,9 +119,11 @@ def score(frames: np.ndarray, truths: dict[int, np.ndarray], own: int, fpc: int,
             "detail": [[float(detail(frames[s:e]).sum()), float(detail(truths[own][s:e]).sum())] for s, e in rows]}
 
 
-def run_world(pipe, preset, plan, world: int, decoys: list[int], seed: int) -> dict:
-    """Every mode on one world (module docstring): ``{mode: score(...)}`` plus ``"frames"`` (mode ->
-    uint8 frames, for the picture) and ``"control"`` (the start view's ranks)."""
+def run_world(pipe, preset, plan, world: int, decoys: list[int], seed: int, cache: str = "sliding") -> dict:
+    """Every mode on one world (module docstring) through the writer ``cache`` (a ``--cache`` of
+    generate at its defaults; its summary slots, if any, then hold true or generated chunks as the
+    mode commits them): ``{mode: score(...)}`` plus ``"frames"`` (mode -> uint8 frames, for the
+    picture) and ``"control"`` (the start view's ranks). Raises InputError for an unknown writer."""
     from PIL import Image
 
     from worldtrace_cli.memory import build_writer
@@ -137,7 +140,7 @@ def run_world(pipe, preset, plan, world: int, decoys: list[int], seed: int) -> d
     schedule = FlowMatchSchedule(preset.denoising_steps, preset.timestep_shift, preset.sampler)
     out: dict = {"frames": {}}
     for mode, clean in zip(MODES, (0, 1, n)):
-        writer = build_writer(MemoryConfig(cache="sliding"), pipe.default_budget, pipe.window)
+        writer = build_writer(MemoryConfig(cache=cache), pipe.default_budget, pipe.window)
         rollout = TruthContext(truth_z, clean, pipe.world.dit, writer, conditioned.latents, conditioned.visual_context,
                                plan.keyboard[None], None if plan.mouse is None else plan.mouse[None], schedule, seed,
                                pipe.device, pipe.latent_hw, fpc)
@@ -199,6 +202,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--worlds", default="40-47", help="worlds to run (default 40-47: no sweep or tuning used them)")
     parser.add_argument("--decoys", default="100-115")
     parser.add_argument("--seed", type=int, default=0, help="noise seed")
+    parser.add_argument("--cache", default="sliding", help="the writer (generate's --cache, default sliding: MG2's cache)")
     parser.add_argument("--threads", type=int, default=None)
     parser.add_argument("-o", "--output", type=Path, required=True)
     args = parser.parse_args(argv)
@@ -209,6 +213,13 @@ def main(argv: list[str] | None = None) -> None:
         raise SystemExit(str(err)) from None
     if not preset.has_world:
         raise SystemExit(f"--preset {args.preset}: not a procedural-world preset (no ground truth)")
+    try:
+        from worldtrace_cli.jobs.inputs import check_writers
+        from worldtrace_cli.writer_options.registry import MemoryConfig
+
+        check_writers([MemoryConfig(cache=args.cache)], preset)
+    except InputError as err:
+        raise SystemExit(str(err)) from None
     if set(worlds) & set(decoys):
         raise SystemExit(f"--worlds and --decoys share worlds {sorted(set(worlds) & set(decoys))}")
     if args.threads:
@@ -220,7 +231,7 @@ def main(argv: list[str] | None = None) -> None:
     args.output.mkdir(parents=True, exist_ok=True)
     results, started = {}, time.time()
     for w in worlds:
-        results[w] = run_world(pipe, preset, plan, w, decoys, args.seed)
+        results[w] = run_world(pipe, preset, plan, w, decoys, args.seed, args.cache)
         print(f"world {w}: done ({time.time() - started:.0f} s)", file=sys.stderr)
     picture(results[worlds[0]].pop("frames"), preset.frames_per_chunk, plan.num_chunks,
             args.output / "where-it-fails.jpg")
@@ -228,10 +239,11 @@ def main(argv: list[str] | None = None) -> None:
         r.pop("frames", None)
     summary, table = summarise(results, len(decoys))
     head = (f"`python benchmarks/where_it_fails.py --preset {args.preset} --trajectory {args.trajectory} "
-            f"--worlds {args.worlds} --decoys {args.decoys} --seed {args.seed}` ({time.time() - started:.0f} s)\n\n")
+            f"--worlds {args.worlds} --decoys {args.decoys} --seed {args.seed} --cache {args.cache}` "
+            f"({time.time() - started:.0f} s)\n\n")
     (args.output / "table.md").write_text(head + table)
     (args.output / "where-it-fails.json").write_text(json.dumps(
-        {"preset": args.preset, "trajectory": str(args.trajectory), "worlds": worlds, "decoys": decoys,
+        {"preset": args.preset, "cache": args.cache, "trajectory": str(args.trajectory), "worlds": worlds, "decoys": decoys,
          "seed": args.seed, "summary": summary, "per_world": {str(w): r for w, r in results.items()}}) + "\n")
     print(head + table, end="")
 
