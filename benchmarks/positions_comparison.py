@@ -37,8 +37,14 @@ import numpy as np
 
 
 def load(label: str, sweep: Path) -> list[dict]:
-    """Complete runs under ``sweep``: name, config, world, seed, return chunks, per-chunk GT-PSNR and
-    the largest query-key offset of each chunk's cache read."""
+    """Complete runs with ground truth under ``sweep`` (others skipped): per run ``{"name", "config",
+    "world", "seed", "return"`` (return-leg GT-PSNR, dB; None for a configuration without a revisit),
+    ``"return_chunks", "psnr"`` (per chunk, dB), ``"max_offset"}`` (the largest query-key offset any
+    chunk's cache read, latent frames).
+
+    Raises:
+        SystemExit: no such run under ``sweep``.
+    """
     rows = []
     for summary in sorted(sweep.rglob("summary.json")):
         data = json.loads(summary.read_text())
@@ -49,8 +55,9 @@ def load(label: str, sweep: Path) -> list[dict]:
             continue
         chunks = [json.loads(line) for line in (summary.parent / "chunks.jsonl").read_text().splitlines() if line]
         writer = data["config"]["memory"]["cache"]
-        rows.append({"name": writer if label == "base" else f"{writer}@{label}",
-                     "config": Path(data["config"]["trajectory"]).stem, "world": gt["world_seed"],
+        name, config = writer if label == "base" else f"{writer}@{label}", Path(data["config"]["trajectory"]).stem
+        rows.append({"name": name,
+                     "config": config, "world": gt["world_seed"],
                      "seed": data["resolved"]["seed"], "return": (gt.get("return") or {}).get("psnr"),
                      "return_chunks": (gt.get("return") or {}).get("chunks") or [],
                      "psnr": [c["metrics"]["gt_psnr"] for c in chunks],
@@ -61,12 +68,16 @@ def load(label: str, sweep: Path) -> list[dict]:
 
 
 def paired(rows: list[dict], name: str, other: str, config: str) -> str:
-    """``name`` minus ``other`` on return GT-PSNR over runs paired on world and seed: mean, wins, p."""
+    """Run ``name`` minus run ``other`` on return GT-PSNR over the runs of ``config`` paired on world
+    and seed (runs without a return leg left out): ``"+0.40 (7/8, p = 0.004)"`` (mean difference in
+    dB, runs where ``name`` is higher / pairs, scipy's two-sided paired t-test), or "—" for fewer
+    than 2 pairs or ``name == other``."""
     from scipy import stats
 
-    index = {(r["world"], r["seed"]): r["return"] for r in rows if r["name"] == other and r["config"] == config}
+    index = {(r["world"], r["seed"]): r["return"] for r in rows
+             if r["name"] == other and r["config"] == config and r["return"] is not None}
     pairs = [(r["return"], index[(r["world"], r["seed"])]) for r in rows
-             if r["name"] == name and r["config"] == config and (r["world"], r["seed"]) in index]
+             if r["name"] == name and r["config"] == config and r["return"] is not None and (r["world"], r["seed"]) in index]
     if name == other or len(pairs) < 2:
         return "—"
     a, b = np.array(pairs).T
@@ -85,7 +96,7 @@ def bins(n: int) -> list[tuple[int, int]]:
 
 
 def markdown(rows: list[dict], reference: str) -> str:
-    """The two tables (module docstring)."""
+    """The two tables (module docstring) of ``rows`` (:func:`load`'s), paired with run ``reference``."""
     names = sorted({r["name"] for r in rows}, key=lambda s: (s.split("@")[0] != "sliding", "@" in s, s))
     configs = sorted({r["config"] for r in rows})
     lines = ["| configuration | run | runs | GT-PSNR return (dB) | GT-PSNR other chunks | largest offset read "
@@ -96,7 +107,8 @@ def markdown(rows: list[dict], reference: str) -> str:
             if not sel:
                 continue
             other = [p for r in sel for c, p in enumerate(r["psnr"]) if c > 0 and c not in set(r["return_chunks"])]
-            lines.append(f"| {config} | {name} | {len(sel)} | {np.mean([r['return'] for r in sel]):.2f} | "
+            back = [r["return"] for r in sel if r["return"] is not None]
+            lines.append(f"| {config} | {name} | {len(sel)} | {f'{np.mean(back):.2f}' if back else '—'} | "
                          f"{np.mean(other):.2f} | {max(r['max_offset'] for r in sel):g} | "
                          f"{paired(rows, name, reference, config)} | {paired(rows, name, 'sliding', config)} |")
     for config in configs:
@@ -114,7 +126,8 @@ def markdown(rows: list[dict], reference: str) -> str:
 
 
 def plot(rows: list[dict], path: Path) -> None:
-    """The longest configuration's mean GT-PSNR per chunk (running mean over 4 chunks) per run name, as a PNG."""
+    """A PNG at ``path``: the mean GT-PSNR (dB) per chunk of the configuration with the longest runs in
+    ``rows`` (:func:`load`'s), a running mean over 4 chunks, one line per run name."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -152,6 +165,11 @@ def main(argv: list[str] | None = None) -> None:
         if not sep or not label or not Path(folder).is_dir():
             raise SystemExit(f"{spec}: expected LABEL=SWEEP with an existing folder")
         rows += load(label, Path(folder))
+    keys = [(r["name"], r["config"], r["world"], r["seed"]) for r in rows]
+    if len(set(keys)) < len(keys):
+        twice = next(k for k in keys if keys.count(k) > 1)
+        raise SystemExit(f"two runs of {twice[0]}, {twice[1]}, world {twice[2]}, seed {twice[3]}: give each sweep "
+                         f"its own label")
     text = markdown(rows, args.reference)
     if args.json:
         args.json.write_text(json.dumps(rows, separators=(",", ":")) + "\n")

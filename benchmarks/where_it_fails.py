@@ -27,7 +27,8 @@ at the same poses, by mean squared error and by structure alone), beside the sta
 
 Writes ``DIR/table.md``, ``DIR/where-it-fails.json`` (per world and mode, per chunk: PSNR, rank,
 structure rank) and ``DIR/where-it-fails.jpg`` (the first world: each chunk's last pixel frame, one
-row per mode and the truth). CPU: about 10 s per world and mode with ``look_around`` (17 chunks).
+row per mode and the truth). CPU: about a minute per world (every mode, 16 decoys) with
+``look_around`` (17 chunks) on one thread.
 Errors: SystemExit with a one-line message for a preset without a procedural world.
 """
 
@@ -75,6 +76,8 @@ class TruthContext(Rollout):
         self.truth, self.truth_chunks = truth, chunks
 
     def context(self, x0, inputs, cond):
+        """The product's context pass (:meth:`Rollout.context`) over the chunk's true latents [1, 16,
+        3, h, w] instead of its denoised ``x0`` while this chunk is among the first ``chunks``."""
         c, f = self.chunk, self.frames_per_chunk  # the chunk being made (step() counts it after the commit)
         if c < self.truth_chunks:
             x0 = self.truth[:, :, c * f:(c + 1) * f].to(x0.device, x0.dtype)
@@ -105,9 +108,12 @@ def decode_all(vae, latents: list[torch.Tensor]) -> np.ndarray:
 
 
 def score(frames: np.ndarray, truths: dict[int, np.ndarray], own: int, fpc: int, n: int) -> dict:
-    """Per chunk of ``frames`` (uint8 [T, H, W, 3]): PSNR (dB) against the own world's truth, the own
-    world's rank among ``truths`` (0 = nearest) by mean squared error and by structure, and the
-    generated and true :func:`detail` sums."""
+    """Per chunk of ``frames`` (uint8 [T, H, W, 3], T the pixel frames of ``n`` chunks of ``fpc``
+    latent frames): PSNR (dB, of the chunk's mean squared error) against the own world's truth
+    (``truths``: world -> uint8 [T, H, W, 3] at the same poses), the own world's rank among
+    ``truths`` (0 = nearest; a tie counts against it) by mean squared error and by structure, and the
+    generated and true :func:`detail` sums. Returns ``{"psnr", "rank", "structure_rank": [n],
+    "detail": [n] of [generated, true]}``."""
     others = [w for w in truths if w != own]
     mse = {w: chunk_mse(frames, truths[w], fpc, n) for w in truths}
     structures = [structure(frames[s:e]) for s, e in (chunk_rows(c, fpc) for c in range(n))]
@@ -121,9 +127,20 @@ def score(frames: np.ndarray, truths: dict[int, np.ndarray], own: int, fpc: int,
 
 def run_world(pipe, preset, plan, world: int, decoys: list[int], seed: int, cache: str = "sliding") -> dict:
     """Every mode on one world (module docstring) through the writer ``cache`` (a ``--cache`` of
-    generate at its defaults; its summary slots, if any, then hold true or generated chunks as the
-    mode commits them): ``{mode: score(...)}`` plus ``"frames"`` (mode -> uint8 frames, for the
-    picture) and ``"control"`` (the start view's ranks). Raises InputError for an unknown writer."""
+    generate at its defaults, given the latent frames' camera poses as generate gives them; its
+    summary slots, if any, then hold true or generated chunks as the mode commits them).
+
+    Args:
+        pipe: a loaded :class:`~worldtrace_cli.engine.mg2.MG2Pipeline` of ``preset`` (a
+            procedural-world :class:`~worldtrace_cli.config.Preset`).
+        plan: the trajectory's :class:`~worldtrace_cli.trajectory.ActionPlan` (universal mode).
+        world, decoys: world seeds (the decoys' truths rank the own world's); seed: the noise seed.
+    Returns:
+        ``{mode: score(...)}`` for every mode, ``"codec"`` and ``"control"`` (a still of the start
+        view), plus ``"frames"``: mode (and ``"truth"``) -> uint8 [T, H, W, 3], for the picture.
+    Raises:
+        InputError: an unknown writer or settings it refuses.
+    """
     from PIL import Image
 
     from worldtrace_cli.memory import build_writer
@@ -139,11 +156,12 @@ def run_world(pipe, preset, plan, world: int, decoys: list[int], seed: int, cach
     conditioned = pipe.condition(Image.fromarray(truths[world][0]), n)
     schedule = FlowMatchSchedule(preset.denoising_steps, preset.timestep_shift, preset.sampler)
     out: dict = {"frames": {}}
+    keyboard, mouse = plan.keyboard[None], None if plan.mouse is None else plan.mouse[None]
     for mode, clean in zip(MODES, (0, 1, n)):
         writer = build_writer(MemoryConfig(cache=cache), pipe.default_budget, pipe.window)
         rollout = TruthContext(truth_z, clean, pipe.world.dit, writer, conditioned.latents, conditioned.visual_context,
-                               plan.keyboard[None], None if plan.mouse is None else plan.mouse[None], schedule, seed,
-                               pipe.device, pipe.latent_hw, fpc)
+                               keyboard, mouse, schedule, seed, pipe.device, pipe.latent_hw, fpc,
+                               poses=pipe.latent_poses(keyboard, mouse))
         frames = decode_all(vae, [rollout.step().latents for _ in range(n)])
         out[mode], out["frames"][mode] = score(frames, truths, world, fpc, n), frames
     codec = decode_all(vae, [truth_z[:, :, c * fpc:(c + 1) * fpc] for c in range(n)])
@@ -155,8 +173,9 @@ def run_world(pipe, preset, plan, world: int, decoys: list[int], seed: int, cach
 
 
 def summarise(results: dict[int, dict], n_decoys: int) -> tuple[dict, str]:
-    """Per mode over every world's chunks 1..n-1: GT-PSNR mean, GT detail (ratio of sums), share of
-    chunks identified by colour and by structure; and the Markdown table."""
+    """Per mode over every world's chunks 1..n-1 (``results``: world -> :func:`run_world`'s scores,
+    frames removed): GT-PSNR mean (dB), GT detail (ratio of sums), share of chunks identified by
+    colour and by structure (0-1). Returns (that summary, the Markdown tables: summary and per chunk)."""
     summary = {}
     for mode in MODES + ("codec", "control"):
         psnr = [p for r in results.values() for p in r[mode]["psnr"][1:]]
@@ -186,7 +205,8 @@ def summarise(results: dict[int, dict], n_decoys: int) -> tuple[dict, str]:
 
 
 def picture(frames: dict[str, np.ndarray], fpc: int, n: int, path: Path) -> None:
-    """Each chunk's last pixel frame, a row per mode (truth first)."""
+    """A JPEG sheet at ``path``: each chunk's last pixel frame (``frames``: mode -> uint8 [T, H, W, 3]
+    of ``n`` chunks of ``fpc`` latent frames), a row per mode, the truth first."""
     from worldtrace_cli.outputs.sheet import frame_sheet
 
     order = ["truth", "codec", "teacher-forced", "clean start", "free"]

@@ -334,8 +334,11 @@ def test_where_it_fails_changes_only_what_the_context_pass_commits(one_thread):
 
     free = rollout(None, 0)
     assert all(torch.equal(a, b) for a, b in zip(free, rollout(torch.cat(free, 2), 3)))
-    shifted = rollout(torch.cat(free[1:] + free[:1], 2), 1)  # chunk 0's context pass reads chunk 1's latents
+    truth = torch.cat(free[1:] + free[:1], 2)  # a "truth" that differs from every chunk the rollout made
+    shifted = rollout(truth, 1)  # chunk 0's context pass reads chunk 1's latents, later ones their own
     assert torch.equal(shifted[0], free[0]) and not torch.allclose(shifted[1], free[1], atol=1e-3)
+    forced = rollout(truth, 3)  # every context pass reads the "truth": chunk 1 as above, chunk 2 not
+    assert torch.equal(forced[1], shifted[1]) and not torch.allclose(forced[2], shifted[2], atol=1e-3)
 
 
 def test_positions_comparison_pairs_runs_across_sweeps(tmp_path):
@@ -346,6 +349,7 @@ def test_positions_comparison_pairs_runs_across_sweeps(tmp_path):
 
     sys.path.insert(0, str(ROOT / "benchmarks"))
     import positions_comparison as pc
+    import shutil
 
     def run(sweep, writer, world, psnr, offset):
         folder = tmp_path / sweep / "aba" / writer / f"world{world}" / "seed0"
@@ -368,5 +372,12 @@ def test_positions_comparison_pairs_runs_across_sweeps(tmp_path):
     text = pc.markdown(rows, "field")
     assert "| aba | field@actual | 3 | 12.50 | 13.50 | 40 | +0.50 (3/3, p = 0.049) | +1.00 (3/3, p = 0.049) |" in text
     assert "| field@actual | 13.17 |" in text and "| sliding | 12.83 |" in text  # chunks 1-3 of their runs
-    with pytest.raises(SystemExit, match="no complete LoopBench run"):
-        pc.load("x", tmp_path / "actual" / "aba" / "nothing")
+    unfinished = tmp_path / "other" / "aba" / "field" / "world0" / "seed0"
+    shutil.copytree(tmp_path / "base" / "aba" / "field" / "world0" / "seed0", unfinished)
+    data = json.loads((unfinished / "summary.json").read_text())
+    (unfinished / "summary.json").write_text(json.dumps({**data, "status": "stopped"}))
+    no_truth = tmp_path / "other" / "aba" / "field" / "world1" / "seed0"
+    shutil.copytree(tmp_path / "base" / "aba" / "field" / "world1" / "seed0", no_truth)
+    (no_truth / "summary.json").write_text(json.dumps({**data, "metrics": {"gt": None}}))
+    with pytest.raises(SystemExit, match="no complete LoopBench run"):  # a stopped run, one without ground truth
+        pc.load("x", tmp_path / "other")
