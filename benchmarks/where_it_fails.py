@@ -19,7 +19,7 @@ and noise:
 
 The generated latents of each chunk are the product's own (:class:`~worldtrace_cli.engine.rollout.Rollout`,
 its sampler and noise draws); only what its context pass commits to the cache differs
-(:class:`TruthContext`). Per mode, over the chunks after chunk 0 (chunk 0 holds the start image):
+(:func:`with_true_context`). Per mode, over the chunks after chunk 0 (chunk 0 holds the start image):
 GT-PSNR (dB), GT detail (generated over true neighbouring-pixel differences,
 :func:`~worldtrace_cli.metrics.scores.detail`), and world identification as
 ``benchmarks/world_identification.py`` scores it (own world's truth nearest among it and the decoys
@@ -48,10 +48,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from world_identification import chunk_mse, chunk_structure_distance, structure  # noqa: E402
 
 from worldtrace_cli.config import load_preset  # noqa: E402
-from worldtrace_cli.engine.rollout import Rollout  # noqa: E402
 from worldtrace_cli.errors import InputError  # noqa: E402
 from worldtrace_cli.loopbench.plan import parse_worlds  # noqa: E402
 from worldtrace_cli.metrics.scores import detail  # noqa: E402
+from worldtrace_cli.train.dataset import encode_frames  # noqa: E402
 from worldtrace_cli.trajectory import frames_for_chunks, load_trajectory, plan_actions  # noqa: E402
 from worldtrace_cli.trajectory.actions import chunk_rows  # noqa: E402
 from worldtrace_cli.world.truth import GroundTruth  # noqa: E402
@@ -59,51 +59,39 @@ from worldtrace_cli.world.truth import GroundTruth  # noqa: E402
 MODES = ("free", "clean start", "teacher-forced")  # + "codec", which runs no DiT
 
 
-class TruthContext(Rollout):
-    """MG2's rollout whose context pass commits the *true* latents of the first ``chunks`` chunks
-    instead of the generated ones (teacher forcing); the denoising, and what :meth:`step` returns,
-    are the product's.
+def with_true_context(rollout, truth: torch.Tensor | None, chunks: int):
+    """Teacher forcing on a product rollout: ``rollout`` (what
+    :meth:`~worldtrace_cli.engine.mg2.MG2Pipeline.rollout` made, an
+    :class:`~worldtrace_cli.engine.rollout.Rollout`) commits the *true* latents of its first
+    ``chunks`` chunks to its cache instead of the denoised ones; its denoising, noise, writer, poses
+    and what :meth:`~worldtrace_cli.engine.rollout.ChunkRollout.step` returns stay the product's.
 
     Args:
-        truth: normalised true latents float32 [1, 16, 3 N, h, w] (the VAE's encoding of the true frames).
+        truth: normalised true latents float32 [1, 16, 3 N, h, w] (the VAE's encoding of the true
+            frames, :func:`~worldtrace_cli.train.dataset.encode_frames`); None with ``chunks`` 0.
         chunks: how many chunks' context passes read ``truth`` (0: the free rollout; 1: a clean chunk
             0; N: teacher forcing throughout).
-        args, kwargs: :class:`~worldtrace_cli.engine.rollout.Rollout`'s.
+    Returns:
+        ``rollout``, its context pass (the loop's hook :meth:`~worldtrace_cli.engine.rollout.Rollout.context`)
+        replaced on this instance.
     """
+    commit = rollout.context
 
-    def __init__(self, truth: torch.Tensor, chunks: int, *args, **kwargs):
-        super().__init__(*args, **kwargs)
-        self.truth, self.truth_chunks = truth, chunks
+    def context(x0, inputs, cond):
+        c, f = rollout.chunk, rollout.frames_per_chunk  # the chunk being made (step() counts it after the commit)
+        if c < chunks:
+            x0 = truth[:, :, c * f:(c + 1) * f].to(x0.device, x0.dtype)
+        return commit(x0, inputs, cond)
 
-    def context(self, x0, inputs, cond):
-        """The product's context pass (:meth:`Rollout.context`) over the chunk's true latents [1, 16,
-        3, h, w] instead of its denoised ``x0`` while this chunk is among the first ``chunks``."""
-        c, f = self.chunk, self.frames_per_chunk  # the chunk being made (step() counts it after the commit)
-        if c < self.truth_chunks:
-            x0 = self.truth[:, :, c * f:(c + 1) * f].to(x0.device, x0.dtype)
-        return super().context(x0, inputs, cond)
+    rollout.context = context
+    return rollout
 
 
 @torch.no_grad()
-def true_latents(vae, frames: np.ndarray) -> torch.Tensor:
-    """The VAE's normalised latents (the distribution's mode, as training clips are encoded) of uint8
-    frames [1 + 4 k, H, W, 3]: float32 [1, 16, 1 + k, H/8, W/8]."""
-    from worldtrace_cli.model.vae import _norm_stats
-
-    video = torch.from_numpy(frames).permute(3, 0, 1, 2).float().div(127.5).sub(1.0)[None]
-    p = next(vae.parameters())
-    mu = vae.encode(video.to(p.device, p.dtype)).latent_dist.mode().float()
-    mean, std = _norm_stats(mu.device)
-    return ((mu - mean) / std).cpu()
-
-
-@torch.no_grad()
-def decode_all(vae, latents: list[torch.Tensor]) -> np.ndarray:
-    """Chunks of normalised latents [1, 16, 3, h, w] decoded in order by the product's streaming
-    decoder: uint8 [T, H, W, 3]."""
-    from worldtrace_cli.model.vae import StreamingDecoder
-
-    decoder = StreamingDecoder(vae)
+def decode_all(decoder, latents: list[torch.Tensor]) -> np.ndarray:
+    """Chunks of normalised latents [1, 16, 3, h, w] decoded in order by a fresh product decoder
+    (:meth:`~worldtrace_cli.engine.base.PipelineBase.decoder`, a
+    :class:`~worldtrace_cli.model.vae.StreamingDecoder`): uint8 [T, H, W, 3]."""
     return np.concatenate([decoder.decode(z).numpy() for z in latents])
 
 
@@ -143,28 +131,22 @@ def run_world(pipe, preset, plan, world: int, decoys: list[int], seed: int, cach
     """
     from PIL import Image
 
-    from worldtrace_cli.memory import build_writer
-    from worldtrace_cli.model.sampler import FlowMatchSchedule
     from worldtrace_cli.writer_options.registry import MemoryConfig
 
     fpc, n = preset.frames_per_chunk, plan.num_chunks
     total = frames_for_chunks(n, fpc)
     truths = {w: GroundTruth(w, plan, preset.height, preset.width, preset.world).frames(0, total)
               for w in [world] + decoys}
-    vae = pipe.world.vae
-    truth_z = true_latents(vae, truths[world])
+    truth_z = encode_frames(pipe.world.vae, truths[world])
     conditioned = pipe.condition(Image.fromarray(truths[world][0]), n)
-    schedule = FlowMatchSchedule(preset.denoising_steps, preset.timestep_shift, preset.sampler)
     out: dict = {"frames": {}}
     keyboard, mouse = plan.keyboard[None], None if plan.mouse is None else plan.mouse[None]
     for mode, clean in zip(MODES, (0, 1, n)):
-        writer = build_writer(MemoryConfig(cache=cache), pipe.default_budget, pipe.window)
-        rollout = TruthContext(truth_z, clean, pipe.world.dit, writer, conditioned.latents, conditioned.visual_context,
-                               keyboard, mouse, schedule, seed, pipe.device, pipe.latent_hw, fpc,
-                               poses=pipe.latent_poses(keyboard, mouse))
-        frames = decode_all(vae, [rollout.step().latents for _ in range(n)])
+        rollout = pipe.rollout(pipe.build_writer(MemoryConfig(cache=cache)), conditioned, keyboard, mouse, seed)
+        rollout = with_true_context(rollout, truth_z, clean)
+        frames = decode_all(pipe.decoder(), [rollout.step().latents for _ in range(n)])
         out[mode], out["frames"][mode] = score(frames, truths, world, fpc, n), frames
-    codec = decode_all(vae, [truth_z[:, :, c * fpc:(c + 1) * fpc] for c in range(n)])
+    codec = decode_all(pipe.decoder(), [truth_z[:, :, c * fpc:(c + 1) * fpc] for c in range(n)])
     out["codec"], out["frames"]["codec"] = score(codec, truths, world, fpc, n), codec
     still = np.broadcast_to(truths[world][:1], truths[world].shape)
     out["control"] = score(np.ascontiguousarray(still), truths, world, fpc, n)

@@ -306,8 +306,6 @@ def test_where_it_fails_changes_only_what_the_context_pass_commits(one_thread):
     sys.path.insert(0, str(ROOT / "benchmarks"))
     import where_it_fails as wif
     from worldtrace_cli.engine.mg2 import MG2Pipeline
-    from worldtrace_cli.memory import build_writer
-    from worldtrace_cli.model.sampler import FlowMatchSchedule
     from worldtrace_cli.trajectory import load_trajectory, plan_actions
     from worldtrace_cli.writer_options.registry import MemoryConfig
 
@@ -324,12 +322,11 @@ def test_where_it_fails_changes_only_what_the_context_pass_commits(one_thread):
     from PIL import Image
 
     conditioned = pipe.condition(Image.fromarray(out["frames"]["truth"][0]), 3)
-    schedule = FlowMatchSchedule(preset.denoising_steps, preset.timestep_shift, preset.sampler)
 
     def rollout(truth, chunks):
-        writer = build_writer(MemoryConfig(cache="sliding"), pipe.default_budget, pipe.window)
-        r = wif.TruthContext(truth, chunks, pipe.world.dit, writer, conditioned.latents, conditioned.visual_context,
-                             plan.keyboard[None], plan.mouse[None], schedule, 0, pipe.device, pipe.latent_hw, 3)
+        r = pipe.rollout(pipe.build_writer(MemoryConfig(cache="sliding")), conditioned, plan.keyboard[None],
+                         plan.mouse[None], 0)
+        r = wif.with_true_context(r, truth, chunks)
         return [r.step().latents for _ in range(3)]
 
     free = rollout(None, 0)

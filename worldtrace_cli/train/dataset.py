@@ -136,6 +136,18 @@ def _to_video(frames: np.ndarray) -> torch.Tensor:
 
 
 @torch.no_grad()
+def encode_frames(vae, frames: np.ndarray) -> torch.Tensor:
+    """The VAE's normalised latents of a video, as training clips are encoded: the posterior's mode
+    of uint8 frames [1 + 4 k, H, W, 3] (encoded where the VAE is), normalised with Wan's per-channel
+    mean and std (MG2 spec §14): float32 [1, 16, 1 + k, H / 8, W / 8] on the CPU."""
+    from ..model.vae import _norm_stats
+
+    mu = vae.encode(_to_video(frames).to(next(vae.parameters()).device)).latent_dist.mode()
+    mean, std = _norm_stats(mu.device)
+    return ((mu.float() - mean) / std).cpu()
+
+
+@torch.no_grad()
 def make_clip(rng: np.random.Generator, vae, clip_tower, late: bool, loop: bool,
               max_angle_deg: float = 90.0, chunks: int = CLIP_CHUNKS, vary_return: bool = False,
               world: str = "procedural") -> EncodedClip:
@@ -172,12 +184,7 @@ def make_clip(rng: np.random.Generator, vae, clip_tower, late: bool, loop: bool,
     else:
         keyboard, mouse = walk_actions(rng, pixels)
     clip = render_clip(world_seed, keyboard, mouse, height, width, start, world)
-    video = _to_video(clip.frames[lead:]).to(next(vae.parameters()).device)   # rendered on the CPU, encoded where the VAE is
-    mu = vae.encode(video).latent_dist.mode()
-    from ..model.vae import _norm_stats
-
-    mean, std = _norm_stats(mu.device)
-    z = ((mu.float() - mean) / std)[0].cpu()
+    z = encode_frames(vae, clip.frames[lead:])[0]
     if late:
         z = z[:, 1 + warm // 4:]                     # drop the lone causal first frame and the warm-up
         a = LATE_START
