@@ -35,32 +35,31 @@ from pathlib import Path
 
 import numpy as np
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from worldtrace_cli.loopbench.report import collect  # noqa: E402
+from worldtrace_cli.outputs import read_jsonl  # noqa: E402
+
 
 def load(label: str, sweep: Path) -> list[dict]:
-    """Complete runs with ground truth under ``sweep`` (others skipped): per run ``{"name", "config",
-    "world", "seed", "return"`` (return-leg GT-PSNR, dB; None for a configuration without a revisit),
-    ``"return_chunks", "psnr"`` (per chunk, dB), ``"max_offset"}`` (the largest query-key offset any
-    chunk's cache read, latent frames).
+    """The complete runs with ground truth of a sweep (:func:`~worldtrace_cli.loopbench.report.collect`'s
+    rows, others skipped), per run ``{"name", "config", "world"`` (the run's scene folder, e.g.
+    ``world3``), ``"seed", "return"`` (return-leg GT-PSNR, dB; None for a configuration without a
+    revisit), ``"return_chunks", "psnr"`` (per chunk, dB, from ``chunks.jsonl``), ``"max_offset"}`` (the
+    largest query-key offset any chunk's cache read, latent frames).
 
     Raises:
         SystemExit: no such run under ``sweep``.
     """
     rows = []
-    for summary in sorted(sweep.rglob("summary.json")):
-        data = json.loads(summary.read_text())
-        if data.get("status") != "complete":
+    for row in collect(sweep):
+        if row["gt_psnr"] is None:
             continue
-        gt = (data.get("metrics") or {}).get("gt")
-        if not gt:
-            continue
-        chunks = [json.loads(line) for line in (summary.parent / "chunks.jsonl").read_text().splitlines() if line]
-        writer = data["config"]["memory"]["cache"]
-        name, config = writer if label == "base" else f"{writer}@{label}", Path(data["config"]["trajectory"]).stem
-        rows.append({"name": name,
-                     "config": config, "world": gt["world_seed"],
-                     "seed": data["resolved"]["seed"], "return": (gt.get("return") or {}).get("psnr"),
-                     "return_chunks": (gt.get("return") or {}).get("chunks") or [],
-                     "psnr": [c["metrics"]["gt_psnr"] for c in chunks],
+        run = sweep / row["run_dir"]
+        chunks = read_jsonl(run / "chunks.jsonl")
+        back = json.loads((run / "summary.json").read_text())["metrics"]["gt"].get("return") or {}
+        rows.append({"name": row["cache"] if label == "base" else f"{row['cache']}@{label}", "config": row["config"],
+                     "world": row["image"], "seed": row["seed"], "return": row["gt_return_psnr"],
+                     "return_chunks": back.get("chunks") or [], "psnr": [c["metrics"]["gt_psnr"] for c in chunks],
                      "max_offset": max((c["cache"].get("max_offset") or 0) for c in chunks)})
     if not rows:
         raise SystemExit(f"{sweep}: no complete LoopBench run of a procedural world")
@@ -168,7 +167,7 @@ def main(argv: list[str] | None = None) -> None:
     keys = [(r["name"], r["config"], r["world"], r["seed"]) for r in rows]
     if len(set(keys)) < len(keys):
         twice = next(k for k in keys if keys.count(k) > 1)
-        raise SystemExit(f"two runs of {twice[0]}, {twice[1]}, world {twice[2]}, seed {twice[3]}: give each sweep "
+        raise SystemExit(f"two runs of {twice[0]}, {twice[1]}, {twice[2]}, seed {twice[3]}: give each sweep "
                          f"its own label")
     text = markdown(rows, args.reference)
     if args.json:

@@ -353,7 +353,8 @@ def test_positions_comparison_pairs_runs_across_sweeps(tmp_path):
         folder.mkdir(parents=True)
         (folder / "summary.json").write_text(json.dumps({
             "status": "complete", "config": {"memory": {"cache": writer}, "trajectory": "x/aba.yaml"},
-            "resolved": {"seed": 0}, "metrics": {"gt": {"world_seed": world, "return": {"psnr": psnr[-1], "chunks": [3]}}}}))
+            "resolved": {"seed": 0},
+            "metrics": {"gt": {"world_seed": world, "psnr": float(np.mean(psnr)), "return": {"psnr": psnr[-1], "chunks": [3]}}}}))
         (folder / "chunks.jsonl").write_text("".join(json.dumps({"metrics": {"gt_psnr": p}, "cache": {"max_offset": offset}})
                                                      + "\n" for p in psnr))
 
