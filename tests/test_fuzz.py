@@ -152,6 +152,8 @@ def test_any_preset_file_loads_or_is_a_one_line_error(doc, base):
     ({"fps": "abc"}, "fps: must be a finite number > 0"),  # was accepted, then failed in the run
     ({"landmark_threshold": 3}, "landmark_threshold: must be a cosine distance in (0, 2], got 3"),
     ({"sampler": "ddim"}, "sampler: must be one of renoise, euler, got 'ddim'"),
+    ({"context_noise": 1000}, "context_noise: must be an integer timestep in [0, 1000), got 1000"),
+    ({"context_noise": 0.2}, "context_noise: must be an integer timestep in [0, 1000), got 0.2"),
     ({"dit": {**yaml.safe_load((ROOT / "worldtrace_cli" / "presets" / "tiny.yaml").read_text())["dit"],
               "num_layers": "4"}}, "dit: num_layers: must be an integer >= 1, got '4'"),
 ])
@@ -173,6 +175,10 @@ def test_a_lingbot_preset_refuses_the_euler_sampler(tmp_path):
         load_preset(str(path))
     one_line_user_error(err.value)
     assert str(err.value).startswith(f"{path}: sampler: LingBot presets use LingBot's own sampler"), str(err.value)
+    path.write_text(yaml.safe_dump({**base, "context_noise": 100}))
+    with pytest.raises(WorldtraceError) as err:
+        load_preset(str(path))
+    assert str(err.value) == f"{path}: context_noise: only MG2-architecture presets take a context noise"
 
 
 def test_a_preset_extends_a_built_in_one(tmp_path):

@@ -27,7 +27,8 @@ class ConstantConditioning:
         return torch.cat([mask, self.latent.expand(-1, -1, count, -1, -1)], dim=1)
 
 
-def make_rollout(dit, chunks, seed=0, keyboard=None, cache="sliding", schedule=FlowMatchSchedule(), noise=None):
+def make_rollout(dit, chunks, seed=0, keyboard=None, cache="sliding", schedule=FlowMatchSchedule(), noise=None,
+                 on_step=None, context_noise=0):
     rows = 12 * chunks - 3
     gen = torch.Generator().manual_seed(11)
     if keyboard is None:
@@ -36,7 +37,7 @@ def make_rollout(dit, chunks, seed=0, keyboard=None, cache="sliding", schedule=F
     ctx = torch.randn(1, 257, 1280, generator=gen)
     writer = build_writer(MemoryConfig.of(cache=cache), dit.cfg.local_attn_size - 3)
     return Rollout(dit, writer, ConstantConditioning(), ctx, keyboard, mouse, schedule, seed,
-                   torch.device("cpu"), LATENT_HW, noise=noise)
+                   torch.device("cpu"), LATENT_HW, noise=noise, on_step=on_step, context_noise=context_noise)
 
 
 def test_400_chunks_past_mg2_rope_table(dit):
@@ -95,6 +96,35 @@ def test_the_euler_sampler_draws_only_the_initial_noise(dit):
         for _ in range(2):
             xa, xb = a.step().latents, b.step().latents
             assert torch.isfinite(xa).all() and torch.equal(xa, xb) == same, sampler
+
+
+def test_context_noise_noises_the_context_pass_only(dit):
+    """A preset's ``context_noise`` (timestep t): each chunk's context pass reads its latents noised
+    to sigma t / 1000 with the chunk's draw after its denoising draws, at timestep t. The chunk itself
+    is the clean rollout's; what later chunks read changes; the same seed gives the same video."""
+    def hooked(context_noise, eps_is_x0=False):
+        calls, last = [], {}
+
+        def noise(chunk, i, shape):
+            calls.append((chunk, i))
+            if eps_is_x0 and i == 3:  # the context draw: the chunk's own latents, so the pass reads x0 itself
+                return last["x0"].clone()
+            return torch.randn(shape, generator=torch.Generator().manual_seed(100 * chunk + i))
+
+        rollout = make_rollout(dit, 3, noise=noise, context_noise=context_noise,
+                               on_step=lambda c, s, x0: last.update(x0=x0))
+        return [rollout.step().latents for _ in range(3)], calls
+
+    clean, clean_calls = hooked(0)
+    noisy, calls = hooked(300)
+    assert clean_calls == [(c, i) for c in range(3) for i in range(3)]
+    assert calls == [(c, i) for c in range(3) for i in range(4)]  # one more draw per chunk, after the steps
+    assert torch.equal(clean[0], noisy[0])
+    assert not torch.allclose(clean[1], noisy[1], atol=1e-4) and not torch.allclose(clean[2], noisy[2], atol=1e-4)
+    assert all(torch.equal(a, b) for a, b in zip(noisy, hooked(300)[0]))
+    # with the chunk's own latents as the draw the pass reads x0 unchanged: only the timestep differs
+    same_input, _ = hooked(300, eps_is_x0=True)
+    assert torch.equal(same_input[0], clean[0]) and not torch.allclose(same_input[1], clean[1], atol=1e-4)
 
 
 def test_actions_change_the_video_only_from_where_they_are_read(dit):

@@ -227,7 +227,7 @@ def test_dit_training_lowers_the_loss_and_resumes(tmp_path, data, one_thread):
     # `self_context` and `ema` existed is the same run (mg2, the default share, clean context, no average implied); a nested difference is named by its dotted key
     settings = json.loads((folder / "settings.json").read_text())
     del settings["preset"]["architecture"], settings["start_share"], settings["self_context"], settings["ema"]
-    del settings["batched"]
+    del settings["batched"], settings["context_noise"]
     (folder / "settings.json").write_text(json.dumps(settings))
     assert train_dit(folder, data, preset, replace(s, steps=28), batch=2, progress=False)["step"] == 28
     settings["preset"]["dit"]["dim"] += 1
@@ -404,6 +404,49 @@ def test_self_generated_context(data, one_thread):
     state = np.random.default_rng(1)
     before = state.bit_generator.state
     assert self_generated_chunks(state, True, 2, 0.0) == 0 and state.bit_generator.state == before
+
+
+def test_context_noise(data, one_thread):
+    """--context-noise: each clip's context passes read its latents noised to its own sigma (the noise
+    from the trainer's stream) at timestep 1000 sigma; sigma 0 is the clean pass and takes no draw."""
+    from worldtrace_cli.model.sampler import add_noise
+    from worldtrace_cli.train.dit import build_dit
+    from worldtrace_cli.train.objective import ClipBatch, ClipPool, context_sigma, context_state
+
+    from dataclasses import replace
+
+    dit, pool = build_dit(_tiny_preset(), 0).eval(), ClipPool(data)
+    batch = ClipBatch.of(pool.clips[:1])
+
+    def cache(sigmas, latents=None, seed=0):
+        b = batch if latents is None else ClipBatch.of([replace(batch.clips[0], latents=latents[0])])
+        seen = []
+        rng = np.random.default_rng(seed)
+        _, writer, _ = context_state(dit, b, pool.late_cond, 2, rng=rng, context_sigmas=sigmas,
+                                     observe=lambda c, x0: seen.append(x0.clone()))
+        writer.begin_chunk(b.frame_start + 6)
+        return writer.read(0)[0], seen, rng
+
+    k_clean, seen_clean, rng = cache(None)
+    k_zero, _, rng_zero = cache([0.0])
+    assert torch.equal(k_clean, k_zero) and rng_zero.bit_generator.state == rng.bit_generator.state
+    k_noisy, seen, _ = cache([0.3])
+    z = batch.latents  # chunk 0's context pass takes the stream's first draw
+    eps = torch.from_numpy(np.random.default_rng(0).standard_normal(tuple(seen[0].shape)).astype(np.float32))
+    assert torch.allclose(seen[0], add_noise(z[:, :, :3], eps, 0.3), atol=1e-6)
+    assert not torch.allclose(k_noisy, k_clean, atol=1e-3)
+    # the level reaches the DiT as the timestep: the same noised latents read at timestep 0 commit other keys
+    noised = z.clone()
+    noised[:, :, :6] = torch.cat(seen, dim=2)
+    k_t0, _, _ = cache(None, latents=noised)
+    assert not torch.allclose(k_noisy, k_t0, atol=1e-4)
+    assert torch.equal(cache([0.3], seed=5)[0], cache([0.3], seed=5)[0])
+    # the draw: U(0, max), none at 0 (older runs keep their streams)
+    rng = np.random.default_rng(1)
+    levels = [context_sigma(rng, 0.5) for _ in range(500)]
+    assert 0 <= min(levels) < 0.05 and 0.45 < max(levels) < 0.5
+    before = rng.bit_generator.state
+    assert context_sigma(rng, 0.0) == 0.0 and rng.bit_generator.state == before
 
 
 def _other_encoder(vae_path, dest):

@@ -14,7 +14,8 @@ from typing import Any
 import yaml
 
 from .errors import InputError
-from .model.config import SAMPLERS, DiTConfig
+from .preset_rules import check_family, check_preset_values
+from .model.config import DiTConfig
 from .model.lingbot.config import LingbotConfig, trained_window
 from .writer_options import LANDMARK_TAU, MemoryConfig  # noqa: F401  (re-exported: RunConfig.memory's type)
 
@@ -24,13 +25,13 @@ WAN_DIT_ARCHITECTURES = ("lingbot", "selfforcing")  # their ``dit`` is a Lingbot
 SELFFORCING_WINDOW = 21  # Self-Forcing's global cache holds its trained 21 latent frames (81 video frames)
 _PRESET_KEYS = {"description", "mode", "height", "width", "fps", "denoising_steps", "timestep_shift",
                 "weights", "vae", "clip", "files", "dit", "frames_per_chunk", "bundle", "world", "architecture",
-                "landmark_threshold", "sampler", "extends"}
+                "landmark_threshold", "sampler", "context_noise", "extends"}
 _FILE_ROLES = ("dit", "vae", "clip", "text_encoder", "tokenizer", "lora")  # lora: LongLive's adapter
 # Preset keys that are only defaults of run settings (the tau a run uses is memory.landmark_threshold): not
 # part of what a training run or a generated video is made with
 PRESET_DEFAULTS_ONLY = ("landmark_threshold",)
 # Preset keys added after runs and training folders were recorded, with the value those were made with
-PRESET_ADDED = {"architecture": "mg2", "sampler": "renoise"}
+PRESET_ADDED = {"architecture": "mg2", "sampler": "renoise", "context_noise": 0}
 
 
 @dataclass(frozen=True)
@@ -50,6 +51,10 @@ class Preset:
         sampler: ``renoise`` (MG2's: x0 at each step, re-noised with fresh noise) or ``euler`` (the
             deterministic flow-ODE step; :func:`~worldtrace_cli.model.sampler.next_x`); MG2
             architecture only (LingBot has its own sampler).
+        context_noise: the timestep (0-999) of each chunk's context pass, which then reads the chunk's
+            latents noised to sigma = context_noise / 1000 (:meth:`~worldtrace_cli.engine.rollout.Rollout.context`):
+            for a DiT trained with ``train dit --context-noise``. MG2's inference configs name it and
+            set it to 0 (mg2-architecture.md §2.2), the default: the clean context pass. MG2 architecture only.
         weights: ``random`` (seeded random weights, e.g. ``tiny``), ``checkpoint`` (an official
             folder) or ``bundled`` (one safetensors file shipped with the presets: ``bundle``).
         vae, clip: variant names of the shipped VAE / CLIP configs.
@@ -85,6 +90,7 @@ class Preset:
     architecture: str = "mg2"
     landmark_threshold: float | None = None
     sampler: str = "renoise"
+    context_noise: int = 0
 
     @property
     def is_lingbot(self) -> bool:
@@ -190,7 +196,7 @@ def load_preset(name_or_path: str) -> Preset:
 
     if raw.get("architecture", "mg2") not in ARCHITECTURES:
         raise InputError(f"{source}: architecture: must be one of {', '.join(ARCHITECTURES)}, got {raw['architecture']!r}")
-    _check_preset_values(raw, source)
+    check_preset_values(raw, source)
     try:
         dit_class = LingbotConfig if raw.get("architecture") in WAN_DIT_ARCHITECTURES else DiTConfig
         dit = dit_class.from_dict(raw.pop("dit"), f"{source}: dit")
@@ -215,7 +221,9 @@ def load_preset(name_or_path: str) -> Preset:
     if raw.get("architecture") in WAN_DIT_ARCHITECTURES and raw.get("sampler", "renoise") != "renoise":
         own = "LingBot presets use LingBot's own" if raw["architecture"] == "lingbot" else "they use their own 4-step"
         raise InputError(f"{source}: sampler: {own} sampler; only MG2-architecture presets take 'euler'")
-    _check_family(raw, dit, source)
+    if raw.get("architecture") in WAN_DIT_ARCHITECTURES and raw.get("context_noise", 0):
+        raise InputError(f"{source}: context_noise: only MG2-architecture presets take a context noise")
+    check_family(raw, dit, source)
     if raw.get("architecture") in WAN_DIT_ARCHITECTURES:
         from .model.lingbot.config import official_memory
 
@@ -228,24 +236,6 @@ def load_preset(name_or_path: str) -> Preset:
     return Preset(name=name, dit=dit, files=dict(files), **raw)
 
 
-def _check_family(raw: dict, dit, source: str) -> None:
-    """A ``selfforcing`` preset is a ``t2v`` DiT in mode ``text`` with chunks of 3 latent frames
-    (selfforcing-architecture.md §1); mode ``text`` belongs to it alone, and LingBot-World is ``i2v``.
-    Raises InputError naming the file and key."""
-    arch = raw.get("architecture", "mg2")
-    if arch == "selfforcing":
-        if dit.model_type != "t2v":
-            raise InputError(f"{source}: dit: model_type: a selfforcing preset is a t2v DiT, got {dit.model_type!r}")
-        if raw["mode"] != "text":
-            raise InputError(f"{source}: mode: a selfforcing preset runs prompt segments (mode text), got {raw['mode']!r}")
-        if raw.get("frames_per_chunk", 3) != 3:
-            raise InputError(f"{source}: frames_per_chunk: Self-Forcing / LongLive v1.0 chunks are 3 latent frames")
-    elif raw["mode"] == "text":
-        raise InputError(f"{source}: mode: text (prompt segments) needs architecture: selfforcing, got {arch}")
-    elif arch == "lingbot" and dit.model_type != "i2v":
-        raise InputError(f"{source}: dit: model_type: LingBot-World is i2v; a t2v DiT is architecture: selfforcing")
-
-
 def _base_preset(base, source: str) -> dict:
     """The keys of the built-in preset ``base`` that a preset ``extends`` (``source`` names the
     extending file in errors). Raises InputError: not a built-in name, or a base that extends."""
@@ -256,30 +246,6 @@ def _base_preset(base, source: str) -> dict:
     if "extends" in raw:
         raise InputError(f"{source}: extends: preset {base} extends another preset itself (one level only)")
     return raw
-
-
-def _check_preset_values(raw: dict, source: str) -> None:
-    """Types and ranges of a preset's scalar keys (a wrong type must not surface as a traceback when
-    the model is built). Raises InputError naming the file and key."""
-    def number(v):
-        return isinstance(v, (int, float)) and not isinstance(v, bool) and 0 < v < float("inf")
-
-    def integer(v, low=1):
-        return isinstance(v, int) and not isinstance(v, bool) and v >= low
-
-    rules = {"dit": (lambda v: isinstance(v, dict), "a mapping of DiT config keys"),
-             "fps": (number, "a finite number > 0"), "timestep_shift": (number, "a finite number > 0"),
-             "frames_per_chunk": (integer, "an integer >= 1"),
-             "denoising_steps": (lambda v: isinstance(v, list) and v and all(integer(x, 0) and x <= 1000 for x in v),
-                                 "a non-empty list of integer timesteps in [0, 1000]"),
-             "landmark_threshold": (lambda v: number(v) and v <= 2, "a cosine distance in (0, 2]"),
-             "sampler": (lambda v: v in SAMPLERS, f"one of {', '.join(SAMPLERS)}"),
-             **{k: (lambda v: isinstance(v, str), "a string") for k in ("description", "vae", "clip", "bundle")},
-             "files": (lambda v: v is None or (isinstance(v, dict) and all(isinstance(x, str) for x in v.values())),
-                       "a mapping of roles to file names")}
-    for key, (ok, want) in rules.items():
-        if key in raw and not (raw[key] is None and key in ("bundle", "files")) and not ok(raw[key]):
-            raise InputError(f"{source}: {key}: must be {want}, got {raw[key]!r}"[:300])
 
 
 @dataclass(frozen=True)

@@ -174,6 +174,10 @@ def train_encode_cmd(vae_weights, output, shards, seed, late, loop, max_angle, v
               help="Probability that a clip's context chunks are the model's own samples (the product's sampler) "
                    "instead of the clean latents, so it learns to continue from its own output (exposure bias); "
                    "about 2x the time per clip.")
+@click.option("--context-noise", type=click.FloatRange(0, 1, max_open=True), default=0.0, show_default=True,
+              help="Largest noise level (sigma) of the context chunks: each clip's context passes read its context "
+                   "latents noised to sigma ~ U(0, this) at timestep 1000 sigma, so the model learns to read imperfect "
+                   "context (noise augmentation against drift, as GameNGen); sample with the preset's context_noise.")
 @click.option("--ema", type=click.FloatRange(0, 1, max_open=True), default=0.0, show_default=True,
               help="Also keep a moving average of the weights with this decay (e.g. 0.999), written to "
                    "DIR/dit-ema.safetensors beside the weights (0: none).")
@@ -193,7 +197,8 @@ def train_encode_cmd(vae_weights, output, shards, seed, late, loop, max_angle, v
                    "bfloat16 autocast, float32 weights, gradients and optimiser state). A run may be continued in "
                    "another precision.")
 def train_dit_cmd(data, preset, output, steps, minutes, lr, warmup, seed, threads, save_every, log_every, no_progress, batch,
-                  return_weight, start_share, init, self_context, ema, device, batched, compile_mode, precision):
+                  return_weight, start_share, init, self_context, context_noise, ema, device, batched, compile_mode,
+                  precision):
     """Train the DiT on encoded clips through MG2's sliding cache; writes DIR/dit.safetensors
     (and DIR/dit-ema.safetensors with --ema)."""
     from ..config import load_preset
@@ -208,7 +213,7 @@ def train_dit_cmd(data, preset, output, steps, minutes, lr, warmup, seed, thread
                       batch=batch, return_weight=return_weight, progress=not no_progress, stop=stop,
                       start_share=START_SHARE if start_share is None else start_share, init=init,
                       self_context=self_context, device=str(resolve_device(device)), batched=batched,
-                      compile_mode=compile_mode, precision=precision)
+                      compile_mode=compile_mode, precision=precision, context_noise=context_noise)
         click.echo(f"worldtrace: DiT step {r['step']} ({r['minutes']:.1f} min this run), loss {r['loss']} -> {r['file']}",
                    err=True)
 

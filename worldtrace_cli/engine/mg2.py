@@ -82,7 +82,7 @@ class MG2Pipeline(PipelineBase):
         schedule = FlowMatchSchedule(self.preset.denoising_steps, self.preset.timestep_shift, self.preset.sampler)
         return Rollout(self.world.dit, writer, conditioned.latents, conditioned.visual_context, keyboard, mouse,
                        schedule, seed, self.device, self.latent_hw, self.frames_per_chunk, noise=noise,
-                       on_step=on_step, poses=self.latent_poses(keyboard, mouse))
+                       on_step=on_step, poses=self.latent_poses(keyboard, mouse), context_noise=self.preset.context_noise)
 
     def latent_poses(self, keyboard: torch.Tensor, mouse: torch.Tensor | None) -> torch.Tensor:
         """Camera-to-world pose of every latent frame the actions reach, by the one motion model.

@@ -25,7 +25,7 @@ import torch
 from ..errors import RunError
 from ..memory import CacheGeometry, CacheWriter
 from ..model.dit import ChunkInputs, LayerPast
-from ..model.sampler import FlowMatchSchedule, chunk_generator, flow_to_x0, next_x
+from ..model.sampler import NUM_TRAIN_TIMESTEPS, FlowMatchSchedule, add_noise, chunk_generator, flow_to_x0, next_x
 from . import shard
 from .record import chunk_record
 
@@ -71,7 +71,8 @@ class ChunkRollout:
     :class:`~worldtrace_cli.memory.CacheGeometry`), ``state`` (the DiT's rollout state: action or
     camera caches), ``chunk`` (chunks generated), ``seed``, ``noise``, ``on_step``, ``device``,
     ``dtype``, ``latent_hw``, ``frames_per_chunk``, ``latent_channels``, ``num_steps`` (denoising
-    calls per chunk).
+    calls per chunk); ``chunk_draw`` (set by :meth:`step`: the chunk's ``draw(i)`` of Gaussian noise,
+    :func:`noise_draws`, for a context pass that noises its input).
     """
 
     def _setup(self, dit, writer: CacheWriter, seed: int, device: torch.device, latent_hw: tuple[int, int],
@@ -166,7 +167,7 @@ class ChunkRollout:
         with timer.phase("cache"):
             read = begin_chunk(self.writer, start, self.geometry.num_layers)  # before this chunk's commit
         inputs, cond = self.chunk_inputs(read, start, f)
-        draw = noise_draws(self.seed, c, (1, self.latent_channels, f, *self.latent_hw), self.noise)
+        draw = self.chunk_draw = noise_draws(self.seed, c, (1, self.latent_channels, f, *self.latent_hw), self.noise)
         x = draw(0).to(self.device)
         with timer.phase("denoise"):
             for s in range(self.num_steps):
@@ -211,11 +212,14 @@ class Rollout(ChunkRollout):
         on_step: optional ``on_step(chunk, step, x0)`` observer of every denoising step's x0.
         poses: optional float64 [N, 4, 4] camera-to-world pose of every latent frame, handed to the
             writer (:meth:`~worldtrace_cli.memory.base.CacheWriter.set_poses`).
+        context_noise: the context pass's timestep (0-999; the preset's ``context_noise``): 0 is MG2's
+            clean pass, else :meth:`context` noises the chunk's latents first.
     """
 
     def __init__(self, dit, writer: CacheWriter, conditioning, visual_context, keyboard, mouse,
                  schedule: FlowMatchSchedule, seed: int, device: torch.device, latent_hw: tuple[int, int],
-                 frames_per_chunk: int = 3, noise=None, on_step=None, poses: torch.Tensor | None = None):
+                 frames_per_chunk: int = 3, noise=None, on_step=None, poses: torch.Tensor | None = None,
+                 context_noise: int = 0):
         dtype = next(dit.parameters()).dtype
         self.conditioning = conditioning
         self.visual_context = visual_context.to(device, dtype)
@@ -223,6 +227,7 @@ class Rollout(ChunkRollout):
         self.mouse = None if mouse is None else mouse.to(device, dtype)
         self.timesteps, self.sigmas = schedule.timesteps(), schedule.sigmas()
         self.sampler = schedule.sampler
+        self.context_noise = context_noise
         self._setup(dit, writer, seed, device, latent_hw, frames_per_chunk, dit.cfg.local_attn_size - 1, dtype,
                     len(self.timesteps), noise, on_step, poses)
 
@@ -242,8 +247,14 @@ class Rollout(ChunkRollout):
         return next_x(x0, flow, self.sigmas[step + 1], self.sampler, draw)
 
     def context(self, x0, inputs, cond):
-        _, committed = self._dit(x0, torch.zeros(1, self.frames_per_chunk, device=self.device), cond, inputs,
-                                 commit=True)
+        """The context pass (MG2 spec §10 step 4) at timestep ``context_noise``: over ``x0`` itself at 0
+        (MG2's configs), else over ``x0`` noised to sigma = ``context_noise`` / 1000 with the chunk's
+        next Gaussian draw (after its denoising draws), as ``train dit --context-noise`` trains."""
+        t = torch.full((1, self.frames_per_chunk), float(self.context_noise), device=self.device)
+        if self.context_noise:
+            eps = self.chunk_draw(self.num_steps).to(x0.device, x0.dtype)
+            x0 = add_noise(x0, eps, self.context_noise / NUM_TRAIN_TIMESTEPS)
+        _, committed = self._dit(x0, t, cond, inputs, commit=True)
         return committed
 
 

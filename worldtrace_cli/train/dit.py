@@ -45,7 +45,7 @@ DIT_EMA_FILE = "dit-ema.safetensors"  # the weights' moving average, with --ema
 
 # settings.json keys added after DiT folders existed, with the value those older runs were trained with
 IMPLIED_BY_OLDER = {**{f"preset.{k}": v for k, v in PRESET_ADDED.items()}, "start_share": START_SHARE,
-                    "self_context": 0.0, "batched": False}
+                    "self_context": 0.0, "batched": False, "context_noise": 0.0}
 
 
 TRAIN_PRECISIONS = ("float32", "tf32", "bf16")
@@ -76,7 +76,7 @@ def train_dit(folder: Path, data: Path, preset: Preset, s: LoopSettings, batch: 
               sampler_prob: float = 0.75, return_weight: float = 3.0, progress: bool = True,
               stop=lambda: False, start_share: float = START_SHARE, init: Path | None = None,
               self_context: float = 0.0, device: str = "cpu", batched: bool = False,
-              compile_mode: str = "none", precision: str = "float32") -> dict:
+              compile_mode: str = "none", precision: str = "float32", context_noise: float = 0.0) -> dict:
     """Train (or continue training) the DiT of ``preset`` on the clips in ``data``; writes
     ``folder/dit.safetensors`` (float32, official parameter names) at every save and at the end,
     and with ``s.ema`` the weights' moving average beside it (``dit-ema.safetensors``).
@@ -92,6 +92,11 @@ def train_dit(folder: Path, data: Path, preset: Preset, s: LoopSettings, batch: 
         init: start from these DiT weights (a ``dit.safetensors``) instead of random ones.
         self_context: probability that a clip's context chunks are the model's own samples instead of
             the clean latents (:func:`self_generated_chunks`; against exposure bias).
+        context_noise: the largest noise level (sigma, 0-1) of the context chunks: each clip's
+            context passes run over its context latents noised to sigma ~ U(0, ``context_noise``) at
+            timestep 1000 sigma (:func:`~worldtrace_cli.train.objective.context_sigma`; noise
+            augmentation against drift, GameNGen section 3.2.1); a rollout then commits its chunks
+            with the preset's ``context_noise``. 0: clean context passes, as MG2 trains.
         device: where the DiT trains (``"cpu"``, ``"cuda"``, ``"cuda:1"``); clips move there as they
             are drawn, the noise comes from the same numpy stream on every device, the weights files
             and the moving average stay float32 on the CPU. Not part of the run's settings: a run may
@@ -129,7 +134,7 @@ def train_dit(folder: Path, data: Path, preset: Preset, s: LoopSettings, batch: 
     prepare_folder(folder, settings_dict(s, kind="dit", data=str(data), preset=preset.to_dict(training=True), batch=batch,
                                          sampler_prob=sampler_prob, return_weight=return_weight, start_share=start_share,
                                          self_context=self_context, init=None if init is None else str(init),
-                                         batched=batched),
+                                         batched=batched, context_noise=context_noise),
                    IMPLIED_BY_OLDER)
     torch.manual_seed(s.seed)
     dit = build_dit(preset, s.seed).train()
@@ -153,10 +158,10 @@ def train_dit(folder: Path, data: Path, preset: Preset, s: LoopSettings, batch: 
         with forward_precision(precision, device):  # the backward pass runs outside, in the forward's dtypes
             if batched:
                 loss = grouped_loss(dit, [pool.draw(rng).to(device) for _ in range(batch)], late_cond, rng, schedule,
-                                    sampler_prob, return_weight, start_share, self_context)
+                                    sampler_prob, return_weight, start_share, self_context, context_noise)
                 return {"loss": loss, "clips": float(len(pool.clips))}
             losses = [clip_loss(dit, pool.draw(rng).to(device), late_cond, rng, schedule, sampler_prob, return_weight,
-                                start_share, self_context) for _ in range(batch)]
+                                start_share, self_context, context_noise) for _ in range(batch)]
             return {"loss": torch.stack(losses).mean(), "clips": float(len(pool.clips))}
 
     def write_weights(average):  # with every saved state, so an interrupted run's weights are current

@@ -136,7 +136,7 @@ def cache_geometry(dit: CausalWanDiT, latent_hw: tuple[int, int]) -> CacheGeomet
 
 def context_state(dit: CausalWanDiT, clip, late_cond, chunks: int, writer=None, generated: int = 0,
                   schedule: FlowMatchSchedule | None = None, rng: np.random.Generator | None = None,
-                  observe=None):
+                  observe=None, context_sigmas: list[float] | None = None):
     """Run the first ``chunks`` chunks of a clip (an :class:`EncodedClip`, or a :class:`ClipBatch`
     of B clips run together) as context passes; returns (rollout state, writer, action rows).
 
@@ -145,6 +145,10 @@ def context_state(dit: CausalWanDiT, clip, late_cond, chunks: int, writer=None, 
     them (the product's sampler, :func:`sample_x0`, with ``schedule`` and noise from ``rng``), read
     and committed exactly as a rollout does: training on self-generated context (``--self-context``).
     ``observe(c, x0)``, when given, sees every context chunk's committed latents [B, 16, 3, h, w].
+    ``context_sigmas`` (one noise level in [0, 1) per clip, ``--context-noise``): clip b's context
+    passes run at timestep ``1000 sigma_b`` over its latents noised to ``sigma_b`` (noise from ``rng``),
+    as a rollout with that context noise commits them (noise augmentation of the context against
+    drift: GameNGen, Valevski et al. 2024, section 3.2.1; MG2's ``context_noise``, 0 in its configs).
     """
     batch = ClipBatch.of(clip)
     z, kb, ms, visual = batch.latents, batch.keyboard, batch.mouse, batch.clip_tokens
@@ -162,9 +166,14 @@ def context_state(dit: CausalWanDiT, clip, late_cond, chunks: int, writer=None, 
             x0 = z[:, :, 3 * c:3 * c + 3]
             if c >= chunks - generated:
                 x0 = sample_x0(dit, x0.shape, cond, chunk, schedule, _numpy_draws(rng, z.device))
+            t = z.new_zeros(len(batch), 3)
+            if context_sigmas is not None and any(context_sigmas):
+                sig = torch.tensor(context_sigmas, dtype=torch.float32, device=z.device)
+                x0 = add_noise(x0, _numpy_draws(rng, z.device)(tuple(x0.shape)), sig.view(-1, 1, 1, 1, 1))
+                t = (sig * NUM_TRAIN_TIMESTEPS).view(-1, 1).expand(-1, 3).contiguous()
             if observe is not None:
                 observe(c, x0)
-            _, committed = dit(x0, z.new_zeros(len(batch), 3), cond, chunk, commit=True)
+            _, committed = dit(x0, t, cond, chunk, commit=True)
             writer.commit(committed, list(range(sf, sf + 3)))
     return state, writer, (kb, ms, visual)
 
@@ -238,15 +247,23 @@ def self_generated_chunks(rng: np.random.Generator, early: bool, target: int, se
     return target if early else max(target - 1, 0)
 
 
+def context_sigma(rng: np.random.Generator, context_noise: float) -> float:
+    """A clip's context noise level (``train dit --context-noise``): U(0, ``context_noise``), or 0
+    without a draw when ``context_noise`` is 0 (older runs' random streams stay as they were)."""
+    return float(rng.uniform(0.0, context_noise)) if context_noise > 0 else 0.0
+
+
 def clip_loss(dit, clip: EncodedClip, late_cond, rng: np.random.Generator, schedule: FlowMatchSchedule,
               sampler_prob: float, return_weight: float, start_share: float = START_SHARE,
-              self_context: float = 0.0) -> torch.Tensor:
+              self_context: float = 0.0, context_noise: float = 0.0) -> torch.Tensor:
     """Flow-matching loss of one clip's target chunk (see the module docstring): scalar float32."""
     early = clip.frame_start == 0
     target = choose_target(rng, early, start_share)
     generated = self_generated_chunks(rng, early, target, self_context)
+    noise = context_sigma(rng, context_noise)
     batch = ClipBatch.of(clip)
-    state, writer, rows = context_state(dit, batch, late_cond, target, generated=generated, schedule=schedule, rng=rng)
+    state, writer, rows = context_state(dit, batch, late_cond, target, generated=generated, schedule=schedule, rng=rng,
+                                        context_sigmas=[noise])
     sigma = sample_sigma(rng, schedule, sampler_prob)
     eps = _numpy_draws(rng, clip.latents.device)(tuple(batch.latents[:, :, :3].shape))
     return target_losses(dit, batch, late_cond, target, state, writer, rows, [sigma], eps, return_weight)[0]
@@ -275,9 +292,9 @@ def target_losses(dit, batch: ClipBatch, late_cond, target: int, state, writer, 
 
 def grouped_loss(dit, clips: list[EncodedClip], late_cond, rng: np.random.Generator, schedule: FlowMatchSchedule,
                  sampler_prob: float, return_weight: float, start_share: float = START_SHARE,
-                 self_context: float = 0.0) -> torch.Tensor:
+                 self_context: float = 0.0, context_noise: float = 0.0) -> torch.Tensor:
     """The mean flow-matching loss of ``clips`` (scalar float32), run as batches (``train dit
-    --batched``): each clip draws its target chunk, self-generated context, sigma and noise as
+    --batched``): each clip draws its target chunk, self-generated context, context noise, sigma and noise as
     :func:`clip_loss` does (the same distributions; the numbers are drawn in another order), then the
     clips that share (absolute latent frames, target chunk, self-generated chunks) run their context
     passes and their target chunk as one :class:`ClipBatch`: one DiT call per chunk and group instead
@@ -287,7 +304,7 @@ def grouped_loss(dit, clips: list[EncodedClip], late_cond, rng: np.random.Genera
         early = clip.frame_start == 0
         target = choose_target(rng, early, start_share)
         plans.append((clip.frame_start, target, self_generated_chunks(rng, early, target, self_context),
-                      sample_sigma(rng, schedule, sampler_prob)))
+                      sample_sigma(rng, schedule, sampler_prob), context_sigma(rng, context_noise)))
     groups: dict[tuple, list[int]] = defaultdict(list)
     for i, plan in enumerate(plans):
         groups[plan[:3]].append(i)
@@ -295,7 +312,7 @@ def grouped_loss(dit, clips: list[EncodedClip], late_cond, rng: np.random.Genera
     for (_, target, generated), members in sorted(groups.items()):
         batch = ClipBatch.of([clips[i] for i in members])
         state, writer, rows = context_state(dit, batch, late_cond, target, generated=generated, schedule=schedule,
-                                            rng=rng)
+                                            rng=rng, context_sigmas=[plans[i][4] for i in members])
         eps = _numpy_draws(rng, batch.latents.device)(tuple(batch.latents[:, :, :3].shape))
         losses.append(target_losses(dit, batch, late_cond, target, state, writer, rows,
                                     [plans[i][3] for i in members], eps, return_weight))
@@ -303,5 +320,5 @@ def grouped_loss(dit, clips: list[EncodedClip], late_cond, rng: np.random.Genera
 
 
 __all__ = ["ClipBatch", "ClipPool", "START_SHARE", "cache_geometry", "choose_target", "clip_loss", "cond_concat",
-           "context_state", "grouped_loss", "sample_sigma", "sample_x0", "self_generated_chunks", "target_chunk_inputs",
+           "context_sigma", "context_state", "grouped_loss", "sample_sigma", "sample_x0", "self_generated_chunks", "target_chunk_inputs",
            "target_losses"]
