@@ -13,11 +13,11 @@ from typing import Any
 
 import yaml
 
-from .errors import InputError
-from .preset_rules import check_family, check_preset_values
-from .model.config import DiTConfig
-from .model.lingbot.config import LingbotConfig, trained_window
-from .writer_options import LANDMARK_TAU, MemoryConfig  # noqa: F401  (re-exported: RunConfig.memory's type)
+from ..errors import InputError
+from ..model.config import DiTConfig
+from ..model.lingbot.config import LingbotConfig, trained_window
+from ..writer_options import LANDMARK_TAU, MemoryConfig  # noqa: F401  (re-exported: RunConfig.memory's type)
+from .rules import check_family, check_preset_values
 
 MODES = ("universal", "gta_drive", "templerun", "text")  # text: prompt segments (the selfforcing architecture)
 ARCHITECTURES = ("mg2", "lingbot", "selfforcing")  # MG2 (actions) | LingBot-World (camera) | Self-Forcing/LongLive
@@ -192,7 +192,7 @@ def load_preset(name_or_path: str) -> Preset:
     missing = [k for k in ("mode", "height", "width", "dit") if k not in raw]
     if missing:
         raise InputError(f"{source}: missing keys: {', '.join(missing)}")
-    from .errors import CheckpointError
+    from ..errors import CheckpointError
 
     if raw.get("architecture", "mg2") not in ARCHITECTURES:
         raise InputError(f"{source}: architecture: must be one of {', '.join(ARCHITECTURES)}, got {raw['architecture']!r}")
@@ -225,7 +225,7 @@ def load_preset(name_or_path: str) -> Preset:
         raise InputError(f"{source}: context_noise: only MG2-architecture presets take a context noise")
     check_family(raw, dit, source)
     if raw.get("architecture") in WAN_DIT_ARCHITECTURES:
-        from .model.lingbot.config import official_memory
+        from ..model.lingbot.config import official_memory
 
         try:
             official_memory(dit.local_attn_size, dit.sink_size, raw.get("frames_per_chunk", 3))
@@ -329,7 +329,7 @@ def default_cache(preset: Preset) -> dict:
     (:func:`~worldtrace_cli.model.lingbot.config.official_memory`: 6 and 18 -> ``sink``, budget 14)."""
     if not (preset.is_lingbot or preset.is_text):
         return {"cache": "sliding"}
-    from .model.lingbot.config import official_memory
+    from ..model.lingbot.config import official_memory
 
     return official_memory(preset.dit.local_attn_size, preset.dit.sink_size, preset.frames_per_chunk)
 
@@ -342,7 +342,7 @@ def memory_config(cache: str, spill_dir=None, preset: Preset | None = None, **op
     has one (:attr:`Preset.landmark_threshold`: loopworld 0.0047), else :data:`LANDMARK_TAU`.
     Settings the writer does not read stay in the config, so :func:`~worldtrace_cli.writer_options.check_flags`
     refuses them by name."""
-    from .writer_options import WRITER_OPTIONS
+    from ..writer_options import WRITER_OPTIONS
 
     row = WRITER_OPTIONS.get(cache.split(":", 1)[0])
     if (options.get("landmark_threshold") is None and row is not None and "landmark_threshold" in row.flags
@@ -359,7 +359,7 @@ def memory_configs(caches: list[str], preset: Preset | None = None, **options) -
     read it (``--landmark-threshold 0.3`` with ``sliding,landmark`` sets landmark's tau and leaves
     sliding alone). A setting none of them reads goes to all, so the first writer's check refuses
     it by name (:func:`~worldtrace_cli.writer_options.check_flags`). Each as :func:`memory_config`."""
-    from .writer_options import settings_for
+    from ..writer_options import settings_for
 
     mine = {c: settings_for(c, options) for c in caches}
     unread = {k: v for k, v in options.items() if v is not None and not any(k in m for m in mine.values())}

@@ -4,8 +4,8 @@ Every error is one line naming the file and key."""
 
 from __future__ import annotations
 
-from .errors import InputError
-from .model.config import SAMPLERS
+from ..errors import InputError
+from ..model.config import SAMPLERS
 
 
 def check_preset_values(raw: dict, source: str) -> None:
