@@ -285,13 +285,15 @@ def test_batched_training_lowers_the_loss(tmp_path, data, one_thread):
     before = fixed_loss(build_dit(preset, 0))
     folder = tmp_path / "batched"
     s = LoopSettings(steps=24, warmup=2, lr=2e-3, log_every=4, save_every=8)
-    result = train_dit(folder, data, preset, s, batch=4, progress=False, batched=True, self_context=0.5)
-    assert result["step"] == 24 and json.loads((folder / "settings.json").read_text())["batched"] is True
+    result = train_dit(folder, data, preset, s, batch=4, progress=False, batched=True, self_context=0.5,
+                       context_noise=0.3)  # batches whose clips read their context at their own noise levels
+    settings = json.loads((folder / "settings.json").read_text())
+    assert result["step"] == 24 and settings["batched"] is True and settings["context_noise"] == 0.3
     dit = build_dit(preset, 0)
     dit.load_state_dict(load_file(str(folder / "dit.safetensors")))
     assert fixed_loss(dit) < 0.9 * before
     with pytest.raises(InputError, match=r"other settings \(batched\)"):
-        train_dit(folder, data, preset, s, batch=4, progress=False, self_context=0.5)
+        train_dit(folder, data, preset, s, batch=4, progress=False, self_context=0.5, context_noise=0.3)
 
 
 def test_dit_training_device_option(tmp_path, data):
