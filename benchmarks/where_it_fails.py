@@ -1,7 +1,7 @@
 """Where does the loopworld DiT lose its world? Free rollouts against teacher forcing (issue 47 part 2).
 
     python benchmarks/where_it_fails.py [--preset loopworld] [--trajectory trajectories/look_around.yaml]
-        [--worlds 40-47] [--decoys 100-115] [--seed 0] [--cache sliding] [--threads N] -o DIR
+        [--worlds 40-47] [--decoys 100-115] [--seed 0] [--cache sliding] [--modes free,...] [--threads N] -o DIR
 
 The issue's first question: does the DiT draw its world from the true earlier chunks
 (teacher-forced), and from one clean chunk? If it does not even then, drift is not what loses the
@@ -28,7 +28,8 @@ at the same poses, by mean squared error and by structure alone), beside the sta
 Writes ``DIR/table.md``, ``DIR/where-it-fails.json`` (per world and mode, per chunk: PSNR, rank,
 structure rank) and ``DIR/where-it-fails.jpg`` (the first world: each chunk's last pixel frame, one
 row per mode and the truth). CPU: about a minute per world (every mode, 16 decoys) with
-``look_around`` (17 chunks) on one thread.
+``look_around`` (17 chunks) on one thread; ``--modes free`` (the free rollout beside the codec and
+the control: how a candidate's own rollouts compare) about a quarter of that.
 Errors: SystemExit with a one-line message for a preset without a procedural world.
 """
 
@@ -113,7 +114,8 @@ def score(frames: np.ndarray, truths: dict[int, np.ndarray], own: int, fpc: int,
             "detail": [[float(detail(frames[s:e]).sum()), float(detail(truths[own][s:e]).sum())] for s, e in rows]}
 
 
-def run_world(pipe, preset, plan, world: int, decoys: list[int], seed: int, cache: str = "sliding") -> dict:
+def run_world(pipe, preset, plan, world: int, decoys: list[int], seed: int, cache: str = "sliding",
+              modes: tuple[str, ...] = MODES) -> dict:
     """Every mode on one world (module docstring) through the writer ``cache`` (a ``--cache`` of
     generate at its defaults, given the latent frames' camera poses as generate gives them; its
     summary slots, if any, then hold true or generated chunks as the mode commits them).
@@ -123,8 +125,9 @@ def run_world(pipe, preset, plan, world: int, decoys: list[int], seed: int, cach
             procedural-world :class:`~worldtrace_cli.config.Preset`).
         plan: the trajectory's :class:`~worldtrace_cli.trajectory.ActionPlan` (universal mode).
         world, decoys: world seeds (the decoys' truths rank the own world's); seed: the noise seed.
+        modes: which of :data:`MODES` to run (the codec and the control always are).
     Returns:
-        ``{mode: score(...)}`` for every mode, ``"codec"`` and ``"control"`` (a still of the start
+        ``{mode: score(...)}`` for every mode of ``modes``, ``"codec"`` and ``"control"`` (a still of the start
         view), plus ``"frames"``: mode (and ``"truth"``) -> uint8 [T, H, W, 3], for the picture.
     Raises:
         InputError: an unknown writer or settings it refuses.
@@ -142,6 +145,8 @@ def run_world(pipe, preset, plan, world: int, decoys: list[int], seed: int, cach
     out: dict = {"frames": {}}
     keyboard, mouse = plan.keyboard[None], None if plan.mouse is None else plan.mouse[None]
     for mode, clean in zip(MODES, (0, 1, n)):
+        if mode not in modes:
+            continue
         rollout = pipe.rollout(pipe.build_writer(MemoryConfig(cache=cache)), conditioned, keyboard, mouse, seed)
         rollout = with_true_context(rollout, truth_z, clean)
         frames = decode_all(pipe.decoder(), [rollout.step().latents for _ in range(n)])
@@ -159,7 +164,7 @@ def summarise(results: dict[int, dict], n_decoys: int) -> tuple[dict, str]:
     frames removed): GT-PSNR mean (dB), GT detail (ratio of sums), share of chunks identified by
     colour and by structure (0-1). Returns (that summary, the Markdown tables: summary and per chunk)."""
     summary = {}
-    for mode in MODES + ("codec", "control"):
+    for mode in [m for m in MODES if m in next(iter(results.values()))] + ["codec", "control"]:
         psnr = [p for r in results.values() for p in r[mode]["psnr"][1:]]
         ranks = [k for r in results.values() for k in r[mode]["rank"][1:]]
         sranks = [k for r in results.values() for k in r[mode]["structure_rank"][1:]]
@@ -176,7 +181,7 @@ def summarise(results: dict[int, dict], n_decoys: int) -> tuple[dict, str]:
     for mode, s in summary.items():
         lines.append(f"| {names.get(mode, mode)} | {s['chunks']} | {s['gt_psnr']:.2f} | {s['gt_detail']:.2f} | "
                      f"{100 * s['identified']:.0f} % | {100 * s['identified_structure']:.0f} % |")
-    n = len(next(iter(results.values()))["free"]["rank"])
+    n = len(next(iter(results.values()))["codec"]["rank"])
     lines += ["", "Per chunk: the share of worlds whose chunk is identified, by colour / by structure (%):", "",
               "| mode | " + " | ".join(str(c) for c in range(1, n)) + " |", "|---|" + "---|" * (n - 1)]
     for mode in summary:
@@ -188,10 +193,10 @@ def summarise(results: dict[int, dict], n_decoys: int) -> tuple[dict, str]:
 
 def picture(frames: dict[str, np.ndarray], fpc: int, n: int, path: Path) -> None:
     """A JPEG sheet at ``path``: each chunk's last pixel frame (``frames``: mode -> uint8 [T, H, W, 3]
-    of ``n`` chunks of ``fpc`` latent frames), a row per mode, the truth first."""
+    of ``n`` chunks of ``fpc`` latent frames), a row per mode run, the truth first."""
     from worldtrace_cli.outputs.sheet import frame_sheet
 
-    order = ["truth", "codec", "teacher-forced", "clean start", "free"]
+    order = [m for m in ("truth", "codec", "teacher-forced", "clean start", "free") if m in frames]
     last = [chunk_rows(c, fpc)[1] - 1 for c in range(n)]
     frame_sheet([frames[m][last] for m in order], order, [f"chunk {c}" for c in range(n)]).save(path, quality=90)
 
@@ -205,9 +210,14 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--decoys", default="100-115")
     parser.add_argument("--seed", type=int, default=0, help="noise seed")
     parser.add_argument("--cache", default="sliding", help="the writer (generate's --cache, default sliding: MG2's cache)")
+    parser.add_argument("--modes", default=",".join(MODES),
+                        help=f"comma-separated, of {', '.join(MODES)} (default all; the codec and the control always run)")
     parser.add_argument("--threads", type=int, default=None)
     parser.add_argument("-o", "--output", type=Path, required=True)
     args = parser.parse_args(argv)
+    modes = tuple(m.strip() for m in args.modes.split(",") if m.strip())
+    if not modes or set(modes) - set(MODES):
+        raise SystemExit(f"--modes {args.modes!r}: give some of {', '.join(MODES)}, comma-separated")
     try:
         worlds, decoys = parse_worlds(args.worlds), parse_worlds(args.decoys)
         preset = load_preset(args.preset)
@@ -233,7 +243,7 @@ def main(argv: list[str] | None = None) -> None:
     args.output.mkdir(parents=True, exist_ok=True)
     results, started = {}, time.time()
     for w in worlds:
-        results[w] = run_world(pipe, preset, plan, w, decoys, args.seed, args.cache)
+        results[w] = run_world(pipe, preset, plan, w, decoys, args.seed, args.cache, modes)
         print(f"world {w}: done ({time.time() - started:.0f} s)", file=sys.stderr)
     picture(results[worlds[0]].pop("frames"), preset.frames_per_chunk, plan.num_chunks,
             args.output / "where-it-fails.jpg")
@@ -241,11 +251,12 @@ def main(argv: list[str] | None = None) -> None:
         r.pop("frames", None)
     summary, table = summarise(results, len(decoys))
     head = (f"`python benchmarks/where_it_fails.py --preset {args.preset} --trajectory {args.trajectory} "
-            f"--worlds {args.worlds} --decoys {args.decoys} --seed {args.seed} --cache {args.cache}` "
+            f"--worlds {args.worlds} --decoys {args.decoys} --seed {args.seed} --cache {args.cache}"
+            f"{'' if modes == MODES else ' --modes ' + repr(','.join(modes))}` "
             f"({time.time() - started:.0f} s)\n\n")
     (args.output / "table.md").write_text(head + table)
     (args.output / "where-it-fails.json").write_text(json.dumps(
-        {"preset": args.preset, "cache": args.cache, "trajectory": str(args.trajectory), "worlds": worlds, "decoys": decoys,
+        {"preset": args.preset, "cache": args.cache, "modes": list(modes), "trajectory": str(args.trajectory), "worlds": worlds, "decoys": decoys,
          "seed": args.seed, "summary": summary, "per_world": {str(w): r for w, r in results.items()}}) + "\n")
     print(head + table, end="")
 

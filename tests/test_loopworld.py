@@ -318,6 +318,13 @@ def test_where_it_fails_changes_only_what_the_context_pass_commits(one_thread):
     first = slice(0, 9)  # chunk 0's pixel frames: made before any context pass, the same in every mode
     assert np.array_equal(out["frames"]["free"][first], out["frames"]["teacher-forced"][first])
     assert not np.array_equal(out["frames"]["free"][9:21], out["frames"]["teacher-forced"][9:21])
+    # --modes free: the same free rollout beside the codec and the control, summarised alone
+    only = wif.run_world(pipe, preset, plan, 3, [100, 101], seed=0, modes=("free",))
+    assert set(only) == {"free", "codec", "control", "frames"} and only["free"] == out["free"]
+    only.pop("frames")
+    assert list(wif.summarise({3: only}, 2)[0]) == ["free", "codec", "control"]
+    with pytest.raises(SystemExit, match="--modes 'free,nope': give some of free, clean start, teacher-forced"):
+        wif.main(["--modes", "free,nope", "-o", "unused"])
 
     from PIL import Image
 
