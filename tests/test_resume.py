@@ -109,6 +109,25 @@ def test_resume_without_state_is_a_clear_error(tmp_path):
     assert len(result.stderr.strip().splitlines()) == 1
 
 
+def test_runs_recorded_before_a_preset_key_existed_are_the_same_run(tmp_path):
+    """A run folder written before a preset key was added (``architecture``, ``sampler``,
+    ``context_noise``) is the same run as one made with the value it was made with, and another value
+    of such a key is named as a difference (resume, compare and loopbench refuse to mix them)."""
+    from dataclasses import replace
+
+    from worldtrace_cli.config import PRESET_ADDED
+    from worldtrace_cli.runs.resume import differences
+
+    cfg = RunConfig(preset=load_preset("tiny"), trajectory=ABA, output=tmp_path / "o", image=IMAGE, chunks=3,
+                    progress=False)
+    saved = cfg.to_dict()
+    assert set(PRESET_ADDED) >= {"architecture", "sampler", "context_noise"} and set(PRESET_ADDED) <= set(saved["preset"])
+    old = {**saved, "preset": {k: v for k, v in saved["preset"].items() if k not in PRESET_ADDED}}
+    assert differences(old, cfg) == []
+    noisy = replace(cfg, preset=replace(cfg.preset, context_noise=100))
+    assert differences(old, noisy) == ["preset.context_noise 0 (now 100)"]
+
+
 def test_overlapped_decode_makes_the_same_video(tmp_path, reference):
     summary = run_generation(config(tmp_path / "o", "field", overlap_decode=True))
     assert [r["frames_sha256"] for r in read_jsonl(tmp_path / "o" / "chunks.jsonl")] == reference["field"]
