@@ -8,6 +8,7 @@ import os
 import subprocess
 import sys
 import warnings
+from pathlib import Path
 
 import pytest
 
@@ -77,6 +78,16 @@ def test_ctrl_c_stops_both_processes_after_a_saved_chunk(tmp_path):
 
 TEARDOWN_ABORT = "terminate called without an active exception"
 
+
+def check_torchrun(run, outputs) -> None:
+    """A torchrun's exit: 0, or the known teardown abort (docs/gpu-memory.md: gloo may abort a process
+    at exit, after everything was written) with every one of ``outputs`` written, which warns; the
+    outputs are still what the test compares. Anything else fails with the run's stderr."""
+    if run.returncode and TEARDOWN_ABORT in run.stderr and all(Path(o).exists() for o in outputs):
+        warnings.warn(f"torchrun: a process aborted at teardown after its work ({TEARDOWN_ABORT})")
+    else:
+        assert run.returncode == 0, run.stderr[-3000:]
+
 def split_run(tmp_path, preset, cache, processes):
     out = tmp_path / f"{preset}-{cache}-{processes}.pt"
     script = [os.path.join(os.path.dirname(__file__), "split_heads_run.py"), preset, cache, str(out)]
@@ -84,12 +95,7 @@ def split_run(tmp_path, preset, cache, processes):
     cmd = ([sys.executable, *script] if processes == 1 else
            [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(processes), *script, "--split"])
     run = subprocess.run(cmd, capture_output=True, text=True, timeout=300, env=env)
-    if run.returncode and TEARDOWN_ABORT in run.stderr and out.exists():
-        # known (docs/gpu-memory.md): gloo may abort process 0 at exit after everything was written; the
-        # run's results are still what this test compares
-        warnings.warn(f"--split-heads: a process aborted at teardown after its work ({TEARDOWN_ABORT})")
-    else:
-        assert run.returncode == 0, run.stderr[-3000:]
+    check_torchrun(run, [out])
     import torch
 
     return torch.load(out)
@@ -191,7 +197,7 @@ def test_writers_choose_over_every_head_when_the_heads_are_split(tmp_path):
     run = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", str(script),
                           str(tmp_path / "out")], capture_output=True, text=True, timeout=120,
                          env={**os.environ, "OMP_NUM_THREADS": "1"})
-    assert run.returncode == 0, run.stderr[-3000:]
+    check_torchrun(run, [tmp_path / f"out.{rank}" for rank in (0, 1)])
     for rank in (0, 1):
         r = torch.load(tmp_path / f"out.{rank}")
         assert r["keep_split"] == r["keep"] and len(r["keep"]) == 6 + 2 * 3
