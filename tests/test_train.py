@@ -294,6 +294,8 @@ def test_batched_training_lowers_the_loss(tmp_path, data, one_thread):
     assert fixed_loss(dit) < 0.9 * before
     with pytest.raises(InputError, match=r"other settings \(batched\)"):
         train_dit(folder, data, preset, s, batch=4, progress=False, self_context=0.5, context_noise=0.3)
+    with pytest.raises(InputError, match=r"other settings \(context_noise\)"):
+        train_dit(folder, data, preset, s, batch=4, progress=False, batched=True, self_context=0.5, context_noise=0.1)
 
 
 def test_dit_training_device_option(tmp_path, data):
