@@ -17,11 +17,10 @@ from ..errors import InputError
 from ..model.config import DiTConfig
 from ..model.lingbot.config import LingbotConfig, trained_window
 from ..writer_options import LANDMARK_TAU, MemoryConfig  # noqa: F401  (re-exported: RunConfig.memory's type)
-from .rules import check_family, check_preset_values
+from .rules import WAN_DIT_ARCHITECTURES, check_family, check_preset_values
 
 MODES = ("universal", "gta_drive", "templerun", "text")  # text: prompt segments (the selfforcing architecture)
 ARCHITECTURES = ("mg2", "lingbot", "selfforcing")  # MG2 (actions) | LingBot-World (camera) | Self-Forcing/LongLive
-WAN_DIT_ARCHITECTURES = ("lingbot", "selfforcing")  # their ``dit`` is a LingbotConfig (i2v | t2v)
 SELFFORCING_WINDOW = 21  # Self-Forcing's global cache holds its trained 21 latent frames (81 video frames)
 _PRESET_KEYS = {"description", "mode", "height", "width", "fps", "denoising_steps", "timestep_shift",
                 "weights", "vae", "clip", "files", "dit", "frames_per_chunk", "bundle", "world", "architecture",
@@ -218,11 +217,6 @@ def load_preset(name_or_path: str) -> Preset:
         raise InputError(f"{source}: files: unknown roles {sorted(set(files) - set(_FILE_ROLES))}")
     if "denoising_steps" in raw:
         raw["denoising_steps"] = tuple(raw["denoising_steps"])
-    if raw.get("architecture") in WAN_DIT_ARCHITECTURES and raw.get("sampler", "renoise") != "renoise":
-        own = "LingBot presets use LingBot's own" if raw["architecture"] == "lingbot" else "they use their own 4-step"
-        raise InputError(f"{source}: sampler: {own} sampler; only MG2-architecture presets take 'euler'")
-    if raw.get("architecture") in WAN_DIT_ARCHITECTURES and raw.get("context_noise", 0):
-        raise InputError(f"{source}: context_noise: only MG2-architecture presets take a context noise")
     check_family(raw, dit, source)
     if raw.get("architecture") in WAN_DIT_ARCHITECTURES:
         from ..model.lingbot.config import official_memory

@@ -7,6 +7,8 @@ from __future__ import annotations
 from ..errors import InputError
 from ..model.config import SAMPLERS
 
+WAN_DIT_ARCHITECTURES = ("lingbot", "selfforcing")  # their ``dit`` is a LingbotConfig (i2v | t2v)
+
 
 def check_preset_values(raw: dict, source: str) -> None:
     """Types and ranges of a preset's scalar keys (a wrong type must not surface as a traceback when
@@ -35,9 +37,15 @@ def check_preset_values(raw: dict, source: str) -> None:
 
 def check_family(raw: dict, dit, source: str) -> None:
     """A ``selfforcing`` preset is a ``t2v`` DiT in mode ``text`` with chunks of 3 latent frames
-    (selfforcing-architecture.md §1); mode ``text`` belongs to it alone, and LingBot-World is ``i2v``.
+    (selfforcing-architecture.md §1); mode ``text`` belongs to it alone, and LingBot-World is ``i2v``;
+    the ``sampler`` and ``context_noise`` keys are MG2's (the Wan-DiT families have their own samplers).
     Raises InputError naming the file and key."""
     arch = raw.get("architecture", "mg2")
+    if arch in WAN_DIT_ARCHITECTURES and raw.get("sampler", "renoise") != "renoise":
+        own = "LingBot presets use LingBot's own" if arch == "lingbot" else "they use their own 4-step"
+        raise InputError(f"{source}: sampler: {own} sampler; only MG2-architecture presets take 'euler'")
+    if arch in WAN_DIT_ARCHITECTURES and raw.get("context_noise", 0):
+        raise InputError(f"{source}: context_noise: only MG2-architecture presets take a context noise")
     if arch == "selfforcing":
         if dit.model_type != "t2v":
             raise InputError(f"{source}: dit: model_type: a selfforcing preset is a t2v DiT, got {dit.model_type!r}")
@@ -51,4 +59,4 @@ def check_family(raw: dict, dit, source: str) -> None:
         raise InputError(f"{source}: dit: model_type: LingBot-World is i2v; a t2v DiT is architecture: selfforcing")
 
 
-__all__ = ["check_family", "check_preset_values"]
+__all__ = ["WAN_DIT_ARCHITECTURES", "check_family", "check_preset_values"]
