@@ -140,6 +140,20 @@ def _vae_param(vae: torch.nn.Module) -> torch.Tensor:
 
 
 @torch.no_grad()
+def encode_video(vae: AutoencoderKLWan, video: torch.Tensor) -> torch.Tensor:
+    """The normalised latents of a video: the posterior's mean (its mode; no sampling), normalised per
+    channel, ``(mu - mean) / std`` with Wan 2.1's statistics (MG2 spec §14).
+
+    Args:
+        video: ``[1, 3, 1 + 4 k, H, W]`` float in [-1, 1] on the VAE's device and in its dtype.
+    Returns:
+        float32 ``[1, 16, 1 + k, H/8, W/8]`` on the VAE's device.
+    """
+    mu = vae.encode(video).latent_dist.mode()
+    mean, std = _norm_stats(mu.device)
+    return (mu.float() - mean) / std
+
+
 def encode_conditioning_latents(vae: AutoencoderKLWan, image: torch.Tensor, num_latent_frames: int) -> torch.Tensor:
     """Encode MG2's conditioning video: the image followed by blank (all-zero = mid-grey) frames.
 
@@ -167,9 +181,7 @@ def encode_conditioning_latents(vae: AutoencoderKLWan, image: torch.Tensor, num_
     p = _vae_param(vae)
     video = torch.zeros(1, 3, 1 + 4 * (k - 1), *image.shape[2:], device=p.device, dtype=p.dtype)
     video[:, :, 0] = image.to(device=p.device, dtype=p.dtype)
-    mu = vae.encode(video).latent_dist.mode()
-    mean, std = _norm_stats(mu.device)
-    return (mu.float() - mean) / std
+    return encode_video(vae, video)
 
 
 class StreamingDecoder:
@@ -279,5 +291,5 @@ class StreamingDecoder:
 
 __all__ = [
     "WAN_LATENT_MEAN", "WAN_LATENT_STD", "CONDITIONING_ENCODE_LATENT_FRAMES", "StreamingDecoder",
-    "build_wan_vae", "encode_conditioning_latents", "use_mkldnn_conv3d", "vae_config_dir",
+    "build_wan_vae", "encode_conditioning_latents", "encode_video", "use_mkldnn_conv3d", "vae_config_dir",
 ]

@@ -139,12 +139,11 @@ def _to_video(frames: np.ndarray) -> torch.Tensor:
 def encode_frames(vae, frames: np.ndarray) -> torch.Tensor:
     """The VAE's normalised latents of a video, as training clips are encoded: the posterior's mode
     of uint8 frames [1 + 4 k, H, W, 3] (encoded where the VAE is), normalised with Wan's per-channel
-    mean and std (MG2 spec §14): float32 [1, 16, 1 + k, H / 8, W / 8] on the CPU."""
-    from ..model.vae import _norm_stats
+    mean and std (MG2 spec §14; :func:`~worldtrace_cli.model.vae.encode_video`): float32
+    [1, 16, 1 + k, H / 8, W / 8] on the CPU."""
+    from ..model.vae import encode_video
 
-    mu = vae.encode(_to_video(frames).to(next(vae.parameters()).device)).latent_dist.mode()
-    mean, std = _norm_stats(mu.device)
-    return ((mu.float() - mean) / std).cpu()
+    return encode_video(vae, _to_video(frames).to(next(vae.parameters()).device)).cpu()
 
 
 @torch.no_grad()
