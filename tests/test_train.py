@@ -315,6 +315,22 @@ def test_dit_training_device_option(tmp_path, data):
     assert not (tmp_path / "t").exists()
 
 
+def test_a_run_shorter_than_its_log_window_reports_its_loss(tmp_path, data):
+    """`train dit` stopped (--steps, --minutes) before its first --log-every window: the closing line
+    gives the mean loss of the steps it ran, as a number (it once said "loss None")."""
+    import re
+
+    from click.testing import CliRunner
+
+    from worldtrace_cli.cli import main
+
+    r = CliRunner().invoke(main, ["train", "dit", "--data", str(data), "-o", str(tmp_path / "d"), "--preset", "tiny",
+                                  "--steps", "50", "--minutes", "0.0005", "--log-every", "25", "--no-progress"])
+    assert r.exit_code == 0, r.output
+    m = re.search(r"DiT step [1-9]\d* \(\d+\.\d min this run\), loss (\d+\.\d{4}) ->", r.output)
+    assert m and float(m.group(1)) > 0, r.output
+
+
 @pytest.mark.gpu
 def test_dit_training_on_cuda_matches_cpu(tmp_path, data):
     """The trainer on CUDA: the same numpy noise stream and clips give the CPU's first losses (float32,
@@ -1009,3 +1025,140 @@ def test_towers_clips_are_rendered_in_the_towers_world(tmp_path, vae_file):
     city, towers = (make_clip(np.random.default_rng(5), vae, tower, late=False, loop=True, world=w)
                     for w in ("procedural", "towers"))
     assert city.world_seed == towers.world_seed and not torch.equal(city.latents, towers.latents)
+
+
+def _same_clips(a, b, atol=0.0):
+    """Two lists of EncodedClip hold the same clips (tensors equal to ``atol``, metadata equal)."""
+    assert len(a) == len(b)
+    for x, y in zip(a, b):
+        assert (x.frame_start, x.rows_start, x.return_latent, x.world_seed) == \
+               (y.frame_start, y.rows_start, y.return_latent, y.world_seed)
+        assert torch.equal(x.keyboard, y.keyboard) and torch.equal(x.mouse, y.mouse)
+        assert (x.image_latents is None) == (y.image_latents is None)
+        pairs = [(x.latents, y.latents), (x.clip_tokens, y.clip_tokens)]
+        pairs += [(x.image_latents, y.image_latents)] if x.image_latents is not None else []
+        for s, t in pairs:
+            assert s.shape == t.shape and (s - t).abs().max().item() <= atol
+
+
+def test_render_workers_write_the_clips_of_the_serial_path(tmp_path, vae_file, data):
+    """train encode --workers: shards rendered in worker processes and encoded here hold the clips that
+    rendering and encoding clip by clip writes (bit for bit on the CPU, where a VAE call takes one
+    clip), and a rerun with another worker count continues from the shards there."""
+    from worldtrace_cli.train.dataset import ClipMix, encode_clips, read_shard, shard_paths
+
+    folder = tmp_path / "workers"
+    kw = dict(mix=ClipMix(late=0.5, loop=1.0), height=48, width=96, progress=False, shard_clips=2)
+    encode_clips(folder, vae_file[0], shards=1, workers=2, **kw)
+    assert len(shard_paths(folder)) == 1
+    encode_clips(folder, vae_file[0], shards=2, workers=1, **kw)
+    serial, parallel = shard_paths(data), shard_paths(folder)
+    assert [p.name for p in serial] == [p.name for p in parallel]
+    for s, p in zip(serial, parallel):
+        _same_clips(read_shard(s), read_shard(p))
+    kinds = {c.frame_start for p in parallel for c in read_shard(p)}
+    assert kinds == {0, 30}, kinds  # both an early and a late clip went through the workers
+
+
+def test_batched_encoding_is_clip_by_clip_encoding(vae_file):
+    """encode_rendered with several clips per VAE call (what a GPU encoder does) gives the clip-by-clip
+    latents, conditioning latents and CLIP tokens up to float rounding, in the order given."""
+    from worldtrace_cli.train.dataset import encode_rendered, make_encoder
+    from worldtrace_cli.train.rendering import render_clip_frames
+
+    vae, tower = make_encoder(vae_file[0], 2, 48, 96)
+    rng = np.random.default_rng(3)
+    rendered = [render_clip_frames(rng, late, loop, 48, 96) for late, loop in
+                ((False, True), (True, True), (False, False), (True, False), (False, True))]
+    one = encode_rendered(vae, tower, rendered, max_batch=1)
+    _same_clips(one, encode_rendered(vae, tower, rendered, max_batch=4), atol=1e-4)
+    assert [c.frame_start for c in one] == [0, 30, 0, 30, 0] and one[1].image_latents is None
+    assert one[0].latents.shape[1] == 9 and one[1].latents.shape[1] == 9
+
+
+def test_stopping_render_workers_keeps_the_finished_shards(tmp_path, vae_file):
+    """A stop while workers render (Ctrl-C: train encode's stop flag) raises Interrupted naming the shards
+    kept, leaves only whole shards, and leaves no worker process behind."""
+    import multiprocessing
+
+    from worldtrace_cli.errors import Interrupted
+    from worldtrace_cli.train.dataset import ClipMix, encode_clips, shard_paths
+
+    folder = tmp_path / "stopped"
+    with pytest.raises(Interrupted, match="stopped with 1 shards"):
+        encode_clips(folder, vae_file[0], shards=6, mix=ClipMix(late=0.5, loop=1.0), height=48, width=96,
+                     progress=False, shard_clips=2, workers=2, stop=lambda: len(shard_paths(folder)) >= 1)
+    assert [p.name for p in folder.iterdir() if p.name.startswith("clips-")] == ["clips-00000.safetensors"]
+    assert not multiprocessing.active_children()
+
+
+def _children_of(pid: int) -> list[int]:
+    """PIDs of the live (not zombie) processes whose parent is ``pid`` (Linux /proc)."""
+    from pathlib import Path
+
+    found = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+            if fields[0] != "Z" and int(fields[1]) == pid:
+                found.append(int(stat.parent.name))
+        except (OSError, IndexError, ValueError):
+            continue
+    return found
+
+
+def _alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as fh:
+            return fh.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+def test_train_encode_workers_end_with_their_process(tmp_path, vae_file):
+    """`train encode --workers`, tried as a user would stop it: Ctrl-C (to the terminal's process group)
+    ends it with the one-line stop message and exit 130, no traceback from a worker; killed outright,
+    its workers end within seconds instead of waiting on their queue for ever."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    procs = []
+
+    def start(out):
+        proc = subprocess.Popen([sys.executable, "-m", "worldtrace_cli", "train", "encode", "--vae", str(vae_file[0]),
+                                 "-o", str(out), "--shards", "50", "--workers", "1", "--no-progress"],
+                                stderr=subprocess.PIPE, text=True, start_new_session=True,
+                                env={**os.environ, "OMP_NUM_THREADS": "1"})
+        procs.append(proc)
+        deadline = time.time() + 120
+        while time.time() < deadline and not _children_of(proc.pid):
+            time.sleep(0.2)
+        workers = _children_of(proc.pid)
+        assert workers, "no render worker started"
+        time.sleep(2)
+        return proc, workers
+
+    try:
+        proc, _ = start(tmp_path / "a")
+        os.killpg(proc.pid, signal.SIGINT)
+        _, err = proc.communicate(timeout=120)
+        assert proc.returncode == 130 and "worldtrace: stopped: encoding stopped with" in err, err[-2000:]
+        assert "Traceback" not in err and "KeyboardInterrupt" not in err, err[-2000:]
+
+        proc, workers = start(tmp_path / "b")
+        proc.kill()
+        proc.wait(timeout=30)
+        deadline = time.time() + 20
+        while time.time() < deadline and any(_alive(w) for w in workers):
+            time.sleep(0.2)
+        alive = [w for w in workers if _alive(w)]
+        assert not alive, f"render workers {alive} outlived their killed process"
+    finally:
+        for proc in procs:  # a failed check leaves no process group behind
+            try:
+                os.killpg(proc.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass

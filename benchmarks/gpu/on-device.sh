@@ -21,6 +21,7 @@
 #   DEVICE=cpu PRESET=tiny OUT=/tmp/o bash benchmarks/gpu/on-device.sh quick
 #   DEVICE=cpu PRESET=tiny QUICK_CHUNKS=6 OUT=/tmp/o bash benchmarks/gpu/on-device.sh fast
 #   DEVICE=cpu ENCODERS=2 ENCODE_SECONDS=45 TRAIN_BATCH=4 TRAIN_MINUTES=1 OUT=/tmp/o bash benchmarks/gpu/on-device.sh train all
+#   (ENCODE_WORKERS=1 instead of ENCODERS=2: one encoder process with a render worker, `train encode --workers`)
 set -uo pipefail
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit 1
 export PYTHONPATH="/tmp/site:$PWD" PYTHONUNBUFFERED=1
@@ -171,19 +172,37 @@ for part in ('vae', 'dit'):
         i="${f#"$T"/all-data-}"; i="${i%%/*}"
         ln -sf "$PWD/$f" "$T/all-data/clips-$(printf %02d "$i")-$(basename "$f" .safetensors | sed 's/clips-//').safetensors"
       done
-      [ -f "$T/all-data/late_conditioning.safetensors" ] || cp "$T"/all-data-1/late_conditioning.safetensors "$T/all-data/" 2>/dev/null
+      if [ ! -f "$T/all-data/late_conditioning.safetensors" ]; then  # any encoder's (they share the VAE)
+        for f in "$T"/all-data-*/late_conditioning.safetensors; do [ -f "$f" ] && { cp "$f" "$T/all-data/"; break; }; done
+      fi
     }
     encode_while() {  # encode_while LEAD LIMIT LOG: ENCODERS processes render clips on the CPU cores and encode them on
       # the device for LIMIT seconds; returns after LEAD seconds (shard count to LOG), linking their shards into
-      # all-data/ every 10 s after (not in a pipeline: the encoders stay this shell's children, for pkill and wait)
-      for i in $(seq 1 "${ENCODERS:-12}"); do
+      # all-data/ every 10 s after (not in a pipeline: the encoders stay this shell's children, for pkill and wait).
+      # ENCODE_WORKERS=N instead: ONE encoder process whose N render workers (CPU cores) feed its batched VAE on the
+      # device (`train encode --workers N`): one CUDA context beside the trainer's, not ENCODERS time-sliced ones
+      local n="${ENCODERS:-12}" workers="" what="${ENCODERS:-12} encoders"
+      [ -n "${ENCODE_WORKERS:-}" ] && { n=1; workers="--workers $ENCODE_WORKERS"; what="1 encoder, $ENCODE_WORKERS render workers"; }
+      for i in $(seq 1 "$n"); do
         OMP_NUM_THREADS=1 timeout "$2" python3 -m worldtrace_cli \
             train encode --vae "$T/vae.safetensors" -o "$T/all-data-$i" --shards 1000 --seed $((200 + i)) \
-            --device "$DEVICE" ${ENCODE_ARGS:-} --no-progress > "$T/all-encode-$i.log" 2>&1 &
+            --device "$DEVICE" $workers ${ENCODE_ARGS:-} --no-progress > "$T/all-encode-$i.log" 2>&1 &
       done
       mkdir -p "$T/all-data"; sleep "$1"; link
+      if [ -n "${ENCODE_WORKERS:-}" ] && ! ls "$T"/all-data/clips-* > /dev/null 2>&1; then
+        # no shard from the one encoder (untried on a GPU before): say why, then the ENCODERS CPU processes
+        # (seeds 202 on, their own folders), so the session's training call still trains
+        { echo "no shard after $1 s with ENCODE_WORKERS=$ENCODE_WORKERS; its log ends:"; tail -n 5 "$T/all-encode-1.log"
+          echo "falling back to ${ENCODERS:-12} CPU encoders"; } | tee -a "$3"
+        for i in $(seq 2 "$(( ${ENCODERS:-12} + 1 ))"); do
+          OMP_NUM_THREADS=1 timeout "$2" python3 -m worldtrace_cli \
+              train encode --vae "$T/vae.safetensors" -o "$T/all-data-$i" --shards 1000 --seed $((200 + i)) \
+              ${ENCODE_ARGS:-} --device cpu --no-progress > "$T/all-encode-$i.log" 2>&1 &
+        done
+        what="$what, then ${ENCODERS:-12} CPU encoders"; sleep "$1"; link
+      fi
       ( while pgrep -f "train encode --vae $T/vae" > /dev/null; do sleep 10; link; done ) > /dev/null 2>&1 &
-      echo "$(ls "$T"/all-data/clips-* 2>/dev/null | wc -l) shards of 32 clips after $1 s (${ENCODERS:-12} encoders)" | tee -a "$3"
+      echo "$(ls "$T"/all-data/clips-* 2>/dev/null | wc -l) shards of 32 clips after $1 s ($what)" | tee -a "$3"
     }
     case "${2:-dit}" in
       precisions)

@@ -139,9 +139,14 @@ def train_vae_cmd(output, steps, minutes, lr, warmup, seed, threads, save_every,
               help="CPU threads for torch (1 is fastest beside other work on a small machine).")
 @click.option("--device", type=click.Choice(["auto", "cuda", "cpu"]), default="cpu", show_default=True,
               help="Where the VAE encodes (auto: CUDA when available); frames are rendered on the CPU.")
+@click.option("--workers", type=click.IntRange(0), default=0, show_default=True,
+              help="Processes that render shards while this one encodes them, a shard per VAE call off the CPU "
+                   "(the same clips): for a GPU, e.g. --device cuda --workers 12 beside `train dit` on the same "
+                   "card (one CUDA context, not one per encoder). 0: render and encode here, clip by clip. On CPUs "
+                   "only, separate processes with other --seed values are faster.")
 @click.option("--no-progress/--progress", "no_progress", default=False, help="No progress bar (default: --progress, on stderr).")
 def train_encode_cmd(vae_weights, output, shards, seed, late, loop, max_angle, vary_return, world, threads, device,
-                     no_progress):
+                     workers, no_progress):
     """Render and encode training clips for `train dit` (can run while it trains)."""
     from ..engine.base import resolve_device
     from ..train.dataset import ClipMix, encode_clips
@@ -150,7 +155,8 @@ def train_encode_cmd(vae_weights, output, shards, seed, late, loop, max_angle, v
 
     def job():
         r = encode_clips(output, vae_weights, shards, seed, ClipMix(late, loop, max_angle, vary_return, world),
-                         threads=threads, progress=not no_progress, stop=stop, device=str(resolve_device(device)))
+                         threads=threads, progress=not no_progress, stop=stop, device=str(resolve_device(device)),
+                         workers=workers)
         click.echo(f"worldtrace: {r['clips']} clips in {output}", err=True)
 
     run_job(job)
@@ -214,8 +220,8 @@ def train_dit_cmd(data, preset, output, steps, minutes, lr, warmup, seed, thread
                       start_share=START_SHARE if start_share is None else start_share, init=init,
                       self_context=self_context, device=str(resolve_device(device)), batched=batched,
                       compile_mode=compile_mode, precision=precision, context_noise=context_noise)
-        click.echo(f"worldtrace: DiT step {r['step']} ({r['minutes']:.1f} min this run), loss {r['loss']} -> {r['file']}",
-                   err=True)
+        loss = "no step this run" if r["loss"] is None else f"loss {r['loss']:.4f}"
+        click.echo(f"worldtrace: DiT step {r['step']} ({r['minutes']:.1f} min this run), {loss} -> {r['file']}", err=True)
 
     run_job(job)
 

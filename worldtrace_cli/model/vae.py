@@ -145,9 +145,9 @@ def encode_video(vae: AutoencoderKLWan, video: torch.Tensor) -> torch.Tensor:
     channel, ``(mu - mean) / std`` with Wan 2.1's statistics (MG2 spec §14).
 
     Args:
-        video: ``[1, 3, 1 + 4 k, H, W]`` float in [-1, 1] on the VAE's device and in its dtype.
+        video: ``[B, 3, 1 + 4 k, H, W]`` float in [-1, 1] on the VAE's device and in its dtype.
     Returns:
-        float32 ``[1, 16, 1 + k, H/8, W/8]`` on the VAE's device.
+        float32 ``[B, 16, 1 + k, H/8, W/8]`` on the VAE's device.
     """
     mu = vae.encode(video).latent_dist.mode()
     mean, std = _norm_stats(mu.device)
@@ -164,22 +164,23 @@ def encode_conditioning_latents(vae: AutoencoderKLWan, image: torch.Tensor, num_
 
     Args:
         vae: a Wan 2.1 ``AutoencoderKLWan`` (any device/dtype; the video is built in its dtype).
-        image: ``[1, 3, H, W]`` float in [-1, 1], H and W multiples of 8 (already cropped/resized).
+        image: ``[B, 3, H, W]`` float in [-1, 1], H and W multiples of 8 (already cropped/resized);
+            B > 1 encodes B conditioning videos in one call (training clips, ``train encode --workers``).
         num_latent_frames: latent frames of the rollout (>= 1).
 
     Returns:
-        float32 ``[1, 16, K, H/8, W/8]`` on the VAE's device.
+        float32 ``[B, 16, K, H/8, W/8]`` on the VAE's device.
 
     Raises:
         ValueError: wrong image shape or ``num_latent_frames < 1``.
     """
-    if image.ndim != 4 or image.shape[:2] != (1, 3) or image.shape[2] % 8 or image.shape[3] % 8:
-        raise ValueError(f"conditioning image must be [1, 3, H, W] with H, W multiples of 8, got {list(image.shape)}")
+    if image.ndim != 4 or image.shape[1] != 3 or image.shape[2] % 8 or image.shape[3] % 8:
+        raise ValueError(f"conditioning image must be [B, 3, H, W] with H, W multiples of 8, got {list(image.shape)}")
     if num_latent_frames < 1:
         raise ValueError(f"num_latent_frames must be >= 1, got {num_latent_frames}")
     k = min(num_latent_frames, CONDITIONING_ENCODE_LATENT_FRAMES)
     p = _vae_param(vae)
-    video = torch.zeros(1, 3, 1 + 4 * (k - 1), *image.shape[2:], device=p.device, dtype=p.dtype)
+    video = torch.zeros(image.shape[0], 3, 1 + 4 * (k - 1), *image.shape[2:], device=p.device, dtype=p.dtype)
     video[:, :, 0] = image.to(device=p.device, dtype=p.dtype)
     return encode_video(vae, video)
 

@@ -175,7 +175,7 @@ def run_loop(folder: Path, model: torch.nn.Module, step_fn: Callable[[int, np.ra
 
     Returns:
         ``{"step": last step, "minutes": wall-clock minutes of this invocation, "loss": mean loss of
-        the last logged window}``.
+        the steps since the last logged window, else of that window; None when no step ran}``.
     Raises:
         Interrupted: ``stop()`` became true (Ctrl-C / SIGTERM); the state was saved first.
     """
@@ -248,6 +248,8 @@ def run_loop(folder: Path, model: torch.nn.Module, step_fn: Callable[[int, np.ra
                 save()
     bar.close()
     save()
+    if window.get("loss"):  # steps since the last logged window (a run shorter than --log-every)
+        last = {"loss": float(np.mean(window["loss"]))}
     return {"step": step, "minutes": (time.perf_counter() - start) / 60, "loss": last.get("loss")}
 
 

@@ -30,15 +30,10 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from ..trajectory import frames_for_chunks
 from .common import save_safetensors_atomic
-from .data import loop_actions, random_start_pose, render_clip, walk_actions
+from .rendering import (CLIP_CHUNKS, LATE_START, LATE_WARMUP_FRAMES, RenderedClip, render_clip_frames,
+                        render_shard, render_shard_clips)
 
-LATE_START = 30            # absolute latent frame of a late clip (conditioning constant from ~21 on)
-CLIP_CHUNKS = 3
-LEAD_ROWS = 8              # action rows before a late clip's first pixel frame (read by its first latents)
-LATE_WARMUP_FRAMES = 16    # pixel frames encoded before a late clip and dropped: the codec's causal caches
-                           # take ~5 latent frames to reach their steady state, which is what a late frame sees
 SHARD_CLIPS = 32
 
 
@@ -151,61 +146,56 @@ def make_clip(rng: np.random.Generator, vae, clip_tower, late: bool, loop: bool,
               max_angle_deg: float = 90.0, chunks: int = CLIP_CHUNKS, vary_return: bool = False,
               world: str = "procedural") -> EncodedClip:
     """Render and encode one clip (see the module docstring) of ``chunks`` chunks (3 for training;
-    longer for the drift test). Deterministic given ``rng``'s state.
+    longer for the drift test): :func:`~worldtrace_cli.train.rendering.render_clip_frames` (where the
+    loop's return is placed) then :func:`encode_rendered`. Deterministic given ``rng``'s state."""
+    rendered = render_clip_frames(rng, late, loop, *vae_frame_shape(vae), max_angle_deg, chunks, vary_return, world)
+    return encode_rendered(vae, clip_tower, [rendered])[0]
 
-    A loop comes back at the clip's last latent frame (``return_latent`` 3C - 1) from the first pixel
-    frame of chunk 1, or, with ``vary_return``, at a random latent frame from 5 (chunk 1's last) to
-    3C - 1 from a random pose of an earlier chunk (at least 12 pixel frames before), and walks on
-    after it: the return is then placeable only by reading the actions, not by its place in the clip.
+
+@torch.no_grad()
+def encode_rendered(vae, clip_tower, rendered: list[RenderedClip], max_batch: int = 1) -> list[EncodedClip]:
+    """Encode rendered clips where the VAE and the CLIP tower are, up to ``max_batch`` clips of the same
+    length per VAE call (batches change only float rounding; on a GPU they save kernel launches,
+    on a CPU memory is better spent on one clip at a time).
+
+    Per clip: :func:`encode_frames` of its frames, less its first ``drop_latents`` latent frames; for
+    an early clip, MG2's conditioning latents of its start image
+    (:func:`~worldtrace_cli.model.vae.encode_conditioning_latents`, ``conditioning_frames`` latent
+    frames); CLIP's conditioning tokens of the start image. Returns the :class:`EncodedClip` s in
+    the order given, every tensor float32 on the CPU.
     """
-    from ..model.vae import encode_conditioning_latents
+    from ..model.vae import encode_conditioning_latents, encode_video
 
-    height, width = vae_frame_shape(vae)
-    world_seed = int(rng.integers(2**31))
-    origin = rng.random() < 0.5 and not late
-    start = (0.0, 0.0, 0.0, 0.0) if origin else random_start_pose(rng)
-    lead = LEAD_ROWS if late else 0
-    warm = LATE_WARMUP_FRAMES if late else 0
-    pixels = frames_for_chunks(chunks) + (4 + lead + warm if late else 0)   # 33, or 8 + 16 + 37 for late
-    return_latent = -1
-    if loop:
-        off = lead + warm + (4 if late else 0)       # latent frame j of the clip ends at pixel frame off + 4j
-        if vary_return:
-            return_latent = int(rng.integers(5, 3 * chunks))          # chunk 1's last latent .. the clip's last
-            end = off + 4 * return_latent
-            latest = min(end - 12, off + 4 * (3 * (return_latent // 3) - 1))   # a pose of an earlier chunk
-            p_frame = int(rng.integers(off + 1, latest + 1))
-        else:
-            return_latent = 3 * chunks - 1
-            end = pixels - 1
-            p_frame = off + 9                        # first pixel frame of the clip's second chunk
-        keyboard, mouse, ret = loop_actions(rng, pixels, p_frame, end, max_angle_deg)
-    else:
-        keyboard, mouse = walk_actions(rng, pixels)
-    clip = render_clip(world_seed, keyboard, mouse, height, width, start, world)
-    z = encode_frames(vae, clip.frames[lead:])[0]
-    if late:
-        z = z[:, 1 + warm // 4:]                     # drop the lone causal first frame and the warm-up
-        a = LATE_START
-        from ..world.render import render_view
-        from ..world.scene import make_world
+    p = next(vae.parameters())
+    latents: list = [None] * len(rendered)
+    image_latents: list = [None] * len(rendered)
+    tokens: list = [None] * len(rendered)
 
-        start_image = render_view(make_world(world_seed, style=world), (0.0, 0.0, 0.0, 0.0), height, width)
-        image_latents = None
-        # sequence frame k is absolute pixel frame k + 4a - 12 - warm (encoded latent j <-> absolute
-        # latent a + j - 1 - warm/4), so absolute latent a reads rows 4a-12 .. 4a-1 = sequence rows
-        # warm .. warm+11: the clip keeps its rows from there
-        rows_start = 4 * a - 12
-        keyboard, mouse = keyboard[warm:], mouse[warm:]
-    else:
-        a = 0
-        start_image = clip.frames[0]
-        image_latents = encode_conditioning_latents(vae, _to_video(start_image[None])[:, :, 0], 3 * chunks)[0].cpu()
-        rows_start = 0
-    tokens = clip_tower.conditioning_tokens(_to_video(start_image[None])[:, :, 0]).float()[0].cpu()
-    return EncodedClip(z.contiguous(), a, torch.as_tensor(keyboard).float(), torch.as_tensor(mouse).float(), rows_start,
-                       None if image_latents is None else image_latents.float().contiguous(),
-                       tokens.contiguous(), return_latent, world_seed)
+    def batches(key):  # indices of clips that share key(clip), in groups of at most max_batch
+        groups: dict = {}
+        for i, r in enumerate(rendered):
+            groups.setdefault(key(r), []).append(i)
+        for k, idx in groups.items():
+            for s in range(0, len(idx), max_batch):
+                yield k, idx[s:s + max_batch]
+
+    for _, idx in batches(lambda r: r.frames.shape):
+        z = encode_video(vae, torch.cat([_to_video(rendered[i].frames) for i in idx]).to(p.device, p.dtype)).cpu()
+        for b, i in enumerate(idx):
+            latents[i] = z[b, :, rendered[i].drop_latents:]
+    images = lambda idx: torch.cat([_to_video(rendered[i].start_image[None])[:, :, 0] for i in idx])  # noqa: E731
+    for n, idx in batches(lambda r: r.conditioning_frames):
+        if n:
+            lat = encode_conditioning_latents(vae, images(idx), n).cpu()
+            for b, i in enumerate(idx):
+                image_latents[i] = lat[b].float().contiguous()
+    for _, idx in batches(lambda r: 0):
+        t = clip_tower.conditioning_tokens(images(idx)).float().cpu()
+        for b, i in enumerate(idx):
+            tokens[i] = t[b]
+    return [EncodedClip(latents[i].contiguous(), r.frame_start, torch.as_tensor(r.keyboard).float(),
+                        torch.as_tensor(r.mouse).float(), r.rows_start, image_latents[i], tokens[i].contiguous(),
+                        r.return_latent, r.world_seed) for i, r in enumerate(rendered)]
 
 
 def write_shard(path: Path, clips: list[EncodedClip], metadata: dict[str, str] | None = None) -> None:
@@ -276,14 +266,19 @@ def _with_defaults(settings: dict) -> dict:
 
 def encode_clips(folder: Path, vae_weights, shards: int, seed: int = 0, mix: ClipMix = ClipMix(),
                  height: int = 96, width: int = 176, clip_seed: int = 2, threads: int = 1,
-                 progress: bool = True, stop=lambda: False, shard_clips: int = SHARD_CLIPS, device: str = "cpu") -> dict:
+                 progress: bool = True, stop=lambda: False, shard_clips: int = SHARD_CLIPS, device: str = "cpu",
+                 workers: int = 0) -> dict:
     """Write shards ``folder/clips-NNNNN.safetensors`` of ``shard_clips`` clips each, until
     ``shards`` exist (existing ones are kept: rerun to continue). Shard i draws from
     ``default_rng([seed, i])``, so the data do not depend on how often the command was stopped.
 
     Also writes ``folder/late_conditioning.safetensors`` (:func:`late_conditioning`) and
     ``folder/data.json`` (settings). ``device``: where the VAE and the CLIP tower encode (rendering
-    stays on the CPU; not a setting: a folder may be continued on another device). Returns
+    stays on the CPU; not a setting: a folder may be continued on another device). ``workers`` > 0:
+    that many processes render the shards (``workers`` + 2 shards ahead at most) while this one
+    encodes each shard's clips in batches on ``device`` (one per VAE call off the CPU): the same clips,
+    up to float rounding; for a GPU, whose single CUDA context then shares the card with a trainer
+    (on CPUs only, separate ``train encode`` processes of other seeds are faster). Returns
     ``{"shards": n, "clips": n * shard_clips}``.
     Raises:
         InputError: the folder holds shards made with other settings or another VAE file (a folder
@@ -315,16 +310,80 @@ def encode_clips(folder: Path, vae_weights, shards: int, seed: int = 0, mix: Cli
     tower.to(device)
     store_late_conditioning(folder, vae)
     info.write_text(json.dumps(settings, indent=2) + "\n")  # once the VAE has loaded and encoded
+    args = lambda i: (seed, i, shard_clips, height, width, mix.late, mix.loop, mix.max_angle_deg,  # noqa: E731
+                      mix.vary_return, mix.world)
+    stopped = lambda i: Interrupted(f"encoding stopped with {i} shards; run the same command to continue")  # noqa: E731
     bar = tqdm(total=shards, initial=done, disable=not progress, unit="shard", dynamic_ncols=True)
-    for i in range(done, shards):
-        rng = np.random.default_rng([seed, i])
-        clips = []
-        for _ in range(shard_clips):
-            if stop():
-                raise Interrupted(f"encoding stopped with {i} shards; run the same command to continue")
-            clips.append(make_clip(rng, vae, tower, late=rng.random() < mix.late, loop=rng.random() < mix.loop,
-                                   max_angle_deg=mix.max_angle_deg, vary_return=mix.vary_return, world=mix.world))
-        write_shard(folder / f"clips-{i:05d}.safetensors", clips)
-        bar.update(1)
+    if workers:
+        for i, rendered in _rendered_in_workers(workers, args, range(done, shards), stop, stopped):
+            write_shard(folder / f"clips-{i:05d}.safetensors",
+                        encode_rendered(vae, tower, rendered, 1 if str(device) == "cpu" else shard_clips))
+            bar.update(1)
+    else:
+        for i in range(done, shards):
+            clips = []
+            for rendered in render_shard_clips(*args(i)):
+                if stop():
+                    raise stopped(i)
+                clips += encode_rendered(vae, tower, [rendered])
+            write_shard(folder / f"clips-{i:05d}.safetensors", clips)
+            bar.update(1)
     bar.close()
     return {"shards": shards, "clips": shards * shard_clips}
+
+
+class _ShardRenders(torch.utils.data.Dataset):
+    """Shard renders as a map-style dataset for torch's DataLoader: item k is (i, the rendered clips
+    of shard i) for the k-th of ``jobs`` = [(i, :func:`~worldtrace_cli.train.rendering.render_shard`'s
+    arguments), ...] (plain values, so it pickles where workers are spawned)."""
+
+    def __init__(self, jobs):
+        self.jobs = jobs
+
+    def __len__(self):
+        return len(self.jobs)
+
+    def __getitem__(self, k):
+        i, args = self.jobs[k]
+        return i, render_shard(*args)
+
+
+def _as_is(item):
+    return item
+
+
+def _end_with_parent(_worker_id: int) -> None:
+    """A render worker's init: end it (``os._exit``) within a second of the encoding process's death.
+    The DataLoader's own watch notices only between items and then waits for ever to flush a shard
+    (tens of MB) into a pipe nobody reads (seen with SIGKILL)."""
+    import os
+    import threading
+    import time
+
+    parent = os.getppid()
+
+    def watch():
+        while os.getppid() == parent:
+            time.sleep(1.0)
+        os._exit(1)
+
+    threading.Thread(target=watch, name="parent-watch", daemon=True).start()
+
+
+def _rendered_in_workers(workers: int, args, indices, stop, stopped):
+    """(i, :func:`~worldtrace_cli.train.rendering.render_shard` of ``args(i)``) for i in ``indices``, in
+    order, rendered by ``workers`` processes of torch's DataLoader (at most 2 shards ahead each; one
+    torch thread each; they end within a second when this process dies). ``stop()`` is asked as each shard arrives
+    (a shard's render, seconds, after Ctrl-C); when it says stop, raises ``stopped(i)`` and the
+    workers are shut down."""
+    loader = torch.utils.data.DataLoader(_ShardRenders([(i, args(i)) for i in indices]), batch_size=None,
+                                         num_workers=workers, prefetch_factor=2, collate_fn=_as_is,
+                                         worker_init_fn=_end_with_parent)
+    it = iter(loader)
+    try:
+        for i, rendered in it:
+            if stop():
+                raise stopped(i)
+            yield i, rendered
+    finally:
+        del it  # its last reference: the DataLoader shuts its workers down now, not at some later collection
