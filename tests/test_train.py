@@ -369,13 +369,15 @@ def test_clips_encoded_on_cuda_match_the_cpu(tmp_path, vae_file):
     if not torch.cuda.is_available():
         pytest.skip("needs CUDA")
     clips = {}
-    for device in ("cpu", "cuda"):
-        encode_clips(tmp_path / device, vae_file[0], shards=1, mix=ClipMix(late=0.5, loop=1.0), height=48, width=96,
-                     progress=False, shard_clips=2, device=device)
-        clips[device] = read_shard(shard_paths(tmp_path / device)[0])
-    for a, b in zip(clips["cpu"], clips["cuda"]):
-        assert a.world_seed == b.world_seed and b.latents.device.type == "cpu"
-        assert torch.allclose(a.latents, b.latents, atol=2e-2) and torch.allclose(a.clip_tokens, b.clip_tokens, atol=2e-2)
+    for name, device, workers in (("cpu", "cpu", 0), ("cuda", "cuda", 0), ("cuda-workers", "cuda", 2)):
+        encode_clips(tmp_path / name, vae_file[0], shards=1, mix=ClipMix(late=0.5, loop=1.0), height=48, width=96,
+                     progress=False, shard_clips=4, device=device, workers=workers)
+        clips[name] = read_shard(shard_paths(tmp_path / name)[0])
+    for name in ("cuda", "cuda-workers"):  # --workers: a shard per VAE call on the GPU (train encode --workers)
+        for a, b in zip(clips["cpu"], clips[name]):
+            assert a.world_seed == b.world_seed and b.latents.device.type == "cpu"
+            assert torch.allclose(a.latents, b.latents, atol=2e-2)
+            assert torch.allclose(a.clip_tokens, b.clip_tokens, atol=2e-2)
 
 
 def test_target_chunk_shares():
