@@ -316,8 +316,9 @@ def test_dit_training_device_option(tmp_path, data):
 
 
 def test_a_run_shorter_than_its_log_window_reports_its_loss(tmp_path, data):
-    """`train dit` stopped (--steps, --minutes) before its first --log-every window: the closing line
-    gives the mean loss of the steps it ran, as a number (it once said "loss None")."""
+    """`train dit` stopped (--minutes) before its first --log-every window: the closing line gives the
+    mean loss of the steps it ran, as a number (it once said "loss None"), its clips per second and
+    the pool's size; result.json counts this run's steps apart from a continued run's."""
     import re
 
     from click.testing import CliRunner
@@ -325,10 +326,20 @@ def test_a_run_shorter_than_its_log_window_reports_its_loss(tmp_path, data):
     from worldtrace_cli.cli import main
 
     r = CliRunner().invoke(main, ["train", "dit", "--data", str(data), "-o", str(tmp_path / "d"), "--preset", "tiny",
-                                  "--steps", "50", "--minutes", "0.0005", "--log-every", "25", "--no-progress"])
+                                  "--steps", "50", "--minutes", "0.0005", "--log-every", "25", "--batch", "2",
+                                  "--no-progress"])
     assert r.exit_code == 0, r.output
-    m = re.search(r"DiT step [1-9]\d* \(\d+\.\d min this run\), loss (\d+\.\d{4}) ->", r.output)
-    assert m and float(m.group(1)) > 0, r.output
+    m = re.search(r"DiT step ([1-9]\d*) \(\d+\.\d min this run, (\d+\.\d) clips/s, 4 clips in the pool\), "
+                  r"loss (\d+\.\d{4}) ->", r.output)
+    assert m and float(m.group(3)) > 0, r.output
+    result = json.loads((tmp_path / "d" / "result.json").read_text())
+    assert result["steps_this_run"] == result["step"] == int(m.group(1)) and result["pool_clips"] == 4
+    assert result["clips_per_second"] == pytest.approx(2 * result["step"] / (60 * result["minutes"]), rel=1e-2)
+    r = CliRunner().invoke(main, ["train", "dit", "--data", str(data), "-o", str(tmp_path / "d"), "--preset", "tiny",
+                                  "--steps", "50", "--minutes", "0.0005", "--log-every", "25", "--batch", "2",
+                                  "--no-progress"])
+    again = json.loads((tmp_path / "d" / "result.json").read_text())  # continued: only this run's steps count
+    assert r.exit_code == 0 and again["step"] == result["step"] + again["steps_this_run"] > result["step"], r.output
 
 
 @pytest.mark.gpu

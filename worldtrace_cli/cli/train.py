@@ -221,7 +221,9 @@ def train_dit_cmd(data, preset, output, steps, minutes, lr, warmup, seed, thread
                       self_context=self_context, device=str(resolve_device(device)), batched=batched,
                       compile_mode=compile_mode, precision=precision, context_noise=context_noise)
         loss = "no step this run" if r["loss"] is None else f"loss {r['loss']:.4f}"
-        click.echo(f"worldtrace: DiT step {r['step']} ({r['minutes']:.1f} min this run), {loss} -> {r['file']}", err=True)
+        rate = f", {r['clips_per_second']:.1f} clips/s" if r["clips_per_second"] else ""
+        click.echo(f"worldtrace: DiT step {r['step']} ({r['minutes']:.1f} min this run{rate}, {r['pool_clips']} clips in "
+                   f"the pool), {loss} -> {r['file']}", err=True)
 
     run_job(job)
 

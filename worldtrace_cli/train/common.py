@@ -174,7 +174,8 @@ def run_loop(folder: Path, model: torch.nn.Module, step_fn: Callable[[int, np.ra
     to write the current weights files).
 
     Returns:
-        ``{"step": last step, "minutes": wall-clock minutes of this invocation, "loss": mean loss of
+        ``{"step": last step, "steps_this_run", "minutes": wall-clock minutes of this invocation (loop
+        only: the model is built before), "loss": mean loss of
         the steps since the last logged window, else of that window; None when no step ran}``.
     Raises:
         Interrupted: ``stop()`` became true (Ctrl-C / SIGTERM); the state was saved first.
@@ -208,7 +209,7 @@ def run_loop(folder: Path, model: torch.nn.Module, step_fn: Callable[[int, np.ra
         if on_save is not None:
             on_save(None if average is None else average.params)
 
-    start = time.perf_counter()
+    start, first_step = time.perf_counter(), step
     window: dict[str, list[float]] = {}
     last: dict = {}
     bar = tqdm(total=s.steps, initial=step, disable=not progress, unit="step", dynamic_ncols=True)
@@ -250,7 +251,8 @@ def run_loop(folder: Path, model: torch.nn.Module, step_fn: Callable[[int, np.ra
     save()
     if window.get("loss"):  # steps since the last logged window (a run shorter than --log-every)
         last = {"loss": float(np.mean(window["loss"]))}
-    return {"step": step, "minutes": (time.perf_counter() - start) / 60, "loss": last.get("loss")}
+    return {"step": step, "steps_this_run": step - first_step, "minutes": (time.perf_counter() - start) / 60,
+            "loss": last.get("loss")}
 
 
 def settings_dict(s: LoopSettings, **more) -> dict:

@@ -113,7 +113,10 @@ def train_dit(folder: Path, data: Path, preset: Preset, s: LoopSettings, batch: 
             autocast, :func:`forward_precision`; float32 weights, gradients, optimiser state and moving
             average). Not part of the run's settings (a run may be continued in another precision);
             recorded in ``result.json``.
-    Returns: ``{"step", "minutes", "loss", "file", "device", "precision"}``.
+    Returns: ``{"step", "steps_this_run", "minutes", "loss", "file", "device", "precision",
+    "clips_per_second"`` (clips trained per second of this run's loop: steps x ``batch`` / seconds),
+    ``"pool_clips"`` (distinct clips in the data folder at the end: how fresh the clips were)``}``
+    (also written to ``folder/result.json``).
     Raises:
         ValueError: ``compile_mode`` is not ``none`` or ``default``, or ``precision`` is not one of
             :data:`TRAIN_PRECISIONS`.
@@ -171,7 +174,10 @@ def train_dit(folder: Path, data: Path, preset: Preset, s: LoopSettings, batch: 
 
     with tf32_allowed(precision == "tf32"):
         result = run_loop(folder, dit, step_fn, s, progress=progress, stop=stop, on_save=write_weights)
-    result.update(file=str(folder / DIT_FILE), device=str(device), precision=precision)
+    seconds = 60 * result["minutes"]
+    result.update(file=str(folder / DIT_FILE), device=str(device), precision=precision,
+                  clips_per_second=round(result["steps_this_run"] * batch / seconds, 3) if seconds > 0 else None,
+                  pool_clips=len(pool.clips))
     (folder / "result.json").write_text(json.dumps(result, indent=2) + "\n")
     return result
 
