@@ -29,12 +29,14 @@ def main() -> None:
     ap.add_argument("--world", default="towers", choices=["procedural", "towers"])
     ap.add_argument("--shards", type=int, default=4, help="at least 2")
     ap.add_argument("--device", default="cpu")
-    ap.add_argument("-o", "--output", type=Path, default=None, help="data folder (default: a temporary one, removed)")
+    ap.add_argument("-o", "--output", type=Path, default=None,
+                    help="a new data folder, kept (default: a temporary one, removed)")
     a = ap.parse_args()
     if a.shards < 2:
         ap.error("--shards: at least 2 (the first is left out)")
+    if a.output is not None and a.output.exists():
+        ap.error(f"-o {a.output}: exists; give a new folder (the rate is of fresh shards)")
     out = a.output or Path(tempfile.mkdtemp(prefix="encode-rate-")) / "data"
-    shutil.rmtree(out, ignore_errors=True)
     seen: dict[int, float] = {}
 
     def note():  # encode_clips asks between clips (or shards, with workers): note when each shard appeared

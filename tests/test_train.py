@@ -326,7 +326,7 @@ def test_a_run_shorter_than_its_log_window_reports_its_loss(tmp_path, data):
     from worldtrace_cli.cli import main
 
     r = CliRunner().invoke(main, ["train", "dit", "--data", str(data), "-o", str(tmp_path / "d"), "--preset", "tiny",
-                                  "--steps", "50", "--minutes", "0.0005", "--log-every", "25", "--batch", "2",
+                                  "--steps", "50", "--minutes", "0.003", "--log-every", "25", "--batch", "2",
                                   "--no-progress"])
     assert r.exit_code == 0, r.output
     m = re.search(r"DiT step ([1-9]\d*) \(\d+\.\d min this run, (\d+\.\d) clips/s, 4 clips in the pool\), "
@@ -336,7 +336,7 @@ def test_a_run_shorter_than_its_log_window_reports_its_loss(tmp_path, data):
     assert result["steps_this_run"] == result["step"] == int(m.group(1)) and result["pool_clips"] == 4
     assert result["clips_per_second"] == pytest.approx(2 * result["step"] / (60 * result["minutes"]), rel=1e-2)
     r = CliRunner().invoke(main, ["train", "dit", "--data", str(data), "-o", str(tmp_path / "d"), "--preset", "tiny",
-                                  "--steps", "50", "--minutes", "0.0005", "--log-every", "25", "--batch", "2",
+                                  "--steps", "50", "--minutes", "0.003", "--log-every", "25", "--batch", "2",
                                   "--no-progress"])
     again = json.loads((tmp_path / "d" / "result.json").read_text())  # continued: only this run's steps count
     assert r.exit_code == 0 and again["step"] == result["step"] + again["steps_this_run"] > result["step"], r.output
@@ -1106,14 +1106,16 @@ def test_stopping_render_workers_keeps_the_finished_shards(tmp_path, vae_file):
 
 
 def _children_of(pid: int) -> list[int]:
-    """PIDs of the live (not zombie) processes whose parent is ``pid`` (Linux /proc)."""
+    """PIDs of the live (not zombie) DataLoader workers (named ``pt_data_worker``) whose parent is
+    ``pid`` (Linux /proc)."""
     from pathlib import Path
 
     found = []
     for stat in Path("/proc").glob("[0-9]*/stat"):
         try:
-            fields = stat.read_text().rsplit(")", 1)[1].split()
-            if fields[0] != "Z" and int(fields[1]) == pid:
+            name, rest = stat.read_text().split(" (", 1)[1].rsplit(")", 1)
+            fields = rest.split()
+            if name == "pt_data_worker" and fields[0] != "Z" and int(fields[1]) == pid:
                 found.append(int(stat.parent.name))
         except (OSError, IndexError, ValueError):
             continue
@@ -1175,3 +1177,22 @@ def test_train_encode_workers_end_with_their_process(tmp_path, vae_file):
                 os.killpg(proc.pid, signal.SIGKILL)
             except ProcessLookupError:
                 pass
+
+
+def test_clip_draws_are_those_of_the_data_folders_already_made():
+    """The draws of a shard (late?, loop?, world, start pose, actions, return) are pinned to what
+    `train encode` drew before rendering and encoding were split (2026-11-28, checked against the
+    old make_clip): data folders made before and after hold the same kinds of clips, and a folder
+    continued across the change goes on with the same stream. Only numpy's PCG64 draws and IEEE
+    arithmetic (no rendering, no VAE), so no machine's float libraries change the digest; a numpy
+    that changed Generator's streams would (and would change every data folder's clips too)."""
+    import hashlib
+
+    from worldtrace_cli.train.rendering import render_shard_clips
+
+    digest = hashlib.sha256()
+    for r in render_shard_clips(0, 0, 6, 48, 96, 0.5, 0.5, 90.0, True, "towers"):
+        digest.update(np.array([r.world_seed, r.return_latent, r.rows_start, r.frame_start], np.int64).tobytes())
+        digest.update(np.asarray(r.keyboard, np.float32).tobytes())
+        digest.update(np.asarray(r.mouse, np.float32).tobytes())
+    assert digest.hexdigest() == "89b01266817b0ad9fe9cfed0784819dc95afce574f52b86ddc66181d35fbad1b"

@@ -183,23 +183,28 @@ for part in ('vae', 'dit'):
       # device (`train encode --workers N`): one CUDA context beside the trainer's, not ENCODERS time-sliced ones
       local n="${ENCODERS:-12}" workers="" what="${ENCODERS:-12} encoders"
       [ -n "${ENCODE_WORKERS:-}" ] && { n=1; workers="--workers $ENCODE_WORKERS"; what="1 encoder, $ENCODE_WORKERS render workers"; }
+      local before one
+      before=$(ls "$T"/all-data-1/clips-* 2>/dev/null | wc -l)  # a warm machine keeps earlier calls' shards
       for i in $(seq 1 "$n"); do
         OMP_NUM_THREADS=1 timeout "$2" python3 -m worldtrace_cli \
             train encode --vae "$T/vae.safetensors" -o "$T/all-data-$i" --shards 1000 --seed $((200 + i)) \
             --device "$DEVICE" $workers ${ENCODE_ARGS:-} --no-progress > "$T/all-encode-$i.log" 2>&1 &
+        one=$!
       done
       mkdir -p "$T/all-data"; sleep "$1"; link
-      if [ -n "${ENCODE_WORKERS:-}" ] && ! ls "$T"/all-data/clips-* > /dev/null 2>&1; then
-        # no shard from the one encoder (untried on a GPU before): say why, then the ENCODERS CPU processes
-        # (seeds 202 on, their own folders), so the session's training call still trains
-        { echo "no shard after $1 s with ENCODE_WORKERS=$ENCODE_WORKERS; its log ends:"; tail -n 5 "$T/all-encode-1.log"
+      if [ -n "${ENCODE_WORKERS:-}" ] && [ "$(ls "$T"/all-data-1/clips-* 2>/dev/null | wc -l)" -le "$before" ]; then
+        # no new shard from the one encoder (untried on a GPU before): say why, stop it, then ENCODERS CPU
+        # processes (seeds 202 on, their own folders) for FALLBACK_LEAD s more (default 25: a CPU encoder's
+        # first shard takes ~20 s), so the session's training call still trains, a little later
+        { echo "no new shard after $1 s with ENCODE_WORKERS=$ENCODE_WORKERS; its log ends:"; tail -n 5 "$T/all-encode-1.log"
           echo "falling back to ${ENCODERS:-12} CPU encoders"; } | tee -a "$3"
+        kill "$one" 2>/dev/null
         for i in $(seq 2 "$(( ${ENCODERS:-12} + 1 ))"); do
           OMP_NUM_THREADS=1 timeout "$2" python3 -m worldtrace_cli \
               train encode --vae "$T/vae.safetensors" -o "$T/all-data-$i" --shards 1000 --seed $((200 + i)) \
               ${ENCODE_ARGS:-} --device cpu --no-progress > "$T/all-encode-$i.log" 2>&1 &
         done
-        what="$what, then ${ENCODERS:-12} CPU encoders"; sleep "$1"; link
+        what="$what, then ${ENCODERS:-12} CPU encoders"; sleep "${FALLBACK_LEAD:-25}"; link
       fi
       ( while pgrep -f "train encode --vae $T/vae" > /dev/null; do sleep 10; link; done ) > /dev/null 2>&1 &
       echo "$(ls "$T"/all-data/clips-* 2>/dev/null | wc -l) shards of 32 clips after $1 s ($what)" | tee -a "$3"

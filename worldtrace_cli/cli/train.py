@@ -139,11 +139,12 @@ def train_vae_cmd(output, steps, minutes, lr, warmup, seed, threads, save_every,
               help="CPU threads for torch (1 is fastest beside other work on a small machine).")
 @click.option("--device", type=click.Choice(["auto", "cuda", "cpu"]), default="cpu", show_default=True,
               help="Where the VAE encodes (auto: CUDA when available); frames are rendered on the CPU.")
-@click.option("--workers", type=click.IntRange(0), default=0, show_default=True,
-              help="Processes that render shards while this one encodes them, a shard per VAE call off the CPU "
-                   "(the same clips): for a GPU, e.g. --device cuda --workers 12 beside `train dit` on the same "
-                   "card (one CUDA context, not one per encoder). 0: render and encode here, clip by clip. On CPUs "
-                   "only, separate processes with other --seed values are faster.")
+@click.option("--workers", type=click.IntRange(0, 128), default=0, show_default=True,
+              help="Processes that render shards while this one encodes them, a shard's clips batched per VAE "
+                   "call off the CPU (the same clips): for a GPU, e.g. --device cuda --workers 12 beside `train "
+                   "dit` on the same card (one CUDA context, not one per encoder); each worker keeps up to 2 "
+                   "shards (~90 MB each) queued. 0: render and encode here, clip by clip. On CPUs only, separate "
+                   "processes with other --seed values are faster.")
 @click.option("--no-progress/--progress", "no_progress", default=False, help="No progress bar (default: --progress, on stderr).")
 def train_encode_cmd(vae_weights, output, shards, seed, late, loop, max_angle, vary_return, world, threads, device,
                      workers, no_progress):

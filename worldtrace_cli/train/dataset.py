@@ -32,7 +32,7 @@ import torch
 
 from .common import save_safetensors_atomic
 from .rendering import (CLIP_CHUNKS, LATE_START, LATE_WARMUP_FRAMES, RenderedClip, render_clip_frames,
-                        render_shard, render_shard_clips)
+                        render_shard_clips, rendered_in_workers)
 
 SHARD_CLIPS = 32
 
@@ -158,12 +158,18 @@ def encode_rendered(vae, clip_tower, rendered: list[RenderedClip], max_batch: in
     length per VAE call (batches change only float rounding; on a GPU they save kernel launches,
     on a CPU memory is better spent on one clip at a time).
 
-    Per clip: :func:`encode_frames` of its frames, less its first ``drop_latents`` latent frames; for
-    an early clip, MG2's conditioning latents of its start image
-    (:func:`~worldtrace_cli.model.vae.encode_conditioning_latents`, ``conditioning_frames`` latent
-    frames); CLIP's conditioning tokens of the start image. Returns the :class:`EncodedClip` s in
-    the order given, every tensor float32 on the CPU.
+    Per clip: :func:`encode_frames` of its frames, less its first ``drop_latents`` latent frames
+    (float32 [16, 3 C, h, w], h, w = H/8, W/8: [16, 9, h, w] for a training clip); for an early clip,
+    MG2's conditioning latents of its start image
+    (:func:`~worldtrace_cli.model.vae.encode_conditioning_latents`, float32 [16, 3 C, h, w]); CLIP's
+    conditioning tokens of the start image (float32 [257, clip_dim]). Returns the
+    :class:`EncodedClip` s in the order given, every tensor float32 on the CPU, each its own storage.
+
+    Raises:
+        ValueError: ``max_batch`` < 1.
     """
+    if max_batch < 1:
+        raise ValueError(f"max_batch must be >= 1, got {max_batch}")
     from ..model.vae import encode_conditioning_latents, encode_video
 
     p = next(vae.parameters())
@@ -182,17 +188,17 @@ def encode_rendered(vae, clip_tower, rendered: list[RenderedClip], max_batch: in
     for _, idx in batches(lambda r: r.frames.shape):
         z = encode_video(vae, torch.cat([_to_video(rendered[i].frames) for i in idx]).to(p.device, p.dtype)).cpu()
         for b, i in enumerate(idx):
-            latents[i] = z[b, :, rendered[i].drop_latents:]
+            latents[i] = z[b, :, rendered[i].drop_latents:].clone()
     images = lambda idx: torch.cat([_to_video(rendered[i].start_image[None])[:, :, 0] for i in idx])  # noqa: E731
     for n, idx in batches(lambda r: r.conditioning_frames):
         if n:
             lat = encode_conditioning_latents(vae, images(idx), n).cpu()
             for b, i in enumerate(idx):
-                image_latents[i] = lat[b].float().contiguous()
+                image_latents[i] = lat[b].float().clone()
     for _, idx in batches(lambda r: 0):
         t = clip_tower.conditioning_tokens(images(idx)).float().cpu()
         for b, i in enumerate(idx):
-            tokens[i] = t[b]
+            tokens[i] = t[b].clone()
     return [EncodedClip(latents[i].contiguous(), r.frame_start, torch.as_tensor(r.keyboard).float(),
                         torch.as_tensor(r.mouse).float(), r.rows_start, image_latents[i], tokens[i].contiguous(),
                         r.return_latent, r.world_seed) for i, r in enumerate(rendered)]
@@ -275,8 +281,10 @@ def encode_clips(folder: Path, vae_weights, shards: int, seed: int = 0, mix: Cli
     Also writes ``folder/late_conditioning.safetensors`` (:func:`late_conditioning`) and
     ``folder/data.json`` (settings). ``device``: where the VAE and the CLIP tower encode (rendering
     stays on the CPU; not a setting: a folder may be continued on another device). ``workers`` > 0:
-    that many processes render the shards (``workers`` + 2 shards ahead at most) while this one
-    encodes each shard's clips in batches on ``device`` (one per VAE call off the CPU): the same clips,
+    that many processes render the shards (2 x ``workers`` shards ahead at most, ~90 MB each) while
+    this one encodes each shard's clips in batches on ``device`` (off the CPU, one VAE call per clip
+    length of a shard, one for the conditioning latents, one for CLIP; a stop is noticed as each
+    shard arrives rather than between clips): the same clips,
     up to float rounding; for a GPU, whose single CUDA context then shares the card with a trainer
     (on CPUs only, separate ``train encode`` processes of other seeds are faster). Returns
     ``{"shards": n, "clips": n * shard_clips}``.
@@ -315,7 +323,7 @@ def encode_clips(folder: Path, vae_weights, shards: int, seed: int = 0, mix: Cli
     stopped = lambda i: Interrupted(f"encoding stopped with {i} shards; run the same command to continue")  # noqa: E731
     bar = tqdm(total=shards, initial=done, disable=not progress, unit="shard", dynamic_ncols=True)
     if workers:
-        for i, rendered in _rendered_in_workers(workers, args, range(done, shards), stop, stopped):
+        for i, rendered in rendered_in_workers(workers, args, range(done, shards), stop, stopped):
             write_shard(folder / f"clips-{i:05d}.safetensors",
                         encode_rendered(vae, tower, rendered, 1 if str(device) == "cpu" else shard_clips))
             bar.update(1)
@@ -330,60 +338,3 @@ def encode_clips(folder: Path, vae_weights, shards: int, seed: int = 0, mix: Cli
             bar.update(1)
     bar.close()
     return {"shards": shards, "clips": shards * shard_clips}
-
-
-class _ShardRenders(torch.utils.data.Dataset):
-    """Shard renders as a map-style dataset for torch's DataLoader: item k is (i, the rendered clips
-    of shard i) for the k-th of ``jobs`` = [(i, :func:`~worldtrace_cli.train.rendering.render_shard`'s
-    arguments), ...] (plain values, so it pickles where workers are spawned)."""
-
-    def __init__(self, jobs):
-        self.jobs = jobs
-
-    def __len__(self):
-        return len(self.jobs)
-
-    def __getitem__(self, k):
-        i, args = self.jobs[k]
-        return i, render_shard(*args)
-
-
-def _as_is(item):
-    return item
-
-
-def _end_with_parent(_worker_id: int) -> None:
-    """A render worker's init: end it (``os._exit``) within a second of the encoding process's death.
-    The DataLoader's own watch notices only between items and then waits for ever to flush a shard
-    (tens of MB) into a pipe nobody reads (seen with SIGKILL)."""
-    import os
-    import threading
-    import time
-
-    parent = os.getppid()
-
-    def watch():
-        while os.getppid() == parent:
-            time.sleep(1.0)
-        os._exit(1)
-
-    threading.Thread(target=watch, name="parent-watch", daemon=True).start()
-
-
-def _rendered_in_workers(workers: int, args, indices, stop, stopped):
-    """(i, :func:`~worldtrace_cli.train.rendering.render_shard` of ``args(i)``) for i in ``indices``, in
-    order, rendered by ``workers`` processes of torch's DataLoader (at most 2 shards ahead each; one
-    torch thread each; they end within a second when this process dies). ``stop()`` is asked as each shard arrives
-    (a shard's render, seconds, after Ctrl-C); when it says stop, raises ``stopped(i)`` and the
-    workers are shut down."""
-    loader = torch.utils.data.DataLoader(_ShardRenders([(i, args(i)) for i in indices]), batch_size=None,
-                                         num_workers=workers, prefetch_factor=2, collate_fn=_as_is,
-                                         worker_init_fn=_end_with_parent)
-    it = iter(loader)
-    try:
-        for i, rendered in it:
-            if stop():
-                raise stopped(i)
-            yield i, rendered
-    finally:
-        del it  # its last reference: the DataLoader shuts its workers down now, not at some later collection

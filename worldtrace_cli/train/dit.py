@@ -115,7 +115,8 @@ def train_dit(folder: Path, data: Path, preset: Preset, s: LoopSettings, batch: 
             recorded in ``result.json``.
     Returns: ``{"step", "steps_this_run", "minutes", "loss", "file", "device", "precision",
     "clips_per_second"`` (clips trained per second of this run's loop: steps x ``batch`` / seconds),
-    ``"pool_clips"`` (distinct clips in the data folder at the end: how fresh the clips were)``}``
+    ``"pool_clips"`` (distinct clips loaded from the data folder at the pool's last re-scan, at most 200
+    draws before the end: how fresh the clips were)``}``
     (also written to ``folder/result.json``).
     Raises:
         ValueError: ``compile_mode`` is not ``none`` or ``default``, or ``precision`` is not one of

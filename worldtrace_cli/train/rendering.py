@@ -14,6 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import numpy as np
+from torch.utils.data import DataLoader, Dataset
 
 from ..trajectory import frames_for_chunks
 from .data import loop_actions, random_start_pose, render_clip, walk_actions
@@ -119,4 +120,72 @@ def render_shard(*args) -> list[RenderedClip]:
     return list(render_shard_clips(*args))
 
 
-__all__ = ["CLIP_CHUNKS", "LATE_START", "RenderedClip", "render_clip_frames", "render_shard", "render_shard_clips"]
+class _ShardRenders(Dataset):
+    """Shard renders as a map-style dataset for torch's DataLoader: item k is (i, the rendered clips
+    of shard i) for the k-th of ``jobs`` = [(i, :func:`render_shard`'s arguments), ...] (plain
+    values, so it pickles where workers are spawned)."""
+
+    def __init__(self, jobs):
+        self.jobs = jobs
+
+    def __len__(self):
+        return len(self.jobs)
+
+    def __getitem__(self, k):
+        i, args = self.jobs[k]
+        return i, render_shard(*args)
+
+
+def _as_is(item):
+    return item
+
+
+def _end_with_parent(_worker_id: int) -> None:
+    """A render worker's init: end it (``os._exit``) within a second of the encoding process's death.
+    The DataLoader's own watch notices only between items and then waits for ever to flush a shard
+    (tens of MB) into a pipe nobody reads (seen with SIGKILL). Also: Ctrl-C is the encoding
+    process's to handle (it stops the workers), and SIGTERM ends a worker at once (a forked worker
+    would otherwise inherit ``train encode``'s stop flag and outlive the first one)."""
+    import os
+    import signal
+    import threading
+    import time
+
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    parent = os.getppid()
+
+    def watch():
+        while os.getppid() == parent:
+            time.sleep(1.0)
+        os._exit(1)
+
+    threading.Thread(target=watch, name="parent-watch", daemon=True).start()
+
+
+def rendered_in_workers(workers: int, args, indices, stop, stopped):
+    """(i, :func:`render_shard` of ``args(i)``) for i in ``indices``, in order, rendered by ``workers``
+    processes of torch's DataLoader (at most 2 shards queued each; one torch thread each; they end
+    within a second when this process dies; ``train encode --workers``). ``stop()`` is asked as
+    each shard arrives (after Ctrl-C: once the caller has encoded the shard it holds and the next
+    one is rendered); when it says stop, raises ``stopped(i)`` and the workers are shut down.
+
+    Raises:
+        whatever ``stopped(i)`` returns (``Interrupted`` from ``train encode``); a worker's exception
+        (re-raised by the DataLoader, naming the worker).
+    """
+    loader = DataLoader(_ShardRenders([(i, args(i)) for i in indices]), batch_size=None,
+                        num_workers=workers, prefetch_factor=2, collate_fn=_as_is,
+                        worker_init_fn=_end_with_parent)
+    it = iter(loader)
+    try:
+        for i, rendered in it:
+            if stop():
+                raise stopped(i)
+            yield i, rendered
+    finally:
+        del it  # its last reference: the DataLoader shuts its workers down now, not at some later collection
+
+
+__all__ = ["CLIP_CHUNKS", "LATE_START", "RenderedClip", "render_clip_frames", "render_shard", "render_shard_clips",
+           "rendered_in_workers"]
