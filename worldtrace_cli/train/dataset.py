@@ -128,7 +128,7 @@ def make_encoder(vae_weights, clip_seed: int, height: int, width: int):
 def _to_video(frames: np.ndarray, device: torch.device | str = "cpu") -> torch.Tensor:
     """uint8 [T, H, W, 3] -> float32 [1, 3, T, H, W] in [-1, 1] on ``device`` (moved there as uint8:
     a quarter of float32's bytes, and the conversion runs there)."""
-    video = torch.from_numpy(np.ascontiguousarray(frames)).to(device)
+    video = torch.from_numpy(frames).to(device)
     return video.permute(3, 0, 1, 2).float().div(127.5).sub(1.0)[None]
 
 
@@ -140,7 +140,7 @@ def encode_frames(vae, frames: np.ndarray) -> torch.Tensor:
     [1, 16, 1 + k, H / 8, W / 8] on the CPU."""
     from ..model.vae import encode_video
 
-    return encode_video(vae, _to_video(frames).to(next(vae.parameters()).device)).cpu()
+    return encode_video(vae, _to_video(frames, next(vae.parameters()).device)).cpu()
 
 
 @torch.no_grad()
@@ -196,14 +196,15 @@ def encode_rendered(vae, clip_tower, rendered: list[RenderedClip], max_batch: in
         if n:
             lat = encode_conditioning_latents(vae, images(idx), n).cpu()
             for b, i in enumerate(idx):
-                image_latents[i] = lat[b].float().clone()
+                image_latents[i] = lat[b].clone()
     for _, idx in batches(lambda r: 0):
         t = clip_tower.conditioning_tokens(images(idx)).float().cpu()
         for b, i in enumerate(idx):
             tokens[i] = t[b].clone()
-    return [EncodedClip(latents[i].contiguous(), r.frame_start, torch.as_tensor(r.keyboard).float(),
-                        torch.as_tensor(r.mouse).float(), r.rows_start, image_latents[i], tokens[i].contiguous(),
-                        r.return_latent, r.world_seed) for i, r in enumerate(rendered)]
+    return [EncodedClip(latents[i], r.frame_start, torch.as_tensor(r.keyboard).float(),
+                        torch.as_tensor(r.mouse).float(), r.rows_start, image_latents[i], tokens[i],
+                        r.return_latent, r.world_seed)
+            for i, r in enumerate(rendered)]
 
 
 def write_shard(path: Path, clips: list[EncodedClip], metadata: dict[str, str] | None = None) -> None:

@@ -3,10 +3,10 @@
 :func:`render_clip_frames` draws everything a clip needs from a numpy ``Generator`` and renders its
 pixel frames; :func:`~worldtrace_cli.train.dataset.encode_rendered` encodes them. The two halves are
 apart so that ``worldtrace train encode --workers N`` can render in N processes (torch's DataLoader
-workers, one core each) while one process encodes their clips in batches on a GPU: one CUDA context beside the
-trainer's instead of one per encoding process, and rendering (~0.1 s a clip on one core) rather than
-the VAE (~0.4 s a clip on one core) sets the pace. Both paths draw the same numbers in the same order,
-so a shard holds the same clips however it was made.
+workers, one core each) while one process encodes their clips in batches on a GPU: one CUDA context
+beside the trainer's instead of one per encoding process, and rendering (~0.1 s a clip on one core)
+rather than the VAE (~0.4 s a clip on one core) sets the pace. Both paths draw the same numbers in
+the same order, so a shard holds the same clips however it was made.
 """
 
 from __future__ import annotations
@@ -85,7 +85,7 @@ def render_clip_frames(rng: np.random.Generator, late: bool, loop: bool, height:
             return_latent = 3 * chunks - 1
             end = pixels - 1
             p_frame = off + 9                        # first pixel frame of the clip's second chunk
-        keyboard, mouse, ret = loop_actions(rng, pixels, p_frame, end, max_angle_deg)
+        keyboard, mouse, _ = loop_actions(rng, pixels, p_frame, end, max_angle_deg)
     else:
         keyboard, mouse = walk_actions(rng, pixels)
     clip = render_clip(world_seed, keyboard, mouse, height, width, start, world)
@@ -115,15 +115,10 @@ def render_shard_clips(seed: int, index: int, clips: int, height: int, width: in
                                  world=world)
 
 
-def render_shard(*args) -> list[RenderedClip]:
-    """All clips of :func:`render_shard_clips` (same arguments): a render worker's job."""
-    return list(render_shard_clips(*args))
-
-
 class _ShardRenders(Dataset):
     """Shard renders as a map-style dataset for torch's DataLoader: item k is (i, the rendered clips
-    of shard i) for the k-th of ``jobs`` = [(i, :func:`render_shard`'s arguments), ...] (plain
-    values, so it pickles where workers are spawned)."""
+    of shard i, a list) for the k-th of ``jobs`` = [(i, :func:`render_shard_clips`'s arguments), ...]
+    (plain values, so it pickles where workers are spawned)."""
 
     def __init__(self, jobs):
         self.jobs = jobs
@@ -133,7 +128,7 @@ class _ShardRenders(Dataset):
 
     def __getitem__(self, k):
         i, args = self.jobs[k]
-        return i, render_shard(*args)
+        return i, list(render_shard_clips(*args))
 
 
 def _as_is(item):
@@ -164,10 +159,10 @@ def _end_with_parent(_worker_id: int) -> None:
 
 
 def rendered_in_workers(workers: int, args, indices, stop, stopped):
-    """(i, :func:`render_shard` of ``args(i)``) for i in ``indices``, in order, rendered by ``workers``
-    processes of torch's DataLoader (at most 2 shards queued each; one torch thread each; they end
-    within a second when this process dies; ``train encode --workers``). ``stop()`` is asked as
-    each shard arrives (after Ctrl-C: once the caller has encoded the shard it holds and the next
+    """(i, the clips of :func:`render_shard_clips` of ``args(i)``) for i in ``indices``, in order,
+    rendered by ``workers`` processes of torch's DataLoader (at most 2 shards queued each; one torch
+    thread each; they end within a second when this process dies; ``train encode --workers``).
+    ``stop()`` is asked as each shard arrives (after Ctrl-C: once the caller has encoded the shard it holds and the next
     one is rendered); when it says stop, raises ``stopped(i)`` and the workers are shut down.
 
     Raises:
@@ -187,5 +182,5 @@ def rendered_in_workers(workers: int, args, indices, stop, stopped):
         del it  # its last reference: the DataLoader shuts its workers down now, not at some later collection
 
 
-__all__ = ["CLIP_CHUNKS", "LATE_START", "RenderedClip", "render_clip_frames", "render_shard", "render_shard_clips",
+__all__ = ["CLIP_CHUNKS", "LATE_START", "RenderedClip", "render_clip_frames", "render_shard_clips",
            "rendered_in_workers"]
