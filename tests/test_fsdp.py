@@ -88,6 +88,7 @@ def check_torchrun(run, outputs) -> None:
     else:
         assert run.returncode == 0, run.stderr[-3000:]
 
+
 def split_run(tmp_path, preset, cache, processes):
     out = tmp_path / f"{preset}-{cache}-{processes}.pt"
     script = [os.path.join(os.path.dirname(__file__), "split_heads_run.py"), preset, cache, str(out)]
