@@ -889,6 +889,50 @@ def test_loss_curves_compares_runs_at_equal_steps(tmp_path, capsys):
         loss_curves.main([f"x={tmp_path / 'none.jsonl'}"])
 
 
+def test_identification_curve_orders_checkpoints_and_refuses_other_truths(tmp_path, capsys):
+    """benchmarks/identification_curve.py (issue 47's curve): checkpoints are listed by clips seen
+    (8k parsed), each mode's numbers as judged, the baseline under them, the codec and control once;
+    a checkpoint judged on other worlds or another world style (its codec row differs), a missing
+    file and a malformed argument are one-line exits; the PNG is written."""
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).parent.parent / "benchmarks"))
+    import identification_curve as ic
+
+    def result(name, free, tf, codec=23.13, worlds=(40, 41)):
+        rows = {"free": free, "teacher-forced": tf, "codec": (codec, 1.0, 1.0), "control": (15.5, 0.5, 0.45)}
+        summary = {m: {"chunks": 16, "gt_psnr": v[0], "gt_detail": 0.5, "identified": v[1],
+                       "identified_structure": v[2]} for m, v in rows.items()}
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "where-it-fails.json").write_text(json.dumps(
+            {"preset": name, "trajectory": "look_around", "worlds": list(worlds), "decoys": list(range(100, 116)),
+             "seed": 0, "summary": summary, "per_world": {}}))
+        return tmp_path / name
+
+    late, early = result("late", (15.0, 0.5, 0.25), (16.0, 0.75, 0.5)), result("early", (14.0, 0.125, 0.0625), (15.0, 0.25, 0.125))
+    shipped = result("shipped", (14.7, 0.29, 0.12), (16.2, 0.64, 0.56))
+    png = tmp_path / "curve.png"
+    ic.main([f"8k={late}", f"400={early}", "--baseline", f"shipped={shipped}", "-o", str(png)])
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[2:7] == ["| 400 | free | 14.00 | 0.50 | 12 % | 6 % |", "| 400 | teacher-forced | 15.00 | 0.50 | 25 % | 12 % |",
+                          "| 8,000 | free | 15.00 | 0.50 | 50 % | 25 % |", "| 8,000 | teacher-forced | 16.00 | 0.50 | 75 % | 50 % |",
+                          "| shipped | free | 14.70 | 0.50 | 29 % | 12 % |"]
+    assert lines[-2:] == ["| (no DiT) | codec | 23.13 | 0.50 | 100 % | 100 % |", "| (no DiT) | control | 15.50 | 0.50 | 50 % | 45 % |"]
+    assert png.stat().st_size > 5000
+    with pytest.raises(SystemExit, match="another codec row"):
+        ic.main([f"1={late}", f"2={result('city', (15.0, 0.5, 0.25), (16.0, 0.75, 0.5), codec=20.16)}"])
+    with pytest.raises(SystemExit, match="another worlds"):
+        ic.main([f"1={late}", f"2={result('other', (15.0, 0.5, 0.25), (16.0, 0.75, 0.5), worlds=(0, 1))}"])
+    with pytest.raises(SystemExit, match="expected CLIPS=PATH"):
+        ic.main([f"many={late}"])
+    with pytest.raises(SystemExit, match="no such where_it_fails result"):
+        ic.main([f"1={tmp_path / 'none'}"])
+    (tmp_path / "bad.json").write_text("{}")
+    with pytest.raises(SystemExit, match="not a where_it_fails.py result"):
+        ic.main([f"1={tmp_path / 'bad.json'}"])
+
+
 def test_gpu_weights_split_into_parts_that_come_back_and_join(tmp_path):
     """benchmarks/gpu/weights.py: a float16 copy over --max-mib is written as parts of whole tensors,
     each within the limit; joined (in any order) they equal the float16 copy; integer tensors keep
