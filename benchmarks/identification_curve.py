@@ -30,7 +30,8 @@ import json
 import sys
 from pathlib import Path
 
-MODES = ("free", "clean start", "teacher-forced")
+from where_it_fails import MODES  # the judged modes' names: free, clean start, teacher-forced
+
 FIXED = ("codec", "control")
 SAME = ("trajectory", "worlds", "decoys", "seed")  # what every point must share
 TARGETS = {"identified": 0.9, "identified_structure": 0.6}  # issue 47's targets (free rollouts)
@@ -43,14 +44,6 @@ def clips_count(text: str) -> int:
     if not 0 <= value < float("inf"):  # also NaN
         raise ValueError(text)
     return int(round(value * scale))
-
-
-def short(clips: int) -> str:
-    """8000 -> '8k', 1200000 -> '1.2M', 400 -> '400' (tick labels)."""
-    for div, suffix in ((1_000_000, "M"), (1_000, "k")):
-        if clips >= div:
-            return f"{clips / div:.3g}{suffix}"
-    return str(clips)
 
 
 def read_summary(path: Path) -> dict:
@@ -137,7 +130,7 @@ def draw(points, baselines, modes, output: Path, chance: float) -> None:
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
-    from matplotlib.ticker import NullFormatter
+    from matplotlib.ticker import EngFormatter, NullFormatter
 
     panels = (("identified", "identified (colour)"), ("identified_structure", "identified (structure)"),
               ("gt_detail", "GT detail"))
@@ -163,7 +156,9 @@ def draw(points, baselines, modes, output: Path, chance: float) -> None:
             ax.set_ylim(0, 1.02)
         ax.set_xscale("log")
         ax.xaxis.set_minor_formatter(NullFormatter())
-        ax.set_xticks(xs, [short(x) for x in xs], fontsize=8)
+        ax.set_xticks(xs)
+        ax.xaxis.set_major_formatter(EngFormatter(sep=""))  # 400, 8k, 1.2M
+        ax.tick_params(axis="x", labelsize=8)
         ax.set_xlabel("training clips seen (steps x batch)")
         ax.set_title(title)
         ax.grid(alpha=0.3)
