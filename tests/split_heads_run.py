@@ -5,8 +5,9 @@ processes (``--split-heads``, engine/shard.py), for tests/test_fsdp.py. Not a te
     torchrun --nproc-per-node 2 tests/split_heads_run.py PRESET CACHE OUT.pt --split
 
 Builds the run as ``generate`` does (prepare_inputs, Pipeline.from_config, condition_run,
-start_rollout), makes 3 chunks, and process 0 saves {"latents": [3, 16, F, h, w] float32, "slots":
-per chunk the cache's slot list, "events": the writer's events} to OUT.pt.
+start_rollout, with --attention-stats), makes 3 chunks, and process 0 saves {"latents": [3, 16, F, h, w]
+float32, "slots": per chunk the cache's slot list, "attention": per chunk the slots' attention shares
+and the chunk's own, "events": the writer's events} to OUT.pt.
 """
 
 import sys
@@ -28,14 +29,14 @@ def main(preset_name: str, cache: str, out: str, split: bool) -> None:
     preset = load_preset(preset_name)
     cfg = RunConfig(preset=preset, trajectory=ROOT / "trajectories/aba.yaml", output=Path(out).parent / "unused",
                     image=ROOT / "assets/images/mg2_universal_0000.png", chunks=3, metrics="none", progress=False,
-                    memory=memory_config(cache=cache, preset=preset))
+                    memory=memory_config(cache=cache, preset=preset), attention_stats=True)
     if split:
         shard.start(torch.device("cpu"), "heads")
     try:
         inputs = prepare_inputs(cfg)
         pipeline = Pipeline.from_config(cfg)
         rollout = start_rollout(pipeline, pipeline.build_writer(cfg.memory), condition_run(pipeline, cfg, inputs),
-                                inputs)
+                                inputs, cfg)
         if shard.rank():  # as generate's other processes: each chunk process 0 makes
             shard.follow(rollout)
             return
@@ -43,7 +44,10 @@ def main(preset_name: str, cache: str, out: str, split: bool) -> None:
             rollout.step = shard.lockstep(rollout.step)
         chunks = [rollout.step() for _ in range(3)]
         torch.save({"latents": torch.cat([c.latents for c in chunks]),
-                    "slots": [c.record["cache"]["slots"] for c in chunks],
+                    "slots": [[{k: v for k, v in s.items() if k != "attention"} for s in c.record["cache"]["slots"]]
+                              for c in chunks],
+                    "attention": [[a for s in c.record["cache"]["slots"] for a in s["attention"]]
+                                  + [c.record["cache"]["attention"]["self"]] for c in chunks],
                     "events": [c.record["cache"]["events"] for c in chunks],
                     "heads": rollout.geometry.heads}, out)
     finally:
@@ -53,3 +57,9 @@ def main(preset_name: str, cache: str, out: str, split: bool) -> None:
 
 if __name__ == "__main__":
     main(sys.argv[1], sys.argv[2], sys.argv[3], "--split" in sys.argv[4:])
+    if "--split" in sys.argv[4:]:  # as generate's sharded processes end (engine/shard.py: joined)
+        sys.stdout.flush()
+        sys.stderr.flush()
+        import os
+
+        os._exit(0)

@@ -61,7 +61,7 @@ def test_a_stop_during_a_runs_last_chunk_stops_the_comparison(tmp_path, monkeypa
 def test_compare_three_modes_writes_grid_video_and_table(tmp_path, valid):
     out, chunks = tmp_path / "cmp", 2
     args = [str(ABA), "--cache", "sliding,field,landmark", "--preset", "tiny", "--chunks", str(chunks),
-            "--seed", "3", "-o", str(out), "--overlap-decode", "--rope-precision", "float64"]
+            "--seed", "3", "-o", str(out), "--overlap-decode", "--rope-precision", "float64", "--attention-stats"]
     result = CliRunner().invoke(compare, args)
     assert result.exit_code == 0, result.output
     frames = 9 + 12 * (chunks - 1)
@@ -81,6 +81,12 @@ def test_compare_three_modes_writes_grid_video_and_table(tmp_path, valid):
         assert m["metrics"]["temp_ssim"] is not None and "pac" in m["metrics"]
     md = (out / "compare.md").read_text()
     assert all(f"| {mode} |" in md for mode in ("sliding", "field", "landmark")) and "PAC" in md
+    # --attention-stats: each writer's attention per slot drawn on one chunk axis, and tabulated
+    assert data["attention_figure"] == "compare_attention.png" and (out / "compare_attention.png").stat().st_size > 5000
+    assert "| mode | self | summary slots | recent slots | recall on return chunks |" in md
+    shares = {m["cache"]: m["attention"] for m in data["modes"]}
+    assert shares["sliding"]["summary"] == 0 and shares["landmark"]["summary"] > 0
+    assert all(abs(a["self"] + a["summary"] + a["recent"] - 1) < 1e-4 for a in shares.values())
 
     # The same command again reuses the complete runs (an interrupted compare is finished this way):
     # here landmark's run was killed (no summary, no state), so only it is generated again.

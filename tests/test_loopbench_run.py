@@ -414,12 +414,15 @@ def summaries_only(monkeypatch):
     monkeypatch.setattr(RunFolder, "check", lambda self, frames_for_chunks: {})
 
 
-def write_run(out, config, cache, image, seed, pac, temp_ssim, chunks=16, gt=None, detail=None):
+def write_run(out, config, cache, image, seed, pac, temp_ssim, chunks=16, gt=None, detail=None, recall=None):
     folder = out / config / cache.replace(":", "-") / image / f"seed{seed}"
     folder.mkdir(parents=True)
     write_json_atomic(folder / "summary.json", {
         "status": "complete", "config": {"memory": {"cache": cache}, "preset": {"name": "tiny"}},
         "resolved": {"seed": seed}, "cache": {"kv_bytes": 4096},
+        "attention": None if recall is None else {"pass": "last_denoising_step", "queries": "all", "chunks": chunks,
+                                                  "self": 0.5, "summary": 0.3, "recent": 0.2,
+                                                  "recall": {"chunks": [9], "per_chunk": [recall], "mean": recall}},
         "metrics": {"temp_ssim": temp_ssim, "latent_diff": 0.2, "scene_drift": 0.05,
                     "pac": None if pac is None else {"mean": pac, "pairs": 3},
                     **({} if gt is None else {"gt": {"psnr": gt + 1, "ssim": 0.5,
@@ -628,6 +631,29 @@ def test_report_leads_with_ground_truth_and_prints_no_impossible_interval(tmp_pa
     assert psnr.startswith("14.500 ± ")  # 14.5 +- 6.4 dB stays above 0
     assert detail == "0.310 †" and pac == "0.695 †" and ssim == "0.800 ± 0.000"  # one number per cell
     assert md.count("too few scenes") == 1 and md.count("† = no interval") == 1  # the reason said once
+
+
+def test_report_has_recall_attention_with_paired_tests_beside_gt(tmp_path, summaries_only):
+    """Runs made with --attention-stats: the recall attention on return chunks gets its table after the GT
+    metrics (CIs over scenes, the paired test against sliding) and columns in the paper's layout."""
+    out = tmp_path / "recall"
+    runs = {"world0": (0.00, 0.12), "world1": (0.02, 0.10), "world2": (0.01, 0.15)}
+    for scene, (slid, land) in runs.items():
+        write_run(out, "aba", "sliding", scene, 0, 0.7, 0.8, gt=14.0, detail=0.2, recall=slid)
+        write_run(out, "aba", "landmark", scene, 0, 0.8, 0.8, gt=15.0 + slid, detail=0.3, recall=land)
+    report(out)
+    md = (out / "report.md").read_text()
+    assert md.index("## 2. GT detail") < md.index("## 3. Recall attention on return chunks") < md.index("## 4. PAC")
+    table = md.split("## 3. Recall attention")[1].split("## 4.")[0]
+    assert "| landmark | 0.123 ± " in table and "p vs sliding" in table and "the memory being read" in md
+    paper = next(ln for ln in md.splitlines() if ln.startswith("| ABA (aba, N=16) |")).strip(" |").split(" | ")
+    header = next(ln for ln in md.splitlines() if ln.startswith("| loop |")).strip(" |").split(" | ")
+    recall = dict(zip(header, paper))
+    assert recall["sliding recall attention"] == "0.010 †"  # its interval would reach below 0: none given
+    assert recall["landmark recall attention"].startswith("0.123 ± ")
+    assert float(recall["p (recall)"]) == pytest.approx(hand_paired_p([0.12, 0.10, 0.15], [0.0, 0.02, 0.01]), abs=5e-4)
+    rows = list(csv.DictReader((out / "report.csv").open()))
+    assert {float(r["recall_attention"]) for r in rows if r["cache"] == "landmark"} == {0.12, 0.10, 0.15}
 
 
 def test_report_of_runs_before_gt_detail_has_no_detail_entry(tmp_path, summaries_only):

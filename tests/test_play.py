@@ -115,6 +115,10 @@ def test_a_websocket_client_drives_five_chunks_and_the_run_folder_is_complete(se
         assert img.size == (ready["width"], ready["height"])
         assert lane["gt_psnr"] > 5 and lane["writer"] == "landmark"
     assert chunks[-1]["lanes"][0]["slots"], "the cache panel gets the slots each chunk read"
+    # attention per slot is on in play: each slot's share and the chunk's own sum to 1
+    last = chunks[-1]["lanes"][0]
+    assert abs(sum(s["share"] for s in last["slots"]) + last["self"] - 1) < 1e-4
+    assert all(isinstance(s["still"], int) for s in last["slots"])
     run_dir = runs / ready["lanes"][0]["run_dir"]
     deadline = time.time() + 60  # the page disconnected: its session closes its recording
     while not (run_dir / "summary.json").is_file() and time.time() < deadline:
@@ -173,6 +177,38 @@ def test_a_second_page_over_max_sessions_is_refused(server):
     refused, chunk = run(drive())
     assert refused["op"] == "error" and "server full" in refused["message"]
     assert chunk["op"] == "chunk"
+
+
+def test_a_hovered_slot_gets_the_frame_it_holds_and_the_truth(server):
+    """The ``frame`` op: the generated frame of a latent frame the lane made (what a cache slot holds)
+    and the true frame at its pose; a frame not made yet, or a lane that is not there, is one line."""
+    import aiohttp
+    from PIL import Image
+
+    url, _ = server
+
+    async def drive():
+        async with aiohttp.ClientSession() as http, http.ws_connect(url + "ws") as ws:
+            ready = await _receive(ws)
+            for action in ["forward", "camera_r"]:
+                await ws.send_str(json.dumps({"op": "step", "action": action}))
+                chunk = await _receive(ws)
+            replies = []
+            for msg in ({"op": "frame", "lane": 0, "latent_frame": chunk["lanes"][0]["slots"][0]["still"]},
+                        {"op": "frame", "lane": 0, "latent_frame": 6}, {"op": "frame", "lane": 3, "latent_frame": 0}):
+                await ws.send_str(json.dumps(msg))
+                replies.append(await _receive(ws))
+            return ready, chunk, replies
+
+    ready, chunk, (good, late, lane) = run(drive())
+    assert good["op"] == "frame" and good["truth"] is not None
+    img = Image.open(io.BytesIO(base64.b64decode(good["generated"])))
+    assert img.size == (ready["width"], ready["height"])
+    first = chunk["lanes"][0]["slots"][0]["still"]
+    if first == 5:  # the slot holds the last latent frame of chunk 1: its still is that chunk's last pixel frame
+        assert good["generated"] == chunk["lanes"][0]["frames"][-1]
+    assert late["op"] == "error" and "latent_frame" in late["message"] and "0 .. 5" in late["message"]
+    assert lane["op"] == "error" and "lane" in lane["message"]
 
 
 def test_compare_replays_a_second_writer_beside_the_first(server):
@@ -267,6 +303,18 @@ def test_a_browser_walks_and_the_cache_panel_follows(server, tmp_path):
         wait_for(lambda: "camera_r" in driver.find_element(By.ID, "action").text, "a chunk turned by a mouse drag")
         after = driver.find_element(By.ID, "slots0").text
         assert after != before and "recent" in after
+        # the memory being read: the attention panel is drawn, each slot row shows its share, and a
+        # hovered slot shows the frame it holds beside the true frame
+        attn_sum = canvas_sum.replace("'gen0'", "'attn0'")
+        wait_for(lambda: driver.execute_script(attn_sum) > 0, "the attention panel")
+        assert driver.find_element(By.ID, "attn0").is_displayed()
+        row = driver.find_elements(By.CSS_SELECTOR, "#slots0 tr")[0]
+        assert float(row.text.split()[-1]) > 0  # the share column
+        ActionChains(driver).move_to_element(row).perform()
+        wait_for(lambda: (driver.find_element(By.ID, "previewgen").get_attribute("src") or "").startswith("data:image"),
+                 "the hovered slot's frame")
+        assert "slot 0" in driver.find_element(By.ID, "previewlabel").text
+        assert driver.find_element(By.ID, "previewtruth").is_displayed()
         wait_for(lambda: driver.find_element(By.ID, "latency").text not in ("-", ""), "a key-to-frame latency")
         driver.save_screenshot(str(tmp_path / "play.png"))
         assert (tmp_path / "play.png").stat().st_size > 10_000

@@ -126,6 +126,12 @@ def test_runs_recorded_before_a_preset_key_existed_are_the_same_run(tmp_path):
     assert differences(old, cfg) == []
     noisy = replace(cfg, preset=replace(cfg.preset, context_noise=100))
     assert differences(old, noisy) == ["preset.context_noise 0 (now 100)"]
+    # settings added to the run since (RUN_ADDED): attention stats change the records, not the video
+    from worldtrace_cli.config import RUN_ADDED
+
+    before = {k: v for k, v in old.items() if k not in RUN_ADDED}
+    assert set(RUN_ADDED) <= set(saved) and differences(before, cfg) == []
+    assert differences(before, replace(cfg, attention_stats=True)) == ["attention_stats False (now True)"]
 
 
 def test_overlapped_decode_makes_the_same_video(tmp_path, reference):

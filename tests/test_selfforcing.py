@@ -10,6 +10,7 @@ has it; a clone without it skips those tests, saying so)."""
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 from pathlib import Path
@@ -68,6 +69,15 @@ def test_self_forcing_fixtures_replay_within_1e_4():
     assert skipped == []
 
 
+def official(variant: str) -> dict:
+    """The writer of a fixture variant's official cache, read from its run_config.json."""
+    from worldtrace_cli.jobs.parity_selfforcing import variant_memory
+
+    memory, why = variant_memory(json.loads((FIXTURES / variant / "run_config.json").read_text()))
+    assert memory is not None, why
+    return memory
+
+
 @needs_fixtures
 def test_a_wrong_cache_is_caught():
     """The replay is sharp: a 3-frame sliding window in place of the global cache, or the sinks read
@@ -79,22 +89,22 @@ def test_a_wrong_cache_is_caught():
     inputs = read_state_dict(FIXTURES / "tiny_inputs.safetensors")
     outputs = read_state_dict(FIXTURES / "sf_global" / "tiny_outputs.safetensors")
     want = outputs["output_latents"].permute(0, 2, 1, 3, 4)
-    _, good = P.replay_variant(model, inputs, outputs, P.REPLAYED["sf_global"], 4, 20)
+    _, good = P.replay_variant(model, inputs, outputs, official("sf_global"), 4, 20)
     _, windowed = P.replay_variant(model, inputs, outputs, {"cache": "sliding", "budget": 3, "positions": "actual"}, 4, 20)
     assert (good - want).abs().max() <= 1e-4 < (windowed - want).abs().max()
     # sf_la6_sink3 with the sink at rank positions (no gap before the current chunk): off too
     outputs = read_state_dict(FIXTURES / "sf_la6_sink3" / "tiny_outputs.safetensors")
     want = outputs["output_latents"].permute(0, 2, 1, 3, 4)
-    _, ranked = P.replay_variant(model, inputs, outputs, {**P.REPLAYED["sf_la6_sink3"], "positions": "rank"}, 6, 5)
+    _, ranked = P.replay_variant(model, inputs, outputs, {**official("sf_la6_sink3"), "positions": "rank"}, 6, 5)
     assert (ranked - want).abs().max() > 1e-4
     # the infinity model at actual positions is the standard LongLive model: 0.058 off from chunk 4 on
     outputs = read_state_dict(FIXTURES / "longlive_infinity" / "tiny_outputs.safetensors")
     want = outputs["output_latents"].permute(0, 2, 1, 3, 4)
-    _, absolute = P.replay_variant(model, inputs, outputs, {**P.REPLAYED["longlive_infinity"], "positions": "actual"},
+    _, absolute = P.replay_variant(model, inputs, outputs, {**official("longlive_infinity"), "positions": "actual"},
                                    6, 11)
     assert (absolute[:, :, :12] - want[:, :, :12]).abs().max() <= 1e-4
     assert (absolute - want).abs().max().item() == pytest.approx(0.058, abs=2e-3)  # the fixtures README's figure
-    _, relative = P.replay_variant(model, inputs, outputs, {**P.REPLAYED["longlive_infinity"],
+    _, relative = P.replay_variant(model, inputs, outputs, {**official("longlive_infinity"),
                                                             "positions": "block_relative"}, 6, 11)
     assert (relative - want).abs().max().item() == pytest.approx(0.024, abs=2e-3)  # our block_relative: not it
 
@@ -117,7 +127,7 @@ def test_a_wrong_prompt_switch_or_lora_is_caught():
     lora = read_lora(FIXTURES / "longlive_lora.safetensors")
     model, scale_one = copy.deepcopy(base), copy.deepcopy(base)
     assert merge_lora(model, lora, 8) == 20 and merge_lora(scale_one, lora) == 20  # 10 targets x 2 blocks
-    memory = P.REPLAYED["longlive_switch"]
+    memory = official("longlive_switch")
 
     def off(m, switch="recache"):
         _, latents = P.replay_variant(m, inputs, outputs, memory, 8, 11, switch_chunk=6, switch=switch)
@@ -147,3 +157,38 @@ def test_worldtrace_parity_on_the_fixture_folder():
     assert out.returncode == 0, out.stderr
     assert out.stdout.splitlines()[-1].startswith("max_abs_diff=") and "sf_global/latents" in out.stdout
     assert "longlive_switch/x0" in out.stdout and "not replayed" not in out.stderr
+
+
+@needs_fixtures
+def test_parity_reads_any_fixture_folder_by_its_files_and_names_each_deviation(tmp_path):
+    """A folder in the official format holding only some variants under other names (a window-and-sink run,
+    a prompt-switch run) and one the replay cannot reproduce (a context-noise setting): the family is read
+    from tiny_config.json, each variant from its run_config.json, the odd one named as not replayed, never
+    passed; an entry off by more than its bound is one line naming it, its deviation and the bound (exit 1)."""
+    import shutil
+
+    from safetensors.torch import load_file, save_file
+
+    folder = tmp_path / "my-fixtures"
+    folder.mkdir()
+    for name in ("tiny_config.json", "tiny_weights.safetensors", "tiny_inputs.safetensors", "longlive_lora.safetensors"):
+        shutil.copy(FIXTURES / name, folder / name)
+    shutil.copytree(FIXTURES / "sf_la6_sink3", folder / "window-and-sink")
+    shutil.copytree(FIXTURES / "longlive_switch", folder / "switch-run")
+    shutil.copytree(FIXTURES / "sf_global", folder / "odd")
+    odd = json.loads((folder / "odd" / "run_config.json").read_text())
+    (folder / "odd" / "run_config.json").write_text(json.dumps({**odd, "context_noise": 50}))
+    run = subprocess.run([sys.executable, "-m", "worldtrace_cli", "parity", str(folder)], capture_output=True,
+                         text=True, timeout=300)
+    assert run.returncode == 0, run.stderr
+    assert "window-and-sink/latents" in run.stdout and "switch-run/cache_after_recache" in run.stdout
+    assert "not replayed: odd (a sampler other than" in run.stderr and "odd/" not in run.stdout
+    # one variant's official latents moved by 3e-3: its entry is named with its deviation and the bound
+    outputs = load_file(folder / "window-and-sink" / "tiny_outputs.safetensors")
+    outputs["output_latents"] = outputs["output_latents"] + 3e-3
+    save_file(outputs, folder / "window-and-sink" / "tiny_outputs.safetensors")
+    run = subprocess.run([sys.executable, "-m", "worldtrace_cli", "parity", str(folder)], capture_output=True,
+                         text=True, timeout=300)
+    assert run.returncode == 1
+    lines = [ln for ln in run.stderr.splitlines() if "deviates" in ln]
+    assert len(lines) == 1 and "window-and-sink/latents deviates by 3.0" in lines[0] and "bound 1e-04" in lines[0]

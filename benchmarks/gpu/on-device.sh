@@ -6,6 +6,7 @@
 #   FAST_EXTRA="--budget 6" bash benchmarks/gpu/on-device.sh fast  # compiled + CUDA graphs + overlapped decode (<= 4.8 min)
 #   bash benchmarks/gpu/on-device.sh max              # the max-autotune GPU test alone (MAX_LIMIT s, default 130)
 #   bash benchmarks/gpu/on-device.sh text             # Self-Forcing / LongLive fast path: sink and memory writers (<= 5 min)
+#   bash benchmarks/gpu/on-device.sh attention        # --attention-stats' cost at full size: off, all queries, 512 (<= 5 min)
 #   bash benchmarks/gpu/on-device.sh memory           # issue 45: the memory plan beside measured peaks, LingBot bf16/fp8,
 #                                                     # MG2's writers at budget 6 in a fresh process (<= 9.5 min)
 #   bash benchmarks/gpu/on-device.sh train all        # instead of fast: GPU-encoded clips + batched DiT training (<= 4.5 min)
@@ -97,6 +98,17 @@ case "${1:-check}" in
     step 280 python3 -m worldtrace_cli bench speed --preset "${TEXT_PRESET:-longlive}" --random-weights --device "$DEVICE" \
         --caches sink,landmark,field,sliding --chunks "${QUICK_CHUNKS:-16}" --repeats 2 --warmup 4 \
         --compile reduce-overhead --overlap-decode -o "$OUT" --name "speed-text-fast" 2>&1 | tee "$OUT/speed-text.log"
+    ;;
+  attention)
+    # Issue 57: what --attention-stats costs at full size (MG2, eager, budget 6): sliding and landmark without it,
+    # with every query token, and with a 512-token sample (the same rollouts; the frames are unchanged).
+    for stats in off all 512; do
+      case "$stats" in off) flags="" ;; all) flags="--attention-stats" ;; *) flags="--attention-stats --attention-queries $stats" ;; esac
+      # shellcheck disable=SC2086
+      step 100 python3 -m worldtrace_cli bench speed --preset "$PRESET" --random-weights --device "$DEVICE" \
+          --caches sliding,landmark --budget 6 --chunks "${QUICK_CHUNKS:-16}" --warmup 4 $flags -o "$OUT" \
+          --name "speed-$PRESET-attention-$stats" 2>&1 | tail -3 | tee -a "$OUT/attention.log"
+    done
     ;;
   memory)
     # Issue 45's runbook in one call (<= 570 s of steps): the plan (bench memory, no GPU needed) beside the measured

@@ -10,7 +10,14 @@ from pathlib import Path
 import click
 
 from .common import run_job
-from .options import NonEmptyPath, device_options, int_list, name_list, speed_options
+from .options import NonEmptyPath, attention_config, attention_options, device_options, int_list, name_list, speed_options
+
+
+def _finite(ctx, param, value):
+    """A click callback refusing NaN (which passes every range check) as a usage error naming the option."""
+    if value is not None and value != value:
+        raise click.BadParameter(f"must be a number of GB, got {value}")
+    return value
 
 
 def _writers(ctx, param, value):
@@ -143,7 +150,7 @@ def bench_tau(run_dirs, min_change, rate, output, show):
               help="DiT weight storage (generate's flag): fp8 = float8 Linear weights.")
 @click.option("--dtype", type=click.Choice(["bf16", "fp32"]), default=None,
               help="Compute dtype (default: bf16, a GPU run's; fp32 for the tiny presets, which run on CPU).")
-@click.option("--device-gb", type=click.FloatRange(0, min_open=True), default=None,
+@click.option("--device-gb", type=click.FloatRange(0, 1e6, min_open=True), default=None, callback=_finite,
               help="GPU memory to plan for, in GB (default: this machine's GPU, if any).")
 @click.option("--random-weights", is_flag=True,
               help="Plan a --random-weights run (LingBot / Self-Forcing: the tiny random umT5, not umT5-XXL).")
@@ -219,6 +226,7 @@ def bench_memory(preset, cache, budget, chunks, offload, weights_dtype, dtype, d
               help="Chunks excluded from the timings (3 or more with --compile: compilation and CUDA-graph recording).")
 @click.option("--no-decode", is_flag=True, help="Skip the VAE decode (DiT and cache only).")
 @speed_options
+@attention_options
 @click.option("--budget", type=click.IntRange(0), default=None,
               help="Past latent-frame slots of every writer (default: each writer's own: sliding 3, WorldTrace 6). "
                    "Use 6 to compare writers at one cache size.")
@@ -232,7 +240,8 @@ def bench_memory(preset, cache, budget, chunks, offload, weights_dtype, dtype, d
               help="Folder for the results (JSON and Markdown; files of the same --name are replaced).")
 @click.option("--name", default=None, help="File stem of the results (default: speed-<preset>-<device>).")
 def bench_speed(preset, random_weights, caches, chunks, device, dtype, image, warmup, no_decode, rope_precision,
-                compile_mode, overlap_decode, budget, repeats, weights_dtype, offload, output, name):
+                compile_mode, overlap_decode, attention_stats, attention_queries, budget, repeats, weights_dtype, offload,
+                output, name):
     """Seconds per chunk by phase, wall-clock seconds per chunk, DiT forward time, fps and peak memory
     of each writer (JSON + Markdown with the device, versions and command).
 
@@ -243,16 +252,19 @@ def bench_speed(preset, random_weights, caches, chunks, device, dtype, image, wa
     Full-size MG2 on a GPU (the targets in benchmarks/README.md):
       worldtrace bench speed --preset mg2-universal --random-weights \\
           --caches sliding,field,landmark --chunks 64,256,512
+    The cost of --attention-stats: the same command with and without it (docs/performance.md).
     """
     import json
 
     from ..jobs.bench_speed import speed_benchmark, speed_markdown
 
+    attention = attention_config(attention_stats, attention_queries)
+
     def job():
         result = speed_benchmark(preset, tuple(caches), tuple(chunks), device, dtype, image,
                                  warmup, not no_decode, rope_precision=rope_precision, compile_mode=compile_mode,
                                  overlap_decode=overlap_decode, budget=budget, repeats=repeats,
-                                 weights_dtype=weights_dtype, offload=offload)
+                                 weights_dtype=weights_dtype, offload=offload, **attention)
         result["meta"]["command"] = sys.argv
         output.mkdir(parents=True, exist_ok=True)
         stem = name or f"speed-{preset}-{result['meta']['device'].split(':')[0]}"

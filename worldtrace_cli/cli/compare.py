@@ -7,8 +7,8 @@ from pathlib import Path
 import click
 
 from .common import run_job
-from .options import (CHUNKS, SEED, NonEmptyPath, cache_help, device_options, memory_options, name_list, overall_progress,
-                      speed_config, speed_options)
+from .options import (CHUNKS, SEED, NonEmptyPath, attention_config, attention_options, cache_help, device_options,
+                      memory_options, name_list, overall_progress, speed_config, speed_options)
 
 
 @click.command("compare")
@@ -46,9 +46,10 @@ from .options import (CHUNKS, SEED, NonEmptyPath, cache_help, device_options, me
                    "neighbour), e.g. 3 for the 176x96 loopworld and tiny models.")
 @memory_options
 @speed_options
+@attention_options
 def compare(trajectory, caches, preset, checkpoint, random_weights, image, seed, world_seed, chunks, hud, metrics,
             device, dtype, output, overwrite, progress, print_markdown, scale, rope_precision, compile_mode, overlap_decode,
-            **memory):
+            attention_stats, attention_queries, **memory):
     """Run TRAJECTORY through several cache writers and show them side by side.
 
     Each writer runs with the same image, seed and actions into DIR/<cache>/ (a normal run folder);
@@ -56,13 +57,19 @@ def compare(trajectory, caches, preset, checkpoint, random_weights, image, seed,
     panel labelled, with an optional HUD of the keys and mouse of the current pixel frame, and
     DIR/compare.png shows a few frames of each (loopworld: the true frames first).
     DIR/compare.md and compare.json list per writer s/chunk, peak RSS / GPU memory, KV-cache bytes
-    and the metrics. Prints the path of compare.md on stdout (--print: its Markdown).
+    and the metrics. With --attention-stats, DIR/compare_attention.png shows each writer's attention
+    per cache slot over the chunks (the return chunks and the slots holding their first visit marked)
+    and compare.md adds each writer's recall attention. Prints the path of compare.md on stdout
+    (--print: its Markdown).
 
     \b
     Example (CPU, the embedded loopworld model, scored against the true render):
       worldtrace compare trajectories/aba.yaml --cache sliding,field,landmark --chunks 16 -o cmp/
+      worldtrace compare trajectories/look_back.yaml --cache sliding,landmark --attention-stats
     """
     from ..jobs.compare import compare_markdown, run_compare
+
+    attention = attention_config(attention_stats, attention_queries)
 
     def job():
         out = output or Path("runs") / f"compare-{trajectory.stem}"
@@ -70,7 +77,7 @@ def compare(trajectory, caches, preset, checkpoint, random_weights, image, seed,
         result = run_compare(trajectory, caches, out, preset, image,
                              seed, chunks, hud, metrics, device, dtype, checkpoint, random_weights, overwrite,
                              per_chunk, speed_config(rope_precision, compile_mode, overlap_decode), world_seed,
-                             memory, scale, overall=overall)
+                             memory, scale, overall=overall, attention=attention)
         click.echo(f"worldtrace: wrote {out / 'compare.mp4'}, compare.md, compare.json", err=True)
         # stdout: one line for scripts (the table's file), or the Markdown itself with --print
         click.echo(compare_markdown(result) if print_markdown else str(out / "compare.md"))

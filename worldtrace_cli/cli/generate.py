@@ -3,14 +3,36 @@
 from __future__ import annotations
 
 import logging
+import os
+import sys
 from pathlib import Path
 
 import click
 
 from ..config import memory_config
 from .common import run_job
-from .options import (CHUNKS, SEED, NonEmptyPath, cache_help, device_options, memory_options, speed_config,
-                      speed_options)
+from .options import (CHUNKS, SEED, NonEmptyPath, attention_config, attention_options, cache_help, device_options,
+                      memory_options, speed_config, speed_options)
+
+
+def command_line(ctx, drop: tuple[str, ...] = ()) -> list[str]:
+    """The command line of ``ctx``'s command as given (the values its parameters took from the command line,
+    not from defaults), less the parameters named in ``drop``: what a launched process runs again."""
+    args: list[str] = []
+    for param in ctx.command.params:
+        if (param.name in drop or param.name not in ctx.params  # not exposed (--threads: the environment carries it)
+                or ctx.get_parameter_source(param.name) != click.core.ParameterSource.COMMANDLINE):
+            continue
+        value = ctx.params[param.name]
+        if isinstance(param, click.Argument):
+            args.append(str(value))
+        elif param.is_flag and param.secondary_opts:  # --x/--no-x pairs: the form given
+            args.append(param.opts[0] if value else param.secondary_opts[0])
+        elif param.is_flag:
+            args.append(param.opts[0])
+        elif value is not None:
+            args += [max(param.opts, key=len), str(value)]
+    return args
 
 
 @click.command("generate")
@@ -68,6 +90,7 @@ from .options import (CHUNKS, SEED, NonEmptyPath, cache_help, device_options, me
 @click.option("--save-every", type=int, default=16, show_default=True,
               help="Save a resume state every N chunks (0: only on Ctrl-C/SIGTERM).")
 @speed_options
+@attention_options
 @click.option("--weights-dtype", type=click.Choice(["auto", "fp8"]), default="auto", show_default=True,
               help="DiT weight storage: auto = --dtype; fp8 = float8 (e4m3) storage computed in --dtype through "
                    "diffusers' layerwise casting: half bf16's weight memory (loopworld: GT-PSNR within 0.05 dB).")
@@ -86,14 +109,19 @@ from .options import (CHUNKS, SEED, NonEmptyPath, cache_help, device_options, me
                    "rounding of one process's; meant to be faster per chunk on N GPUs, not measured yet). The "
                    "attention and FFN weights are split (MG2: 86 % of them, LingBot-World 76 %). N must divide the "
                    "heads. No resume state. Not with --fsdp, --resume, --compile, fp8 weights or block offloading.")
+@click.option("--nproc-per-node", type=click.IntRange(2, 64), default=None, metavar="N",
+              help="With --fsdp or --split-heads: run the N processes on this machine (one GPU each; gloo on a CPU), "
+                   "launched through PyTorch's elastic launcher (torchrun's) after the inputs are checked once; a "
+                   "refusal is one line and the exit code the README documents. Multi-node: torchrun ... -m "
+                   "worldtrace_cli generate --fsdp (docs/gpu-memory.md).")
 @click.option("--resume", "resume_dir", type=click.Path(path_type=Path), default=None, metavar="RUN_DIR",
               help="Continue an interrupted run from its last saved state (other options come from the run, "
                    "except --overlap-decode and --no-progress).")
 @click.option("--no-progress/--progress", "no_progress", default=False, help="No progress bar (default: --progress, on stderr).")
 def generate(trajectory, preset, checkpoint, prompt, prompt_switch, poses, intrinsics, random_weights, image, world_seed, chunks, seed,
              output, overwrite, cache, device, dtype, metrics, hash_checkpoint, save_every, rope_precision,
-             compile_mode, overlap_decode, weights_dtype, offload, fsdp, split_heads, resume_dir, no_progress,
-             **memory):
+             compile_mode, overlap_decode, attention_stats, attention_queries, weights_dtype, offload, fsdp, split_heads,
+             nproc_per_node, resume_dir, no_progress, **memory):
     """Generate a video from TRAJECTORY (a YAML file of actions, or of prompt segments for the
     text-to-video presets; see trajectories/README.md).
 
@@ -114,7 +142,21 @@ def generate(trajectory, preset, checkpoint, prompt, prompt_switch, poses, intri
 
     ctx = click.get_current_context()
 
+    from ..engine.launch import torchrun_world
+
+    rank, world = torchrun_world()
+
     def build_and_run():
+        if nproc_per_node is not None and not (fsdp or split_heads):
+            raise InputError(f"--nproc-per-node {nproc_per_node}: splits the DiT across processes; add --fsdp or "
+                             f"--split-heads")
+        if nproc_per_node is not None and world > 1:
+            raise InputError(f"--nproc-per-node: this process is already one of {world} launched by torchrun; drop "
+                             f"--nproc-per-node (torchrun's --nproc-per-node says how many)")
+        if world > 1 and not (fsdp or split_heads):
+            raise InputError(f"launched by torchrun as {world} processes without --fsdp or --split-heads: they would "
+                             f"be {world} identical runs racing for one folder; add --fsdp or --split-heads, or run "
+                             f"one process")
         if resume_dir is not None:
             if fsdp or split_heads:
                 flag = "--fsdp" if fsdp else "--split-heads"
@@ -161,7 +203,8 @@ def generate(trajectory, preset, checkpoint, prompt, prompt_switch, poses, intri
                         memory=memory_config(preset=resolved, **options),
                         overwrite=overwrite, progress=not no_progress, hash_checkpoint=hash_checkpoint,
                         metrics=metrics, save_every=save_every,
-                        **speed_config(rope_precision, compile_mode, overlap_decode))
+                        **speed_config(rope_precision, compile_mode, overlap_decode),
+                        **attention_config(attention_stats, attention_queries))
         from ..jobs.generate import run_generation as run_generate  # checks the inputs before torch loads
 
         if not (fsdp or split_heads):
@@ -171,11 +214,20 @@ def generate(trajectory, preset, checkpoint, prompt, prompt_switch, poses, intri
             raise InputError("--fsdp and --split-heads: choose one (--split-heads also splits the attention and FFN "
                              "weights across the processes)")
         from ..engine import shard  # torch: the process group (engine/shard.py)
+
+        mode = "fsdp" if fsdp else "heads"
+        shard.check(cfg, mode, world=nproc_per_node)
+        if nproc_per_node is not None:  # the documented way: inputs checked once here, then the N processes
+            from ..engine.launch import launch
+            from ..jobs.inputs import check_inputs
+            from ..runs import RunFolder
+
+            check_inputs(cfg)
+            RunFolder(out).refuse_occupied(overwrite)
+            sys.exit(launch(command_line(ctx, drop=("nproc_per_node",)), nproc_per_node))
         from ..engine.base import resolve_device
         from ..jobs.generate import follow_generation
 
-        mode = "fsdp" if fsdp else "heads"
-        shard.check(cfg, mode)
         shard.start(resolve_device(cfg.device), mode)
         clean = False
         try:
@@ -193,4 +245,30 @@ def generate(trajectory, preset, checkpoint, prompt, prompt_switch, poses, intri
                    f"{t['seconds_per_chunk']:.3f} s/chunk", err=True)
         click.echo(summary["run_dir"])  # stdout: the run folder, for scripts
 
-    run_job(build_and_run)
+    if world <= 1:
+        run_job(build_and_run)
+        return
+    # one of torchrun's processes: process 0 says what went wrong; the others stay quiet about the refusals
+    # every process meets alike (the inputs), leave their own failures' line for --nproc-per-node's launcher
+    # and, once in the process group, end without Python's teardown (gloo's threads aborted it: exit 134)
+    from ..engine import shard
+    from ..engine.launch import ERRORS_ENV, note_failure
+
+    def quiet(line: str, code: int) -> bool:
+        note_failure(line, code)
+        if os.environ.get(ERRORS_ENV) or not shard.active():
+            return True
+        click.echo(f"worldtrace: process {rank} of {world}: {line}", err=True)
+        return True
+
+    code = 0
+    try:
+        run_job(build_and_run, say=quiet if rank else None)
+    except SystemExit as exc:
+        code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
+    note_failure("", code)  # the exit code, for --nproc-per-node's launcher (process 0's line is on stderr)
+    if not shard.joined():
+        sys.exit(code)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)

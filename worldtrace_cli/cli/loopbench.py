@@ -12,8 +12,8 @@ import click
 
 from ..loopbench.configs import CONFIGS
 from .common import run_job
-from .options import (CHUNKS, NonEmptyPath, cache_help, device_options, memory_options, name_list, overall_progress, speed_config,
-                      speed_options)
+from .options import (CHUNKS, NonEmptyPath, attention_config, attention_options, cache_help, device_options, memory_options,
+                      name_list, overall_progress, speed_config, speed_options)
 
 _DEFAULT_CONFIGS = ",".join(n for n, c in CONFIGS.items() if c.tier in (1, 2, 3, 4))
 # the default sweep is quick (18 jobs on loopworld, minutes on a CPU); --full is the paper's (1,440 jobs, hours)
@@ -75,10 +75,12 @@ def loopbench():
                    "line per job; --progress adds every job's per-chunk bar; --no-progress shows none.")
 @memory_options
 @speed_options
+@attention_options
 @click.option("-o", "--output", type=NonEmptyPath(path_type=Path), required=True, metavar="DIR",
               help="Sweep folder: DIR/<config>/<cache>/<image>/seed<N>/ per job, DIR/failures.jsonl.")
 def run_cmd(preset, full, configs, caches, images, prompts, worlds, seeds, chunks, metrics, shard, device, dtype, checkpoint,
-            random_weights, progress, rope_precision, compile_mode, overlap_decode, output, **memory):
+            random_weights, progress, rope_precision, compile_mode, overlap_decode, attention_stats, attention_queries,
+            output, **memory):
     """Generate a LoopBench sweep: every configuration x writer x image x seed. By default a quick
     one (aba, abca, pan_90 x sliding, field, landmark x worlds 0-1 x seed 0: 18 jobs); --full runs
     the paper's (1,440 jobs).
@@ -98,8 +100,12 @@ def run_cmd(preset, full, configs, caches, images, prompts, worlds, seeds, chunk
       torchrun --nproc-per-node 8 -m worldtrace_cli loopbench run --preset mg2-universal \\
           --checkpoint MG2/ --images scenes/ -o lb/                        # one GPU per rank
       worldtrace loopbench run --preset self-forcing-tiny -o lb-text/       # A -> B -> A prompt loops
+      worldtrace loopbench run --configs aba,ababa,aba_long,pan_360 --worlds 0-7 --caches sliding,landmark \\
+          --attention-stats -o lb-recall/                                   # + recall attention
       worldtrace loopbench report lb/
     """
+
+    attention = attention_config(attention_stats, attention_queries)
 
     def job():
         from ..config import load_preset
@@ -141,7 +147,8 @@ def run_cmd(preset, full, configs, caches, images, prompts, worlds, seeds, chunk
         counts = run_jobs(mine, output, preset=preset, device=env_device if device == "auto" and env_device
                           else device, dtype=dtype, metrics=metrics, chunks=chunks, checkpoint=checkpoint,
                           random_weights=random_weights, progress=per_chunk, overall=overall,
-                          speed=speed_config(rope_precision, compile_mode, overlap_decode), memory=memory)
+                          speed=speed_config(rope_precision, compile_mode, overlap_decode), memory=memory,
+                          attention=attention)
         click.echo(f"worldtrace: loopbench shard {index}/{count}: {counts.done} done, {counts.skipped} skipped, "
                    f"{counts.failed} failed", err=True)
         if counts.failed:
@@ -161,7 +168,8 @@ def report_cmd(sweep_dir, output, print_markdown):
     """Aggregate the complete runs of a sweep folder DIR into report.md / .csv / .json and plots.
 
     Tables as the paper's Tab. "loopbench_full": rows = writer, columns = tier or configuration,
-    entries PAC / TempSSIM (and on loopworld the return legs' GT-PSNR and GT detail) as mean ± 95% CI
+    entries PAC / TempSSIM (and on loopworld the return legs' GT-PSNR and GT detail; for runs made
+    with --attention-stats the recall attention on return chunks) as mean ± 95% CI
     over scenes (seeds averaged per scene first), with a paired t-test against sliding over matched
     (configuration, scene, seed) runs. Plots:
     pac_vs_chunks.png (ABA loops, PAC vs N per writer) and tiers.png (per-tier bars). Prints the

@@ -96,6 +96,30 @@ def speed_config(rope_precision: str, compile_mode: str, overlap_decode: bool) -
     return {"rope_precision": rope_precision, "compile": compile_mode, "overlap_decode": overlap_decode}
 
 
+def attention_options(command):
+    """``--attention-stats`` and ``--attention-queries N`` of generate, compare and loopbench run
+    (parameters ``attention_stats``, ``attention_queries``); :func:`attention_config` turns them into
+    RunConfig fields."""
+    command = click.option("--attention-queries", type=click.IntRange(1), default=None, metavar="N",
+                           help="With --attention-stats: measure a seeded sample of N query tokens per layer "
+                                "instead of all of them (faster on full-size models; the record says so).")(command)
+    return click.option("--attention-stats", is_flag=True,
+                        help="Measure each chunk's attention per cache slot (the share of the softmax mass of its "
+                             "last denoising step on each slot and on the chunk itself, per layer): in "
+                             "chunks.jsonl, cache_timeline.png, summary.json's recall attention on return legs. "
+                             "Exact, without the attention matrix; frames unchanged (docs/memory.md).")(command)
+
+
+def attention_config(attention_stats: bool, attention_queries: int | None) -> dict:
+    """:func:`attention_options` values as RunConfig keyword arguments.
+
+    Raises:
+        click.UsageError: ``--attention-queries`` without ``--attention-stats`` (exit 2)."""
+    if attention_queries is not None and not attention_stats:
+        raise click.UsageError("--attention-queries samples the queries of --attention-stats: add --attention-stats")
+    return {"attention_stats": bool(attention_stats), "attention_queries": attention_queries or 0}
+
+
 def int_list(minimum: int = 1):
     """A click callback for a comma-separated list of integers >= ``minimum`` (``"8,16"`` -> ``[8, 16]``,
     in the order given).

@@ -20,31 +20,42 @@ import click
               help="FIXTURE_DIR holds LingBot-World fixtures (the official folder, or tests/data/lingbot); "
                    "detected from its files when not given.")
 def parity(folder, rope_precision, compile_mode, device, lingbot):
-    """Replay FIXTURE_DIR (tests/data/fixtures/...; format in FIXTURES.md; or LingBot-World fixtures:
-    tests/data/lingbot, or the official folder with main/, nosink_la10/, global/; or the Self-Forcing
-    / LongLive folder with sf_global/, detected from its files: the variants not replayed yet are
-    named on stderr; it runs with float32 RoPE and no compile, --rope-precision and --compile are
-    for MG2 and LingBot) through the product's own rollout in float32 and print the largest
-    deviation per group, last `max_abs_diff=<value>`.
+    """Replay FIXTURE_DIR through the product's own rollout in float32 and print the largest deviation
+    per entry, last `max_abs_diff=<value>`.
 
-    Exit 0 when it is <= 1e-4, 1 above, 2 for an unreadable folder or bad arguments.
+    The family is read from the folder's own files: an MG2 fixture folder (tests/data/fixtures/...;
+    format in FIXTURES.md), LingBot-World's (tests/data/lingbot, or the official folder: its
+    tiny_run_inputs.safetensors), or Self-Forcing / LongLive's (a t2v tiny_config.json: every
+    subfolder with run_config.json is a variant, replayed from its own settings whatever it is called;
+    one the replay cannot reproduce is named on stderr as not replayed). Self-Forcing runs with
+    float32 RoPE and no compile; --rope-precision and --compile are for MG2 and LingBot.
+
+    Exit 0 when every entry is within its bound (1e-4; a Self-Forcing cache entry 2e-4), 1 when one
+    is not (one line per such entry on stderr: the entry, its deviation, the bound), 2 for an
+    unreadable folder or bad arguments.
     """
     import torch
 
     from ..errors import WorldtraceError
     from ..jobs.parity import TOLERANCE, compare
     from ..jobs.parity_lingbot import compare_lingbot, is_lingbot_fixture
-    from ..jobs.parity_selfforcing import compare_selfforcing, is_selfforcing_fixture
+    from ..jobs.parity_selfforcing import bound, compare_selfforcing, is_selfforcing_fixture
 
     if device == "cuda" and not torch.cuda.is_available():
         click.echo("worldtrace: error: --device cuda: no CUDA device is available", err=True)
         sys.exit(2)
-    lingbot = lingbot or is_lingbot_fixture(folder)
+    if not folder.is_dir():
+        click.echo(f"worldtrace: error: {folder}: no such folder (a golden fixture folder: tests/data/fixtures)",
+                   err=True)
+        sys.exit(2)
+    selfforcing = not lingbot and is_selfforcing_fixture(folder)
+    lingbot = lingbot or (not selfforcing and is_lingbot_fixture(folder))
+    limit = bound if selfforcing else (lambda entry: TOLERANCE)
     try:
-        if not lingbot and is_selfforcing_fixture(folder):
+        if selfforcing:
             diffs, skipped = compare_selfforcing(folder, device)
             if skipped:
-                click.echo(f"worldtrace: not replayed yet: {', '.join(skipped)} (docs/selfforcing.md)", err=True)
+                click.echo(f"worldtrace: not replayed: {'; '.join(skipped)} (docs/selfforcing.md)", err=True)
         elif lingbot:
             diffs = compare_lingbot(folder, rope_precision, device, compile_mode)
         else:
@@ -56,4 +67,8 @@ def parity(folder, rope_precision, compile_mode, device, lingbot):
         click.echo(f"{name}: max_abs_diff={value:.3e}")
     worst = max(diffs.values())
     click.echo(f"max_abs_diff={worst:.6e}")
-    sys.exit(0 if worst <= TOLERANCE else 1)
+    over = [(name, value) for name, value in diffs.items() if not value <= limit(name)]  # NaN is over
+    for name, value in over:
+        click.echo(f"worldtrace: parity: {folder}: {name} deviates by {value:.3e}, over the bound {limit(name):.0e}",
+                   err=True)
+    sys.exit(1 if over else 0)

@@ -94,18 +94,24 @@ def check_port(host: str, port: int) -> None:
               help="Where every session is recorded as a run folder (video.mp4, chunks.jsonl, summary.json, "
                    "trajectory.yaml that worldtrace generate replays).")
 @click.option("--no-record", is_flag=True, help="Do not record sessions (nothing is written; save is off).")
+@click.option("--attention-stats/--no-attention-stats", default=True, show_default=True,
+              help="Measure each chunk's attention per cache slot (the cache panel's shares; recorded in "
+                   "chunks.jsonl); --no-attention-stats leaves it out (docs/memory.md: its cost).")
+@click.option("--attention-queries", type=click.IntRange(1), default=None, metavar="N",
+              help="With --attention-stats: a seeded sample of N query tokens per layer instead of all of them.")
 @click.option("--start-running", is_flag=True,
               help="The world runs as soon as a page opens (idle chunks until a key is held). By default it "
                    "waits for the first key or drag, so a recording starts with what you did.")
 def play(preset, cache, checkpoint, random_weights, image, world_seed, seed, device, dtype, compile_mode, metrics,
-         host, port, max_sessions, runs_dir, no_record, start_running, **memory):
+         host, port, max_sessions, runs_dir, no_record, attention_stats, attention_queries, start_running, **memory):
     """Walk a world live in your browser, with its KV-cache memory on screen.
 
     Serves one page at http://HOST:PORT/ (printed on stdout): WASD to walk, arrow keys or mouse drag
     to look, one chunk per step (text-to-video presets such as self-forcing-tiny: a prompt box, each
     new prompt a switch); the true view and GT-PSNR beside the generated one on loopworld;
     the cache's slots (recent / summary, source frames, virtual positions, landmarks, retrievals)
-    drawn chunk by chunk. Switch the writer, or open a second one beside it driven by the same keys
+    drawn chunk by chunk, with each slot's share of the chunk's attention (hover a slot: the frame it
+    holds, and the true frame at its pose). Switch the writer, or open a second one beside it driven by the same keys
     (walk away from a place and back: which one remembers?). Every session is recorded under
     --runs-dir. Ctrl-C stops the server and completes every recording.
 
@@ -114,6 +120,10 @@ def play(preset, cache, checkpoint, random_weights, image, world_seed, seed, dev
       worldtrace play --cache landmark
       # then open http://127.0.0.1:8000/
     """
+
+    from .options import attention_config
+
+    attention = attention_config(attention_stats, attention_queries)
 
     def serve():
         import time
@@ -153,7 +163,7 @@ def play(preset, cache, checkpoint, random_weights, image, world_seed, seed, dev
         # the preset itself: without it every page opened open()'s default, loopworld, whatever --preset said
         kwargs = {"preset": resolved, "checkpoint": checkpoint, "random_weights": random_weights, "image": image,
                   "world_seed": world_seed, "seed": seed, "device": device, "dtype": dtype, "compile": compile_mode,
-                  "metrics": metrics, **options}
+                  "metrics": metrics, **attention, **options}
         from ..config import RunConfig
         from ..engine.pipeline import Pipeline
 

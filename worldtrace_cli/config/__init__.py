@@ -30,6 +30,8 @@ _FILE_ROLES = ("dit", "vae", "clip", "text_encoder", "tokenizer", "lora")  # lor
 # part of what a training run or a generated video is made with
 PRESET_DEFAULTS_ONLY = ("landmark_threshold",)
 # Preset keys added after runs and training folders were recorded, with the value those were made with
+# RunConfig fields added after runs were recorded, and the value older runs were made with
+RUN_ADDED = {"attention_stats": False, "attention_queries": 0}
 PRESET_ADDED = {"architecture": "mg2", "sampler": "renoise", "context_noise": 0}
 
 
@@ -264,6 +266,9 @@ class RunConfig:
             ``poses.npy`` / ``intrinsics.npy`` (override the trajectory's ``prompt`` / ``poses`` /
             ``intrinsics``; without poses the trajectory's actions drive the camera).
         prompt_switch: text-to-video presets: ``recache`` (LongLive's), ``recache-keep-sink``, ``plain``.
+        attention_stats: measure each chunk's attention per cache slot (``--attention-stats``,
+            :meth:`~worldtrace_cli.engine.rollout.ChunkRollout.measure_attention`); attention_queries:
+            a seeded sample of that many query tokens per layer (0: all).
         weights_dtype: ``auto`` (the run's dtype) or ``fp8`` (:func:`~worldtrace_cli.model.speed.store_weights`);
             offload: ``text`` (umT5 on the GPU only to encode) or ``blocks`` (:func:`~worldtrace_cli.model.speed.offload_blocks`).
     """
@@ -295,6 +300,8 @@ class RunConfig:
     prompt_switch: str = "recache"
     weights_dtype: str = "auto"
     offload: str = "text"
+    attention_stats: bool = False
+    attention_queries: int = 0
 
     def to_dict(self) -> dict[str, Any]:
         """Plain data (``summary.json``'s ``config``, resume states): the preset's dict and the memory

@@ -83,31 +83,78 @@ class PlanPast(WriterPast):
             return replace(p, positions=torch.arange(-len(p.positions), 0, dtype=torch.float64))
 
 
-def _fill(rollout, writer, chunks: int, tracker) -> None:
-    """Commit fake chunks of canonical K/V until the writer's slots and bytes stop growing (or ``chunks``
-    - 1 are in): the writer's own commit and eviction code at the run's shapes."""
+def fill_limit(preset) -> int:
+    """The most chunks a plan commits before its planned chunk: enough for every fixed-size cache to
+    settle (its window twice over, in chunks, and 4 more); a run longer than that is planned from the
+    writer's own growth per chunk (:func:`chunk_phases`), so a plan takes the same time at 10 and at
+    100,000 chunks."""
+    return 2 * -(-preset.window // preset.frames_per_chunk) + 4
+
+
+def _fill(rollout, writer, limit: int, tracker) -> dict:
+    """Commit fake chunks of canonical K/V (the writer's own commit and eviction code at the run's shapes)
+    until the writer's slots and device bytes stop growing, or ``limit`` are in. Returns ``settled``
+    (stopped because nothing grew) and ``host_per_chunk`` (the host store's growth by the last commit,
+    bytes: field's evicted frames, a bank's chunks)."""
     g, f = rollout.geometry, rollout.frames_per_chunk
-    before = None
-    for c in range(chunks - 1):  # the planned chunk is the last
+    before, grew = None, 0
+    for c in range(limit):
         writer.begin_chunk(c * f)
-        now = (len(writer.slots()), tracked_now(tracker))
+        host = writer.host_bytes()
+        now = (len(writer.slots()), tracked_now(tracker) - host)  # the device's share: the host store grows apart
         if now == before:
-            break
+            return {"settled": True, "host_per_chunk": grew}
         before = now
         shape = (1, f * g.tokens_per_frame, g.heads, g.head_dim)
         writer.commit([(torch.empty(shape, dtype=g.dtype), torch.empty(shape, dtype=g.dtype)) for _ in range(g.num_layers)],
                       list(range(c * f, c * f + f)))
+        grew = writer.host_bytes() - host
         rollout.chunk = c + 1
         rollout.finish_chunk(torch.empty(1, rollout.latent_channels, f, *rollout.latent_hw))  # what it keeps
+    return {"settled": False, "host_per_chunk": grew}
 
 
 def chunk_phases(plan, preset, memory, networks: tuple, offset: int, dtype, chunks: int) -> None:
-    """Set ``plan``'s (a :class:`~worldtrace_cli.engine.memory_plan.MemoryPlan`) denoise, context and decode phases and its ``cache``, ``host_store`` parts.
+    """Set ``plan``'s (a :class:`~worldtrace_cli.engine.memory_plan.MemoryPlan`) denoise, context and decode phases
+    and its ``cache``, ``host_store`` parts for a run of ``chunks`` chunks.
+
+    The planned chunk reads a cache its writer filled with ``chunks - 1`` commits, or with at most
+    :func:`fill_limit` of them: a writer that settles by then (every fixed-size cache) is planned as
+    settled and its host store grown by its own per-chunk growth to ``chunks - 1`` commits; one still
+    growing on the device (``full``, ``yarn``) is planned at two fills and every figure carried on along
+    the line through them (its cache and rotated buffers grow by one chunk's K/V per chunk). Constant
+    time in ``chunks``.
 
     ``networks``: the fake (dit, vae, clip or None); ``offset``: bytes to add to what the tracker sees
     (it holds the whole DiT in the compute dtype: the GPU holds the stored one; umT5 when it stays).
     A writer whose commit reads its own values is planned as a window of its slot count
     (``plan.cache_model = "slots"``)."""
+    target = chunks - 1  # commits before the planned chunk
+    limit = min(target, fill_limit(preset))
+    first = _phases_at(plan, preset, memory, networks, offset, dtype, limit)
+    figures = first
+    extra = target - first["filled"]
+    if extra and not first["settled"] and first["filled"] >= 2:  # still growing on the device: along the line
+        second = _phases_at(plan, preset, memory, networks, offset, dtype, first["filled"] // 2)
+        span = first["filled"] - second["filled"]
+        figures = {k: (first[k] + (first[k] - second[k]) * extra / span if k in LINEAR else first[k]) for k in first}
+        figures["slots"] = round(figures["slots"])
+    elif extra:  # settled: only the host store keeps growing, by the writer's own count per chunk
+        figures = {**first, "host": first["host"] + extra * first["host_per_chunk"]}
+    plan.phases.update({k: int(round(figures[k])) for k in ("denoise", "context", "decode")})
+    plan.parts["cache"] = int(round(figures["cache"]))
+    plan.parts["host_store"] = int(round(figures["host"]))
+    plan.slots = figures["slots"]
+    plan.cache_model = figures["cache_model"]
+
+
+LINEAR = ("denoise", "context", "decode", "cache", "host", "slots")  # figures carried on along the line
+
+
+def _phases_at(plan, preset, memory, networks: tuple, offset: int, dtype, limit: int) -> dict:
+    """The chunk phases of :func:`chunk_phases` after at most ``limit`` commits: ``denoise``, ``context``,
+    ``decode`` (peak bytes), ``cache`` (device K/V bytes), ``host`` (the host store's bytes),
+    ``host_per_chunk``, ``slots``, ``cache_model``, ``filled`` (commits made), ``settled``."""
     from ..config import memory_config
     from ..model.checkpoint import WorldModel
     from ..model.lingbot.inputs import LingbotInputs
@@ -117,8 +164,8 @@ def chunk_phases(plan, preset, memory, networks: tuple, offset: int, dtype, chun
     dit, vae, clip = networks
     pipe = pipeline_class(preset)(preset, WorldModel(dit, vae, clip, []), torch.device("cpu"), dtype, "float32", "none")
     spec = MODES[preset.mode]
-    with unset_fake():  # the actions and the camera track: host arrays, as in a run
-        rows = frames_for_chunks(chunks, preset.frames_per_chunk)
+    with unset_fake():  # the actions and the camera track of the chunks planned: host arrays, as in a run
+        rows = frames_for_chunks(limit + 1, preset.frames_per_chunk)
         keyboard = torch.zeros(1, rows, spec.keyboard_dim)
         mouse = torch.zeros(1, rows, 2) if spec.mouse else None
         if preset.is_lingbot:
@@ -132,47 +179,48 @@ def chunk_phases(plan, preset, memory, networks: tuple, offset: int, dtype, chun
     with tracker:
         conditioned = _conditioned(pipe, preset)  # held for the whole run, as pipe.condition's output is
     held = tracked_now(tracker)
+    cache_model = "writer"
     with tracker:
         writer = pipe.build_writer(memory)
         rollout = pipe.rollout(writer, conditioned, keyboard, mouse, 0)
         try:
-            _fill(rollout, writer, chunks, tracker)
+            filled = _fill(rollout, writer, limit, tracker)
         except (DataDependentOutputException, DynamicOutputShapeException):  # see the module docstring
             slots = max(len(writer.slots()), int(writer.budget))
-            plan.cache_model = "slots"
+            cache_model = "slots"
             writer = pipe.build_writer(memory_config(preset=preset, cache="sliding", budget=slots))
             rollout = pipe.rollout(writer, conditioned, keyboard, mouse, 0)
-            _fill(rollout, writer, chunks, tracker)
+            filled = _fill(rollout, writer, limit, tracker)
     f, (lh, lw) = preset.frames_per_chunk, pipe.latent_hw
     start = rollout.chunk * f
     writer.begin_chunk(start)
     slots = writer.slots()
-    plan.slots = len(slots)
     host = writer.host_bytes()
-    plan.parts["cache"] = tracked_now(tracker) - held - host
-    plan.parts["host_store"] = host
+    out = {"cache": tracked_now(tracker) - held - host, "host": host, "slots": len(slots), "cache_model": cache_model,
+           "filled": rollout.chunk, **filled}
     with tracker:  # the decoder's feature cache (made by the previous chunk's decode) lives across chunks
         decoder = pipe.decoder()
         decoder.decode(torch.empty(1, rollout.latent_channels, f, lh, lw))
     offset -= host  # the tracker sees the host store; the GPU does not hold it
     with tracker:
         with unset_fake():
-            positions = torch.arange(-plan.slots, 0, dtype=torch.float64)
-        read = CacheRead(slots, positions, None, 0, PlanPast(writer, rollout.geometry.num_layers, plan.slots),
+            positions = torch.arange(-len(slots), 0, dtype=torch.float64)
+        read = CacheRead(slots, positions, None, 0, PlanPast(writer, rollout.geometry.num_layers, len(slots)),
                          writer.temporal_frequency_scale())
         inputs, cond = rollout.chunk_inputs(read, start, f)
         x = torch.empty(1, rollout.latent_channels, f, lh, lw)
         flow = rollout.flow(x, 0, inputs, cond)
-    plan.phases["denoise"] = tracked_peak(tracker) + offset
+    out["denoise"] = tracked_peak(tracker) + offset
     with tracker:
         x0 = rollout.to_x0(x, flow, 0)
         committed = rollout.context(x0, inputs, cond)
         writer.commit(committed, list(range(start, start + f)))  # the writer's copies while the chunk's are alive
-    plan.phases["context"] = tracked_peak(tracker) + offset
+    out["context"] = tracked_peak(tracker) + offset
     del committed, inputs, cond, flow, read
     with tracker:
         decoder.decode(x0)
-    plan.phases["decode"] = tracked_peak(tracker) + offset
+    out["decode"] = tracked_peak(tracker) + offset
+    return out
 
 
-__all__ = ["PlanPast", "chunk_phases", "module_bytes", "peak_tracker", "tracked_now", "tracked_peak"]
+__all__ = ["PlanPast", "chunk_phases", "fill_limit", "module_bytes", "peak_tracker", "tracked_now", "tracked_peak"]

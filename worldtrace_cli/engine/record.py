@@ -20,6 +20,7 @@ if TYPE_CHECKING:
     import torch
 
     from ..memory import CacheGeometry, CacheWriter
+    from ..model.attention_stats import AttentionProbe
     from .rollout import CacheRead, PhaseTimer
 
 
@@ -35,37 +36,73 @@ def process_rss_bytes() -> int:
 
 
 def chunk_record(writer: CacheWriter, geometry: CacheGeometry, chunk: int, frame_start: int, read: CacheRead,
-                 timer: PhaseTimer, x0: torch.Tensor) -> dict:
+                 timer: PhaseTimer, x0: torch.Tensor, probe: AttentionProbe | None = None) -> dict:
     """The ``chunks.jsonl`` record of a generated chunk (before decoding): index, latent frames
     ``[start, end)``, the cache as read (writer, scheme, :func:`slot_records`, trained and largest
     offset, KV bytes read, host bytes, events), phase seconds, memory and the latents' mean / std.
-    ``read`` is what the chunk read (:func:`begin_chunk`), taken before its commit."""
+    ``read`` is what the chunk read (:func:`begin_chunk`), taken before its commit. With ``probe``
+    (``--attention-stats``) each slot run carries ``attention`` (its slots' shares, mean over layers)
+    and the cache ``attention`` (:func:`attention_record`)."""
     f = geometry.frames_per_chunk
     slots, tokens = read.slots, read.tokens
     token_bytes = writer.token_bytes()
     per_slot = [int(col[0]) if bool((col == col[0]).all()) else round(col.double().mean().item(), 2)
                 for col in tokens.T] if len(slots) else []  # tokens per layer (mean when layers differ)
     slot_bytes = [int(col.sum()) * token_bytes for col in tokens.T] if len(slots) else []
-    slot_recs = slot_records(slots, read.positions.tolist(), frame_start, per_slot, slot_bytes, f)
+    shares = None if probe is None else probe.shares()  # [L, S + 1]
+    slot_recs = slot_records(slots, read.positions.tolist(), frame_start, per_slot, slot_bytes, f,
+                             None if shares is None else [round(float(a), SHARE_DIGITS)
+                                                          for a in shares[:, :-1].mean(0).tolist()])
+    cache = {
+        "writer": writer.name,
+        "positions": writer.positions_scheme,
+        "slots": slot_recs,
+        "trained_offset": geometry.trained_offset,
+        "slot_count": len(slots),
+        "max_offset": max((s["max_offset"] for s in slot_recs), default=None),
+        "kv_bytes": read.kv_bytes,
+        "host_bytes": writer.host_bytes(),
+        "events": writer.events(),
+    }
+    if probe is not None:
+        cache["attention"] = attention_record(shares, slots, probe.sampled())
     return {
         "schema_version": SCHEMA_VERSION,
         "chunk": chunk,
         "latent_frames": [frame_start, frame_start + f],
-        "cache": {
-            "writer": writer.name,
-            "positions": writer.positions_scheme,
-            "slots": slot_recs,
-            "trained_offset": geometry.trained_offset,
-            "slot_count": len(slots),
-            "max_offset": max((s["max_offset"] for s in slot_recs), default=None),
-            "kv_bytes": read.kv_bytes,
-            "host_bytes": writer.host_bytes(),
-            "events": writer.events(),
-        },
+        "cache": cache,
         "timings_s": {k: round(v, 6) for k, v in timer.seconds.items()},
         "memory": memory_record(timer.device),
         "latents": {"mean": round(x0.mean().item(), 6), "std": round(x0.std().item(), 6)},
     }
+
+
+SHARE_DIGITS = 6  # attention shares in chunks.jsonl: 1e-6 of the chunk's attention
+
+
+def attention_record(shares: torch.Tensor, slots: list, sampled: dict | None) -> dict:
+    """The record's ``cache.attention``: what the chunk's last denoising step read, from an
+    :class:`~worldtrace_cli.model.attention_stats.AttentionProbe`'s ``shares`` float64 [L, S + 1]
+    (per layer: each past slot's share of the softmax mass, then the chunk's own).
+
+    Fields: ``pass`` (``last_denoising_step``), ``queries`` (``all``, or the seeded sample
+    ``{"sampled", "of", "seed"}``), ``self`` (the chunk's own share, mean over layers), ``summary`` /
+    ``recent`` (the shares of the slots of each role, mean over layers), and ``by_layer``: per layer
+    ``self``, ``summary``, ``recent`` (lists of L; a record's size does not grow with the cache).
+    The slots' own shares (mean over layers) are each slot run's ``attention``."""
+    import torch
+
+    roles = {role: torch.tensor([s.role == role for s in slots] + [False], dtype=torch.bool)
+             for role in ("summary", "recent")}
+    by_layer = {"self": shares[:, -1]}
+    by_layer.update({role: shares[:, mask].sum(1) for role, mask in roles.items()})
+
+    def r(x):
+        return round(float(x), SHARE_DIGITS)
+
+    return {"pass": "last_denoising_step", "queries": "all" if sampled is None else sampled,
+            **{k: r(v.mean()) for k, v in by_layer.items()},
+            "by_layer": {k: [r(x) for x in v.tolist()] for k, v in by_layer.items()}}
 
 
 def memory_record(device: torch.device) -> dict:

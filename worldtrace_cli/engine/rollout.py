@@ -24,6 +24,7 @@ import torch
 
 from ..errors import RunError
 from ..memory import CacheGeometry, CacheWriter
+from ..model.attention_stats import AttentionProbe
 from ..model.dit import ChunkInputs, LayerPast
 from ..model.sampler import NUM_TRAIN_TIMESTEPS, FlowMatchSchedule, add_noise, chunk_generator, flow_to_x0, next_x
 from . import shard
@@ -95,6 +96,20 @@ class ChunkRollout:
         writer.set_poses(poses)
         self.state = dit.new_rollout_state()
         self.chunk = 0
+        self.attention_queries: int | None = None  # None: no attention stats (measure_attention)
+
+    def measure_attention(self, queries: int = 0) -> None:
+        """Measure each chunk's attention per cache slot from now on (``--attention-stats``): at the
+        chunk's last denoising step, every layer's share of the softmax mass on each slot and on the
+        chunk itself (:class:`~worldtrace_cli.model.attention_stats.AttentionProbe`), into the
+        record's ``cache.attention`` and each slot's ``attention``. ``queries``: a seeded sample of
+        that many query tokens per layer (0: all). The frames are unchanged.
+
+        Raises:
+            ValueError: a negative ``queries``."""
+        if queries < 0:
+            raise ValueError(f"attention queries must be >= 0, got {queries}")
+        self.attention_queries = int(queries)
 
     # -- the backbone's hooks ---------------------------------------------------------------------
     def check_chunk(self, chunk: int, frame_start: int) -> None:
@@ -167,10 +182,14 @@ class ChunkRollout:
         with timer.phase("cache"):
             read = begin_chunk(self.writer, start, self.geometry.num_layers)  # before this chunk's commit
         inputs, cond = self.chunk_inputs(read, start, f)
+        probe = None
+        if self.attention_queries is not None:  # measured at the last denoising step (docs/memory.md)
+            probe = AttentionProbe(read.tokens, self.attention_queries, self.seed, c, self.geometry.head_group)
         draw = self.chunk_draw = noise_draws(self.seed, c, (1, self.latent_channels, f, *self.latent_hw), self.noise)
         x = draw(0).to(self.device)
         with timer.phase("denoise"):
             for s in range(self.num_steps):
+                inputs.attention = probe if s == self.num_steps - 1 else None
                 flow = self.flow(x, s, inputs, cond)
                 x0 = self.to_x0(x, flow, s)
                 if self.on_step is not None:
@@ -179,6 +198,7 @@ class ChunkRollout:
                     x = self.renoise(x0, flow, s, lambda: draw(s + 1))
         if not torch.isfinite(x0).all():
             raise RunError(f"chunk {c}: the denoised latents contain NaN or inf")
+        inputs.attention = None
         with timer.phase("context"):
             committed = self.context(x0, inputs, cond)
         with timer.phase("cache"):
@@ -186,7 +206,7 @@ class ChunkRollout:
         del inputs
         self.chunk += 1
         self.finish_chunk(x0)
-        record = chunk_record(self.writer, self.geometry, c, start, read, timer, x0)
+        record = chunk_record(self.writer, self.geometry, c, start, read, timer, x0, probe)
         if before:
             record["cache"]["events"] = before + record["cache"]["events"]
         return ChunkOutput(x0, None, record)

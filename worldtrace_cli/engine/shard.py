@@ -47,6 +47,7 @@ from ..errors import InputError
 
 log = logging.getLogger("worldtrace")
 _STATE: dict = {}  # the active sharding: rank, world, device, mode (set by start)
+_JOINED = False  # this process joined a process group (start), even after finish() left it
 MODES = {"fsdp": "--fsdp", "heads": "--split-heads"}
 
 
@@ -74,8 +75,10 @@ def start(device: torch.device, mode: str = "fsdp") -> tuple[int, int, torch.dev
         device = torch.device("cuda", local)
     if device.type == "cuda":
         torch.cuda.set_device(device)
+    global _JOINED
     if not dist.is_initialized():
         dist.init_process_group("nccl" if device.type == "cuda" else "gloo", timeout=timedelta(minutes=30))
+    _JOINED = True
     _STATE.update(rank=rank, world=world, device=device, mode=mode)
     if rank:
         logging.getLogger("worldtrace").setLevel(logging.WARNING)
@@ -85,6 +88,13 @@ def start(device: torch.device, mode: str = "fsdp") -> tuple[int, int, torch.dev
 def active() -> bool:
     """True in a process that :func:`start` joined to a sharded run."""
     return bool(_STATE)
+
+
+def joined() -> bool:
+    """True in a process that joined torch.distributed's process group (until its end): such a process
+    ends with ``os._exit`` after its output is flushed, since gloo's threads can abort Python's own teardown
+    at interpreter exit (``terminate called without an active exception``, exit 134; docs/gpu-memory.md)."""
+    return _JOINED
 
 
 def rank() -> int:
@@ -241,22 +251,30 @@ def follow(rollout) -> int:
             signal.signal(sig, handler)
 
 
-def check(cfg, mode: str = "fsdp") -> None:
+def check(cfg, mode: str = "fsdp", world: int | None = None) -> None:
     """Refuse what a sharded run does not do yet (one line, before anything loads).
 
+    Args:
+        world: the process count (``generate --nproc-per-node``); None: torchrun's WORLD_SIZE.
     Raises:
         InputError: ``--compile``, ``--weights-dtype fp8`` or ``--offload blocks`` with ``--fsdp`` or
-            ``--split-heads`` (``mode``); ``--split-heads`` over a process count (torchrun's WORLD_SIZE)
-            that does not divide the preset's heads or FFN width (:func:`check_split`).
+            ``--split-heads`` (``mode``); ``--split-heads`` over a process count that does not divide
+            the preset's heads or FFN width (:func:`check_split`).
     """
     for flag, value, default in (("--compile", cfg.compile, "none"), ("--weights-dtype", cfg.weights_dtype, "auto"),
                                  ("--offload", cfg.offload, "text")):
         if value not in (default, "auto"):
             raise InputError(f"{MODES[mode]} with {flag} {value}: not supported together yet")
-    world, dit = int(os.environ.get("WORLD_SIZE", "1") or 1), cfg.preset.dit
+    if world is None:
+        try:
+            world = int(os.environ.get("WORLD_SIZE", "1") or 1)
+        except ValueError:
+            raise InputError("WORLD_SIZE must be an integer (torchrun sets it)") from None
+    dit = cfg.preset.dit
     if mode == "heads" and world > 1:  # before anything loads (a checkpoint's own config is checked after)
         check_split(world, getattr(dit, "num_heads", None), getattr(dit, "ffn_dim", None))
 
 
-__all__ = ["MODES", "active", "check", "check_split", "device", "finish", "follow", "head_split", "lockstep", "place_dit", "rank",
+__all__ = ["MODES", "active", "check", "check_split", "device", "finish", "follow", "head_split", "joined", "lockstep",
+           "place_dit", "rank",
            "shard_dit", "split_heads", "start"]

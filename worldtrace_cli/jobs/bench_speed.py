@@ -15,7 +15,8 @@ def speed_benchmark(preset_name: str = "tiny", caches: tuple[str, ...] = ("slidi
                     image=None, warmup_chunks: int = 1, decode: bool = True, seed: int = 0,
                     rope_precision: str = "float32", compile_mode: str = "none",
                     overlap_decode: bool = False, budget: int | None = None, repeats: int = 1,
-                    weights_dtype: str = "auto", offload: str = "text") -> dict:
+                    weights_dtype: str = "auto", offload: str = "text", attention_stats: bool = False,
+                    attention_queries: int = 0) -> dict:
     """Time and measure memory of each writer in one rollout per writer of ``max(chunk_counts)`` chunks,
     with snapshots at every count in ``chunk_counts``. Weights are seeded random (speed does not
     depend on their values).
@@ -41,7 +42,9 @@ def speed_benchmark(preset_name: str = "tiny", caches: tuple[str, ...] = ("slidi
     MG2 ``sliding``, LingBot's and LongLive's ``sink``, Self-Forcing's ``full``) runs with its official
     settings (LongLive: 3 sink frames at true offsets). ``repeats``: the writers run in turn this
     many times (interleaved, so drifting machine speed hits all alike); :func:`speed_summary` takes
-    medians. ``rope_precision``/``compile_mode`` are :func:`~worldtrace_cli.model.speed.configure_speed`'s;
+    medians. ``attention_stats`` / ``attention_queries``: every rollout measures its attention per cache
+    slot (``generate --attention-stats``; what it costs is this benchmark with and without it).
+    ``rope_precision``/``compile_mode`` are :func:`~worldtrace_cli.model.speed.configure_speed`'s;
     compilation happens in the first chunk, so keep ``warmup_chunks`` >= 1 (>= 3 for
     ``reduce-overhead``, whose CUDA graphs are recorded over the first calls).
 
@@ -111,6 +114,8 @@ def speed_benchmark(preset_name: str = "tiny", caches: tuple[str, ...] = ("slidi
         if dev.type == "cuda":
             torch.cuda.reset_peak_memory_stats(dev)
         rollout = pipe.rollout(writer, conditioned, keyboard, mouse, seed)
+        if attention_stats:
+            rollout.measure_attention(attention_queries)
         t_reserve = time.perf_counter()  # as generate does, before its clock starts (issue 45); timed on its own
         reserved = writer.reserve_host(n_max * preset.frames_per_chunk)
         reserve = (time.perf_counter() - t_reserve, reserved)
@@ -175,6 +180,7 @@ def speed_benchmark(preset_name: str = "tiny", caches: tuple[str, ...] = ("slidi
             "decode": decode, "resolution": [preset.height, preset.width], "rope_precision": rope_precision,
             "compile": compile_mode, "overlap_decode": overlap_decode and decode, "budget": budget,
             "weights_dtype": weights_dtype, "offload": offload,
+            "attention_stats": ({"queries": attention_queries or "all"} if attention_stats else None),
             "repeats": repeats}
     result = {"meta": meta, "rows": rows}
     result["summary"] = speed_summary(result)
@@ -246,7 +252,9 @@ def speed_markdown(result: dict) -> str:
     lines = [f"Preset `{m['preset']}` on {m['device_name']} ({m['device']}, {m['dtype']}, torch {m['torch']}), "
              f"{m['resolution'][0]}x{m['resolution'][1]}, decode {'on' if m['decode'] else 'off'}"
              f"{' (overlapped)' if m.get('overlap_decode') else ''}, compile {m.get('compile', 'none')}, "
-             f"RoPE {m.get('rope_precision', 'float64')}; {m['warmup_chunks']} warm-up chunk(s) excluded; "
+             f"RoPE {m.get('rope_precision', 'float64')}"
+             + (f", attention stats on ({m['attention_stats']['queries']} queries)" if m.get("attention_stats") else "")
+             + f"; {m['warmup_chunks']} warm-up chunk(s) excluded; "
              f"{m.get('repeats', 1)} interleaved repeat(s), medians.\n"]
     budgets = {e["cache"]: e["budget"] for e in summary}
     if len(set(budgets.values())) > 1:  # the ratio then mixes cache size with the writer's own cost

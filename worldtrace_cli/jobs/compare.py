@@ -147,7 +147,18 @@ def _mode_record(cache: str, folder: str, summary: dict) -> dict:
                         "gt_psnr": (metrics.get("gt") or {}).get("psnr"),
                         "gt_ssim": (metrics.get("gt") or {}).get("ssim"),
                         "gt_detail": (metrics.get("gt") or {}).get("detail"),
-                        "gt_return_psnr": ((metrics.get("gt") or {}).get("return") or {}).get("psnr")}}
+                        "gt_return_psnr": ((metrics.get("gt") or {}).get("return") or {}).get("psnr")},
+            "attention": _attention_brief(summary.get("attention"))}
+
+
+def _attention_brief(attention: dict | None) -> dict | None:
+    """A mode's attention in compare.json: the chunk's own share, the summary and recent slots' (means
+    over chunks) and the recall attention on return chunks (None without it); None without stats."""
+    if not attention:
+        return None
+    recall = attention.get("recall") or {}
+    return {"self": attention["self"], "summary": attention["summary"], "recent": attention["recent"],
+            "recall": recall.get("mean")}
 
 
 def compare_markdown(result: dict) -> str:
@@ -176,6 +187,16 @@ def compare_markdown(result: dict) -> str:
                      f"{f(x['scene_drift'])} | {f(x['pac'])} |"
                      + (f" {f(x['gt_psnr'], '.2f')} | {f(x['gt_ssim'])} | {f(x['gt_detail'], '.2f')} | "
                         f"{f(x['gt_return_psnr'], '.2f')} |" if gt else ""))
+    att = [m for m in result["modes"] if m.get("attention")]
+    if att:
+        lines += ["", "Attention per cache slot (`--attention-stats`, `compare_attention.png`): the share of each "
+                  "chunk's attention at its last denoising step on its own keys, on the summary slots and on the "
+                  "recent slots (means over chunks), and on return chunks the share on slots that hold the first "
+                  "visit of the place (recall).", "",
+                  "| mode | self | summary slots | recent slots | recall on return chunks |", "|---|---|---|---|---|"]
+        for m in att:
+            a = m["attention"]
+            lines.append(f"| {m['cache']} | {f(a['self'])} | {f(a['summary'])} | {f(a['recent'])} | {f(a['recall'])} |")
     if gt:
         lines += ["", f"GT: generated vs true frames of world {result['world_seed']} at the same poses "
                   "(PSNR in dB); detail = the generated frames' neighbouring-pixel differences over the true "
@@ -206,6 +227,23 @@ def write_keyframes(videos: list[Path], labels: list[str], path: Path, plan, col
     return {"path": path.name, "frames": picks, "chunks": chunks}
 
 
+def write_attention_comparison(out_dir: Path, caches: list[str], folders: list[str], plan) -> str | None:
+    """``compare_attention.png`` from the runs' ``chunks.jsonl`` (``--attention-stats``): each writer's
+    attention per cache slot, the return chunks of ``plan`` and their first visit's slots marked
+    (:func:`~worldtrace_cli.outputs.timeline.plot_attention_comparison`). Returns its file name, or
+    None when no run measured attention."""
+    from ..metrics.revisit import first_visit_frames, revisit_pairs
+    from ..outputs import read_jsonl
+    from ..outputs.timeline import plot_attention_comparison
+
+    runs = [(cache, read_jsonl(out_dir / folder / "chunks.jsonl")) for cache, folder in zip(caches, folders)]
+    if not any("attention" in r["cache"] for _, recs in runs for r in recs):
+        return None
+    returns = first_visit_frames(plan, revisit_pairs(plan)["chunk_pairs"])
+    path = plot_attention_comparison(runs, out_dir / "compare_attention.png", returns)
+    return None if path is None else path.name
+
+
 def write_truth_video(folder: Path, world_seed: int, plan, preset) -> Path:
     """The true frames of ``plan`` in world ``world_seed`` as ``folder/video.mp4`` (the compare panel;
     :meth:`~worldtrace_cli.world.truth.GroundTruth.write_video`). Returns the video's path."""
@@ -221,11 +259,14 @@ def run_compare(trajectory: str | Path, caches: list[str], out_dir: str | Path, 
                 hud: bool = True, metrics: str = "all", device: str = "auto", dtype: str = "auto",
                 checkpoint: str | Path | None = None, random_weights: bool = False, overwrite: bool = False,
                 progress: bool = False, speed: dict | None = None, world_seed: int = 0,
-                memory: dict | None = None, scale: int = 1, overall: bool = False) -> dict:
+                memory: dict | None = None, scale: int = 1, overall: bool = False,
+                attention: dict | None = None) -> dict:
     """Run ``trajectory`` once per cache writer into ``out_dir/<cache>/`` and write the grid video
     ``compare.mp4`` plus ``compare.json`` / ``compare.md`` (returns the JSON dict). ``scale``:
     integer upscaling of the panels of ``compare.mp4`` / ``compare.png`` (the runs are unchanged).
     ``overall``: one tqdm bar on stderr over the runs (``progress``: each run's per-chunk bar).
+    ``attention``: RunConfig's ``attention_stats`` / ``attention_queries`` for every run
+    (:func:`~worldtrace_cli.cli.options.attention_config`); with stats, ``compare_attention.png`` too.
 
     ``memory``: :func:`~worldtrace_cli.config.memory_configs` keywords (``budget``, ``summary_slots``,
     ... every writer gets; a writer's own setting, ``landmark_threshold``, ``top_k``, ..., goes to the
@@ -265,7 +306,7 @@ def run_compare(trajectory: str | Path, caches: list[str], out_dir: str | Path, 
                          chunks=chunks, seed=seed, device=device, dtype=dtype, checkpoint=checkpoint,
                          random_weights=random_weights, memory=memories[cache],
                          overwrite=overwrite, progress=progress, metrics=metrics, world_seed=world_seed,
-                         **(speed or {}))
+                         **(speed or {}), **(attention or {}))
                for cache, folder in zip(caches, folders)]
     check_inputs(configs[0], traj)  # options, trajectory, image: before torch is imported
     if out_dir.exists() and not out_dir.is_dir():
@@ -316,6 +357,7 @@ def run_compare(trajectory: str | Path, caches: list[str], out_dir: str | Path, 
     video = write_grid_video(videos, labels, out_dir / "compare.mp4", preset_obj.fps, hud_rows(plan) if hud else None,
                              MODES[traj.mode].key_letters, scale)
     still = write_keyframes(videos, labels, out_dir / "compare.png", plan, scale=scale)
+    attention = write_attention_comparison(out_dir, caches, folders, plan)
     resolved = summaries[0]["resolved"]
     result = {"schema_version": SCHEMA_VERSION, "trajectory": str(trajectory), "image": resolved["image"], "seed": resolved["seed"],
               "world_seed": resolved.get("world_seed"),
@@ -323,6 +365,7 @@ def run_compare(trajectory: str | Path, caches: list[str], out_dir: str | Path, 
               "dtype": resolved["dtype"], "metrics_level": metrics, "hud": hud,
               "panel_scale": scale,
               "video": {"path": "compare.mp4", **video}, "keyframes": still,
+              "attention_figure": attention,
               "modes": [_mode_record(c, f, s) for c, f, s in zip(caches, folders, summaries)]}
     with atomic_path(out_dir / "compare.md") as tmp:
         tmp.write_text(compare_markdown(result), encoding="utf-8")

@@ -26,6 +26,7 @@ from ..runs import RunFolder
 from ..runs.resume import restore_run_state, save_run_state
 from ..outputs.video import ffmpeg_exe
 from .inputs import RunInputs, check_inputs, prepare_inputs
+from .offsets import offset_warning
 from .sinks import RunSinks, StopFlag
 
 log = logging.getLogger("worldtrace")
@@ -40,24 +41,6 @@ def stage(label: str, level: int = logging.INFO):
     start = time.perf_counter()
     yield
     log.log(level, f"{label} ... {time.perf_counter() - start:.1f} s")
-
-
-def offset_warning(writer: str, max_offset, trained: int, frames_per_chunk: int, budget) -> list[str]:
-    """``[note]`` when the run read its cache at query-key temporal offsets (latent frames) past the
-    model's trained ``trained`` (WorldTrace writers' default 6 past slots reach 8 on MG2, trained to
-    5), with what to do; logged once per command (:func:`~worldtrace_cli.jobs.inputs.warn_once`);
-    ``[]`` otherwise. ``writer``: its name (the summary that records the note names it already)."""
-    from .inputs import warn_once
-
-    if max_offset is None or max_offset <= trained:
-        return []
-    fits = trained - frames_per_chunk + 1  # past slots whose offsets stay within the trained window
-    slots = f"{budget} past slots" if budget else "the writer's default past slots"
-    text = (f"the cache was read at query-key offsets up to {max_offset} latent frames; the model was trained "
-            f"to {trained}: expected with {slots} (README: 'Memory writers'); --budget {fits} keeps every offset "
-            f"within the trained window, with fewer memory slots")
-    warn_once(text, text)  # a compare's or sweep's writers share it: said once per command
-    return [text]
 
 
 def run_generation(cfg, resume: bool = False, pipeline=None) -> dict:
@@ -132,9 +115,12 @@ class _Generation:
         with stage(f"conditioning on {inputs.image_label}", logging.INFO if self.loaded_here else logging.DEBUG):
             conditioned = condition_run(pipeline, cfg, inputs)
         self.cond_s = time.perf_counter() - t0
+        # a text-to-video prompt past the encoder's 512 tokens (logged as it was encoded): recorded too
+        self.told = [f"prompt {p[:40]!r}...: longer than the text encoder's 512 tokens, truncated to them "
+                     f"(shorten it to keep all of it)" for p in getattr(conditioned, "truncated", None) or []]
         if pipeline.device.type == "cuda":
             torch.cuda.reset_peak_memory_stats(pipeline.device)
-        self.rollout = start_rollout(pipeline, self.writer, conditioned, inputs)
+        self.rollout = start_rollout(pipeline, self.writer, conditioned, inputs, cfg)
         from ..engine import shard
 
         if shard.active():  # --fsdp, --split-heads: the other processes make each chunk with this one (engine/shard.py)
@@ -193,9 +179,8 @@ class _Generation:
         from ..runs.summary import run_summary
 
         cfg, preset, inputs = self.cfg, self.cfg.preset, self.inputs
-        told = inputs.warnings + offset_warning(self.writer.name, self.sinks.max_offset(),
-                                                self.rollout.geometry.trained_offset, preset.frames_per_chunk,
-                                                cfg.memory.budget)
+        told = inputs.warnings + self.told + offset_warning(cfg.memory, self.sinks.max_offset(), preset, inputs.plan.num_chunks,
+                                                self.rollout.geometry.trained_offset)
         # the wall clock splits into phases only for one whole run in this process that loaded its
         # own model (a shared model loaded before it started)
         result = run_summary(status, cfg, self.folder.path, self.command, sys.argv if self.resume else None,
@@ -259,11 +244,15 @@ def condition_run(pipeline, cfg, inputs: RunInputs):
     return pipeline.condition(inputs.image, inputs.plan.num_chunks, *extra)
 
 
-def start_rollout(pipeline, writer, conditioned, inputs: RunInputs):
-    """A fresh rollout of the run's actions and seed through ``writer``."""
+def start_rollout(pipeline, writer, conditioned, inputs: RunInputs, cfg):
+    """A fresh rollout of the run's actions and seed through ``writer``, measuring its attention per
+    cache slot when ``cfg`` asks (``--attention-stats``)."""
     plan = inputs.plan
-    return pipeline.rollout(writer, conditioned, plan.keyboard[None], None if plan.mouse is None else plan.mouse[None],
-                            inputs.seed)
+    rollout = pipeline.rollout(writer, conditioned, plan.keyboard[None], None if plan.mouse is None else plan.mouse[None],
+                               inputs.seed)
+    if cfg.attention_stats:
+        rollout.measure_attention(cfg.attention_queries)
+    return rollout
 
 
 def follow_generation(cfg) -> int:
@@ -277,7 +266,7 @@ def follow_generation(cfg) -> int:
     inputs = prepare_inputs(cfg)
     pipeline = Pipeline.from_config(cfg)
     writer = pipeline.build_writer(cfg.memory)
-    rollout = start_rollout(pipeline, writer, condition_run(pipeline, cfg, inputs), inputs)
+    rollout = start_rollout(pipeline, writer, condition_run(pipeline, cfg, inputs), inputs, cfg)
     # its host store page-locked ahead too (its share of the host: pinned.affordable), or process 0 waits for it
     writer.reserve_host(inputs.plan.num_chunks * cfg.preset.frames_per_chunk)
     return shard.follow(rollout)

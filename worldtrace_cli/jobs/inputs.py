@@ -147,6 +147,7 @@ def check_inputs(cfg, traj=None):
     spill = cfg.memory.options.get("spill_dir")
     if spill is not None and Path(spill).exists() and not Path(spill).is_dir():
         raise OutputError(f"--spill-dir {spill}: exists and is not a folder")
+    check_writer_specs([cfg.memory], cfg.preset)  # the writer's flags and sizes, torch-free
     if cfg.preset.is_text:
         check_text_options(cfg, traj)
         return traj
@@ -175,6 +176,10 @@ def chunk_prompts(cfg, traj, plan=None) -> list[str]:
             default = check_prompt(cfg.prompt, "--prompt")
         except ValueError as exc:
             raise InputError(str(exc)) from None
+    seg = next((s for s in traj.segments if s.num_frames and s.prompt is None), None)
+    if default is None and seg is not None:  # before the plan (torch): refused in a fraction of a second
+        raise InputError(f"{traj.source}:{seg.line}: prompt: this segment has none and there is no default: give it "
+                         f"`prompt:`, set a top-level `prompt:`, or pass --prompt")
     plan = plan or plan_actions(traj, None, cfg.preset.frames_per_chunk)
     if default is None and None in plan.prompts:
         seg = next(s for s in traj.segments if s.num_frames and s.prompt is None)
@@ -184,10 +189,12 @@ def chunk_prompts(cfg, traj, plan=None) -> list[str]:
 
 
 def check_text_options(cfg, traj) -> None:
-    """A text-to-video run's inputs: no image, no camera files, a prompt for every chunk.
+    """A text-to-video run's inputs: no image, no camera files, no world, a prompt for every chunk
+    (checked without torch: a chunk's prompts are laid out only for a run that passes).
 
     Raises:
-        InputError: ``--image`` / ``--poses`` / ``--intrinsics`` or a trajectory ``image:``, a chunk without a prompt.
+        InputError: ``--image`` / ``--poses`` / ``--intrinsics`` or a trajectory ``image:``, a
+            ``--world-seed`` (the preset has no world), a chunk without a prompt.
     """
     given = [flag for flag, value in (("--image", cfg.image), ("--poses", cfg.poses), ("--intrinsics", cfg.intrinsics))
              if value is not None]
@@ -195,11 +202,24 @@ def check_text_options(cfg, traj) -> None:
         what = given[0] if given else f"{traj.source}: image"
         raise InputError(f"{what}: preset {cfg.preset.name} is text-to-video: it takes prompts, not an image or "
                          f"camera poses")
+    if cfg.world_seed:
+        raise InputError(f"--world-seed {cfg.world_seed}: picks a procedural world; preset {cfg.preset.name} is "
+                         f"text-to-video and has none")
     from ..trajectory.prompts import SWITCH_MODES
 
     if cfg.prompt_switch not in SWITCH_MODES:
         raise InputError(f"--prompt-switch: must be one of {', '.join(SWITCH_MODES)}, got {cfg.prompt_switch!r}")
-    chunk_prompts(cfg, traj)
+    seg = next((s for s in traj.segments if s.num_frames and s.prompt is None), None)
+    if cfg.prompt is None and traj.prompt is None and seg is not None:
+        raise InputError(f"{traj.source}:{seg.line}: prompt: this segment has none and there is no default: give it "
+                         f"`prompt:`, set a top-level `prompt:`, or pass --prompt")
+    if cfg.prompt is not None:
+        from ..trajectory.prompts import check_prompt
+
+        try:
+            check_prompt(cfg.prompt, "--prompt")
+        except ValueError as exc:
+            raise InputError(str(exc)) from None
 
 
 def lingbot_paths(cfg, traj) -> tuple[str | None, Path | None, Path | None]:
@@ -241,6 +261,23 @@ def check_lingbot_options(cfg, traj) -> None:
                          f"(Wan2.1 / Matrix-Game-2.0) into {cfg.checkpoint}, or use --metrics fast")
 
 
+def check_writer_specs(memories, preset) -> None:
+    """The torch-free half of :func:`check_writers`: each writer's flags and sizes for ``preset``'s window
+    (:func:`~worldtrace_cli.writer_options.check_memory`), and a writer that retrieves by camera pose
+    refused for a text-to-video preset (the registry row's ``needs_poses``).
+
+    Raises:
+        InputError: the first refusal (naming ``--cache``).
+    """
+    from ..writer_options import check_memory, writer_options
+
+    for memory in memories:
+        check_memory(memory, preset.window, preset.default_budget)
+        if preset.is_text and writer_options(memory).needs_poses:
+            raise InputError(f"--cache {memory.cache}: retrieves memory by camera pose; a text-to-video run has "
+                             f"no camera (use field, landmark, sliding, sink, full, ...)")
+
+
 def check_writers(memories, preset, flag: str = "--cache") -> None:
     """Check each :class:`~worldtrace_cli.config.MemoryConfig` for ``preset``'s model before it loads:
     first without torch (:func:`~worldtrace_cli.writer_options.check_memory`: an unknown writer or
@@ -255,18 +292,12 @@ def check_writers(memories, preset, flag: str = "--cache") -> None:
     Raises:
         InputError: the first refusal (one line naming the flag).
     """
-    from ..writer_options import check_memory
-
     try:
-        for memory in memories:
-            check_memory(memory, preset.window, preset.default_budget)
+        check_writer_specs(memories, preset)
         from ..memory import build_writer
 
         for memory in memories:
-            writer = build_writer(memory, preset.default_budget, preset.window)
-            if preset.is_text and writer.needs_poses:
-                raise InputError(f"--cache {memory.cache}: retrieves memory by camera pose; a text-to-video run has "
-                                 f"no camera (use field, landmark, sliding, sink, full, ...)")
+            build_writer(memory, preset.default_budget, preset.window)
     except InputError as exc:
         if flag == "--cache":
             raise

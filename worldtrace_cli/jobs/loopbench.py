@@ -102,7 +102,7 @@ def run_jobs(jobs: Sequence[Job], out_dir: str | Path, preset: str = "tiny", dev
              dtype: str = "auto", metrics: str = "all", chunks: int | None = None,
              checkpoint: str | Path | None = None, random_weights: bool = False,
              progress: bool = False, speed: dict | None = None, memory: dict | None = None,
-             overall: bool = False) -> SweepCounts:
+             overall: bool = False, attention: dict | None = None) -> SweepCounts:
     """Run ``jobs`` one after another in this process (the model is loaded once and reused).
 
     Each job's folder decides (:func:`~worldtrace_cli.runs.resume.next_step`): a complete run of the
@@ -120,6 +120,8 @@ def run_jobs(jobs: Sequence[Job], out_dir: str | Path, preset: str = "tiny", dev
             memory: the memory settings every job's writer gets besides its spec (``--budget``,
             ``--summary-slots``, ...: :func:`~worldtrace_cli.config.memory_configs` keywords);
             overall: one tqdm bar on stderr over the jobs (``progress``: each job's per-chunk bar).
+            attention: RunConfig's ``attention_stats`` / ``attention_queries`` for every job
+            (:func:`~worldtrace_cli.cli.options.attention_config`: recall attention in the report).
 
     Returns:
         :class:`SweepCounts` (done, skipped, failed).
@@ -152,7 +154,7 @@ def run_jobs(jobs: Sequence[Job], out_dir: str | Path, preset: str = "tiny", dev
                          world_seed=job.world or 0, chunks=chunks, seed=job.seed, device=device, dtype=dtype,
                          checkpoint=checkpoint, random_weights=random_weights,
                          memory=memories[job.cache], progress=progress,
-                         metrics=metrics, **(speed or {}))
+                         metrics=metrics, **(speed or {}), **(attention or {}))
 
     # every job's next step, decided once before any runs: complete runs of other settings refuse the
     # sweep now (one line, not one failure per job); any other error is that job's failure, recorded below

@@ -8,7 +8,7 @@ context, initial noise ``[1, F, 16, lh, lw]`` frame-major) and one folder per va
 :class:`~worldtrace_cli.engine.text_rollout.TextRollout` with the official cache as one of our writers,
 the stored noise draws, in float32; every denoising call's x0 and the final latents are compared.
 
-Replayed: ``sf_global`` (Self-Forcing's global cache = ``full`` at actual positions) and
+The four official variants: ``sf_global`` (Self-Forcing's global cache = ``full`` at actual positions) and
 ``sf_la6_sink3`` (window 6 + sink 3 with chunks of 3 keeps the sink frames alone beside the current
 chunk: ``sink`` with budget = sink frames = 3, at actual positions) and ``longlive_infinity``
 (LongLive's infinity model, window 12 + sink 3: keys kept un-rotated and read at cache-relative
@@ -16,7 +16,10 @@ frames = ``sink`` with budget 9 at ``rank`` positions, contiguous with the curre
 ``longlive_switch`` (LongLive's standard model: ``sink`` with budget 9 at ``actual`` positions, its LoRA
 merged at rank 4 / alpha 8, and the prompt switch before chunk 6 re-caching the window under the second
 prompt: :func:`~worldtrace_cli.engine.recache.recache`; the cache is compared right after the
-re-cache too). A variant folder this module does not know is listed as not replayed, never as passed.
+re-cache too). Each variant is replayed from its own ``run_config.json`` (:func:`variant_memory`: window, sink, the
+infinity model, chunk count, prompt switch, LoRA), whatever its folder is called and whichever
+variants the folder holds; a variant whose settings the replay cannot reproduce is listed as not
+replayed (with why), never as passed.
 """
 
 from __future__ import annotations
@@ -29,20 +32,58 @@ import torch
 from ..errors import InputError
 from ..model.checkpoint import read_state_dict
 
-# variant -> the writer of its official cache: global = full; window 6 + sink 3 with chunks of 3 keeps
-# the sink and the current chunk only (spec §5): the sink frames alone, at their true positions
-# LongLive's infinity model (keys stored un-rotated, read at cache-relative frames 0..11, queries at the
-# window's end) is the sink writer at rank positions
-REPLAYED = {"sf_global": {"cache": "full", "positions": "actual"},
-            "sf_la6_sink3": {"cache": "sink", "budget": 3, "sink_frames": 3, "positions": "actual"},
-            "longlive_infinity": {"cache": "sink", "budget": 9, "sink_frames": 3, "positions": "rank"},
-            "longlive_switch": {"cache": "sink", "budget": 9, "sink_frames": 3, "positions": "actual"}}
+# what a variant's run_config.json may ask for that the replay reproduces: its pipeline, its model class and
+# the keys it reads (any other key, or another value of these, makes the variant "not replayed", never passed)
+PIPELINES = ("pipeline.causal_inference.CausalInferencePipeline",
+             "pipeline.interactive_causal_inference.InteractiveCausalInferencePipeline")
+MODEL_CLASSES = ("wan.modules.causal_model.CausalWanModel", "wan.modules.causal_model_infinity.CausalWanModel")
+KNOWN_KEYS = {"repo", "commit", "pipeline", "model_class", "local_attn_size", "sink_size", "num_frame_per_block",
+              "num_chunks", "num_output_frames", "frame_seq_length", "kv_cache_tokens", "denoising_step_list",
+              "warp_denoising_step", "timestep_shift", "context_noise", "pipeline_seed", "prompts", "call_sequence",
+              "infinity", "global_sink", "switch_frame_indices", "lora"}
+
+
+def variant_memory(cfg: dict) -> tuple[dict | None, str | None]:
+    """(the writer of a variant's official cache, as MemoryConfig keywords; None and why when the replay
+    cannot reproduce it) from its ``run_config.json``, whatever its folder is called:
+
+    - ``local_attn_size`` -1: Self-Forcing's global cache = ``full`` at actual positions;
+    - a window of W latent frames with ``sink_size`` k and chunks of F: the sink frames and the newest
+      ``W - F - k`` frames (``sink``, budget W - F; with k = 0 ``sliding``), at actual positions
+      (window 6 + sink 3 with chunks of 3 keeps the sink alone beside the current chunk);
+    - LongLive's infinity model (``infinity``: keys stored un-rotated, read at cache-relative frames) is
+      the same writer at ``rank`` positions.
+    """
+    unknown = sorted(set(cfg) - KNOWN_KEYS)
+    if unknown:
+        return None, f"run_config.json key {unknown[0]!r} is not replayed"
+    if cfg.get("pipeline") not in PIPELINES or cfg.get("model_class") not in MODEL_CLASSES:
+        return None, f"pipeline {cfg.get('pipeline')!r} / model {cfg.get('model_class')!r}"
+    if cfg.get("context_noise", 0) or cfg.get("num_frame_per_block") != 3 or list(cfg.get("denoising_step_list", [])) \
+            != [1000, 750, 500, 250] or not cfg.get("warp_denoising_step", True) or cfg.get("timestep_shift") != 5.0:
+        return None, "a sampler other than the Self-Forcing schedule this replay reads (4 steps, shift 5, chunks of 3)"
+    infinity = bool(cfg.get("infinity")) or cfg["model_class"].endswith("causal_model_infinity.CausalWanModel")
+    window, sink, f = int(cfg["local_attn_size"]), int(cfg.get("sink_size", 0)), int(cfg["num_frame_per_block"])
+    if window < 0:
+        if infinity or sink:
+            return None, "a global cache with a sink or the infinity model"
+        return {"cache": "full", "positions": "actual"}, None
+    if window < f + sink:
+        return None, f"a window of {window} latent frames cannot hold sink {sink} and a chunk of {f}"
+    positions = "rank" if infinity else "actual"
+    if sink:
+        return {"cache": "sink", "budget": window - f, "sink_frames": sink, "positions": positions}, None
+    return {"cache": "sliding", "budget": window - f, "positions": positions}, None
 
 
 def is_selfforcing_fixture(folder: str | Path) -> bool:
-    """True for a Self-Forcing / LongLive fixture folder (a ``sf_global/`` variant beside its weights)."""
+    """True for a Self-Forcing / LongLive fixture folder: its ``tiny_config.json`` is a ``t2v`` model (the
+    family read from the fixtures' own files, not from any folder's name)."""
     folder = Path(folder)
-    return (folder / "sf_global" / "run_config.json").is_file() and (folder / "tiny_weights.safetensors").is_file()
+    try:
+        return json.loads((folder / "tiny_config.json").read_text()).get("model_type") == "t2v"
+    except (OSError, ValueError, AttributeError):
+        return False
 
 
 def _need(path: Path) -> Path:
@@ -157,10 +198,15 @@ def compare_selfforcing(folder: str | Path, device: str = "cpu") -> tuple[dict[s
     inputs = read_state_dict(_need(folder / "tiny_inputs.safetensors"))
     diffs, skipped = {}, []
     for sub in sorted(p for p in folder.iterdir() if (p / "run_config.json").is_file()):
-        if sub.name not in REPLAYED:
-            skipped.append(sub.name)
+        try:
+            cfg = json.loads((sub / "run_config.json").read_text())
+        except (OSError, ValueError) as exc:
+            skipped.append(f"{sub.name} (run_config.json unreadable: {exc})")
             continue
-        cfg = json.loads((sub / "run_config.json").read_text())
+        memory, why = variant_memory(cfg) if isinstance(cfg, dict) else (None, "run_config.json is not an object")
+        if memory is None:
+            skipped.append(f"{sub.name} ({why})")
+            continue
         outputs = read_state_dict(_need(sub / "tiny_outputs.safetensors"))
         n = cfg["num_chunks"]
         window = cfg["local_attn_size"] if cfg["local_attn_size"] > 0 else cfg["kv_cache_tokens"] // cfg["frame_seq_length"]
@@ -179,7 +225,7 @@ def compare_selfforcing(folder: str | Path, device: str = "cpu") -> tuple[dict[s
         def snapshot(rollout, sink=cfg["sink_size"], at=switch, want=outputs):
             seen["cache_recache"] = cache_diff(rollout, want, at, sink, True, f"kv_after_recache_before_c{at}")
         done: list = []
-        x0s, latents = replay_variant(model, inputs, outputs, REPLAYED[sub.name], n, window - 1, device, done,
+        x0s, latents = replay_variant(model, inputs, outputs, memory, n, window - 1, device, done,
                                       switch, snapshot if switch is not None else None)
         if switch is not None:
             if "cache_recache" not in seen:
@@ -188,12 +234,20 @@ def compare_selfforcing(folder: str | Path, device: str = "cpu") -> tuple[dict[s
         want = {f"c{c}_s{s}_x0": outputs[f"call_c{c}_s{s}_x0"].permute(0, 2, 1, 3, 4) for c in range(n) for s in range(4)}
         diffs[f"{sub.name}/x0"] = max((x0s[k] - v).abs().max().item() for k, v in want.items())
         diffs[f"{sub.name}/latents"] = (latents - outputs["output_latents"].permute(0, 2, 1, 3, 4)).abs().max().item()
-        rotated = REPLAYED[sub.name]["positions"] == "actual"
+        rotated = memory["positions"] == "actual"
         diffs[f"{sub.name}/cache" + ("" if rotated else "_values")] = cache_diff(done[0], outputs, n, cfg["sink_size"],
                                                                                  rotated)
     if not diffs:
-        raise InputError(f"{folder}: no replayable variant (expected sf_global/)")
+        raise InputError(f"{folder}: no replayable variant (a folder with run_config.json and tiny_outputs.safetensors"
+                         f"{'; not replayed: ' + '; '.join(skipped) if skipped else ''})"[:400])
     return diffs, skipped
 
 
-__all__ = ["REPLAYED", "cache_diff", "compare_selfforcing", "is_selfforcing_fixture", "load_fixture_dit", "replay_variant"]
+def bound(entry: str) -> float:
+    """The deviation allowed for a :func:`compare_selfforcing` entry: 2e-4 for the cache's keys and
+    values (the fixtures README), 1e-4 for x0 and latents."""
+    return 2e-4 if "/cache" in entry else 1e-4
+
+
+__all__ = ["bound", "cache_diff", "compare_selfforcing", "is_selfforcing_fixture", "load_fixture_dit", "replay_variant",
+           "variant_memory"]

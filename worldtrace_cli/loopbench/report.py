@@ -28,7 +28,7 @@ from .tables import markdown
 
 ROW_FIELDS = ("config", "tier", "cache", "image", "seed", "chunks", "pac", "temp_ssim", "scene_drift",
               "latent_diff", "gt_psnr", "gt_ssim", "gt_detail", "gt_return_psnr", "gt_return_ssim", "gt_return_detail",
-              "s_per_chunk", "kv_bytes",
+              "recall_attention", "recall_lift", "attention_self", "s_per_chunk", "kv_bytes",
               "peak_rss_bytes", "gpu_peak_bytes", "run_dir")
 
 
@@ -55,6 +55,9 @@ def _row(out_dir: Path, summary_path: Path) -> dict | None:
             "latent_diff": metrics.get("latent_diff"), "gt_psnr": gt.get("psnr"), "gt_ssim": gt.get("ssim"),
             "gt_detail": gt.get("detail"), "gt_return_psnr": ret.get("psnr"), "gt_return_ssim": ret.get("ssim"),
             "gt_return_detail": ret.get("detail"),
+            "recall_attention": ((summary.get("attention") or {}).get("recall") or {}).get("mean"),
+            "recall_lift": ((summary.get("attention") or {}).get("recall") or {}).get("lift"),
+            "attention_self": (summary.get("attention") or {}).get("self"),
             "s_per_chunk": totals.get("seconds_per_chunk"),
             "kv_bytes": summary.get("cache", {}).get("kv_bytes"), "peak_rss_bytes": totals.get("peak_rss_bytes"),
             "gpu_peak_bytes": totals.get("gpu_peak_bytes"), "run_dir": str(rel)}

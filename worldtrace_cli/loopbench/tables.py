@@ -13,11 +13,14 @@ from __future__ import annotations
 from pathlib import Path
 
 from .configs import CONFIGS, tier_of
-from .names import (BASELINE, GT_DETAIL, GT_METRIC, METRIC_NAMES, PAPER_PAC, TIER_ORDER, TIER_TITLES, has_interval,
-                    metrics_of, writers_of)
+from .names import (BASELINE, GT_DETAIL, GT_METRIC, METRIC_NAMES, PAPER_PAC, RECALL, RECALL_LIFT, TIER_ORDER,
+                    TIER_TITLES, has_interval, metrics_of, writers_of)
 
 NO_INTERVAL = "†"
 BETTER = {GT_METRIC: "higher is better", GT_DETAIL: "nearer 1 is better (below 1 blurred, above 1 noisier)",
+          RECALL: "the memory being read: higher = more of the chunk's attention on what it saw there before",
+          RECALL_LIFT: "above 0 = the return chunks read the first visit's slots more than those slots' position "
+                       "alone gets them (reading by content); 0 = by position alone",
           "pac": "higher is better", "temp_ssim": "higher is better"}
 
 
@@ -92,9 +95,12 @@ def paper_table(rows: list[dict], agg: dict) -> list[str]:
     Landmark against sliding. Loops the sweep did not run say so, with the command that runs them."""
     index = {(c["config"], c["writer"]): c for c in agg["by_config"]}
     gt = any(r.get(GT_METRIC) is not None for r in rows)
+    recall = any(r.get(RECALL) is not None for r in rows)
     header = ["loop", "paper: sliding PAC", "paper: landmark PAC", "sliding PAC", "landmark PAC"]
     if gt:
         header += ["sliding GT-PSNR (dB)", "landmark GT-PSNR (dB)", "p (GT-PSNR)"]
+    if recall:
+        header += ["sliding recall attention", "landmark recall attention", "p (recall)"]
     header.append("scenes")
     body, missing = [], []
     for config, (title, paper) in PAPER_PAC.items():
@@ -110,6 +116,9 @@ def paper_table(rows: list[dict], agg: dict) -> list[str]:
         if gt:
             row += [cell((slid or {}).get(GT_METRIC), GT_METRIC), cell((land or {}).get(GT_METRIC), GT_METRIC),
                     p_cell((land or {}).get(GT_METRIC))]
+        if recall:
+            row += [cell((slid or {}).get(RECALL), RECALL), cell((land or {}).get(RECALL), RECALL),
+                    p_cell((land or {}).get(RECALL))]
         row.append(str(len({r["image"] for r in ours})))
         body.append(row)
     lines = md_table(header, body)
@@ -134,6 +143,11 @@ def legend(metrics: tuple[str, ...]) -> list[str]:
                         "return to a place seen before" if m == GT_METRIC else "")
                      + (": the generated frames' neighbouring-pixel differences over the true frames', on the "
                         "same chunks" if m == GT_DETAIL else "")
+                     + (": on each return chunk, the share of its attention (last denoising step, mean over "
+                        "layers, heads and queries) on the cache slots holding latent frames taken at the revisited "
+                        "pose before (`--attention-stats`; docs/attention.md)" if m == RECALL else "")
+                     + (": recall attention minus the share the same slots (by their place in the cache) get on the "
+                        "run's other chunks" if m == RECALL_LIFT else "")
                      + ("; with the tiny CLIP tower it does not track ground truth on loopworld"
                         if m == "pac" and GT_METRIC in metrics else "") + ".")
     return lines

@@ -20,7 +20,7 @@ import torch
 
 from ..trajectory.actions import chunk_rows, chunks_for_frames
 from ..errors import InputError
-from .revisit import dead_reckon, pairs_from_poses, pairs_from_waypoints, revisit_pairs
+from .revisit import dead_reckon, first_visit_frames, pairs_from_poses, pairs_from_waypoints, revisit_pairs
 from .scores import (PSNR_CAP_DB, SSIM_BATCH_BYTES, SSIM_WINDOW, _frames_tensor, _mean, clip_embeddings, detail_ratio,
                      gt_scores, gt_summary, latent_diff, pac, scene_drift, temp_ssim)
 
@@ -47,7 +47,8 @@ def summarise_run(run_dir: str | Path, tower=None, level: str = "fast",
     (``config.trajectory``); ``trajectory`` stands in for it only when that file is gone (noted).
 
     Returns a JSON-able dict: run_dir, level, status ("complete" | "partial"), chunks (records in
-    chunks.jsonl), pixel_frames, temp_ssim, latent_diff, scene_drift, pac, revisit, gt, notes.
+    chunks.jsonl), pixel_frames, temp_ssim, latent_diff, scene_drift, pac, revisit, gt, notes, and
+    ``attention`` (:func:`attention_summary`) for a run made with ``--attention-stats``.
     Raises:
         InputError: a procedural-world run whose trajectory file is gone and no ``trajectory`` given,
             or a ``trajectory`` standing in for it that is not in universal mode.
@@ -118,6 +119,14 @@ def summarise_run(run_dir: str | Path, tower=None, level: str = "fast",
         out["gt"] = {"world_seed": world_seed, "source": "video.mp4 (lossy H.264)",
                      **gt_summary(psnr, ssim_, plan, detail),
                      "per_chunk": {"psnr": psnr, "ssim": ssim_, "detail": [detail_ratio([d]) for d in detail]}}
+    if any("attention" in r.get("cache", {}) for r in records):  # --attention-stats: recall on the return legs
+        from ..trajectory import load_trajectory as _load, plan_actions as _plan
+
+        own = ((summary or {}).get("config") or {}).get("trajectory")
+        source = trajectory or (own if own and Path(own).is_file() else None)
+        planned = (summary or {}).get("resolved", {}).get("chunks") or len(records)
+        out["attention"] = attention_summary(records, None if source is None else
+                                             _plan(_load(source), planned, fpc))
     if level == "fast" or not t_frames:
         return out
 
@@ -139,6 +148,37 @@ def summarise_run(run_dir: str | Path, tower=None, level: str = "fast",
     else:
         notes.append("PAC skipped: the trajectory revisits no place within the generated frames")
     return out
+
+
+def attention_summary(records: list[dict], plan) -> dict | None:
+    """A run's attention per cache slot, from its ``chunks.jsonl`` records made with ``--attention-stats``
+    (``summary.json``'s ``attention``; None when no record has shares).
+
+    Returns ``{"pass", "queries", "chunks", "self", "summary", "recent", "recall"}``: the measured
+    pass and query sample (as the records say), the chunks measured, the mean over them of the
+    chunk's own share and of its summary and recent slots' shares, and ``recall``: on the return
+    chunks of ``plan``'s revisits (:func:`revisit_pairs`, the pairing PAC and the return-leg GT
+    metrics use), the share of attention on the slots holding latent frames taken at the revisited
+    place before (:func:`first_visit_frames`: by camera pose; a prompt loop's first visit is the whole
+    first segment of its prompt; :func:`~worldtrace_cli.outputs.records.recall_attention`), or None
+    without a return chunk.
+    """
+    from ..outputs.records import recall_attention
+
+    measured = [r for r in records if "attention" in r.get("cache", {})]
+    if not measured:
+        return None
+    first = measured[0]["cache"]["attention"]
+
+    def mean(key):
+        return round(sum(r["cache"]["attention"][key] for r in measured) / len(measured), 6)
+
+    recall = None
+    if plan is not None:
+        pairs = revisit_pairs(plan)["chunk_pairs"]
+        recall = recall_attention(measured, first_visit_frames(plan, pairs))
+    return {"pass": first["pass"], "queries": first["queries"], "chunks": len(measured), "self": mean("self"),
+            "summary": mean("summary"), "recent": mean("recent"), "recall": recall}
 
 
 class OnlineMetrics:
@@ -249,5 +289,5 @@ class OnlineMetrics:
         return out
 
 
-__all__ = ["PSNR_CAP_DB", "SSIM_BATCH_BYTES", "SSIM_WINDOW", "OnlineMetrics", "clip_embeddings", "dead_reckon", "gt_scores", "gt_summary", "latent_diff", "pac", "pairs_from_poses",
+__all__ = ["PSNR_CAP_DB", "attention_summary", "SSIM_BATCH_BYTES", "SSIM_WINDOW", "OnlineMetrics", "clip_embeddings", "dead_reckon", "gt_scores", "gt_summary", "latent_diff", "pac", "pairs_from_poses",
            "pairs_from_waypoints", "revisit_pairs", "scene_drift", "summarise_run", "temp_ssim"]

@@ -135,6 +135,55 @@ def pairs_from_prompts(prompts: list) -> list[tuple[int, int]]:
     return sorted(pairs)
 
 
+def first_visit_frames(plan: ActionPlan, chunk_pairs, pos_tol: float = 0.5,
+                       angle_tol: float = 15.0) -> dict[int, set[int]]:
+    """Per return chunk of ``chunk_pairs`` (``(first visit, return)`` chunk pairs of :func:`revisit_pairs`),
+    the latent frames taken at the place it returns to: the frames up to the end of the last chunk it
+    is paired with whose camera pose (the mean over the pixel frames each decodes to,
+    :func:`~worldtrace_cli.world.motion.frame_poses`) matches the return chunk's mean pose within
+    ``pos_tol`` units and ``angle_tol`` degrees of yaw and of pitch (:func:`pairs_from_poses`' test),
+    and the paired chunks' own frames. For a prompt loop (``plan.prompts``, text-to-video) the frames
+    of the whole first segment of the return's prompt (LoopBench's "slots from the first A segment").
+    Used for recall attention (:func:`~worldtrace_cli.outputs.records.recall_attention`).
+
+    Returns:
+        ``{return chunk: set of latent-frame indices}``.
+    """
+    from ..outputs.records import latent_pixel_frames
+    from ..world.motion import frame_poses
+
+    fpc = plan.frames_per_chunk
+    firsts: dict[int, list[int]] = {}
+    for first, ret in chunk_pairs:
+        firsts.setdefault(int(ret), []).append(int(first))
+    out: dict[int, set[int]] = {}
+    if plan.prompts is not None:  # the whole first segment of each paired chunk's prompt
+        prompts = plan.prompts
+        for ret, chunks in firsts.items():
+            frames = out.setdefault(ret, set())
+            for first in chunks:
+                lo = hi = first
+                while lo > 0 and prompts[lo - 1] == prompts[first]:
+                    lo -= 1
+                while hi + 1 < len(prompts) and prompts[hi + 1] == prompts[first]:
+                    hi += 1
+                frames.update(range(fpc * lo, fpc * (hi + 1)))
+        return out
+    poses = frame_poses(plan.mode, plan.keyboard, plan.mouse)  # [R, 4] per pixel frame
+    for ret, chunks in firsts.items():
+        s, e = chunk_rows(ret, fpc)
+        target = poses[s:min(e, len(poses))].mean(0)
+        frames = {f for c in chunks for f in range(fpc * c, fpc * (c + 1))}
+        for f in range(fpc * (max(chunks) + 1)):
+            rows = [r for r in latent_pixel_frames(f) if r < len(poses)]
+            d = poses[rows].mean(0) - target
+            if (float(d[:2].norm()) <= pos_tol and abs(float(_wrap_deg(d[2]))) <= angle_tol
+                    and abs(float(d[3])) <= angle_tol):
+                frames.add(f)
+        out[ret] = frames
+    return out
+
+
 def _frame_pairs(chunk_pairs, frames_per_chunk: int = 3) -> list[tuple[int, int]]:
     """Pixel-frame pairs of chunk pairs: frame k of one with frame k of the other, aligned at the
     chunks' ends (chunk 0 has 9 frames, later chunks 12; LingBot 13 and 16)."""
@@ -169,4 +218,4 @@ def revisit_pairs(plan: ActionPlan) -> dict:
             "frame_pairs": _frame_pairs(chunk_pairs, plan.frames_per_chunk)}
 
 
-__all__ = ["pairs_from_poses", "pairs_from_prompts", "pairs_from_waypoints", "revisit_pairs"]
+__all__ = ["first_visit_frames", "pairs_from_poses", "pairs_from_prompts", "pairs_from_waypoints", "revisit_pairs"]

@@ -83,12 +83,17 @@ class CacheView:
             every denoising step and the context pass rotate each layer's past again) instead of one
             per layer kept for the chunk: 1/L of the buffer memory (LingBot-World: 0.55 GB instead of
             22.2 GB at the default cache, issue 45) for L-1 more rotations per call. Same values.
+        attention: an :class:`~worldtrace_cli.model.attention_stats.AttentionProbe` that measures each
+            layer's share of attention per cache slot in the calls made while it is set (the rollout
+            sets it for the chunk's last denoising step under ``--attention-stats``); None: nothing
+            is measured (the default: one attribute test per layer).
     """
 
     past: list[LayerPast]
     temporal_freq_scale: torch.Tensor | None = None
     query_only_tokens: int = 0
     shared_buffer: bool = False
+    attention: object = None
     _buffers: dict[int, tuple[torch.Tensor, torch.Tensor]] = field(default_factory=dict, init=False)
     _filled: int | None = field(default=None, init=False)  # shared_buffer: the layer the buffer holds
     _shared: tuple[torch.Tensor, torch.Tensor] | None = field(default=None, init=False)  # its full-size pair

@@ -155,15 +155,17 @@ class SelfAttention(_Projections):
     def attend(q, k, v, layer: int, chunk: ChunkInputs, rope: MainRope):
         """SDPA of q [1, n, H, d] over this layer's [past slots | current chunk] buffer -> [1, n, H*d].
 
-        The buffer (:meth:`ChunkInputs.kv_buffer`) holds the past slots rotated once per chunk; the
-        current chunk's rotated k and its v are copied into its tail, less its first
-        ``chunk.query_only_tokens`` tokens (a re-cache call's query-only frames; 0 otherwise).
+        The buffer (:meth:`ChunkInputs.kv_buffer`) holds the past slots rotated once per chunk; the current
+        chunk's rotated k and its v go to its tail, less its first ``chunk.query_only_tokens`` tokens (a
+        re-cache call's query-only frames). A probe in ``chunk.attention`` measures the q and buffer SDPA reads.
         """
         b, n, h, d = q.shape
         skip = chunk.query_only_tokens
         kbuf, vbuf = chunk.kv_buffer(layer, rope, n - skip, k.dtype, b)
         kbuf[:, kbuf.shape[1] - (n - skip):] = k[:, skip:]
         vbuf[:, vbuf.shape[1] - (n - skip):] = v[:, skip:]
+        if chunk.attention is not None:  # --attention-stats: the shares of the buffer SDPA reads, per slot
+            chunk.attention.observe(layer, q, kbuf, vbuf, n - skip)
         out = F.scaled_dot_product_attention(q.transpose(1, 2), kbuf.transpose(1, 2), vbuf.transpose(1, 2))
         return out.transpose(1, 2).reshape(b, n, h * d)
 

@@ -15,7 +15,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .views import event_view, jpeg_b64, one_line, slot_view
+from .views import event_view, frame_index, jpeg_b64, one_line, self_share, slot_view
 
 log = logging.getLogger("worldtrace")
 
@@ -57,6 +57,9 @@ class Page:
         self.busy = asyncio.Lock()
         self.closed = False
         self.leaving = False  # the client closed or dropped the connection: queued requests are dropped
+        # per open session (by id), per latent frame: the JPEG of the last pixel frame it decoded to, so a
+        # hovered cache slot shows the frame it holds (the "frame" op); dropped when the session closes
+        self.stills: dict[int, dict[int, str]] = {}
 
     # -- sessions (worker thread) -------------------------------------------------------------
     def _open(self, cache: str):
@@ -75,7 +78,17 @@ class Page:
         for actions in history:
             if self.leaving:  # the page left: no point replaying for nobody
                 raise PageLeft()
-            session.step(actions)
+            frames, record = session.step(actions)
+            self._keep_stills(session, record, frames)
+
+    def _keep_stills(self, session, record: dict, frames, encoded: list[str] | None = None) -> None:
+        """Keep the JPEG of each of the chunk's latent frames (its last pixel frame; ``encoded``: the
+        chunk's frames already encoded, else the needed ones are)."""
+        stills = self.stills.setdefault(id(session), {})
+        first, end = record["latent_frames"]
+        for f in range(first, end):
+            i = frame_index(record["chunk"], f, session.preset.frames_per_chunk)
+            stills[f] = encoded[i] if encoded is not None else jpeg_b64(frames[i:i + 1])[0]
 
     def _step_all(self, action: str, prompt: str | None = None) -> list:
         with self.settings.lock:  # a text-to-video lane takes the prompt (None: the last one goes on)
@@ -86,6 +99,7 @@ class Page:
         closed before its first chunk leaves none)."""
         done = []
         for lane in (self.lanes if lanes is None else lanes):
+            self.stills.pop(id(lane), None)
             try:
                 if lane.close() is not None:  # a summary: the session recorded chunks
                     done.append(str(lane.folder.path))
@@ -118,7 +132,8 @@ class Page:
         """Each lane's writer, run folder name, chunk count and history (GT-PSNR and slots per chunk)."""
         return [{"writer": lane.cfg.memory.cache, "run_dir": None if lane.folder is None else lane.folder.path.name,
                  "chunk": lane.chunk, "psnr": [(r.get("metrics") or {}).get("gt_psnr") for r in lane.records],
-                 "timeline": [{"slots": slot_view(r), "events": event_view(r)} for r in lane.records]}
+                 "timeline": [{"slots": slot_view(r), "events": event_view(r), "self": self_share(r)}
+                              for r in lane.records]}
                 for lane in self.lanes]
 
     async def start(self) -> None:
@@ -192,9 +207,9 @@ class Page:
             return await self.error("a message is a JSON object with an \"op\" (step, writer, compare, save, reset)")
         op = msg["op"]
         handler = {"step": self.on_step, "writer": self.on_writer, "compare": self.on_compare, "save": self.on_save,
-                   "reset": self.on_reset}.get(op)
+                   "reset": self.on_reset, "frame": self.on_frame}.get(op)
         if handler is None:
-            return await self.error(f"unknown op {op[:40]!r}: step, writer, compare, save or reset")
+            return await self.error(f"unknown op {op[:40]!r}: step, writer, compare, save, reset or frame")
         async with self.busy:  # one request at a time (a page's messages are read in order anyway)
             try:
                 await handler(msg)
@@ -213,20 +228,45 @@ class Page:
             raise InputError("step: \"action\" is action words, e.g. \"forward+camera_l\"")
         if prompt is not None and (not isinstance(prompt, str) or not self.lanes[0].preset.is_text):
             raise InputError("step: \"prompt\" is text, for a text-to-video preset (self-forcing-tiny, ...)")
+        if self.lanes[0].preset.is_text and "action" in msg:
+            raise InputError("step: a text-to-video page takes {\"op\": \"step\", \"prompt\": \"...\"} (no prompt: "
+                             "the last one goes on), not \"action\"")
         started = time.perf_counter()
         results = await self.run(self._step_all, action, prompt)
         lanes = []
         for lane, (frames, record) in zip(self.lanes, results):
-            lanes.append({"writer": lane.cfg.memory.cache, "frames": jpeg_b64(frames),
+            encoded = jpeg_b64(frames)
+            self._keep_stills(lane, record, frames, encoded)
+            lanes.append({"writer": lane.cfg.memory.cache, "frames": encoded,
                           "frames_sha256": record["frames_sha256"],
                           "gt_psnr": (record.get("metrics") or {}).get("gt_psnr"),
-                          "slots": slot_view(record), "events": event_view(record),
+                          "slots": slot_view(record), "events": event_view(record), "self": self_share(record),
                           "max_offset": record["cache"]["max_offset"], "trained_offset": record["cache"]["trained_offset"],
                           "seconds": round(sum(v for k, v in record["timings_s"].items() if k != "decode_wait"), 3)})
         truth = self.lanes[0].truth()
         await self.send({"op": "chunk", "chunk": results[0].record["chunk"], "action": results[0].record["actions"],
                          "lanes": lanes, "truth": None if truth is None else jpeg_b64(truth),
                          "server_s": round(time.perf_counter() - started, 3)})
+
+    async def on_frame(self, msg: dict) -> None:
+        """``{"op": "frame", "lane": i, "latent_frame": f}``: the frame a cache slot holds, as the page
+        shows it on hover: the generated one (the last pixel frame latent frame f decoded to) and, with
+        ground truth, the true one at the same pose."""
+        from ..errors import InputError
+
+        lane, frame = msg.get("lane", 0), msg.get("latent_frame")
+        if isinstance(lane, bool) or not isinstance(lane, int) or not 0 <= lane < len(self.lanes):
+            raise InputError(f"frame: \"lane\" is 0 .. {len(self.lanes) - 1}, got {str(lane)[:20]}")
+        session = self.lanes[lane]
+        stills = self.stills.get(id(session), {})
+        if isinstance(frame, bool) or not isinstance(frame, int) or frame not in stills:
+            raise InputError(f"frame: \"latent_frame\" is a generated latent frame of lane {lane} "
+                             f"(0 .. {max(stills, default=-1)}), got {str(frame)[:20]}")
+        fpc = session.preset.frames_per_chunk
+        chunk = frame // fpc
+        truth = await self.run(session.truth, chunk)
+        await self.send({"op": "frame", "lane": lane, "latent_frame": frame, "generated": stills[frame],
+                         "truth": None if truth is None else jpeg_b64(truth[frame_index(chunk, frame, fpc):][:1])[0]})
 
     def _history(self) -> list:
         return self.lanes[0].actions_taken() if self.lanes else []

@@ -18,10 +18,13 @@ client -> server
                                                       another writer, then driven by the same keys; null drops it
   ``{"op": "save"}``                                 every lane's state saved into its run folder
   ``{"op": "reset"}``                                recordings closed (complete), fresh sessions opened
+  ``{"op": "frame", "lane": 0, "latent_frame": 5}``  the frame a cache slot holds (hovered or tapped)
 server -> client
   ``ready`` (preset, writers, lanes, frame size, fps, wait_for_key), ``chunk`` (per lane: JPEG frames as base64,
-  GT-PSNR, the slots read, events; the true frames on loopworld), ``status`` (progress text),
-  ``saved`` (folders relative to ``--runs-dir``), ``error`` (one line; the connection stays open).
+  GT-PSNR, the slots read with their attention shares, the chunk's own share, events; the true frames on
+  loopworld), ``frame`` (the generated JPEG of that latent frame and the true one at its pose, or null),
+  ``status`` (progress text), ``saved`` (folders relative to ``--runs-dir``), ``error`` (one line; the
+  connection stays open).
 
 The client never names a file: run folders are made under the server's ``--runs-dir``, and the
 page is shown only paths inside it. A close frame or a dropped connection drops the page's queued

@@ -16,7 +16,7 @@ import shutil
 from dataclasses import replace
 from pathlib import Path
 
-from ..config import PRESET_ADDED, PRESET_DEFAULTS_ONLY
+from ..config import PRESET_ADDED, PRESET_DEFAULTS_ONLY, RUN_ADDED
 from ..errors import InputError, WorldtraceError
 from ..writer_options import MemoryConfig
 from .folder import RunFolder
@@ -124,15 +124,17 @@ def absolute(cfg):
 
 
 def _video_settings(d: dict) -> dict:
-    """A RunConfig dict reduced to what makes its video, on one footing for runs of every version:
-    preset keys added later take the value older runs were made with
+    """A RunConfig dict reduced to what makes its video and records, on one footing for runs of every
+    version: settings added later take the value older runs were made with
+    (:data:`~worldtrace_cli.config.RUN_ADDED`: no attention stats), preset keys added later take the
+    value older runs were made with
     (:data:`~worldtrace_cli.config.PRESET_ADDED`), the preset's defaults-only keys are dropped
     (:data:`~worldtrace_cli.config.PRESET_DEFAULTS_ONLY`: the value used is in ``memory``), and
     ``memory`` takes its current flat form (:meth:`~worldtrace_cli.writer_options.MemoryConfig.from_dict`
     then ``to_dict``: the writer's own settings, resolved; older runs recorded every writer's settings,
     ``landmark_threshold`` included, for every writer). A ``memory`` this version cannot read (a
     damaged record) is compared as it is."""
-    d = {k: v for k, v in d.items() if k not in VOLATILE}
+    d = {k: v for k, v in {**RUN_ADDED, **d}.items() if k not in VOLATILE}
     if isinstance(d.get("preset"), dict):
         d["preset"] = {k: v for k, v in {**PRESET_ADDED, **d["preset"]}.items() if k not in PRESET_DEFAULTS_ONLY}
     memory = d.get("memory")

@@ -64,7 +64,7 @@ class RunSinks:
         if self.start:
             steps.append(lambda: concat_videos([self.folder.video, self.folder.video_part], self.folder.video))
         if self.records:
-            steps.append(lambda: plot_cache_timeline(self.records, self.folder.timeline))
+            steps.append(lambda: plot_cache_timeline(self.records, self.folder.timeline, returns=self.returns()))
         for step in steps:
             try:
                 step()
@@ -72,6 +72,16 @@ class RunSinks:
                 if not failing:
                     raise
                 log.warning(f"while stopping: {exc}")
+
+    def returns(self) -> dict[int, set[int]] | None:
+        """For the attention panel of ``cache_timeline.png`` (records with attention shares): each return
+        chunk of the plan's revisits and the latent frames of its first visit
+        (:func:`~worldtrace_cli.metrics.revisit.first_visit_frames`); None without shares."""
+        if not any("attention" in r["cache"] for r in self.records):
+            return None
+        from ..metrics.revisit import first_visit_frames, revisit_pairs
+
+        return first_visit_frames(self.plan, revisit_pairs(self.plan)["chunk_pairs"])
 
     def max_offset(self) -> int | None:
         """The largest query-key temporal offset (latent frames) any chunk read the cache at."""

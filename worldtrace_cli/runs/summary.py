@@ -28,6 +28,7 @@ def run_summary(status: str, cfg, run_dir, command: list[str], resumed_by, pipel
     import torch
 
     from ..engine.pipeline import versions
+    from ..metrics import attention_summary
     from ..schemas import SCHEMA_VERSION
 
     device = pipeline.device
@@ -47,6 +48,7 @@ def run_summary(status: str, cfg, run_dir, command: list[str], resumed_by, pipel
         "cache": {**writer.describe(), "kv_bytes": writer.kv_bytes(), "host_bytes": writer.host_bytes(),
                   "trained_offset": trained, "max_offset": sinks.max_offset()},
         "metrics": scorer.summary(plan) if status == "complete" else None,
+        "attention": attention_summary(sinks.records, plan) if cfg.attention_stats else None,
         "warnings": list(warnings or []),
         "totals": sinks.totals(done, pipeline.load_seconds, cond_s, cfg.overlap_decode, started, device,
                                account=account),

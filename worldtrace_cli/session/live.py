@@ -27,8 +27,7 @@ class Session:
 
     Build one with :func:`open` (or :meth:`load`); every chunk goes through the same code as
     ``worldtrace generate`` (Rollout, DecodePipeline, :func:`~worldtrace_cli.engine.loop.finish_record`).
-    Not thread-safe: call it from one thread at a time (``worldtrace play`` runs each session's
-    steps on one worker thread).
+    Not thread-safe: one thread at a time (``worldtrace play`` steps each on one worker thread).
 
     Args:
         pipeline: a loaded MG2 :class:`~worldtrace_cli.engine.base.PipelineBase` serving ``cfg``.
@@ -96,8 +95,7 @@ class Session:
         return self.plan.num_chunks
 
     def actions_taken(self) -> list:
-        """The actions of every chunk so far, each as :meth:`step` takes it (action words, or a list
-        of one entry per pixel frame), so ``for a in s.actions_taken(): other.step(a)`` replays them."""
+        """Every chunk's actions so far as :meth:`step` takes them (``for a in s.actions_taken(): other.step(a)``)."""
         return self.actions.taken()
 
     def rows_next(self) -> int:
@@ -106,8 +104,7 @@ class Session:
 
     # -- the chunk loop -------------------------------------------------------------------------
     def _start(self) -> None:
-        """Condition and build the rollout at the first chunk (loopworld's start view is the pose
-        after the first action row, so it waits for that row)."""
+        """Condition and build the rollout at the first chunk (loopworld's start view waits for its first row)."""
         from ..engine.loop import ChunkLoop
         from ..runs.sinks import RunSinks
 
@@ -134,6 +131,8 @@ class Session:
         self.rollout = self.pipeline.rollout(self.writer, self._conditioned, self.plan.keyboard[None],
                                              None if self.plan.mouse is None else self.plan.mouse[None],
                                              self._seed())
+        if self.cfg.attention_stats:
+            self.rollout.measure_attention(self.cfg.attention_queries)
         if self.folder is not None:
             self._sinks = RunSinks(self.folder, self.preset, self.plan, self.scorer, self.records, self._progress,
                                    0, False, self.writer.name)
@@ -182,6 +181,9 @@ class Session:
             raise InputError("step: the session is closed")
         if prompt is not None and not self.preset.is_text:
             raise InputError(f"step: prompt= is for text-to-video presets (preset {self.preset.name} takes actions)")
+        if prompt is not None and actions != "idle":  # a prompt word and a prompt: which one was meant?
+            raise InputError(f"step: a text-to-video chunk takes one prompt: step(prompt={prompt[:30]!r}) or "
+                             f"step({str(actions)[:30]!r}), not both")
         name, segments, per_row = (text_chunk(self.actions, actions, prompt) if self.preset.is_text else
                                    parse_chunk_actions(actions, self.preset.mode, self.rows_next()))
         self.actions.append(name, segments, per_row)
@@ -201,10 +203,9 @@ class Session:
     # -- what a person looks at -----------------------------------------------------------------
     @property
     def cache(self) -> dict | None:
-        """The KV cache as the latest chunk read it: its record's ``cache`` (``writer``, ``slots``
-        as runs with role (recent | summary), source latent frames, virtual positions and offsets,
-        ``events`` such as landmark detections and retrievals, ``kv_bytes``); None before the first
-        chunk. What the next chunk reads is decided when it begins (the recent window has already
+        """The KV cache as the latest chunk read it: its record's ``cache`` (``writer``, ``slots`` as runs
+        with role, source latent frames, virtual positions, offsets, ``events``, ``kv_bytes``); None
+        before the first chunk. What the next chunk reads is decided when it begins (the recent window has already
         moved at the last commit; retrieval writers pick their frames at ``begin_chunk``)."""
         return None if self._last_record is None else self._last_record["cache"]
 
@@ -285,6 +286,8 @@ class Session:
         from ..engine.pipeline import Pipeline
         from ..runs.state import load_state, unpack
 
+        from .storage import check_path
+        check_path(path, "load: path", "wt.load('saved/here')")
         meta, parts, tensors = load_state(path)
         if meta.get("version") != SESSION_STATE_VERSION or "segments" not in meta:
             raise InputError(f"{path}: not a worldtrace session state (version {meta.get('version')!r})")

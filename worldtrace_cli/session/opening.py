@@ -23,7 +23,8 @@ def open(preset: str = "loopworld", cache: str | None = None, *, checkpoint: str
          image: str | Path | None = None, world_seed: int = 0, seed: int = 0, device: str = "auto",
          dtype: str = "auto", compile: str = "none", rope_precision: str = "float32", metrics: str = "fast",
          random_weights: bool = False, weights_seed: int = 0, record: str | Path | None = None,
-         overwrite: bool = False, pipeline=None, prompt_switch: str = "recache", **writer_options) -> Session:
+         overwrite: bool = False, pipeline=None, prompt_switch: str = "recache", attention_stats: bool = False,
+         attention_queries: int = 0, **writer_options) -> Session:
     """Open a live :class:`Session` (``import worldtrace_cli as wt; s = wt.open("loopworld", cache="landmark")``).
 
     Args:
@@ -38,6 +39,10 @@ def open(preset: str = "loopworld", cache: str | None = None, *, checkpoint: str
         record: a run folder to record into (refused when it holds a run, unless ``overwrite``).
         pipeline: a loaded pipeline to share (``worldtrace play`` shares one between sessions).
         prompt_switch: text-to-video presets: ``recache`` (LongLive's), ``recache-keep-sink`` or ``plain``.
+        attention_stats: measure each chunk's attention per cache slot (``generate --attention-stats``):
+            each slot of ``record["cache"]["slots"]`` gets ``attention``, the cache ``attention``
+            (:func:`~worldtrace_cli.outputs.records.most_read_slot` reads which slot a chunk read most).
+            attention_queries: a seeded sample of that many query tokens per layer (0: all).
         writer_options: ``generate``'s memory flags as keywords: the shared ``positions``,
             ``budget``, ``summary_slots``, ``recent_slots``, and the writer's own settings
             (``landmark_threshold``, ``sink_frames``, ``top_k``, ...: the fields of its options
@@ -65,15 +70,27 @@ def open(preset: str = "loopworld", cache: str | None = None, *, checkpoint: str
                          f"LingBot-World runs with worldtrace generate")
     from ..trajectory.prompts import SWITCH_MODES
 
-    if prompt_switch not in SWITCH_MODES or (prompt_switch != "recache" and not resolved.is_text):
-        raise InputError(f"open: prompt_switch must be one of {', '.join(SWITCH_MODES)} (text-to-video presets only), "
-                         f"got {prompt_switch!r}")
+    if prompt_switch not in SWITCH_MODES:
+        raise InputError(f"open: prompt_switch must be one of {', '.join(SWITCH_MODES)}, got {str(prompt_switch)[:40]!r}")
+    if prompt_switch != "recache" and not resolved.is_text:
+        raise InputError(f"open: prompt_switch={prompt_switch!r} is for text-to-video presets; preset "
+                         f"{resolved.name} takes actions, not prompts")
+    if world_seed != 0 and not resolved.has_world:
+        raise InputError(f"open: world_seed={world_seed!r} picks a procedural world; preset {resolved.name} has none "
+                         f"(only loopworld-style presets walk a world)")
     options = {**default_cache(resolved), **writer_options} if cache is None else {"cache": cache, **writer_options}
     known = {"positions", *SLOT_FIELDS, *writer_flags()}
     unknown = sorted(set(writer_options) - known)
     if unknown:
         raise InputError(f"open: unknown writer option {', '.join(unknown)} (known: {', '.join(sorted(known))})")
     memory = memory_config(preset=resolved, **options)
+    if not isinstance(attention_stats, bool):
+        raise InputError(f"open: attention_stats must be True or False, got {attention_stats!r}")
+    if isinstance(attention_queries, bool) or not isinstance(attention_queries, int) or attention_queries < 0:
+        raise InputError(f"open: attention_queries must be an integer >= 0 (0: every query token), "
+                         f"got {attention_queries!r}")
+    if attention_queries and not attention_stats:
+        raise InputError("open: attention_queries samples the queries of attention_stats: add attention_stats=True")
     for name, value in (("seed", seed), ("world_seed", world_seed)):  # the CLI's range (--seed, --world-seed)
         if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= MAX_SEED:
             raise InputError(f"open: {name} must be an integer with 0 <= {name} < 2**63, got {value!r}")
@@ -95,7 +112,8 @@ def open(preset: str = "loopworld", cache: str | None = None, *, checkpoint: str
                     checkpoint=None if checkpoint is None else Path(checkpoint).resolve(),
                     random_weights=random_weights, weights_seed=weights_seed, world_seed=world_seed, memory=memory,
                     overwrite=overwrite, progress=False, metrics=metrics, save_every=0, rope_precision=rope_precision,
-                    compile=compile, prompt_switch=prompt_switch)
+                    compile=compile, prompt_switch=prompt_switch, attention_stats=attention_stats,
+                    attention_queries=attention_queries)
     if pipeline is None or not pipeline.serves(cfg):
         pipeline = Pipeline.from_config(cfg)
     return Session(pipeline, cfg, record)

@@ -8,13 +8,28 @@ from pathlib import Path
 from ..errors import InputError, OutputError
 
 
-def check_record(record) -> None:
-    """Refuse a ``record=`` value that is not a run folder's path: ``""`` (the current folder, among
-    the user's files; the CLI refuses ``-o ""`` likewise).
+def check_path(value, what: str, example: str) -> None:
+    """Refuse a folder argument that is not a path (``str`` or ``os.PathLike``: an int, None, a list...)
+    in one line naming the argument, before anything is touched.
 
     Raises:
-        InputError: an empty path.
+        InputError: ``what must be a folder path ... got <type>`` (with ``example``).
     """
+    import os
+
+    if isinstance(value, bool) or not isinstance(value, (str, os.PathLike)):
+        raise InputError(f"{what} must be a folder path (a str or pathlib.Path, e.g. {example}), "
+                         f"got {type(value).__name__} {str(value)[:40]!r}")
+
+
+def check_record(record) -> None:
+    """Refuse a ``record=`` value that is not a run folder's path: not a path at all, or ``""`` (the
+    current folder, among the user's files; the CLI refuses ``-o ""`` likewise).
+
+    Raises:
+        InputError: not a path, or an empty one.
+    """
+    check_path(record, "open: record", "record='runs/live'")
     if str(record).strip() == "":
         raise InputError("open: record='' is the current folder; name a run folder (e.g. record='runs/live')")
 
@@ -40,9 +55,10 @@ def check_save_target(path, overwrite: bool, version: int) -> Path:
     :func:`~worldtrace_cli.runs.state.save_state`'s own guard. Reads only. Returns the Path.
 
     Raises:
-        InputError: an empty path. OutputError: the root, another kind of state, or a saved session
-            without ``overwrite`` (one line naming the path).
+        InputError: not a path (an int, None), an empty path. OutputError: the root, another kind of
+            state, or a saved session without ``overwrite`` (one line naming the path).
     """
+    check_path(path, "save: path", "s.save('saved/here')")
     if str(path) == "":
         raise InputError("save: an empty path; name a folder (e.g. s.save('saved/here'))")
     path = Path(path)
@@ -81,4 +97,4 @@ def save_session_state(path, meta: dict, parts: dict, overwrite: bool) -> Path:
     return path
 
 
-__all__ = ["check_record", "check_save_target", "is_session_state", "save_session_state"]
+__all__ = ["check_path", "check_record", "check_save_target", "is_session_state", "save_session_state"]

@@ -28,6 +28,8 @@ class WriterRow:
         arg: what ``--cache name:arg`` means: None (no argument), ``field_slots`` (``mixed:k``) or
             ``keep_ratio`` (``worldkv:r``: sets the ``keep_ratio`` setting).
         about: one line for ``--cache``'s help.
+        needs_poses: the writer chooses its memory by camera pose (its class's ``needs_poses``), so a run
+            without a camera (text-to-video) is refused before torch loads.
     """
 
     sizes: str
@@ -35,6 +37,7 @@ class WriterRow:
     options: type = NoOptions
     arg: str | None = None
     about: str = ""
+    needs_poses: bool = False
 
     @property
     def flags(self) -> dict[str, Flag]:
@@ -105,9 +108,10 @@ for _name, _row in {
     "memrope": WriterRow("memrope", "its sizes are --sink-frames, 2 EMA slots and --budget", SinkOptions,
                          about="MemRoPE, sinks, 2 EMA slots and recent frames"),
     "retrieval": WriterRow("slots", "it retrieves --summary-slots frames into slots; the bank is --bank-device",
-                           RetrievalOptions, "keep_ratio", about="WorldTrace Retrieval, summary slots retrieved by camera pose"),
+                           RetrievalOptions, "keep_ratio", about="WorldTrace Retrieval, summary slots retrieved by camera pose",
+                           needs_poses=True),
     "worldkv": WriterRow("unbounded", "its window is --top-k retrieved chunks + the previous chunk", WorldKVOptions,
-                         "keep_ratio", about="WorldKV, chunks retrieved by camera pose"),
+                         "keep_ratio", about="WorldKV, chunks retrieved by camera pose", needs_poses=True),
 }.items():
     add_writer(_name, _row)
 

@@ -65,8 +65,8 @@ function onChunk(msg) {
   S.serverTimes.push(msg.server_s);
   msg.lanes.forEach((lane, i) => {
     S.psnr[i].push(lane.gt_psnr);
-    S.timeline[i].push({ slots: lane.slots, events: lane.events });
-    drawTimeline(i); slotTable(i, lane.slots);
+    S.timeline[i].push({ slots: lane.slots, events: lane.events, self: lane.self });
+    drawTimeline(i); drawAttention(i); slotTable(i, lane.slots);
   });
   const fmt = (v) => (v === null || v === undefined ? "-" : v.toFixed(2));
   $("psnr0").textContent = fmt(msg.lanes[0].gt_psnr);
@@ -131,16 +131,100 @@ function drawTimeline(lane) {
   });
 }
 
+// inferno, five stops: the attention shares (dark = not read, bright = read most)
+const INF = [[0, 0, 4], [87, 16, 110], [188, 55, 84], [249, 142, 9], [252, 255, 164]];
+function inferno(t) {
+  t = Math.max(0, Math.min(1, t)) * (INF.length - 1);
+  const i = Math.min(INF.length - 2, Math.floor(t)), f = t - i;
+  return `rgb(${INF[i].map((v, k) => Math.round(v + f * (INF[i + 1][k] - v))).join(",")})`;
+}
+
+function shareScale() {
+  // the colour scale's top, one for both lanes (so a writer's dark cache reads as dark beside the other's):
+  // the largest share a past slot got so far (the chunk's own share saturates)
+  let top = 1e-6;
+  S.timeline.forEach((cols) => cols.forEach((col) => col.slots.forEach((s) => {
+    if (s.share !== null && s.share !== undefined) top = Math.max(top, s.share);
+  })));
+  return top;
+}
+
+function drawAttention(lane) {
+  // slots x chunks coloured by each slot's share of the chunk's attention, and the chunk's own share as
+  // the last row (--attention-stats; the server's default in play)
+  const c = $("attn" + lane), g = c.getContext("2d"), all = S.timeline[lane], cols = all.slice(-64);
+  g.clearRect(0, 0, c.width, c.height);
+  const measured = all.some((col) => col.self !== null && col.self !== undefined);
+  document.querySelectorAll(".attn").forEach((el) => { el.hidden = !measured && !S.attention; });
+  if (!measured) return;
+  S.attention = true;
+  const rows = Math.max(1, ...cols.map((x) => x.slots.length)) + 1;
+  const w = c.width / Math.max(16, cols.length), h = c.height / rows, top = shareScale();
+  cols.forEach((col, x) => {
+    const off = rows - 1 - col.slots.length;
+    col.slots.forEach((s, y) => {
+      g.fillStyle = s.share === null || s.share === undefined ? "#333" : inferno(s.share / top);
+      g.fillRect(x * w + 1, (off + y) * h + 1, w - 2, h - 2);
+    });
+    if (col.self !== null && col.self !== undefined) {
+      g.fillStyle = inferno(col.self / top);
+      g.fillRect(x * w + 1, (rows - 1) * h + 1, w - 2, h - 2);
+    }
+  });
+  S.attnGeometry = S.attnGeometry || [];
+  S.attnGeometry[lane] = { w, h, rows, first: all.length - cols.length };
+}
+
 function slotTable(lane, slots) {
   const body = $("slots" + lane);
   body.innerHTML = "";
-  slots.forEach((s) => {
+  const top = shareScale();
+  slots.forEach((s, i) => {
     const tr = document.createElement("tr");
     tr.className = s.role;
     const frames = s.frames.join(",") + (s.n > s.frames.length ? ` (+${s.n - s.frames.length})` : "");
     [s.role, s.kind, frames, s.vpos].forEach((v) => { const td = document.createElement("td"); td.textContent = v; tr.appendChild(td); });
+    const td = document.createElement("td");
+    td.className = "attn";
+    if (s.share !== null && s.share !== undefined) {
+      const bar = document.createElement("span");
+      bar.className = "share"; bar.style.width = `${Math.round(60 * s.share / top)}px`;
+      td.appendChild(bar); td.appendChild(document.createTextNode(s.share.toFixed(3)));
+    }
+    tr.appendChild(td);
+    tr.onmouseenter = tr.onclick = () => showSlot(lane, s, i);
     body.appendChild(tr);
   });
+}
+
+function showSlot(lane, slot, index) {
+  // hovering or tapping a slot: the frame it holds (the server sends the generated one and the truth)
+  if (!slot || slot.still === null || slot.still === undefined) return;
+  const key = `${lane}:${slot.still}`;
+  $("preview").hidden = false;
+  const share = slot.share === null || slot.share === undefined ? "" : `, share ${slot.share.toFixed(3)}`;
+  const many = slot.n > 1 ? ` (averages ${slot.n} frames: the one nearest their mean)` : "";
+  $("previewlabel").textContent = `lane ${lane + 1}, slot ${index}: ${slot.role} ${slot.kind}${share}`;
+  $("previewnote").textContent = `latent frame ${slot.still}${many}; left generated, right the true view`;
+  if (S.previewKey === key) return;
+  S.previewKey = key;
+  send({ op: "frame", lane, latent_frame: slot.still });
+}
+
+function attnHover(lane, ev) {
+  const geo = (S.attnGeometry || [])[lane];
+  if (!geo) return;
+  const rect = ev.target.getBoundingClientRect();
+  const x = Math.floor((ev.clientX - rect.left) * (ev.target.width / rect.width) / geo.w);
+  const y = Math.floor((ev.clientY - rect.top) * (ev.target.height / rect.height) / geo.h);
+  const col = S.timeline[lane][geo.first + x];
+  if (!col) return;
+  const i = y - (geo.rows - 1 - col.slots.length);
+  if (i >= 0 && i < col.slots.length) showSlot(lane, col.slots[i], i);
+}
+for (const lane of [0, 1]) {
+  $("attn" + lane).addEventListener("mousemove", (ev) => attnHover(lane, ev));
+  $("attn" + lane).addEventListener("click", (ev) => attnHover(lane, ev));
 }
 
 function drawPsnr() {
@@ -178,7 +262,8 @@ function setLanes(lanes) {
   // each lane's history comes with it (a replayed writer has its own)
   S.psnr = [0, 1].map((i) => (lanes[i] ? lanes[i].psnr : []));
   S.timeline = [0, 1].map((i) => (lanes[i] ? lanes[i].timeline : []));
-  lanes.forEach((l, i) => { drawTimeline(i); slotTable(i, l.timeline.length ? l.timeline[l.timeline.length - 1].slots : []); });
+  lanes.forEach((l, i) => { drawTimeline(i); drawAttention(i); slotTable(i, l.timeline.length ? l.timeline[l.timeline.length - 1].slots : []); });
+  S.previewKey = null;
   drawPsnr();
   S.queue = [];
 }
@@ -208,6 +293,11 @@ function connect() {
       pump();
     } else if (msg.op === "chunk") onChunk(msg);
     else if (msg.op === "lanes") { S.inflight = false; setLanes(msg.lanes); status(`writers: ${msg.lanes.map((l) => l.writer).join(" | ")}`); pump(); }
+    else if (msg.op === "frame") {
+      $("previewgen").src = "data:image/jpeg;base64," + msg.generated;
+      $("previewtruth").hidden = !msg.truth;
+      if (msg.truth) $("previewtruth").src = "data:image/jpeg;base64," + msg.truth;
+    }
     else if (msg.op === "status") status(msg.message);
     else if (msg.op === "saved") status(`saved (in --runs-dir): ${msg.folders.join(", ")}`);
     else if (msg.op === "error") { S.inflight = false; status(msg.message, true); }
