@@ -46,8 +46,12 @@ def main() -> int:
                                           device=args.device))
     ramp = torch.linspace(0, 255, preset.width).to(torch.uint8).expand(preset.height, -1)
     image = Image.fromarray(torch.stack([ramp] * 3, dim=-1).numpy())
-    conditioned = (pipe.condition(None, args.chunks, ["a red lighthouse"] * args.chunks) if preset.is_text
-                   else pipe.condition(image, args.chunks))
+    from worldtrace_cli.engine.base import RunConditioning
+
+    backbone = preset.backbone
+    conditioned = pipe.condition(RunConditioning(args.chunks, image if backbone.start_image else None,
+                                                 "a red lighthouse" if backbone.run_prompt else None,
+                                                 ["a red lighthouse"] * args.chunks if backbone.takes_prompts else None))
     spec = MODES[preset.mode]
     rows = frames_for_chunks(args.chunks, preset.frames_per_chunk)
     keyboard = torch.zeros(1, rows, spec.keyboard_dim)

@@ -141,7 +141,9 @@ def run_world(pipe, preset, plan, world: int, decoys: list[int], seed: int, cach
     truths = {w: GroundTruth(w, plan, preset.height, preset.width, preset.world).frames(0, total)
               for w in [world] + decoys}
     truth_z = encode_frames(pipe.world.vae, truths[world])
-    conditioned = pipe.condition(Image.fromarray(truths[world][0]), n)
+    from worldtrace_cli.engine.base import RunConditioning
+
+    conditioned = pipe.condition(RunConditioning(n, Image.fromarray(truths[world][0])))
     out: dict = {"frames": {}}
     keyboard, mouse = plan.keyboard[None], None if plan.mouse is None else plan.mouse[None]
     for mode, clean in zip(MODES, (0, 1, n)):

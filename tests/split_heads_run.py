@@ -18,7 +18,7 @@ import torch
 from worldtrace_cli.config import RunConfig, load_preset, memory_config
 from worldtrace_cli.engine import shard
 from worldtrace_cli.engine.pipeline import Pipeline
-from worldtrace_cli.jobs.generate import condition_run, start_rollout
+from worldtrace_cli.jobs.generate import condition_run, run_feed, start_rollout
 from worldtrace_cli.jobs.inputs import prepare_inputs
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -35,14 +35,17 @@ def main(preset_name: str, cache: str, out: str, split: bool) -> None:
     try:
         inputs = prepare_inputs(cfg)
         pipeline = Pipeline.from_config(cfg)
-        rollout = start_rollout(pipeline, pipeline.build_writer(cfg.memory), condition_run(pipeline, cfg, inputs),
-                                inputs, cfg)
+        conditioned = condition_run(pipeline, cfg, inputs)
+        rollout = start_rollout(pipeline, pipeline.build_writer(cfg.memory), conditioned, inputs, cfg)
+        feed = run_feed(pipeline, conditioned, inputs)
         if shard.rank():  # as generate's other processes: each chunk process 0 makes
-            shard.follow(rollout)
+            shard.follow(rollout, feed)
             return
-        if split:
-            rollout.step = shard.lockstep(rollout.step)
-        chunks = [rollout.step() for _ in range(3)]
+        chunks, gate = [], shard.announcer() if split else None
+        for c in range(3):
+            if gate is not None:
+                gate()
+            chunks.append(rollout.step(None if feed is None else feed.request(c)))
         torch.save({"latents": torch.cat([c.latents for c in chunks]),
                     "slots": [[{k: v for k, v in s.items() if k != "attention"} for s in c.record["cache"]["slots"]]
                               for c in chunks],

@@ -71,6 +71,21 @@ def _run_config(preset_name, trajectory, cache, attention=True, chunks=3, **extr
                      device="cpu", **extra)
 
 
+def _generate_rollout(cfg):
+    """``generate``'s rollout of ``cfg`` (attention measured as it asks) and ``feed(chunk)``: that chunk's
+    request from the trajectory (None where the rollout feeds itself)."""
+    from worldtrace_cli.engine.pipeline import Pipeline
+    from worldtrace_cli.jobs.generate import condition_run, run_feed, start_rollout
+    from worldtrace_cli.jobs.inputs import prepare_inputs
+
+    inputs = prepare_inputs(cfg)
+    pipeline = Pipeline.from_config(cfg)
+    conditioned = condition_run(pipeline, cfg, inputs)
+    rollout = start_rollout(pipeline, pipeline.build_writer(cfg.memory), conditioned, inputs, cfg)
+    feed = run_feed(pipeline, conditioned, inputs)
+    return rollout, (lambda c: None) if feed is None else feed.request
+
+
 @pytest.mark.parametrize("preset, trajectory, cache, image", [
     ("tiny", "aba.yaml", "landmark", IMAGE),
     ("lingbot-tiny", "aba.yaml", "sink", None),
@@ -80,16 +95,8 @@ def test_rollout_shares_equal_the_materialised_attention_sdpa_reads(preset, traj
     """On every tiny preset (MG2, LingBot-World, Self-Forcing), each layer's shares at a chunk's last denoising
     step equal the materialised softmax over the q and key buffer the probe was handed, and that softmax
     times the value buffer is the attention output the block's output projection receives (SDPA's)."""
-    from worldtrace_cli.engine.pipeline import Pipeline
-    from worldtrace_cli.jobs.generate import condition_run, start_rollout
-    from worldtrace_cli.jobs.inputs import prepare_inputs
-
     torch.manual_seed(0)
-    cfg = _run_config(preset, ROOT / "trajectories" / trajectory, cache, image=image)
-    inputs = prepare_inputs(cfg)
-    pipeline = Pipeline.from_config(cfg)
-    rollout = start_rollout(pipeline, pipeline.build_writer(cfg.memory), condition_run(pipeline, cfg, inputs), inputs,
-                            cfg)
+    rollout, feed = _generate_rollout(_run_config(preset, ROOT / "trajectories" / trajectory, cache, image=image))
     checked, pending = [], {}
     original = AttentionProbe.observe
 
@@ -111,13 +118,13 @@ def test_rollout_shares_equal_the_materialised_attention_sdpa_reads(preset, traj
 
     monkeypatch.setattr(AttentionProbe, "observe", spy)
     handles = [block.self_attn.o.register_forward_pre_hook(sdpa_output(i))
-               for i, block in enumerate(pipeline.world.dit.blocks)]
+               for i, block in enumerate(rollout.dit.blocks)]
     try:
-        outs = [rollout.step() for _ in range(3)]
+        outs = [rollout.step(feed(c)) for c in range(3)]
     finally:
         for h in handles:
             h.remove()
-    layers = len(pipeline.world.dit.blocks)
+    layers = len(rollout.dit.blocks)
     assert len(checked) == 3 * layers and not pending  # one call a chunk (the last denoising step), every layer
     assert checked[-1][1] > 1  # the last chunk read past slots
     for out in outs:
@@ -129,17 +136,10 @@ def test_rollout_shares_equal_the_materialised_attention_sdpa_reads(preset, traj
 
 
 def test_sampled_queries_are_said_in_the_record():
-    from worldtrace_cli.engine.pipeline import Pipeline
-    from worldtrace_cli.jobs.generate import condition_run, start_rollout
-    from worldtrace_cli.jobs.inputs import prepare_inputs
-
-    cfg = _run_config("tiny", ROOT / "trajectories" / "aba.yaml", "sliding", image=IMAGE, attention_queries=7)
-    inputs = prepare_inputs(cfg)
-    pipeline = Pipeline.from_config(cfg)
-    rollout = start_rollout(pipeline, pipeline.build_writer(cfg.memory), condition_run(pipeline, cfg, inputs), inputs,
-                            cfg)
-    rollout.step()
-    att = rollout.step().record["cache"]["attention"]
+    rollout, feed = _generate_rollout(_run_config("tiny", ROOT / "trajectories" / "aba.yaml", "sliding", image=IMAGE,
+                                                  attention_queries=7))
+    rollout.step(feed(0))
+    att = rollout.step(feed(1)).record["cache"]["attention"]
     assert att["queries"]["sampled"] == 7 and att["queries"]["seed"] == 0 and att["queries"]["of"] > 7
     with pytest.raises(ValueError):
         rollout.measure_attention(-1)

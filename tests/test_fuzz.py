@@ -174,11 +174,11 @@ def test_a_lingbot_preset_refuses_the_euler_sampler(tmp_path):
     with pytest.raises(WorldtraceError) as err:
         load_preset(str(path))
     one_line_user_error(err.value)
-    assert str(err.value).startswith(f"{path}: sampler: LingBot presets use LingBot's own sampler"), str(err.value)
+    assert str(err.value).startswith(f"{path}: sampler: LingBot-World presets use the model's own sampler; only Matrix-Game-2.0 presets "), str(err.value)
     path.write_text(yaml.safe_dump({**base, "context_noise": 100}))
     with pytest.raises(WorldtraceError) as err:
         load_preset(str(path))
-    assert str(err.value) == f"{path}: context_noise: only MG2-architecture presets take a context noise"
+    assert str(err.value) == f"{path}: context_noise: LingBot-World presets take no context noise (its context pass is clean)"
 
 
 def test_a_preset_extends_a_built_in_one(tmp_path):

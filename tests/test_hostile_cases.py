@@ -122,7 +122,7 @@ def test_session_refusals_are_one_line():
     import worldtrace_cli as wt
     from worldtrace_cli.errors import InputError
 
-    with pytest.raises(InputError, match="prompt_switch='plain' is for text-to-video presets; preset loopworld"):
+    with pytest.raises(InputError, match="prompt_switch='plain' is for Self-Forcing / LongLive presets; preset loopworld \\(Matrix-Game-2.0\\)"):
         wt.open("loopworld", prompt_switch="plain")
     with pytest.raises(InputError, match="prompt_switch must be one of"):
         wt.open("self-forcing-tiny", prompt_switch="sideways")

@@ -61,22 +61,32 @@ def test_from_preset_dispatches_on_architecture(pipe):
 
 def test_actions_drive_the_camera_in_the_spec_convention(pipe):
     """aba's forward walk, then a right pan: the motion model's poses, one per pixel frame, become
-    camera-to-world matrices (OpenCV: z forward, x right); latent frame k takes pixel frame 4k."""
+    camera-to-world matrices (OpenCV: z forward, x right); latent frame k takes pixel frame 4k; each
+    chunk's request carries the poses so far and the streaming camera turns them into the chunk's
+    camera, a forward latent frame one unit along the previous camera's +z."""
+    from worldtrace_cli.engine.feed import ConditioningFeed
+    from worldtrace_cli.model.lingbot.camera import StreamingCamera
     from worldtrace_cli.world.motion import camera_to_world, frame_poses, latent_frame_poses
 
     plan = plan_actions(load_trajectory(ABA), 2, frames_per_chunk=4)
     assert plan.num_frames == 29 and plan.keyboard.shape == (29, 4)
-    track = pipe.camera(plan.keyboard[None], plan.mouse[None], LingbotInputs())
-    assert track.latent_poses.shape == (8, 4, 4) and track.num_frames == 8
+    feed = ConditioningFeed(plan, camera=True)
+    first, second = feed.request(0), feed.request(1)
+    assert first.poses.shape == (4, 4, 4) and second.poses.shape == (8, 4, 4)
     want = camera_to_world(latent_frame_poses(frame_poses("universal", plan.keyboard, plan.mouse), 8)).numpy()
-    np.testing.assert_allclose(track.latent_poses, want, atol=1e-12)
-    t = track.motion[1:, :3, 3]  # walking forward: unit steps along the previous camera's +z
+    np.testing.assert_allclose(second.poses.numpy(), want, atol=1e-12)
+    np.testing.assert_array_equal(first.poses.numpy(), second.poses[:4].numpy())  # causal: later rows change nothing
+    camera = pipe.camera(29, LingbotInputs())
+    assert isinstance(camera, StreamingCamera)
+    t = camera.motion(second.poses.numpy(), 0, 8)[1:, :3, 3]  # walking forward: unit steps along +z
     np.testing.assert_allclose(t, np.tile([0.0, 0.0, 1.0], (7, 1)), atol=1e-9)
-    assert tuple(track.chunk(4, 4).shape) == (1, 384, 4, 12, 22)
+    assert tuple(camera.chunk(second.poses.numpy(), 4, 4).shape) == (1, 384, 4, 12, 22)
     mouse = torch.zeros(29, 2)
     mouse[:, 1] = 0.1  # camera_r: yaw right
-    pan = pipe.camera(torch.zeros(1, 29, 4), mouse[None], LingbotInputs())
-    forward = pan.motion[1, :3, :3] @ np.array([0.0, 0.0, 1.0])
+    pan = ConditioningFeed(plan_actions(load_trajectory(ABA), 2, frames_per_chunk=4), camera=True)
+    pan.plan.keyboard, pan.plan.mouse = torch.zeros(29, 4), mouse
+    b = camera.motion(pan.request(1).poses.numpy(), 0, 8)
+    forward = b[1, :3, :3] @ np.array([0.0, 0.0, 1.0])
     assert forward[0] > 0.1 and abs(forward[1]) < 1e-9  # the new view direction turns towards +x (right)
 
 
@@ -217,7 +227,7 @@ def test_bad_intrinsics_too_few_poses_and_mg2_flags_are_one_line_errors(tmp_path
                                  tmp_path / "short.npy", "-o", tmp_path / "o"))
     assert "20 poses, 2 chunks need one per pixel frame (29): use --chunks 1 or fewer" in line
     line = one_line_error(invoke("generate", "--preset", "tiny", ABA, "--poses", tmp_path / "short.npy"))
-    assert "--poses: only LingBot presets take" in line
+    assert "--poses: preset tiny (Matrix-Game-2.0) takes no camera files; only LingBot-World presets do" in line
 
 
 def test_trajectory_points_to_lingbot_pose_files(tmp_path):
@@ -230,8 +240,8 @@ def test_trajectory_points_to_lingbot_pose_files(tmp_path):
     cfg = RunConfig(preset=load_preset("lingbot-tiny"), trajectory=tmp_path / "t.yaml", output=tmp_path / "o",
                     chunks=2)
     inputs = prepare_inputs(cfg)
-    assert inputs.lingbot.prompt == "a loop" and inputs.lingbot.poses.shape == (40, 4, 4)
-    assert inputs.lingbot.intrinsics.shape == (2, 4) and "poses_sha256" in inputs.hashes
+    assert inputs.camera.prompt == "a loop" and inputs.camera.poses.shape == (40, 4, 4)
+    assert inputs.camera.intrinsics.shape == (2, 4) and "poses_sha256" in inputs.hashes
     assert inputs.plan.frames_per_chunk == 4 and inputs.plan.num_frames == 29
 
 

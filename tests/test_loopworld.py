@@ -328,7 +328,9 @@ def test_where_it_fails_changes_only_what_the_context_pass_commits(one_thread):
 
     from PIL import Image
 
-    conditioned = pipe.condition(Image.fromarray(out["frames"]["truth"][0]), 3)
+    from worldtrace_cli.engine.base import RunConditioning
+
+    conditioned = pipe.condition(RunConditioning(3, Image.fromarray(out["frames"]["truth"][0])))
 
     def rollout(truth, chunks):
         r = pipe.rollout(pipe.build_writer(MemoryConfig(cache="sliding")), conditioned, plan.keyboard[None],

@@ -7,6 +7,8 @@ import json
 import pytest
 import torch
 
+from worldtrace_cli.engine.base import RunConditioning
+
 from conftest import invoke, one_line_error
 from worldtrace_cli.config import default_cache, load_preset, memory_config
 from worldtrace_cli.engine.memory_plan import PHASES, peak_tracker, plan_memory
@@ -26,8 +28,8 @@ def real_peak(preset, memory, chunks: int) -> int:
     rows = frames_for_chunks(chunks, preset.frames_per_chunk)
     keyboard, mouse = torch.zeros(1, rows, spec.keyboard_dim), torch.zeros(1, rows, 2) if spec.mouse else None
     with tracker:
-        cond = pipe.condition(None, chunks, ["a lighthouse"] * chunks) if preset.is_text else \
-            pipe.condition(Image.new("RGB", (preset.width, preset.height)), chunks)
+        cond = pipe.condition(RunConditioning(chunks, prompts=["a lighthouse"] * chunks)) if preset.backbone.takes_prompts \
+            else pipe.condition(RunConditioning(chunks, Image.new("RGB", (preset.width, preset.height))))
         rollout = pipe.rollout(pipe.build_writer(memory), cond, keyboard, mouse, 0)
         decoder = pipe.decoder()
         for _ in range(chunks):
@@ -176,7 +178,7 @@ def test_one_shared_rotated_buffer_saves_all_but_one_layer_and_keeps_the_frames(
 
         pipe = Pipeline.from_preset(preset, None, True, 0, "cpu", "fp32")
         rows = frames_for_chunks(4, 4)
-        rollout = pipe.rollout(pipe.build_writer(memory), pipe.condition(Image.new("RGB", (preset.width, preset.height)), 4),
+        rollout = pipe.rollout(pipe.build_writer(memory), pipe.condition(RunConditioning(4, Image.new("RGB", (preset.width, preset.height)))),
                                torch.zeros(1, rows, 4), torch.zeros(1, rows, 2), 0)
         runs.append(torch.cat([rollout.step().latents for _ in range(4)], dim=2))
     assert torch.equal(runs[0], runs[1])

@@ -8,6 +8,8 @@ import json
 import pytest
 import torch
 
+from worldtrace_cli.engine.base import RunConditioning
+
 from conftest import invoke, one_line_error
 from worldtrace_cli.config import load_preset
 
@@ -65,7 +67,7 @@ def test_a_blocks_weights_are_used_only_inside_its_forward(name, one_thread):
     spec = MODES[preset.mode]
     rows = frames_for_chunks(2, preset.frames_per_chunk)
     rollout = pipe.rollout(pipe.build_writer(memory_config(preset=preset, **default_cache(preset))),
-                           pipe.condition(Image.new("RGB", (preset.width, preset.height)), 2),
+                           pipe.condition(RunConditioning(2, Image.new("RGB", (preset.width, preset.height)))),
                            torch.zeros(1, rows, spec.keyboard_dim), torch.zeros(1, rows, 2) if spec.mouse else None, 0)
     mode = BlockWeights(pipe.world.dit)
     with mode:

@@ -47,11 +47,11 @@ def test_a_damaged_resume_state_is_refused(tmp_path, monkeypatch):
                     save_every=2, memory=MemoryConfig.of(cache="field"))
     real_step, calls = rollout_mod.Rollout.step, {"n": 0}
 
-    def dying_step(self):
+    def dying_step(self, request=None):
         calls["n"] += 1
         if calls["n"] == 4:
             raise RunError("simulated crash")
-        return real_step(self)
+        return real_step(self, request)
 
     monkeypatch.setattr(rollout_mod.Rollout, "step", dying_step)
     with pytest.raises(RunError, match="simulated"):

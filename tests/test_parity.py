@@ -87,12 +87,17 @@ def test_parity_cli_fails_when_model_is_wrong(tmp_path):
     save_file(inputs, str(tmp_path / "tiny_inputs.safetensors"))
     code, out = _parity(str(tmp_path))
     assert code == 1
-    last = out.strip().splitlines()[-1]
-    assert float(last.split("=")[1]) > 1e-4
+    worst = next(ln for ln in out.splitlines() if ln.startswith("max_abs_diff="))
+    assert float(worst.split("=")[1]) > 1e-4
+    # one line per entry over the bound, naming it, its deviation and the bound
+    over = [ln for ln in out.splitlines() if "deviates by" in ln]
+    assert over and all("over the bound 1e-04" in ln for ln in over) and any("output_latents" in ln for ln in over)
 
 
 def test_parity_cli_reports_missing_folder(tmp_path):
     code, output = _parity(str(tmp_path / "nope"))
+    assert code == 2 and "no such folder" in output
+    code, output = _parity(str(tmp_path))
     assert code == 2 and "not a golden fixture folder" in output
 
 

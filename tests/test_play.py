@@ -326,7 +326,7 @@ def test_play_refuses_bad_settings_before_loading(server, tmp_path):
     env = {**os.environ, "PYTHONWARNINGS": "ignore"}
     port = server[0].rsplit(":", 1)[1].strip("/")
     (tmp_path / "a-file").write_text("")
-    for args, code, message in ((["--preset", "lingbot-tiny"], 2, "LingBot-World runs with worldtrace generate"),
+    for args, code, message in ((["--preset", "lingbot-tiny"], 2, "--preset lingbot-tiny: needs --image"),
                                 (["--preset", "tiny"], 2, "needs --image"),
                                 (["--cache", "nope"], 2, "nope"),
                                 (["--port", port], 4, f"--port {port}: cannot listen"),
@@ -558,3 +558,44 @@ def _browser_types_a_prompt(url, tmp_path):
         driver.save_screenshot(str(tmp_path / "play-text.png"))
     finally:
         driver.quit()
+
+
+@pytest.mark.skipif(not (CHROMIUM and CHROMEDRIVER), reason="needs Debian's chromium and chromium-driver "
+                    "(apt-get install chromium chromium-driver; .ci/run installs them)")
+def test_lingbot_world_plays_in_a_browser(tmp_path):
+    """``worldtrace play --preset lingbot-tiny --image ... --prompt ...``: LingBot-World runs live from the
+    keys (its camera made chunk by chunk from them); the page draws its frames and the attention panel
+    (no ground truth); the recording's trajectory holds the walk and its summary the prompt."""
+    from selenium.webdriver.common.action_chains import ActionChains
+    from selenium.webdriver.common.by import By
+
+    image = Path(__file__).resolve().parents[1] / "assets" / "images" / "mg2_universal_0000.png"
+    runs = tmp_path / "runs"
+    proc, url = start_server(runs, "--preset", "lingbot-tiny", "--image", str(image), "--prompt", "a quiet plaza",
+                             "--cache", "sink")
+    try:
+        driver = _chrome()
+        wait_for = _waiter(driver)
+        try:
+            driver.get(url)
+            wait_for(lambda: "waits for your first key" in driver.find_element(By.ID, "status").text, "the page")
+            assert driver.find_element(By.ID, "truthpanel").is_displayed() is False
+            ActionChains(driver).key_down("w").perform()
+            wait_for(lambda: driver.find_element(By.ID, "chunk").text.isdigit()
+                     and int(driver.find_element(By.ID, "chunk").text) >= 1, "two chunks while W is held")
+            ActionChains(driver).key_up("w").perform()
+            assert driver.find_element(By.ID, "action").text.startswith("forward")
+            for canvas in ("gen0", "attn0"):
+                drawn = (f"const c = document.getElementById('{canvas}'); const d = c.getContext('2d')"
+                         ".getImageData(0, 0, c.width, c.height).data; let s = 0; for (const v of d) s += v; return s;")
+                wait_for(lambda: driver.execute_script(drawn) > 0, f"the {canvas} canvas drawn")
+            driver.save_screenshot(str(tmp_path / "play-lingbot.png"))
+        finally:
+            driver.quit()
+    finally:
+        rc, err = stop_server(proc)
+    assert rc == 0, err[-2000:]
+    (run_dir,) = [p for p in runs.iterdir() if (p / "summary.json").is_file()]
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["config"]["preset"]["architecture"] == "lingbot" and summary["config"]["prompt"] == "a quiet plaza"
+    assert summary["totals"]["chunks"] >= 2 and "forward" in (run_dir / "trajectory.yaml").read_text()

@@ -193,11 +193,11 @@ def test_resume_refuses_changed_inputs_and_lost_chunks(tmp_path):
     real_step = __import__("worldtrace_cli.engine.rollout", fromlist=["Rollout"]).Rollout.step
     calls = {"n": 0}
 
-    def dying_step(self):
+    def dying_step(self, request=None):
         calls["n"] += 1
         if calls["n"] == 4:
             raise RunError("simulated crash")
-        return real_step(self)
+        return real_step(self, request)
 
     import worldtrace_cli.engine.rollout as rollout_mod
     rollout_mod.Rollout.step = dying_step

@@ -11,6 +11,8 @@ from pathlib import Path
 
 import pytest
 import torch
+
+from worldtrace_cli.engine.base import RunConditioning
 import yaml
 
 from worldtrace_cli.config import default_cache, load_preset, memory_config
@@ -32,7 +34,7 @@ def pipe():
 
 def test_text_presets_carry_the_models_own_caches_and_windows():
     sf, ll, full = load_preset("self-forcing-tiny"), load_preset("longlive-tiny"), load_preset("self-forcing")
-    assert all(p.is_text and p.mode == "text" and p.dit.model_type == "t2v" for p in (sf, ll, full))
+    assert all(p.backbone.takes_prompts and p.mode == "text" and p.dit.model_type == "t2v" for p in (sf, ll, full))
     assert (sf.window, sf.default_budget, ll.window, ll.default_budget) == (21, 18, 12, 9)
     assert default_cache(sf) == {"cache": "full", "positions": "actual"}  # Self-Forcing's global cache
     assert default_cache(ll) == {"cache": "sink", "budget": 9, "sink_frames": 3, "positions": "actual"}
@@ -40,11 +42,14 @@ def test_text_presets_carry_the_models_own_caches_and_windows():
 
 
 @pytest.mark.parametrize("base, edit, field", [
-    ("self-forcing-tiny", ("mode: text", "mode: universal"), "mode: a selfforcing preset runs prompt segments"),
-    ("self-forcing-tiny", ("model_type: t2v", "model_type: i2v"), "model_type: a selfforcing preset is a t2v"),
+    ("self-forcing-tiny", ("mode: text", "mode: universal"),
+     r"mode: Self-Forcing / LongLive presets run mode text, got 'universal' \(mode universal needs architecture: mg2 or"),
+    ("self-forcing-tiny", ("model_type: t2v", "model_type: i2v"),
+     "model_type: Self-Forcing / LongLive's DiT is t2v, got 'i2v'; model_type i2v is architecture: lingbot"),
     ("self-forcing-tiny", ("architecture: selfforcing", "architecture: lingbot"), "needs architecture: selfforcing"),
-    ("tiny", ("mode: universal", "mode: text"), "needs architecture: selfforcing, got mg2"),
-    ("lingbot-tiny", ("model_type: i2v", "model_type: t2v"), "LingBot-World is i2v"),
+    ("tiny", ("mode: universal", "mode: text"), r"Matrix-Game-2.0 presets run mode .*got 'text' \(mode text needs architecture: selfforcing\)"),
+    ("lingbot-tiny", ("model_type: i2v", "model_type: t2v"),
+     "model_type: LingBot-World's DiT is i2v, got 't2v'; model_type t2v is architecture: selfforcing"),
 ])
 def test_a_preset_mixing_families_is_one_line(tmp_path, base, edit, field):
     text = (ROOT / "worldtrace_cli" / "presets" / f"{base}.yaml").read_text()
@@ -93,13 +98,15 @@ def test_bad_prompt_files_end_in_one_line_with_exit_2(tmp_path, body, where):
 
 def test_images_poses_pose_retrieval_and_action_files_are_refused_before_loading(tmp_path):
     image = ROOT / "assets" / "images" / "mg2_universal_0000.png"
-    assert "takes prompts, not an image" in one_line_error(invoke(
+    assert "takes no start image; only Matrix-Game-2.0 and LingBot-World presets do" in one_line_error(invoke(
         "generate", "--preset", "self-forcing-tiny", ABA, "--image", image, "-o", tmp_path / "o"))
     assert "no camera" in one_line_error(invoke(
         "generate", "--preset", "self-forcing-tiny", ABA, "--cache", "retrieval", "-o", tmp_path / "o"))
     line = one_line_error(invoke("generate", "--preset", "self-forcing-tiny", ROOT / "trajectories" / "aba.yaml",
                                  "-o", tmp_path / "o"))
-    assert "mode 'universal'" in line and "prompt segments (mode: text)" in line
+    assert "mode 'universal' does not match preset self-forcing-tiny (mode 'text')" in line
+    assert line.endswith("mode universal runs on preset lingbot-fast, lingbot-tiny, loopworld, loopworld-euler, "
+                         "mg2-universal, tiny")
     assert not (tmp_path / "o").exists()
 
 
@@ -112,7 +119,7 @@ def test_a_prompt_past_512_tokens_is_truncated_with_a_warning(pipe):
     handler.emit = lambda record: said.append(record.getMessage())
     logging.getLogger("worldtrace").addHandler(handler)  # whether or not a CLI call set up stderr before
     try:
-        cond = pipe.condition(None, 2, [long, "a market"])
+        cond = pipe.condition(RunConditioning(2, prompts=[long, "a market"]))
     finally:
         logging.getLogger("worldtrace").removeHandler(handler)
     assert cond.truncated == [long]
@@ -171,7 +178,7 @@ def test_1100_latent_frames_run_past_the_rope_table(pipe, cache):
     """Self-Forcing's RoPE table has 1024 rows (selfforcing-architecture.md §4): the official model
     stops at latent frame 1024. Through the cache contract the run goes on, reading its memory at
     offsets within the trained window (slot-rank positions for the memory writers)."""
-    cond = pipe.condition(None, 1, ["a red lighthouse"])
+    cond = pipe.condition(RunConditioning(1, prompts=["a red lighthouse"]))
     rollout = pipe.rollout(pipe.build_writer(memory_config(cache, preset=pipe.preset)), cond, seed=0)
     offsets = []
     while rollout.chunk * 3 < 1100:
@@ -188,11 +195,12 @@ def _switch_run(pipe, switch, chunks=5, switch_at=4):
     ``switch_at``; returns (the sink's K/V per layer before the switch, after it, the switch event)."""
     from worldtrace_cli.engine.text_rollout import TextRollout
 
-    cond = pipe.condition(None, 2, ["a red lighthouse", "a busy market street"])
+    cond = pipe.condition(RunConditioning(2, prompts=["a red lighthouse", "a busy market street"]))
     contexts = [cond.contexts[0]] * switch_at + [cond.contexts[1]] * (chunks - switch_at)
+    prompts = [cond.prompts[0]] * switch_at + [cond.prompts[1]] * (chunks - switch_at)
     writer = pipe.build_writer(memory_config("sink", preset=pipe.preset, budget=9, sink_frames=3, positions="actual"))
     rollout = TextRollout(pipe.world.dit, writer, contexts, 0, pipe.device, pipe.latent_hw, trained_offset=11,
-                          switch=switch, recache_window=12)
+                          switch=switch, recache_window=12, prompts=prompts)
     for _ in range(switch_at):
         rollout.step()
     sink = lambda: [tuple(t.clone() for t in frame[layer]) for frame in writer._components[0]._kv  # noqa: E731
@@ -238,7 +246,7 @@ def test_prompt_switch_flag_belongs_to_text_presets(tmp_path):
     line = one_line_error(invoke("generate", "--preset", "tiny", ROOT / "trajectories" / "aba.yaml", "--image",
                                  ROOT / "assets" / "images" / "mg2_universal_0000.png", "--prompt-switch", "plain",
                                  "-o", tmp_path / "o"))
-    assert "--prompt-switch: only text-to-video presets" in line
+    assert "--prompt-switch: preset tiny (Matrix-Game-2.0) takes no prompt switch; only Self-Forcing / LongLive" in line
 
 
 def test_a_longlive_root_loads_its_generator_with_the_lora_merged(tmp_path):
@@ -382,7 +390,7 @@ def test_a_text_session_steps_on_prompts_and_generate_replays_it(tmp_path):
 def test_text_session_refusals():
     import worldtrace_cli as wt
 
-    with pytest.raises(InputError, match="not an image"):
+    with pytest.raises(InputError, match="takes no start image"):
         wt.open("self-forcing-tiny", image=ROOT / "assets" / "images" / "mg2_universal_0000.png")
     with pytest.raises(InputError, match="prompt_switch must be one of"):
         wt.open("self-forcing-tiny", prompt_switch="sometimes")
@@ -415,7 +423,7 @@ def test_compare_and_bench_speed_take_the_text_presets(tmp_path):
     res = invoke("bench", "speed", "--preset", "longlive-tiny", "--caches", "sink", "--chunks", 2, "--device", "cpu",
                  "-o", tmp_path / "bench")
     assert res.exit_code == 0, res.output
-    assert "takes no image" in one_line_error(invoke("bench", "speed", "--preset", "longlive-tiny", "--image",
+    assert "takes no start image" in one_line_error(invoke("bench", "speed", "--preset", "longlive-tiny", "--image",
                                                      ROOT / "assets" / "images" / "mg2_universal_0000.png",
                                                      "--chunks", 2, "-o", tmp_path / "b2"))
 

@@ -84,7 +84,7 @@ def test_truth_and_actions_taken(pipeline):
     s.step(ACTIONS[2])
     truth = s.truth()
     assert truth.shape == (12, 96, 176, 3) and truth.dtype == np.uint8
-    poses = s.truth_source.poses[9:21]
+    poses = s.truth_source.pixel_poses(9, 21)
     assert np.array_equal(truth, render_frames(make_world(3), poses, 96, 176))
     assert s.actions_taken()[0] == "forward" and len(s.actions_taken()[1]) == 12
 
@@ -105,8 +105,8 @@ def test_bad_actions_are_refused_and_change_nothing(pipeline, actions, message):
 
 
 def test_open_refuses_what_a_session_cannot_run(pipeline, tmp_path):
-    with pytest.raises(InputError, match="LingBot-World runs with worldtrace generate"):
-        wt.open("lingbot-tiny")
+    with pytest.raises(InputError, match="lingbot-tiny: needs a conditioning image"):
+        wt.open("lingbot-tiny")  # LingBot-World runs live (tests/test_backbones.py), from an image
     with pytest.raises(InputError, match="unknown writer option"):
         _open(pipeline, tau=0.1)
     # a writer's checks in the API's words: keywords, not the CLI's flags
@@ -218,3 +218,21 @@ def test_a_session_closed_before_its_first_step_leaves_no_folder(pipeline, tmp_p
     _open(pipeline, cache="sliding", record=tmp_path / "run", overwrite=True).close()
     assert sorted(p.name for p in (tmp_path / "run").iterdir()) == before
     assert json.loads((tmp_path / "run" / "summary.json").read_text())["totals"]["chunks"] == 1
+
+
+def test_summary_without_a_record_folder_counts_what_was_stepped(pipeline, valid):
+    """``s.summary()`` without ``record=``: refused before the first chunk (one line), then a schema-valid
+    summary whose totals count the chunks stepped, their seconds and the cache's largest offset."""
+    with _open(pipeline, cache="landmark") as s:
+        with pytest.raises(InputError, match="summary: the session has no chunk yet; step first"):
+            s.summary()
+        for actions in ACTIONS[:3]:
+            s.step(actions)
+        summary = s.summary()
+        valid(summary, "summary")
+        assert summary["run_dir"] is None and summary["totals"]["chunks"] == 3
+        assert summary["totals"]["seconds"]["denoise"] > 0 and summary["totals"]["pixel_frames"] == 9 + 2 * 12
+        offsets = [r["cache"]["max_offset"] for r in s.records if r["cache"]["max_offset"] is not None]
+        assert offsets and summary["cache"]["max_offset"] == max(offsets)
+        s.step("forward")
+        assert s.summary()["totals"]["chunks"] == 4

@@ -1,4 +1,5 @@
-"""worldtrace: long-horizon video generation with addressable KV-cache memory for MG2."""
+"""worldtrace: long-horizon video generation with addressable KV-cache memory for autoregressive video
+models (Matrix-Game-2.0, LingBot-World, Self-Forcing / LongLive; other backbones by registry row)."""
 
 __version__ = "0.1.0"
 

@@ -62,10 +62,12 @@ class Main(click.Group):
 @click.version_option(__version__, prog_name="worldtrace")
 @click.option("-v", "--verbose", is_flag=True, help="Debug logging on stderr.")
 def main(verbose: bool) -> None:
-    """Long-horizon video generation with Matrix-Game-2.0 and addressable KV-cache memory.
+    """Long-horizon video generation with addressable KV-cache memory.
 
-    Generate a video from a conditioning image and a trajectory of keyboard/mouse actions,
-    chunk by chunk, through a chosen KV-cache writer. Run `worldtrace COMMAND --help` for details.
+    Generate a video chunk by chunk through a chosen KV-cache writer, from a trajectory of
+    keyboard/mouse actions (Matrix-Game-2.0, LingBot-World, the embedded loopworld) or of prompt
+    segments (Self-Forcing, LongLive); compare writers, run LoopBench, play a world live in the
+    browser. `worldtrace presets` lists the models; `worldtrace COMMAND --help` for details.
     """
     logger = logging.getLogger("worldtrace")
     if not any(isinstance(h, EchoHandler) for h in logger.handlers):

@@ -10,7 +10,8 @@ from pathlib import Path
 import click
 
 from .common import run_job
-from .options import NonEmptyPath, attention_config, attention_options, device_options, int_list, name_list, speed_options
+from .options import (NonEmptyPath, attention_config, attention_options, device_options, int_list, name_list,
+                      preset_option, speed_options)
 
 
 def _finite(ctx, param, value):
@@ -136,7 +137,7 @@ def bench_tau(run_dirs, min_change, rate, output, show):
 
 
 @bench.command("memory")
-@click.option("--preset", default="tiny", show_default=True, help="Model preset (planned at its full size).")
+@preset_option("tiny", note="planned at its full size")
 @click.option("--cache", default=None, metavar="WRITER", callback=_writers,
               help="KV-cache writer (default: the preset's own cache with its settings).")
 @click.option("--budget", type=click.IntRange(0), default=None, help="Past latent-frame slots (default: the writer's).")
@@ -213,7 +214,7 @@ def bench_memory(preset, cache, budget, chunks, offload, weights_dtype, dtype, d
 
 
 @bench.command("speed")
-@click.option("--preset", default="tiny", show_default=True, help="Model preset (random weights at its full size).")
+@preset_option("tiny", note="random weights at its full size")
 @click.option("--random-weights", is_flag=True, help="Accepted for clarity: the speed bench always uses random weights.")
 @click.option("--caches", "--cache", "caches", default="sliding,field,landmark", show_default=True, callback=_writers,
               help="Comma-separated writers.")

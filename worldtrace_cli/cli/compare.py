@@ -7,8 +7,9 @@ from pathlib import Path
 import click
 
 from .common import run_job
-from .options import (CHUNKS, SEED, NonEmptyPath, attention_config, attention_options, cache_help, device_options,
-                      memory_options, name_list, overall_progress, speed_config, speed_options)
+from .options import (CHUNKS, SEED, NonEmptyPath, attention_config, attention_options, cache_help, checkpoint_option,
+                      device_options, memory_options, name_list, overall_progress, preset_option, speed_config,
+                      speed_options)
 
 
 @click.command("compare")
@@ -16,12 +17,8 @@ from .options import (CHUNKS, SEED, NonEmptyPath, attention_config, attention_op
 @click.option("--cache", "--caches", "caches", default="sliding,field,landmark", show_default=True, metavar="W1,W2,...",
               callback=name_list,
               help=cache_help("Comma-separated cache writers to compare, each as --cache of generate: "))
-@click.option("--preset", default=None, metavar="NAME|FILE",
-              help="Model preset, as generate's (`worldtrace presets` lists them; default: mg2-<trajectory mode> "
-                   "with --checkpoint, else loopworld for universal trajectories, tiny-<mode> otherwise).")
-@click.option("--checkpoint", type=click.Path(path_type=Path), default=None, metavar="DIR",
-              help="Official Matrix-Game-2.0 folder.")
-@click.option("--random-weights", is_flag=True, help="Run a checkpoint preset with seeded random weights.")
+@preset_option(note="default: as generate's")
+@checkpoint_option
 @click.option("--image", type=click.Path(path_type=Path), default=None,
               help="Conditioning image shared by every mode (default: the trajectory's).")
 @click.option("--seed", type=SEED, default=None,

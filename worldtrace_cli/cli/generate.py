@@ -11,8 +11,9 @@ import click
 
 from ..config import memory_config
 from .common import run_job
-from .options import (CHUNKS, SEED, NonEmptyPath, attention_config, attention_options, cache_help, device_options,
-                      memory_options, speed_config, speed_options)
+from ..config.backbones import titles_where
+from .options import (CHUNKS, SEED, NonEmptyPath, attention_config, attention_options, cache_help, checkpoint_option,
+                      device_options, memory_options, preset_option, prompt_help, speed_config, speed_options)
 
 
 def command_line(ctx, drop: tuple[str, ...] = ()) -> list[str]:
@@ -37,32 +38,23 @@ def command_line(ctx, drop: tuple[str, ...] = ()) -> list[str]:
 
 @click.command("generate")
 @click.argument("trajectory", type=click.Path(path_type=Path), required=False)
-@click.option("--preset", default=None, metavar="NAME|FILE",
-              help="Model preset: loopworld (trained embedded world, CPU), loopworld-euler (the same weights, "
-                   "Euler sampler: sharper), tiny, tiny-gta-drive, tiny-templerun (random weights, CPU), "
-                   "mg2-universal, mg2-gta-drive, mg2-templerun (with --checkpoint), lingbot-tiny (random "
-                   "LingBot-World, CPU), lingbot-fast, self-forcing-tiny / longlive-tiny (random text-to-video, "
-                   "CPU), self-forcing, or a preset YAML (`worldtrace presets` lists them). "
-                   "Default: mg2-<trajectory mode> with --checkpoint, else loopworld (universal) or "
-                   "tiny-<mode>; prompt segments (mode: text): self-forcing(-tiny).")
-@click.option("--checkpoint", type=click.Path(path_type=Path), default=None, metavar="DIR",
-              help="Official Matrix-Game-2.0 folder (Wan2.1_VAE.pth, the CLIP .pth, the DiT safetensors), a "
-                   "LingBot-World causal-fast folder (README: 'LingBot-World'), or the Self-Forcing repository "
-                   "root (checkpoints/self_forcing_dmd.pt, wan_models/Wan2.1-T2V-1.3B/).")
-@click.option("--prompt", default=None, help="LingBot and text-to-video presets: the text prompt (overrides the "
-              "trajectory's top-level `prompt`; text-to-video segments with their own prompt keep it).")
+@preset_option(note="default: mg2-<trajectory mode> with --checkpoint, else loopworld (universal) or tiny-<mode>; "
+                    "prompt segments (mode: text): self-forcing-tiny")
+@checkpoint_option
+@click.option("--prompt", default=None, help=prompt_help("(overrides the trajectory's top-level `prompt`; "
+                                                          "text-to-video segments with their own prompt keep it)"))
 @click.option("--prompt-switch", type=click.Choice(["recache", "recache-keep-sink", "plain"]), default="recache",
               show_default=True,
-              help="Text-to-video presets, at a prompt switch: recache = LongLive's K/V re-cache of the window "
+              help=f"{titles_where(lambda r: r.takes_prompts)} presets, at a prompt switch: recache = LongLive's K/V re-cache of the window "
                    "under the new prompt (its official behaviour: a switch within the first window also rewrites "
                    "the sink); recache-keep-sink = the same, the sink always kept; plain = no re-cache "
                    "(Self-Forcing's: the cache keeps the old prompt's K/V).")
 @click.option("--poses", type=click.Path(path_type=Path), default=None, metavar="NPY",
-              help="LingBot presets: camera-to-world poses [N, 4, 4] (LingBot's poses.npy, one per pixel frame, "
-                   "OpenCV axes) instead of the camera the actions drive.")
+              help=f"{titles_where(lambda r: r.camera_files)} presets: camera-to-world poses [N, 4, 4] (LingBot's "
+                   "poses.npy, one per pixel frame, OpenCV axes) instead of the camera the actions drive.")
 @click.option("--intrinsics", type=click.Path(path_type=Path), default=None, metavar="NPY",
-              help="LingBot presets: intrinsics.npy [N, 4] (fx, fy, cx, cy at 480x832; row 0 used).")
-@click.option("--random-weights", is_flag=True, help="Run a checkpoint preset at full size with seeded random weights.")
+              help=f"{titles_where(lambda r: r.camera_files)} presets: intrinsics.npy [N, 4] (fx, fy, cx, cy at "
+                   "480x832; row 0 used).")
 @click.option("--image", type=click.Path(path_type=Path), default=None,
               help="Conditioning image (any format PIL reads; overrides the trajectory's `image`). With "
                    "loopworld the start image is the world's own view unless this is given.")

@@ -12,8 +12,9 @@ import click
 
 from ..loopbench.configs import CONFIGS
 from .common import run_job
-from .options import (CHUNKS, NonEmptyPath, attention_config, attention_options, cache_help, device_options, memory_options,
-                      name_list, overall_progress, speed_config, speed_options)
+from .options import (CHUNKS, NonEmptyPath, attention_config, attention_options, cache_help, checkpoint_option,
+                      device_options, memory_options, name_list, overall_progress, preset_option, speed_config,
+                      speed_options)
 
 _DEFAULT_CONFIGS = ",".join(n for n, c in CONFIGS.items() if c.tier in (1, 2, 3, 4))
 # the default sweep is quick (18 jobs on loopworld, minutes on a CPU); --full is the paper's (1,440 jobs, hours)
@@ -36,9 +37,7 @@ def loopbench():
 
 
 @loopbench.command("run")
-@click.option("--preset", default="loopworld", show_default=True, metavar="NAME|FILE",
-              help="Model preset (loopworld = the trained embedded world on CPU, scored against ground truth; "
-                   "tiny = random weights; mg2-universal with --checkpoint).")
+@preset_option("loopworld", note="loopworld is scored against ground truth")
 @click.option("--full", is_flag=True,
               help="The paper's sweep: the 12 configurations of tiers 1-4, worlds 0-7, seeds 0,42,123,456,789 "
                    "(1,440 jobs with the default writers: hours on a CPU). Default: a quick sweep of aba, abca, "
@@ -67,9 +66,7 @@ def loopbench():
 @click.option("--shard", default=None, metavar="I/N",
               help="Run only shard I of N of the sorted job list (0-based; combines with torchrun's RANK/WORLD_SIZE).")
 @device_options
-@click.option("--checkpoint", type=click.Path(path_type=Path), default=None, metavar="DIR",
-              help="Official Matrix-Game-2.0 folder (for the mg2-* presets).")
-@click.option("--random-weights", is_flag=True, help="Run a checkpoint preset with seeded random weights.")
+@checkpoint_option
 @click.option("--progress/--no-progress", default=None,
               help="Default: one overall progress bar (jobs done) on stderr when it is a terminal, and one log "
                    "line per job; --progress adds every job's per-chunk bar; --no-progress shows none.")
@@ -114,8 +111,8 @@ def run_cmd(preset, full, configs, caches, images, prompts, worlds, seeds, chunk
         from ..loopbench import plan
 
         resolved = load_preset(preset)
-        world_preset = resolved.has_world
-        if resolved.is_text:  # LoopBench for prompts: prompt loops x prompt scenes
+        world_preset, by_prompts = resolved.has_world, resolved.backbone.takes_prompts
+        if by_prompts:  # LoopBench for prompts: prompt loops x prompt scenes
             if images is not None or worlds is not None:
                 raise InputError(f"--{'images' if images is not None else 'worlds'}: preset {preset} is text-to-video: "
                                  f"its scenes are prompts (--prompts FILE; default: the built-in scenes)")
@@ -127,11 +124,11 @@ def run_cmd(preset, full, configs, caches, images, prompts, worlds, seeds, chunk
             raise InputError(f"--worlds: preset {preset} has no procedural world (use --images)")
         if output.exists() and not output.is_dir():
             raise OutputError(f"output folder {output} exists and is not a folder")
-        sweep = (FULL_TEXT if full else QUICK_TEXT) if resolved.is_text else FULL if full else QUICK
-        world_list = ([] if resolved.is_text else plan.parse_worlds(worlds or sweep["worlds"])
+        sweep = (FULL_TEXT if full else QUICK_TEXT) if by_prompts else FULL if full else QUICK
+        world_list = ([] if by_prompts else plan.parse_worlds(worlds or sweep["worlds"])
                       if worlds is not None or images is None else [])
         scenes = None
-        if resolved.is_text:
+        if by_prompts:
             from ..loopbench.prompts import PROMPT_SCENES, load_prompt_scenes
 
             scenes = load_prompt_scenes(prompts) if prompts is not None else PROMPT_SCENES

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import click
 
+from ..config.backbones import BACKBONES, titles_where
 from ..writer_options import POSITION_SCHEMES
 
 
@@ -34,6 +35,36 @@ def overall_progress(value) -> tuple[bool, bool]:
     if value is None:
         return sys.stderr.isatty(), False
     return value, value
+
+
+def preset_option(default: str | None = None, note: str = ""):
+    """``--preset NAME|FILE``, one help text for every command (``note``: what this command does with it,
+    or its default when ``default`` is None)."""
+    from ..config import preset_names
+
+    text = (f"Model preset: a built-in name ({', '.join(preset_names())}; `worldtrace presets` describes "
+            "them with their backbone and weights) or a preset YAML file" + (f"; {note}" if note else "") + ".")
+    return click.option("--preset", default=default, show_default=default is not None, metavar="NAME|FILE",
+                        help=text)
+
+
+def checkpoint_option(command):
+    """``--checkpoint DIR`` and ``--random-weights``, one help text for every command, from the backbone
+    registry (each backbone's folder)."""
+    from pathlib import Path
+
+    folders = "; ".join(f"{row.title}: {row.checkpoint_folder}" for row in BACKBONES.values())
+    command = click.option("--random-weights", is_flag=True,
+                           help="Run a checkpoint preset at full size with seeded random weights (no folder).")(command)
+    return click.option("--checkpoint", type=click.Path(path_type=Path), default=None, metavar="DIR",
+                        help=f"The weights folder of a checkpoint preset ({folders}); presets with random or "
+                             f"bundled weights take none. Its files are checked before anything loads.")(command)
+
+
+def prompt_help(note: str = "") -> str:
+    """``--prompt``'s help, from the backbone registry (who takes a prompt)."""
+    return (f"{titles_where(lambda r: r.run_prompt or r.takes_prompts)} presets: the text prompt"
+            + (f" {note}" if note else "") + ".")
 
 
 SEED = _SeedRange(0, 2**63 - 1)  # noise seeds (torch generators take 64-bit seeds)

@@ -10,7 +10,8 @@ from pathlib import Path
 import click
 
 from .common import run_job
-from .options import SEED, cache_help, device_options, memory_options
+from .options import (SEED, cache_help, checkpoint_option, device_options, memory_options, preset_option,
+                      prompt_help)
 
 log = logging.getLogger("worldtrace")
 
@@ -62,16 +63,12 @@ def check_port(host: str, port: int) -> None:
 
 
 @click.command("play")
-@click.option("--preset", default="loopworld", show_default=True, metavar="NAME|FILE",
-              help="An MG2-architecture preset: loopworld (trained embedded world with ground truth, CPU), tiny "
-                   "(random weights), mg2-universal (with --checkpoint), a text-to-video one (self-forcing-tiny, "
-                   "longlive-tiny: a prompt box), or a preset YAML.")
+@preset_option("loopworld", note="of a backbone that runs live (loopworld walks a world with ground truth; "
+                                 "LingBot-World: the keys drive its camera; text-to-video: a prompt box)")
 @click.option("--cache", default=None, metavar="WRITER",
               help=cache_help("The first writer (the page switches writers and opens a second one beside it): ",
                               " Default: the model's own cache (MG2: sliding)."))
-@click.option("--checkpoint", type=click.Path(path_type=Path), default=None, metavar="DIR",
-              help="The official Matrix-Game-2.0 folder (mg2-* presets).")
-@click.option("--random-weights", is_flag=True, help="Run a checkpoint preset at full size with seeded random weights.")
+@checkpoint_option
 @click.option("--image", type=click.Path(path_type=Path), default=None,
               help="Conditioning image (loopworld: its world's start view unless given, then without ground truth).")
 @click.option("--world-seed", type=SEED, default=0, show_default=True, help="loopworld: the world to walk.")
@@ -94,6 +91,8 @@ def check_port(host: str, port: int) -> None:
               help="Where every session is recorded as a run folder (video.mp4, chunks.jsonl, summary.json, "
                    "trajectory.yaml that worldtrace generate replays).")
 @click.option("--no-record", is_flag=True, help="Do not record sessions (nothing is written; save is off).")
+@click.option("--prompt", default=None,
+              help=prompt_help("of every session (LingBot-World: its prompt, the keys drive the camera)"))
 @click.option("--attention-stats/--no-attention-stats", default=True, show_default=True,
               help="Measure each chunk's attention per cache slot (the cache panel's shares; recorded in "
                    "chunks.jsonl); --no-attention-stats leaves it out (docs/memory.md: its cost).")
@@ -103,7 +102,8 @@ def check_port(host: str, port: int) -> None:
               help="The world runs as soon as a page opens (idle chunks until a key is held). By default it "
                    "waits for the first key or drag, so a recording starts with what you did.")
 def play(preset, cache, checkpoint, random_weights, image, world_seed, seed, device, dtype, compile_mode, metrics,
-         host, port, max_sessions, runs_dir, no_record, attention_stats, attention_queries, start_running, **memory):
+         host, port, max_sessions, runs_dir, no_record, prompt, attention_stats, attention_queries, start_running,
+         **memory):
     """Walk a world live in your browser, with its KV-cache memory on screen.
 
     Serves one page at http://HOST:PORT/ (printed on stdout): WASD to walk, arrow keys or mouse drag
@@ -134,14 +134,18 @@ def play(preset, cache, checkpoint, random_weights, image, world_seed, seed, dev
         from ..writer_options import settings_for
 
         resolved = load_preset(preset)
-        if resolved.is_lingbot:
-            raise InputError(f"--preset {resolved.name}: play runs MG2-architecture models; LingBot-World runs with "
+        backbone = resolved.backbone
+        if not backbone.live:
+            raise InputError(f"--preset {resolved.name}: {backbone.title} does not run live yet; it runs with "
                              f"worldtrace generate")
-        if image is not None and resolved.is_text:
+        if image is not None and not backbone.start_image:
             raise InputError(f"--image: preset {resolved.name} is text-to-video: type prompts in the page instead")
+        if prompt is not None and not (backbone.run_prompt and not backbone.takes_prompts):
+            raise InputError(f"--prompt: preset {resolved.name} takes no run prompt"
+                             + (" (type prompts in the page)" if backbone.takes_prompts else ""))
         if image is not None:
             check_image(image, resolved.height, resolved.width)
-        elif not (resolved.has_world or resolved.is_text):
+        elif backbone.start_image and not resolved.has_world:
             raise InputError(f"--preset {resolved.name}: needs --image (only loopworld has a world of its own)")
         options = {k: v for k, v in memory.items() if v is not None}
         from ..config import default_cache
@@ -163,7 +167,7 @@ def play(preset, cache, checkpoint, random_weights, image, world_seed, seed, dev
         # the preset itself: without it every page opened open()'s default, loopworld, whatever --preset said
         kwargs = {"preset": resolved, "checkpoint": checkpoint, "random_weights": random_weights, "image": image,
                   "world_seed": world_seed, "seed": seed, "device": device, "dtype": dtype, "compile": compile_mode,
-                  "metrics": metrics, **attention, **options}
+                  "metrics": metrics, **({"prompt": prompt} if prompt is not None else {}), **attention, **options}
         from ..config import RunConfig
         from ..engine.pipeline import Pipeline
 

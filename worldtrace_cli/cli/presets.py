@@ -6,10 +6,25 @@ import click
 
 
 @click.command("presets")
-def list_presets():
-    """List the built-in model presets."""
+@click.option("--backbones", is_flag=True,
+              help="Print the registered backbones and what each takes (a Markdown table) instead.")
+def list_presets(backbones):
+    """List the built-in model presets: name, trajectory mode, pixel size, backbone, weights, description.
+
+    The backbone column is the preset's registry row (docs/architecture.md, section 1b): what its runs
+    take (a start image, a prompt, camera files) and whether it runs live follow from it. Weights:
+    ``random`` (seeded, no download), ``bundled`` (shipped with worldtrace) or ``checkpoint`` (needs
+    ``--checkpoint DIR``, or ``--random-weights`` for a full-size run with random weights).
+    """
     from ..config import load_preset, preset_names
 
+    if backbones:
+        from ..config.backbones import backbone_table, load_plugins
+
+        load_plugins()  # the installed packages' backbones too
+        click.echo(backbone_table())
+        return
     for name in preset_names():
         p = load_preset(name)
-        click.echo(f"{name:18s} {p.mode:10s} {p.height}x{p.width}  {p.description}")
+        size = f"{p.height}x{p.width}"
+        click.echo(f"{name:18s} {p.mode:10s} {size:8s} {p.backbone.title:24s} {p.weights:10s} {p.description}")

@@ -6,7 +6,7 @@ Presets are data-only YAML files shipped in ``worldtrace_cli/presets/`` (or any 
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from importlib import resources
 from pathlib import Path
 from typing import Any
@@ -14,14 +14,11 @@ from typing import Any
 import yaml
 
 from ..errors import InputError
-from ..model.config import DiTConfig
-from ..model.lingbot.config import LingbotConfig, trained_window
 from ..writer_options import LANDMARK_TAU, MemoryConfig  # noqa: F401  (re-exported: RunConfig.memory's type)
-from .rules import WAN_DIT_ARCHITECTURES, check_family, check_preset_values
+from .backbones import BACKBONES, DEFAULT_ARCHITECTURE, Backbone, backbone, load_plugins, register_backbone  # noqa: F401  (re-exported)
+from .rules import check_family, check_preset_values
 
 MODES = ("universal", "gta_drive", "templerun", "text")  # text: prompt segments (the selfforcing architecture)
-ARCHITECTURES = ("mg2", "lingbot", "selfforcing")  # MG2 (actions) | LingBot-World (camera) | Self-Forcing/LongLive
-SELFFORCING_WINDOW = 21  # Self-Forcing's global cache holds its trained 21 latent frames (81 video frames)
 _PRESET_KEYS = {"description", "mode", "height", "width", "fps", "denoising_steps", "timestep_shift",
                 "weights", "vae", "clip", "files", "dit", "frames_per_chunk", "bundle", "world", "architecture",
                 "landmark_threshold", "sampler", "context_noise", "extends"}
@@ -32,7 +29,7 @@ PRESET_DEFAULTS_ONLY = ("landmark_threshold",)
 # Preset keys added after runs and training folders were recorded, with the value those were made with
 # RunConfig fields added after runs were recorded, and the value older runs were made with
 RUN_ADDED = {"attention_stats": False, "attention_queries": 0}
-PRESET_ADDED = {"architecture": "mg2", "sampler": "renoise", "context_noise": 0}
+PRESET_ADDED = {"architecture": DEFAULT_ARCHITECTURE, "sampler": "renoise", "context_noise": 0}
 
 
 @dataclass(frozen=True)
@@ -40,7 +37,8 @@ class Preset:
     """A model preset: architecture, resolution, sampler and expected checkpoint files.
 
     Attributes:
-        architecture: ``mg2`` (Matrix-Game-2.0: ``dit`` is a :class:`DiTConfig`), ``lingbot``
+        architecture: its backbone row (:mod:`~worldtrace_cli.config.backbones`): ``mg2``
+            (Matrix-Game-2.0: ``dit`` is a :class:`~worldtrace_cli.model.config.DiTConfig`), ``lingbot``
             (LingBot-World causal fast, lingbot-architecture.md: ``dit`` is a
             :class:`~worldtrace_cli.model.lingbot.config.LingbotConfig` whose ``local_attn_size`` /
             ``sink_size`` are the official run's cache, 18 / 6; ``frames_per_chunk`` 4) or
@@ -76,7 +74,7 @@ class Preset:
     mode: str
     height: int
     width: int
-    dit: DiTConfig | LingbotConfig
+    dit: object  # the backbone row's ``dit_config`` (DiTConfig, LingbotConfig)
     description: str = ""
     fps: float = 25.0
     denoising_steps: tuple[int, ...] = (1000, 666, 333)
@@ -88,20 +86,15 @@ class Preset:
     files: dict[str, str] = field(default_factory=dict)
     bundle: str | None = None
     world: str | None = None
-    architecture: str = "mg2"
+    architecture: str = DEFAULT_ARCHITECTURE
     landmark_threshold: float | None = None
     sampler: str = "renoise"
     context_noise: int = 0
 
     @property
-    def is_lingbot(self) -> bool:
-        """True for a LingBot-World preset (camera-pose conditioned, 4 latent frames per chunk)."""
-        return self.architecture == "lingbot"
-
-    @property
-    def is_text(self) -> bool:
-        """True for a text-to-video preset (Self-Forcing / LongLive: prompt segments, no image, no actions)."""
-        return self.architecture == "selfforcing"
+    def backbone(self) -> Backbone:
+        """What this preset's backbone takes and supports (:mod:`~worldtrace_cli.config.backbones`)."""
+        return backbone(self.architecture)
 
     @property
     def has_world(self) -> bool:
@@ -114,9 +107,7 @@ class Preset:
         """Latent frames the model attends over, current chunk included: ``local_attn_size`` (MG2's 6
         for universal, 4 for gta_drive; LingBot's 18, also for a global cache: its trained window;
         Self-Forcing's global cache: the 21 latent frames it was trained on; LongLive's 12)."""
-        if self.is_text and self.dit.local_attn_size <= 0:
-            return SELFFORCING_WINDOW
-        return trained_window(self.dit.local_attn_size)
+        return self.dit.local_attn_size if self.dit.local_attn_size > 0 else self.backbone.global_window
 
     @property
     def default_budget(self) -> int:
@@ -136,7 +127,7 @@ class Preset:
     def from_dict(cls, d: dict[str, Any]) -> "Preset":
         """Inverse of :meth:`to_dict` (a resumed run rebuilds its exact preset from summary data)."""
         d = dict(d)
-        d["dit"] = (LingbotConfig if d.get("architecture") in WAN_DIT_ARCHITECTURES else DiTConfig).from_dict(d["dit"])
+        d["dit"] = backbone(d.get("architecture", DEFAULT_ARCHITECTURE)).load("dit_config").from_dict(d["dit"])
         d["denoising_steps"] = tuple(d["denoising_steps"])
         return cls(**d)
 
@@ -195,16 +186,18 @@ def load_preset(name_or_path: str) -> Preset:
         raise InputError(f"{source}: missing keys: {', '.join(missing)}")
     from ..errors import CheckpointError
 
-    if raw.get("architecture", "mg2") not in ARCHITECTURES:
-        raise InputError(f"{source}: architecture: must be one of {', '.join(ARCHITECTURES)}, got {raw['architecture']!r}")
+    if raw.get("architecture", DEFAULT_ARCHITECTURE) not in BACKBONES:
+        load_plugins()  # a backbone another installed package declares
+    if raw.get("architecture", DEFAULT_ARCHITECTURE) not in BACKBONES:
+        raise InputError(f"{source}: architecture: must be one of {', '.join(BACKBONES)}, got {raw['architecture']!r}")
     check_preset_values(raw, source)
     try:
-        dit_class = LingbotConfig if raw.get("architecture") in WAN_DIT_ARCHITECTURES else DiTConfig
-        dit = dit_class.from_dict(raw.pop("dit"), f"{source}: dit")
+        dit = backbone(raw.get("architecture", DEFAULT_ARCHITECTURE)).load("dit_config").from_dict(raw.pop("dit"), f"{source}: dit")
     except (CheckpointError, TypeError) as exc:
         raise InputError(str(exc)) from None
     if raw["mode"] not in MODES:
         raise InputError(f"{source}: mode: must be one of {', '.join(MODES)}, got {raw['mode']!r}")
+    row = backbone(raw.get("architecture", DEFAULT_ARCHITECTURE))
     for key in ("height", "width"):
         if not isinstance(raw[key], int) or raw[key] <= 0 or raw[key] % 16:
             raise InputError(f"{source}: {key}: must be a positive multiple of 16, got {raw[key]!r}")
@@ -219,17 +212,15 @@ def load_preset(name_or_path: str) -> Preset:
         raise InputError(f"{source}: files: unknown roles {sorted(set(files) - set(_FILE_ROLES))}")
     if "denoising_steps" in raw:
         raw["denoising_steps"] = tuple(raw["denoising_steps"])
-    check_family(raw, dit, source)
-    if raw.get("architecture") in WAN_DIT_ARCHITECTURES:
-        from ..model.lingbot.config import official_memory
-
-        try:
-            official_memory(dit.local_attn_size, dit.sink_size, raw.get("frames_per_chunk", 3))
-        except ValueError as exc:
-            raise InputError(f"{source}: dit: {exc}") from None
+    check_family(raw, dit, source, row)
+    preset = Preset(name=name, dit=dit, files=dict(files), **raw)
+    try:
+        row.official_cache(preset)  # the release's cache must fit the DiT config's window and sink
+    except ValueError as exc:
+        raise InputError(f"{source}: dit: {exc}") from None
     if own_bundle and raw.get("bundle") and path.suffix in (".yaml", ".yml") and path.is_file():
-        raw["bundle"] = str((path.parent / raw["bundle"]).resolve())  # a preset file's bundle lies beside it
-    return Preset(name=name, dit=dit, files=dict(files), **raw)
+        preset = replace(preset, bundle=str((path.parent / raw["bundle"]).resolve()))  # a preset file's bundle lies beside it
+    return preset
 
 
 def _base_preset(base, source: str) -> dict:
@@ -325,14 +316,10 @@ class RunConfig:
 
 def default_cache(preset: Preset) -> dict:
     """MemoryConfig fields of the cache a preset's model was run with officially, used when no
-    ``--cache`` is given: MG2 ``sliding`` (its own window); LingBot the README's sink of
-    ``sink_size`` frames in a window of ``local_attn_size`` latent frames at true offsets
-    (:func:`~worldtrace_cli.model.lingbot.config.official_memory`: 6 and 18 -> ``sink``, budget 14)."""
-    if not (preset.is_lingbot or preset.is_text):
-        return {"cache": "sliding"}
-    from ..model.lingbot.config import official_memory
-
-    return official_memory(preset.dit.local_attn_size, preset.dit.sink_size, preset.frames_per_chunk)
+    ``--cache`` is given (its backbone's ``official_cache``): MG2 ``sliding`` (its own window);
+    LingBot the README's sink of ``sink_size`` frames in a window of ``local_attn_size`` latent frames
+    at true offsets (6 and 18 -> ``sink``, budget 14); Self-Forcing's global cache ``full``."""
+    return preset.backbone.official_cache(preset)
 
 
 def memory_config(cache: str, spill_dir=None, preset: Preset | None = None, **options) -> MemoryConfig:

@@ -7,9 +7,6 @@ from __future__ import annotations
 from ..errors import InputError
 from ..model.config import SAMPLERS
 
-WAN_DIT_ARCHITECTURES = ("lingbot", "selfforcing")  # their ``dit`` is a LingbotConfig (i2v | t2v)
-
-
 def check_preset_values(raw: dict, source: str) -> None:
     """Types and ranges of a preset's scalar keys (a wrong type must not surface as a traceback when
     the model is built). Raises InputError naming the file and key."""
@@ -35,28 +32,30 @@ def check_preset_values(raw: dict, source: str) -> None:
             raise InputError(f"{source}: {key}: must be {want}, got {raw[key]!r}"[:300])
 
 
-def check_family(raw: dict, dit, source: str) -> None:
-    """A ``selfforcing`` preset is a ``t2v`` DiT in mode ``text`` with chunks of 3 latent frames
-    (selfforcing-architecture.md §1); mode ``text`` belongs to it alone, and LingBot-World is ``i2v``;
-    the ``sampler`` and ``context_noise`` keys are MG2's (the Wan-DiT families have their own samplers).
-    Raises InputError naming the file and key."""
-    arch = raw.get("architecture", "mg2")
-    if arch in WAN_DIT_ARCHITECTURES and raw.get("sampler", "renoise") != "renoise":
-        own = "LingBot presets use LingBot's own" if arch == "lingbot" else "they use their own 4-step"
-        raise InputError(f"{source}: sampler: {own} sampler; only MG2-architecture presets take 'euler'")
-    if arch in WAN_DIT_ARCHITECTURES and raw.get("context_noise", 0):
-        raise InputError(f"{source}: context_noise: only MG2-architecture presets take a context noise")
-    if arch == "selfforcing":
-        if dit.model_type != "t2v":
-            raise InputError(f"{source}: dit: model_type: a selfforcing preset is a t2v DiT, got {dit.model_type!r}")
-        if raw["mode"] != "text":
-            raise InputError(f"{source}: mode: a selfforcing preset runs prompt segments (mode text), got {raw['mode']!r}")
-        if raw.get("frames_per_chunk", 3) != 3:
-            raise InputError(f"{source}: frames_per_chunk: Self-Forcing / LongLive v1.0 chunks are 3 latent frames")
-    elif raw["mode"] == "text":
-        raise InputError(f"{source}: mode: text (prompt segments) needs architecture: selfforcing, got {arch}")
-    elif arch == "lingbot" and dit.model_type != "i2v":
-        raise InputError(f"{source}: dit: model_type: LingBot-World is i2v; a t2v DiT is architecture: selfforcing")
+def check_family(raw: dict, dit, source: str, row) -> None:
+    """What the preset's backbone row (:class:`~worldtrace_cli.config.backbones.Backbone`) allows: its
+    modes (mode ``text`` is Self-Forcing's, selfforcing-architecture.md §1), its DiT's ``model_type``,
+    a fixed chunk length, and the ``sampler`` / ``context_noise`` keys only where the preset chooses
+    the sampler (MG2; the Wan-DiT families have their own). Raises InputError naming the file and key."""
+    from .backbones import BACKBONES
+
+    if raw["mode"] not in row.modes:
+        owners = [r.architecture for r in BACKBONES.values() if raw["mode"] in r.modes]
+        hint = f" (mode {raw['mode']} needs architecture: {' or '.join(owners)})" if owners else ""
+        raise InputError(f"{source}: mode: {row.title} presets run mode {' or '.join(row.modes)}, "
+                         f"got {raw['mode']!r}{hint}")
+    if not row.preset_sampler and raw.get("sampler", "renoise") != "renoise":
+        raise InputError(f"{source}: sampler: {row.title} presets use the model's own sampler; only "
+                         f"{' and '.join(r.title for r in BACKBONES.values() if r.preset_sampler)} presets take 'euler'")
+    if not row.preset_sampler and raw.get("context_noise", 0):
+        raise InputError(f"{source}: context_noise: {row.title} presets take no context noise (its context pass is clean)")
+    if row.dit_model_type is not None and dit.model_type != row.dit_model_type:
+        others = [r.architecture for r in BACKBONES.values() if r.dit_model_type == dit.model_type]
+        hint = f"; model_type {dit.model_type} is architecture: {' or '.join(others)}" if others else ""
+        raise InputError(f"{source}: dit: model_type: {row.title}'s DiT is {row.dit_model_type}, got "
+                         f"{dit.model_type!r}{hint}")
+    if row.chunk_frames and raw.get("frames_per_chunk", 3) != row.chunk_frames:
+        raise InputError(f"{source}: frames_per_chunk: {row.title} chunks are {row.chunk_frames} latent frames")
 
 
-__all__ = ["WAN_DIT_ARCHITECTURES", "check_family", "check_preset_values"]
+__all__ = ["check_family", "check_preset_values"]

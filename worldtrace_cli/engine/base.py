@@ -1,8 +1,8 @@
-"""What every loaded world model shares (design.md §2): device and dtype resolution, library versions,
-the key that says when two runs can share a loaded model, and :class:`PipelineBase`, the interface
-the jobs use (:mod:`worldtrace_cli.engine.pipeline` picks the architecture's pipeline:
-:class:`~worldtrace_cli.engine.mg2.MG2Pipeline` or
-:class:`~worldtrace_cli.engine.lingbot.LingbotPipeline`).
+"""What every loaded world model shares (docs/architecture.md §1): device and dtype resolution, library
+versions, the key that says when two runs can share a loaded model, :class:`RunConditioning` (what a
+run is conditioned on, passed as an argument) and :class:`PipelineBase`, the interface the jobs use
+(:mod:`worldtrace_cli.engine.pipeline` builds the class the preset's backbone row names: MG2's,
+LingBot-World's, Self-Forcing / LongLive's or a registered one).
 """
 
 from __future__ import annotations
@@ -69,6 +69,29 @@ def versions() -> dict:
     return out
 
 
+@dataclass
+class RunConditioning:
+    """What a run is conditioned on, for every backbone: :meth:`PipelineBase.condition` reads what its
+    backbone's row declares it takes (:mod:`~worldtrace_cli.config.backbones`) and refuses the rest.
+
+    Attributes:
+        num_chunks: the run's length in chunks (a live session's: the most its conditioning covers).
+        image: the PIL start image (``start_image`` backbones).
+        prompt: the run's text prompt (``run_prompt`` backbones: LingBot-World; "" for none).
+        prompts: every chunk's prompt known now (prompt-segment backbones; a live session's grow as it goes).
+        camera: a LingBot run's :class:`~worldtrace_cli.model.lingbot.inputs.LingbotInputs` (its poses and
+            intrinsics files; ``camera_files`` backbones), or None.
+        switch: what a prompt switch does to the cache (``recache``, ``recache-keep-sink``, ``plain``).
+    """
+
+    num_chunks: int
+    image: object = None
+    prompt: str | None = None
+    prompts: list | None = None
+    camera: object = None
+    switch: str = "recache"
+
+
 @dataclass(frozen=True)
 class ModelKey:
     """What identifies a loaded pipeline: two runs with equal keys can share one."""
@@ -116,10 +139,10 @@ def check_speed(rope_precision: str, compile_mode: str) -> None:
 class PipelineBase:
     """A preset's networks loaded once on one device and dtype, with fixed speed settings.
 
-    Subclasses (one per architecture) implement :meth:`from_preset`,
-    ``condition``, ``rollout`` and ``latent_poses``. Attributes: ``preset``, ``world`` (the loaded
-    networks), ``device``, ``dtype``, ``rope_precision``, ``compile_mode``, ``key``
-    (:class:`ModelKey`), ``load_seconds``.
+    Subclasses (one per backbone, each named by its registry row: :mod:`~worldtrace_cli.config.backbones`)
+    implement :meth:`from_preset`, ``condition(request: RunConditioning)``, ``rollout`` and
+    ``latent_poses``. Attributes: ``preset``, ``world`` (the loaded networks), ``device``, ``dtype``,
+    ``rope_precision``, ``compile_mode``, ``key`` (:class:`ModelKey`), ``load_seconds``.
     """
 
     def __init__(self, preset, world, device: torch.device, dtype: torch.dtype, rope_precision: str,
@@ -225,6 +248,12 @@ class PipelineBase:
         """The model's own past slots: window - frames per chunk (:attr:`Preset.default_budget`)."""
         return self.preset.default_budget
 
+    def feeds_itself(self, conditioned) -> bool:
+        """True when a rollout of ``conditioned`` must be built from its whole run and step without requests
+        (LingBot-World's explicit poses, normalised over the whole trajectory); False (the default): it is
+        fed chunk by chunk (:class:`~worldtrace_cli.engine.feed.ConditioningFeed`)."""
+        return False
+
     def decoder(self):
         """A fresh :class:`~worldtrace_cli.model.vae.StreamingDecoder` over this model's VAE."""
         from ..model.vae import StreamingDecoder
@@ -242,4 +271,4 @@ class PipelineBase:
         return build_writer(memory, self.default_budget, self.window)
 
 
-__all__ = ["DTYPES", "ModelKey", "PipelineBase", "check_speed", "resolve_device", "resolve_dtype", "versions"]
+__all__ = ["DTYPES", "ModelKey", "PipelineBase", "RunConditioning", "check_speed", "resolve_device", "resolve_dtype", "versions"]

@@ -19,7 +19,7 @@ import torch
 
 from ..errors import InputError
 from ..model.lingbot.inputs import LingbotInputs
-from .base import ModelKey, PipelineBase, check_speed
+from .base import ModelKey, PipelineBase, RunConditioning, check_speed
 
 
 @dataclass
@@ -65,60 +65,96 @@ class LingbotPipeline(PipelineBase):
                            device, dtype, rope_precision, compile_mode, key)
 
     @torch.no_grad()
-    def condition(self, pil_image, num_chunks: int, inputs: LingbotInputs | None = None) -> LingbotConditioned:
-        """Encode a PIL start image (squashed to the preset's size, spec §10.2) and the prompt for a
-        rollout of ``num_chunks`` chunks."""
+    def condition(self, request: RunConditioning) -> LingbotConditioned:
+        """Encode ``request.image`` (squashed to the preset's size, spec §10.2) and ``request.prompt``
+        (umT5) for a rollout of ``request.num_chunks`` chunks; ``request.camera`` (LingbotInputs: poses,
+        intrinsics) goes with them.
+
+        Raises:
+            InputError: no image.
+        """
+        from dataclasses import replace
+
         from ..model.conditioning import ConditioningLatents
         from ..model.lingbot.conditioning import preprocess_image
         from ..model.vae import encode_conditioning_latents
 
-        inputs = inputs or LingbotInputs()
-        image = preprocess_image(pil_image, self.preset.height, self.preset.width).to(self.device, self.dtype)
-        latents = encode_conditioning_latents(self.world.vae, image, num_chunks * self.frames_per_chunk)
+        if request.image is None:
+            raise InputError(f"preset {self.preset.name}: {self.preset.backbone.title} needs a start image")
+        inputs = request.camera or LingbotInputs()
+        if request.prompt is not None:
+            inputs = replace(inputs, prompt=request.prompt)
+        image = preprocess_image(request.image, self.preset.height, self.preset.width).to(self.device, self.dtype)
+        latents = encode_conditioning_latents(self.world.vae, image, request.num_chunks * self.frames_per_chunk)
         text = self.world.text.encode(inputs.prompt)
         return LingbotConditioned(ConditioningLatents(latents), text, inputs)
 
-    def camera(self, keyboard: torch.Tensor, mouse: torch.Tensor | None, inputs: LingbotInputs):
-        """The rollout's :class:`~worldtrace_cli.model.lingbot.camera.CameraTrack` for R action rows
-        (R = 4 N - 3 pixel frames, N latent frames): the first R rows of ``inputs.poses`` when given,
-        else the actions' poses by the motion model (:func:`~worldtrace_cli.world.motion.frame_poses`,
-        :func:`~worldtrace_cli.world.motion.camera_to_world`).
+    @property
+    def pixel_hw(self) -> tuple[int, int]:
+        """The generated frames' (h, w) in pixels."""
+        return self.latent_hw[0] * self.vae_spatial_factor, self.latent_hw[1] * self.vae_spatial_factor
+
+    def camera(self, rows: int, inputs: LingbotInputs):
+        """The rollout's camera: with ``inputs.poses`` (LingBot's ``poses.npy``) the
+        :class:`~worldtrace_cli.model.lingbot.camera.CameraTrack` of their first ``rows`` rows (R = 4 N - 3
+        pixel frames, N latent frames; normalised over the whole trajectory, spec §10.3); else a
+        :class:`~worldtrace_cli.model.lingbot.camera.StreamingCamera` over the actions' poses, which
+        each chunk's request brings (the motion model's, its step per latent frame the translation scale).
 
         Raises:
             InputError: fewer pose rows than pixel frames, or invalid poses / intrinsics.
         """
-        from ..model.lingbot.camera import CameraTrack
-        from ..world.motion import camera_to_world, frame_poses
+        from ..model.lingbot.camera import CameraTrack, StreamingCamera
+        from ..world.motion import UNITS_PER_FRAME
 
-        rows = keyboard.shape[1]
-        if inputs.poses is not None:
-            if len(inputs.poses) < rows:
-                raise InputError(f"poses: {len(inputs.poses)} rows, the run needs one per pixel frame ({rows})")
-            c2w = inputs.poses[:rows]
-        else:
-            pixel = frame_poses(self.preset.mode, keyboard[0].cpu(), None if mouse is None else mouse[0].cpu())
-            c2w = camera_to_world(pixel).numpy()
-        pixel_hw = (self.latent_hw[0] * self.vae_spatial_factor, self.latent_hw[1] * self.vae_spatial_factor)
-        return CameraTrack(c2w, inputs.intrinsics, (rows + 3) // 4, pixel_hw)
+        if inputs.poses is None:
+            return StreamingCamera(inputs.intrinsics, self.pixel_hw, 4 * UNITS_PER_FRAME)
+        if len(inputs.poses) < rows:
+            raise InputError(f"poses: {len(inputs.poses)} rows, the run needs one per pixel frame ({rows})")
+        return CameraTrack(inputs.poses[:rows], inputs.intrinsics, (rows + 3) // 4, self.pixel_hw)
 
-    def rollout(self, writer, conditioned: LingbotConditioned, keyboard: torch.Tensor, mouse: torch.Tensor | None,
-                seed: int, noise=None, on_step=None):
-        """A fresh :class:`~worldtrace_cli.engine.lingbot_rollout.LingbotRollout` through ``writer`` (reset;
-        given every latent frame's camera-to-world pose).
+    def plan_conditioning(self, text_rows: int = 512) -> LingbotConditioned:
+        """What :meth:`condition` returns, at the run's shapes and without computing it (the memory plan
+        builds it under FakeTensorMode): conditioning latents and ``text_rows`` umT5 rows."""
+        from ..model.conditioning import CONDITIONING_ENCODE_LATENT_FRAMES, ConditioningLatents
+
+        latents = ConditioningLatents(torch.empty(1, 16, CONDITIONING_ENCODE_LATENT_FRAMES, *self.latent_hw))
+        return LingbotConditioned(latents, torch.empty(text_rows, 4096), LingbotInputs())
+
+    def rollout(self, writer, conditioned: LingbotConditioned, keyboard: torch.Tensor | None = None,
+                mouse: torch.Tensor | None = None, seed: int = 0, noise=None, on_step=None):
+        """A fresh :class:`~worldtrace_cli.engine.lingbot_rollout.LingbotRollout` through ``writer`` (reset).
 
         Args:
-            keyboard: [1, R, keyboard_dim] action rows (pixel frames); mouse: [1, R, 2] or None.
+            keyboard: [1, R, keyboard_dim] action rows (pixel frames) of a whole run, which then feeds
+                itself (its camera: the explicit poses, else the actions' by the motion model); None:
+                each chunk's poses come with its request (a live session); mouse: [1, R, 2] or None.
             seed: noise seed (chunk c draws from ``chunk_generator(seed, c)``).
         """
+        from ..model.lingbot.camera import CameraTrack
         from .lingbot_rollout import LingbotRollout
         from ..model.lingbot.sampler import CausalFastSchedule
 
-        track = self.camera(keyboard, mouse, conditioned.inputs)
-        return LingbotRollout(self.world.dit, writer, conditioned.latents, conditioned.text_context, track, seed,
+        rows = None if keyboard is None else keyboard.shape[1]
+        camera = self.camera(rows or 0, conditioned.inputs)
+        if isinstance(camera, CameraTrack):
+            poses = torch.from_numpy(camera.latent_poses)
+        else:  # the actions' camera: a whole run's poses now (it feeds itself), else each request's
+            poses = None if keyboard is None else self.latent_poses(keyboard, mouse)
+        return LingbotRollout(self.world.dit, writer, conditioned.latents, conditioned.text_context, camera, seed,
                               self.device, self.latent_hw, self.frames_per_chunk, self.window,
                               CausalFastSchedule(self.preset.timestep_shift), noise=noise, on_step=on_step,
-                              poses=torch.from_numpy(track.latent_poses))
+                              poses=poses)
 
     def latent_poses(self, keyboard: torch.Tensor, mouse: torch.Tensor | None) -> torch.Tensor:
-        """Camera-to-world pose of every latent frame the actions reach: float64 [N, 4, 4]."""
-        return torch.from_numpy(self.camera(keyboard, mouse, LingbotInputs()).latent_poses)
+        """Camera-to-world pose of every latent frame the actions reach, by the one motion model
+        (:class:`~worldtrace_cli.world.motion.PoseTrack`): float64 [N, 4, 4], N = 1 + (R - 1) // 4."""
+        from ..world.motion import PoseTrack
+
+        track = PoseTrack(self.preset.mode)
+        track.extend_to(keyboard[0].cpu(), None if mouse is None else mouse[0].cpu(), keyboard.shape[1])
+        return track.latent_c2w(1 + (keyboard.shape[1] - 1) // 4).clone()
+
+    def feeds_itself(self, conditioned: LingbotConditioned) -> bool:
+        """True when explicit poses drive the camera: the rollout then feeds itself (no requests' poses)."""
+        return conditioned.inputs.poses is not None

@@ -23,6 +23,7 @@ from ..memory import CacheWriter
 from ..model.lingbot.config import TRAINED_WINDOW
 from ..model.lingbot.dit import LingbotChunk
 from ..model.lingbot.sampler import CausalFastSchedule, add_noise, flow_to_x0
+from .feed import ChunkRequest
 from .rollout import ChunkRollout
 
 
@@ -36,8 +37,10 @@ class LingbotRollout(ChunkRollout):
             latent frame 0 + the VAE latents of the image and grey frames, spec §10.2).
         text_context: umT5 rows [L, 4096] float32 (L <= 512).
         camera: the rollout's :class:`~worldtrace_cli.model.lingbot.camera.CameraTrack` (``chunk(a, f)`` ->
-            [1, 384, f, lh, lw], ``num_frames``; the translation normalisation needs the whole
-            trajectory, so it is made up front).
+            [1, 384, f, lh, lw], ``num_frames``: explicit poses, normalised over the whole trajectory, so
+            made up front; the run feeds itself), or a
+            :class:`~worldtrace_cli.model.lingbot.camera.StreamingCamera` made from each chunk's poses
+            (:class:`~worldtrace_cli.engine.feed.ChunkRequest`: the actions' camera, live or not).
         seed: noise seed (chunk c draws from ``chunk_generator(seed, c)`` on the CPU).
         device: where the DiT runs; latent_hw: (lh, lw); frames_per_chunk: F (4).
         window: the trained attention window in latent frames, current chunk included (18):
@@ -56,7 +59,11 @@ class LingbotRollout(ChunkRollout):
                  seed: int, device: torch.device, latent_hw: tuple[int, int], frames_per_chunk: int = 4,
                  window: int = TRAINED_WINDOW, schedule: CausalFastSchedule = CausalFastSchedule(), noise=None,
                  on_step=None, poses: torch.Tensor | None = None):
+        from ..model.lingbot.camera import CameraTrack
+
         self.conditioning, self.text_context, self.camera = conditioning, text_context, camera
+        self.track = camera if isinstance(camera, CameraTrack) else None  # whole-run poses: fed by themselves
+        self._poses = poses
         self.timesteps = schedule.timesteps()
         self.x0_sigmas, self.noise_sigmas = schedule.x0_sigmas(), schedule.add_noise_sigmas()
         self._setup(dit, writer, seed, device, latent_hw, frames_per_chunk, window - 1,
@@ -66,14 +73,29 @@ class LingbotRollout(ChunkRollout):
     # buffer, re-filled per call, takes 0.55 GB (issue 45; CacheView.shared_buffer: the same values)
     shared_kv_buffer = True
 
-    def check_chunk(self, chunk: int, frame_start: int) -> None:
-        if frame_start + self.frames_per_chunk > self.camera.num_frames:
-            raise RunError(f"chunk {chunk}: the camera covers {self.camera.num_frames} latent frames only")
+    def own_request(self, chunk: int) -> ChunkRequest:
+        """A rollout built with a whole run's camera feeds itself: explicit poses (a :class:`CameraTrack`,
+        whose poses the writer has) or the whole run's poses given to the constructor."""
+        if self.track is not None:
+            return ChunkRequest(chunk)
+        if self._poses is None:
+            return super().own_request(chunk)
+        return ChunkRequest(chunk, poses=self._poses)
 
-    def chunk_inputs(self, read, frame_start: int, frames: int):
+    def check_chunk(self, chunk: int, frame_start: int, request: ChunkRequest) -> None:
+        covered = self.track.num_frames if self.track is not None else \
+            (0 if request.poses is None else len(request.poses))
+        if frame_start + self.frames_per_chunk > covered:
+            raise RunError(f"chunk {chunk}: the camera covers {covered} latent frames only")
+        if self.track is not None and request.poses is not None:
+            raise ValueError(f"chunk {chunk}: a rollout of explicit poses takes no poses with its requests")
+
+    def chunk_inputs(self, read, frame_start: int, frames: int, request: ChunkRequest):
+        camera = (self.track.chunk(frame_start, frames) if self.track is not None else
+                  self.camera.chunk(request.poses.numpy(), frame_start, frames))
         inputs = LingbotChunk(rollout=self.state, past=read.past, text_context=self.text_context,
-                              camera=self.camera.chunk(frame_start, frames).to(self.device),
-                              temporal_freq_scale=read.freq_scale, shared_buffer=self.shared_kv_buffer)
+                              camera=camera.to(self.device), temporal_freq_scale=read.freq_scale,
+                              shared_buffer=self.shared_kv_buffer)
         return inputs, self.conditioning.cond_concat(frame_start, frames).to(self.device)
 
     def flow(self, x, step, inputs, cond):

@@ -1,9 +1,10 @@
 """The one chunk loop: generate a chunk, decode it, finish its record, write it.
 
 ``worldtrace generate`` (:mod:`worldtrace_cli.jobs.generate`) and live sessions
-(:class:`~worldtrace_cli.session.Session`) both drive a :class:`ChunkLoop`; what differs is only
-where the actions come from (a trajectory's plan, laid out in advance, or the caller chunk by
-chunk) and the job's policy around it (resume states, Ctrl-C, the summary).
+(:class:`~worldtrace_cli.session.Session`) both drive a :class:`ChunkLoop` with each chunk's request
+(:class:`~worldtrace_cli.engine.feed.ChunkRequest`, from a :class:`~worldtrace_cli.engine.feed.ConditioningFeed`);
+what differs is only where the conditioning comes from (a trajectory's plan, laid out in advance, or
+the caller chunk by chunk) and the job's policy around it (resume states, Ctrl-C, the summary).
 """
 
 from __future__ import annotations
@@ -20,8 +21,8 @@ class ChunkLoop:
     (:func:`finish_record`) -> the run folder's sinks.
 
     Args:
-        rollout: a :class:`~worldtrace_cli.engine.rollout.Rollout` (or LingBot-World's) whose ``step()``
-            returns a :class:`~worldtrace_cli.engine.rollout.ChunkOutput`.
+        rollout: a :class:`~worldtrace_cli.engine.rollout.ChunkRollout` of any backbone, whose
+            ``step(request)`` returns a :class:`~worldtrace_cli.engine.rollout.ChunkOutput`.
         decoder: its streaming VAE decoder; device: where generation runs (torch.device).
         scorer: :class:`~worldtrace_cli.metrics.OnlineMetrics`; plan: the ActionPlan whose
             ``chunk_actions`` name each chunk's actions (it may grow chunk by chunk).
@@ -29,25 +30,40 @@ class ChunkLoop:
         sinks: a :class:`~worldtrace_cli.runs.sinks.RunSinks` writing the run folder (it finishes
             and keeps the records), or None: records are finished into ``records``.
         records: the list unrecorded chunks' records are appended to (None: a new list).
+        progress: without sinks, the ``{"totals", "peak"}`` dict seconds and peaks are summed into
+            (:func:`~worldtrace_cli.engine.tally.fresh_progress`; None: a new one).
+        gate: called before each chunk (a sharded run's process 0 tells the others it makes one:
+            :func:`~worldtrace_cli.engine.shard.announce`), or None.
     """
 
-    def __init__(self, rollout, decoder, device, scorer, plan, overlap: bool = False, sinks=None, records=None):
+    def __init__(self, rollout, decoder, device, scorer, plan, overlap: bool = False, sinks=None, records=None,
+                 gate=None, progress: dict | None = None):
         from .decode import DecodePipeline
 
-        self.rollout, self.scorer, self.plan, self.sinks = rollout, scorer, plan, sinks
-        self.records = sinks.records if sinks is not None else ([] if records is None else records)
+        from .tally import RunTally, fresh_progress
+
+        self.rollout, self.scorer, self.plan, self.sinks, self.gate = rollout, scorer, plan, sinks, gate
+        # what the run made so far (records, seconds per phase, peaks), with or without a folder
+        self.tally = sinks if sinks is not None else RunTally(plan, [] if records is None else records,
+                                                               fresh_progress() if progress is None else progress,
+                                                               plan.frames_per_chunk)
+        self.records = self.tally.records
         self.decode = DecodePipeline(decoder, device, overlap)  # after any decoder restore (its docstring)
 
-    def advance(self) -> list:
-        """Generate the next chunk; returns the chunks decoded now, oldest first (without overlap,
-        that chunk; with overlap, the one before it), their records finished and written.
+    def advance(self, request=None) -> list:
+        """Generate the next chunk from its ``request`` (:class:`~worldtrace_cli.engine.feed.ChunkRequest`:
+        its actions, camera or prompt; None: a rollout that feeds itself); returns the chunks decoded
+        now, oldest first (without overlap, that chunk; with overlap, the one before it), their records
+        finished and written.
 
         Raises:
             whatever the rollout raises (RunError: non-finite latents, a failed compile); the chunks
             decoded before the failure are still written first. KeyboardInterrupt passes at once.
         """
         try:
-            out = self.rollout.step()
+            if self.gate is not None:
+                self.gate()
+            out = self.rollout.step(request)
         except KeyboardInterrupt:  # a second Ctrl-C: abort now, without waiting for a decode
             raise
         except BaseException:
@@ -64,8 +80,7 @@ class ChunkLoop:
             self.sinks.write(ready)
         else:
             for out in ready:
-                self.records.append(finish_record(out, self.plan, self.scorer,
-                                                  self.plan.frames_per_chunk))
+                self.tally.add(finish_record(out, self.plan, self.scorer, self.plan.frames_per_chunk))
         return ready
 
     def drain(self) -> None:

@@ -108,14 +108,14 @@ def _fake_networks(preset, dtype: torch.dtype, checkpoint_text: bool):
         dit = _dit_class(preset)(preset.dit)
         vae = AutoencoderKLWan.from_config(AutoencoderKLWan.load_config(str(vae_config_dir(preset.vae))))
         clip = None
-        if preset.clip and not preset.is_text:
+        if preset.clip and preset.backbone.start_image:  # MG2's conditioning, LingBot's optional metrics tower
             from transformers import CLIPVisionModelWithProjection
 
             from ..model.image_encoder import CLIPImageTower, clip_config
 
             clip = CLIPImageTower(CLIPVisionModelWithProjection(clip_config(preset.clip)))
         text = None
-        if preset.architecture != "mg2":
+        if preset.backbone.text_encoder:
             from transformers import UMT5Config, UMT5EncoderModel
 
             from ..model.lingbot.text import tiny_umt5
@@ -125,13 +125,7 @@ def _fake_networks(preset, dtype: torch.dtype, checkpoint_text: bool):
 
 
 def _dit_class(preset):
-    if preset.architecture == "mg2":
-        from ..model.dit import CausalWanDiT
-
-        return CausalWanDiT
-    from ..model.lingbot.dit import LingbotDiT
-
-    return LingbotDiT
+    return preset.backbone.load("dit")
 
 
 def stored_dit_bytes(preset, dtype: torch.dtype, weights_dtype: str, offload: str) -> tuple[int, int]:
@@ -190,7 +184,7 @@ def plan_memory(preset, memory, offload: str = "text", weights_dtype: str = "aut
         checkpoint_text = preset.weights == "checkpoint"
     options = {"preset": preset.name, "cache": memory.cache, "budget": memory.budget, "offload": offload,
                "weights_dtype": weights_dtype, "dtype": str(dtype).removeprefix("torch."), "chunks": chunks,
-               "text_encoder": None if preset.architecture == "mg2" else ("umt5-xxl" if checkpoint_text else "tiny")}
+               "text_encoder": ("umt5-xxl" if checkpoint_text else "tiny") if preset.backbone.text_encoder else None}
     plan = MemoryPlan(options)
     with FakeTensorMode(allow_non_fake_inputs=True), torch.no_grad():
         dit, vae, clip, text = _fake_networks(preset, dtype, checkpoint_text)
@@ -222,7 +216,7 @@ def _text_phase(preset, vae, clip, text, resident: int, offload: str, chunks: in
             text(input_ids=torch.zeros(1, 512, dtype=torch.long), attention_mask=torch.ones(1, 512, dtype=torch.long))
         # the encoder visits the GPU for the call (offload text / blocks) or lives there (none, in resident)
         peak = tracked_peak(tracker) + resident - module_bytes(text) * (offload == "none")
-    if preset.is_text:
+    if not preset.backbone.start_image:
         return peak
     image = torch.empty(1, 3, preset.height, preset.width)
     tracker = peak_tracker()

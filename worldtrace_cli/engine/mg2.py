@@ -1,4 +1,4 @@
-"""A loaded Matrix-Game-2.0 model with its speed settings, ready to condition and roll out (design.md §2).
+"""A loaded Matrix-Game-2.0 model with its speed settings, ready to condition and roll out (docs/architecture.md §1).
 
 :class:`MG2Pipeline` owns the preset's networks on one device and dtype
 (:func:`~worldtrace_cli.model.checkpoint.load_world_model`), the speed settings applied to them once
@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 import torch
 
-from .base import ModelKey, PipelineBase, check_speed
+from .base import ModelKey, PipelineBase, RunConditioning, check_speed
 
 
 @dataclass
@@ -54,48 +54,63 @@ class MG2Pipeline(PipelineBase):
 
     # -- per-run work ---------------------------------------------------------------------------
     @torch.no_grad()
-    def condition(self, pil_image, num_chunks: int) -> Conditioned:
-        """Encode a PIL start image (resized and centre-cropped to the preset) for a rollout of
-        ``num_chunks`` chunks.
+    def condition(self, request: RunConditioning) -> Conditioned:
+        """Encode ``request.image`` (a PIL start image, resized and centre-cropped to the preset) for a
+        rollout of ``request.num_chunks`` chunks: its VAE latents and CLIP tokens.
 
         Raises:
-            InputError: an image too small for the preset's crop.
+            InputError: no image, or one too small for the preset's crop.
         """
+        from ..errors import InputError
         from ..model.conditioning import build_conditioning, preprocess_image
 
-        image = preprocess_image(pil_image, self.preset.height, self.preset.width).to(self.device, self.dtype)
+        if request.image is None:
+            raise InputError(f"preset {self.preset.name}: {self.preset.backbone.title} needs a start image")
+        image = preprocess_image(request.image, self.preset.height, self.preset.width).to(self.device, self.dtype)
         latents, visual_context = build_conditioning(image, self.world.vae, self.world.clip,
-                                                     num_chunks * self.frames_per_chunk)
+                                                     request.num_chunks * self.frames_per_chunk)
         return Conditioned(latents, visual_context)
 
-    def rollout(self, writer, conditioned: Conditioned, keyboard: torch.Tensor, mouse: torch.Tensor | None,
-                seed: int, noise=None, on_step=None):
+    def plan_conditioning(self, text_rows: int = 512) -> Conditioned:
+        """What :meth:`condition` returns, at the run's shapes and without computing it (the memory plan
+        builds it under FakeTensorMode): conditioning latents and CLIP tokens."""
+        from ..model.conditioning import CONDITIONING_ENCODE_LATENT_FRAMES, ConditioningLatents
+
+        latents = ConditioningLatents(torch.empty(1, 16, CONDITIONING_ENCODE_LATENT_FRAMES, *self.latent_hw))
+        return Conditioned(latents, torch.empty(1, 257, self.world.clip.hidden_size))  # float32, as build_conditioning
+
+    def rollout(self, writer, conditioned: Conditioned, keyboard: torch.Tensor | None = None,
+                mouse: torch.Tensor | None = None, seed: int = 0, noise=None, on_step=None):
         """A fresh :class:`~worldtrace_cli.engine.rollout.Rollout` of this model through ``writer`` (reset).
 
         Args:
-            keyboard: [1, R, keyboard_dim] action rows (pixel frames); mouse: [1, R, 2] or None.
+            keyboard: [1, R, keyboard_dim] action rows (pixel frames) of a whole run, which then feeds
+                itself; None: each chunk's rows come with its request (``step(request)``); mouse: [1, R, 2] or None.
             seed: noise seed (chunk c draws from ``chunk_generator(seed, c)``).
         """
         from ..model.sampler import FlowMatchSchedule
         from .rollout import Rollout
 
         schedule = FlowMatchSchedule(self.preset.denoising_steps, self.preset.timestep_shift, self.preset.sampler)
+        poses = None if keyboard is None else self.latent_poses(keyboard, mouse)
         return Rollout(self.world.dit, writer, conditioned.latents, conditioned.visual_context, keyboard, mouse,
                        schedule, seed, self.device, self.latent_hw, self.frames_per_chunk, noise=noise,
-                       on_step=on_step, poses=self.latent_poses(keyboard, mouse), context_noise=self.preset.context_noise)
+                       on_step=on_step, poses=poses, context_noise=self.preset.context_noise)
 
     def latent_poses(self, keyboard: torch.Tensor, mouse: torch.Tensor | None) -> torch.Tensor:
-        """Camera-to-world pose of every latent frame the actions reach, by the one motion model.
+        """Camera-to-world pose of every latent frame the actions reach, by the one motion model
+        (:class:`~worldtrace_cli.world.motion.PoseTrack`, the numbers a live feed makes chunk by chunk).
 
         Args:
             keyboard: [1, R, keyboard_dim] action rows; mouse: [1, R, 2] or None.
         Returns:
             float64 [N, 4, 4] (OpenCV axes), N = 1 + (R - 1) // 4 latent frames for R pixel frames.
         """
-        from ..world.motion import camera_to_world, frame_poses, latent_frame_poses
+        from ..world.motion import PoseTrack
 
-        pixel = frame_poses(self.preset.mode, keyboard[0].cpu(), None if mouse is None else mouse[0].cpu())
-        return camera_to_world(latent_frame_poses(pixel, 1 + (pixel.shape[0] - 1) // 4))
+        track = PoseTrack(self.preset.mode)
+        track.extend_to(keyboard[0].cpu(), None if mouse is None else mouse[0].cpu(), keyboard.shape[1])
+        return track.latent_c2w(1 + (keyboard.shape[1] - 1) // 4).clone()
 
 
 __all__ = ["Conditioned", "MG2Pipeline"]

@@ -1,21 +1,16 @@
-"""The pipeline a run needs: a preset's networks loaded once, with fixed speed settings (design.md §2).
+"""The pipeline a run needs: a preset's networks loaded once, with fixed speed settings.
 
 ``generate``, ``compare``, ``loopbench run`` and ``bench speed`` build one pipeline with
 :meth:`Pipeline.from_config` / :meth:`Pipeline.from_preset` and pass it to every run they make;
 nothing is cached per process, and no run changes a pipeline's settings (a run that needs other
-settings gets its own pipeline, see ``serves``). The preset's ``architecture`` picks the class:
-:class:`~worldtrace_cli.engine.mg2.MG2Pipeline` or
-:class:`~worldtrace_cli.engine.lingbot.LingbotPipeline`, both
-:class:`~worldtrace_cli.engine.base.PipelineBase`. Imports go strictly downward: this module imports
-the pipelines, they import :mod:`worldtrace_cli.engine.base`, never this module. ``architecture:
-selfforcing`` (Self-Forcing / LongLive) gets :class:`~worldtrace_cli.engine.text.TextPipeline`.
+settings gets its own pipeline, see ``serves``). The preset's backbone row
+(:mod:`~worldtrace_cli.config.backbones`) names the class, a
+:class:`~worldtrace_cli.engine.base.PipelineBase` imported when the model loads (MG2, LingBot-World,
+Self-Forcing / LongLive, or a registered one).
 """
 
 from __future__ import annotations
 
-from .lingbot import LingbotPipeline
-from .mg2 import Conditioned, MG2Pipeline
-from .text import TextPipeline
 from .base import ModelKey, PipelineBase, resolve_device, resolve_dtype, versions
 
 
@@ -24,8 +19,7 @@ class Pipeline:
 
     @staticmethod
     def from_preset(preset, *args, **kwargs) -> PipelineBase:
-        """:meth:`MG2Pipeline.from_preset` or, for ``architecture: lingbot``,
-        :meth:`LingbotPipeline.from_preset` (same arguments).
+        """The ``from_preset`` of the preset's backbone pipeline (:func:`pipeline_class`; same arguments).
 
         Raises:
             InputError: bad device/dtype/precision/compile mode, a checkpoint preset without a folder.
@@ -40,9 +34,8 @@ class Pipeline:
 
 
 def pipeline_class(preset) -> type:
-    """The pipeline class of ``preset``'s architecture (mg2, lingbot, selfforcing)."""
-    return LingbotPipeline if preset.is_lingbot else TextPipeline if preset.is_text else MG2Pipeline
+    """The pipeline class of ``preset``'s backbone (its registry row: :mod:`~worldtrace_cli.config.backbones`)."""
+    return preset.backbone.load("pipeline")
 
 
-__all__ = ["Conditioned", "LingbotPipeline", "MG2Pipeline", "ModelKey", "Pipeline", "PipelineBase", "TextPipeline",
-           "pipeline_class", "resolve_device", "resolve_dtype", "versions"]
+__all__ = ["ModelKey", "Pipeline", "PipelineBase", "pipeline_class", "resolve_device", "resolve_dtype", "versions"]

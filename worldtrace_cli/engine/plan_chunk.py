@@ -45,26 +45,6 @@ def tracked_now(tracker) -> int:
     return sum(snap["Total"] for snap in tracker.get_tracker_snapshot("current").values())
 
 
-def _conditioned(pipe, preset, text_rows: int = 512):
-    """Fake conditioning of the backbone's rollout at the run's shapes (what ``pipe.condition`` returns)."""
-    from ..model.conditioning import CONDITIONING_ENCODE_LATENT_FRAMES, ConditioningLatents
-
-    lh, lw = pipe.latent_hw
-    if preset.is_text:
-        from .text import TextConditioned
-
-        return TextConditioned(["plan"], [torch.empty(text_rows, 4096)], [], "recache")
-    latents = ConditioningLatents(torch.empty(1, 16, CONDITIONING_ENCODE_LATENT_FRAMES, lh, lw))
-    if preset.is_lingbot:
-        from ..model.lingbot.inputs import LingbotInputs
-        from .lingbot import LingbotConditioned
-
-        return LingbotConditioned(latents, torch.empty(text_rows, 4096), LingbotInputs())
-    from .mg2 import Conditioned
-
-    return Conditioned(latents, torch.empty(1, 257, pipe.world.clip.hidden_size))  # float32, as build_conditioning
-
-
 class PlanPast(WriterPast):
     """The rollouts' :class:`~worldtrace_cli.engine.rollout.WriterPast` (each layer read from the writer
     when the DiT reaches it) with real positions of the same count: the DiT reads positions as Python
@@ -157,39 +137,39 @@ def _phases_at(plan, preset, memory, networks: tuple, offset: int, dtype, limit:
     ``host_per_chunk``, ``slots``, ``cache_model``, ``filled`` (commits made), ``settled``."""
     from ..config import memory_config
     from ..model.checkpoint import WorldModel
-    from ..model.lingbot.inputs import LingbotInputs
     from ..trajectory import MODES, frames_for_chunks
+    from ..trajectory.actions import ActionPlan
+    from .feed import ConditioningFeed
     from .pipeline import pipeline_class
 
     dit, vae, clip = networks
     pipe = pipeline_class(preset)(preset, WorldModel(dit, vae, clip, []), torch.device("cpu"), dtype, "float32", "none")
-    spec = MODES[preset.mode]
-    with unset_fake():  # the actions and the camera track of the chunks planned: host arrays, as in a run
-        rows = frames_for_chunks(limit + 1, preset.frames_per_chunk)
-        keyboard = torch.zeros(1, rows, spec.keyboard_dim)
-        mouse = torch.zeros(1, rows, 2) if spec.mouse else None
-        if preset.is_lingbot:
-            track = pipe.camera(keyboard, mouse, LingbotInputs())
-            pipe.camera = lambda k, m, i: track
-        else:
-            poses = pipe.latent_poses(keyboard, mouse)
-            pipe.latent_poses = lambda k, m: poses
+    spec, backbone, chunks = MODES[preset.mode], preset.backbone, limit + 1
+    with unset_fake():  # the chunks' actions and the camera's poses: host arrays, as in a run
+        keyboard = torch.zeros(frames_for_chunks(chunks, preset.frames_per_chunk), spec.keyboard_dim)
+        mouse = torch.zeros(keyboard.shape[0], 2) if spec.mouse else None
+        plan = ActionPlan(preset.mode, chunks, keyboard, mouse, [""] * chunks, [], [], preset.frames_per_chunk,
+                          ["plan"] * chunks if backbone.takes_prompts else None)
+        feed = ConditioningFeed(plan, camera=backbone.camera)
+        poses = feed.request(limit).poses  # every latent frame's, as a run's requests bring them
     tracker = peak_tracker()
     tracker.track_external(*[m for m in networks if m is not None])
     with tracker:
-        conditioned = _conditioned(pipe, preset)  # held for the whole run, as pipe.condition's output is
+        conditioned = pipe.plan_conditioning()  # held for the whole run, as pipe.condition's output is
     held = tracked_now(tracker)
     cache_model = "writer"
     with tracker:
         writer = pipe.build_writer(memory)
-        rollout = pipe.rollout(writer, conditioned, keyboard, mouse, 0)
+        rollout = pipe.rollout(writer, conditioned, seed=0)  # fed: the requests below
+        writer.set_poses(poses)  # what each chunk's request hands it (ChunkRollout.step)
         try:
             filled = _fill(rollout, writer, limit, tracker)
         except (DataDependentOutputException, DynamicOutputShapeException):  # see the module docstring
             slots = max(len(writer.slots()), int(writer.budget))
             cache_model = "slots"
             writer = pipe.build_writer(memory_config(preset=preset, cache="sliding", budget=slots))
-            rollout = pipe.rollout(writer, conditioned, keyboard, mouse, 0)
+            rollout = pipe.rollout(writer, conditioned, seed=0)
+            writer.set_poses(poses)
             filled = _fill(rollout, writer, limit, tracker)
     f, (lh, lw) = preset.frames_per_chunk, pipe.latent_hw
     start = rollout.chunk * f
@@ -205,9 +185,10 @@ def _phases_at(plan, preset, memory, networks: tuple, offset: int, dtype, limit:
     with tracker:
         with unset_fake():
             positions = torch.arange(-len(slots), 0, dtype=torch.float64)
+            request = feed.request(rollout.chunk)
         read = CacheRead(slots, positions, None, 0, PlanPast(writer, rollout.geometry.num_layers, len(slots)),
                          writer.temporal_frequency_scale())
-        inputs, cond = rollout.chunk_inputs(read, start, f)
+        inputs, cond = rollout.chunk_inputs(read, start, f, request)
         x = torch.empty(1, rollout.latent_channels, f, lh, lw)
         flow = rollout.flow(x, 0, inputs, cond)
     out["denoise"] = tracked_peak(tracker) + offset

@@ -5,8 +5,10 @@
 the chunk's noise, runs the denoising steps, checks the latents, runs the context pass, commits it
 and builds the record. A backbone supplies only its conditioning and its DiT calls, as five
 hooks (:meth:`~ChunkRollout.chunk_inputs`, :meth:`~ChunkRollout.flow`, :meth:`~ChunkRollout.to_x0`,
-:meth:`~ChunkRollout.renoise`, :meth:`~ChunkRollout.context`): :class:`Rollout` here for MG2,
-:class:`~worldtrace_cli.engine.lingbot_rollout.LingbotRollout` for LingBot-World.
+:meth:`~ChunkRollout.renoise`, :meth:`~ChunkRollout.context`), each given the chunk's
+:class:`~worldtrace_cli.engine.feed.ChunkRequest`: :class:`Rollout` here for MG2,
+:class:`~worldtrace_cli.engine.lingbot_rollout.LingbotRollout` for LingBot-World and
+:class:`~worldtrace_cli.engine.text_rollout.TextRollout` for Self-Forcing / LongLive.
 :class:`~worldtrace_cli.engine.decode.DecodePipeline` decodes the chunks in order and
 :mod:`worldtrace_cli.engine.record` builds their records. The model's geometry (latent channels,
 tokens per latent frame) comes from the DiT; the jobs build rollouts through
@@ -26,8 +28,8 @@ from ..errors import RunError
 from ..memory import CacheGeometry, CacheWriter
 from ..model.attention_stats import AttentionProbe
 from ..model.dit import ChunkInputs, LayerPast
+from .feed import ChunkRequest
 from ..model.sampler import NUM_TRAIN_TIMESTEPS, FlowMatchSchedule, add_noise, chunk_generator, flow_to_x0, next_x
-from . import shard
 from .record import chunk_record
 
 log = logging.getLogger("worldtrace")
@@ -88,12 +90,13 @@ class ChunkRollout:
         self.num_steps = num_steps
         cfg = dit.cfg
         self.latent_channels = cfg.out_dim
-        ranks, group = shard.head_split()  # --split-heads: this process's heads only (engine/shard.py)
+        ranks, group = getattr(dit, "head_split", (1, None))  # --split-heads: this process's heads only
         self.geometry = CacheGeometry(cfg.num_layers, cfg.num_heads // ranks, cfg.head_dim,
                                       dit.tokens_per_frame(latent_hw), frames_per_chunk, trained_offset, device, dtype,
                                       group)
         writer.reset(self.geometry)
-        writer.set_poses(poses)
+        if poses is not None or not writer.needs_poses:  # a fed rollout's pose writer gets them per request
+            writer.set_poses(poses)
         self.state = dit.new_rollout_state()
         self.chunk = 0
         self.attention_queries: int | None = None  # None: no attention stats (measure_attention)
@@ -112,10 +115,18 @@ class ChunkRollout:
         self.attention_queries = int(queries)
 
     # -- the backbone's hooks ---------------------------------------------------------------------
-    def check_chunk(self, chunk: int, frame_start: int) -> None:
+    def own_request(self, chunk: int) -> ChunkRequest:
+        """The request of chunk ``chunk`` when :meth:`step` is given none: a rollout built from a whole
+        run's inputs (a fixture replay, a benchmark) feeds itself from them. Default: none given.
+
+        Raises:
+            ValueError: the rollout was built without a run's inputs (a live one is fed by its caller)."""
+        raise ValueError(f"chunk {chunk}: this rollout is fed chunk by chunk: step(request)")
+
+    def check_chunk(self, chunk: int, frame_start: int, request: ChunkRequest) -> None:
         """Refuse a chunk the backbone cannot make (RunError); default: any."""
 
-    def prepare_chunk(self, chunk: int, frame_start: int, timer: PhaseTimer) -> list[dict]:
+    def prepare_chunk(self, chunk: int, frame_start: int, timer: PhaseTimer, request: ChunkRequest) -> list[dict]:
         """Work on the cache before the chunk reads it (the text backbone's prompt-switch re-cache,
         timed in ``timer``'s phases when there is work: no stream synchronisation otherwise);
         returns events for the chunk's record. Default: none."""
@@ -125,9 +136,11 @@ class ChunkRollout:
         """See the chunk's committed clean latents [1, C, F, h, w] (the text backbone keeps its last
         window for a re-cache). Default: nothing."""
 
-    def chunk_inputs(self, read: "CacheRead", frame_start: int, frames: int) -> tuple[object, torch.Tensor]:
+    def chunk_inputs(self, read: "CacheRead", frame_start: int, frames: int,
+                     request: ChunkRequest) -> tuple[object, torch.Tensor]:
         """(the DiT's per-chunk inputs, holding ``read.past``; the chunk's conditioning channels on
-        the device) for latent frames ``frame_start .. frame_start + frames - 1``."""
+        the device) for latent frames ``frame_start .. frame_start + frames - 1``, from the chunk's
+        ``request`` (its action rows, camera or prompt)."""
         raise NotImplementedError
 
     def flow(self, x: torch.Tensor, step: int, inputs, cond: torch.Tensor) -> torch.Tensor:
@@ -165,23 +178,35 @@ class ChunkRollout:
                            f"or give torch a working compiler (a C++ compiler on CPU, Triton on CUDA)") from None
 
     @torch.no_grad()
-    def step(self) -> ChunkOutput:
+    def step(self, request: ChunkRequest | None = None) -> ChunkOutput:
         """Generate and commit the next chunk (decoding: :class:`DecodePipeline`).
 
+        Args:
+            request: the chunk's conditioning (:class:`~worldtrace_cli.engine.feed.ChunkRequest`: its
+                action rows, the camera poses so far, its prompt); None: the rollout's own run's
+                (:meth:`own_request`).
         Returns:
             :class:`ChunkOutput` with the clean latents [1, C, F, h, w] float32 and the chunk's record.
         Raises:
             RunError: a chunk the backbone cannot make, non-finite latents (names the chunk), or a
                 failed torch.compile; nothing of this chunk is committed.
+            ValueError: a request for another chunk.
         """
         c, f = self.chunk, self.frames_per_chunk
         start = c * f
-        self.check_chunk(c, start)
+        request = self.own_request(c) if request is None else request
+        if request.chunk != c:
+            raise ValueError(f"a request for chunk {request.chunk}, but the rollout is at chunk {c}")
+        self.check_chunk(c, start, request)
+        if request.poses is not None:  # the camera so far: the pose writers read the chunk's and the past's
+            self.writer.set_poses(request.poses)
+        elif self.writer.needs_poses and self.writer.frame_poses is None:
+            self.writer.set_poses(None)  # InputError: this writer retrieves by pose and none came
         timer = PhaseTimer(self.device)
-        before = self.prepare_chunk(c, start, timer)
+        before = self.prepare_chunk(c, start, timer, request)
         with timer.phase("cache"):
             read = begin_chunk(self.writer, start, self.geometry.num_layers)  # before this chunk's commit
-        inputs, cond = self.chunk_inputs(read, start, f)
+        inputs, cond = self.chunk_inputs(read, start, f, request)
         probe = None
         if self.attention_queries is not None:  # measured at the last denoising step (docs/memory.md)
             probe = AttentionProbe(read.tokens, self.attention_queries, self.seed, c, self.geometry.head_group)
@@ -222,7 +247,8 @@ class Rollout(ChunkRollout):
         writer: the self-attention cache writer (reset here).
         conditioning: object with ``cond_concat(start, count) -> [1,20,count,h,w]`` (image latents + mask).
         visual_context: [1, 257, clip_dim] CLIP tokens.
-        keyboard: [1, R, kd] action rows (pixel frames); mouse: [1, R, 2] or None.
+        keyboard: [1, R, kd] action rows (pixel frames) of a whole run, which feeds itself (:meth:`own_request`),
+            or None: each :meth:`step` is given its chunk's rows (a live session); mouse: [1, R, 2] or None.
         schedule: the sampler's :class:`FlowMatchSchedule`.
         seed: noise seed; chunk c draws from ``chunk_generator(seed, c)`` (CPU, then moved).
         device: where the DiT runs; latent_hw: latent grid (pixels / 8); frames_per_chunk: latent
@@ -230,8 +256,8 @@ class Rollout(ChunkRollout):
         noise: optional ``noise(chunk, draw, shape) -> Tensor`` replacing the seeded draws (draw 0 =
             the chunk's initial noise, draw s = the re-noising before step s); used to replay fixtures.
         on_step: optional ``on_step(chunk, step, x0)`` observer of every denoising step's x0.
-        poses: optional float64 [N, 4, 4] camera-to-world pose of every latent frame, handed to the
-            writer (:meth:`~worldtrace_cli.memory.base.CacheWriter.set_poses`).
+        poses: optional float64 [N, 4, 4] camera-to-world pose of every latent frame of the whole run,
+            handed to the writer (:meth:`~worldtrace_cli.memory.base.CacheWriter.set_poses`).
         context_noise: the context pass's timestep (0-999; the preset's ``context_noise``): 0 is MG2's
             clean pass, else :meth:`context` noises the chunk's latents first.
     """
@@ -243,17 +269,26 @@ class Rollout(ChunkRollout):
         dtype = next(dit.parameters()).dtype
         self.conditioning = conditioning
         self.visual_context = visual_context.to(device, dtype)
-        self.keyboard = keyboard.to(device, dtype)
-        self.mouse = None if mouse is None else mouse.to(device, dtype)
+        self._run = None if keyboard is None else (keyboard[0], None if mouse is None else mouse[0], poses)
         self.timesteps, self.sigmas = schedule.timesteps(), schedule.sigmas()
         self.sampler = schedule.sampler
         self.context_noise = context_noise
         self._setup(dit, writer, seed, device, latent_hw, frames_per_chunk, dit.cfg.local_attn_size - 1, dtype,
                     len(self.timesteps), noise, on_step, poses)
 
-    def chunk_inputs(self, read: "CacheRead", frame_start: int, frames: int):
-        inputs = ChunkInputs(rollout=self.state, past=read.past, frame_start=frame_start, keyboard=self.keyboard,
-                             mouse=self.mouse, visual_context=self.visual_context, temporal_freq_scale=read.freq_scale)
+    def own_request(self, chunk: int) -> ChunkRequest:
+        """The whole run's rows (and poses) given to the constructor, for chunk ``chunk``."""
+        if self._run is None:
+            return super().own_request(chunk)
+        keyboard, mouse, poses = self._run
+        return ChunkRequest(chunk, keyboard, mouse, 0, poses)
+
+    def chunk_inputs(self, read: "CacheRead", frame_start: int, frames: int, request: ChunkRequest):
+        mouse = None if request.mouse is None else request.mouse[None].to(self.device, self.dtype)
+        inputs = ChunkInputs(rollout=self.state, past=read.past, frame_start=frame_start,
+                             keyboard=request.keyboard[None].to(self.device, self.dtype), mouse=mouse,
+                             first_row=request.first_row, visual_context=self.visual_context,
+                             temporal_freq_scale=read.freq_scale)
         return inputs, self.conditioning.cond_concat(frame_start, frames).to(self.device, self.dtype)
 
     def flow(self, x, step, inputs, cond):
@@ -325,7 +360,7 @@ class WriterPast:
 
 
 def begin_chunk(writer: CacheWriter, frame_start: int, num_layers: int) -> CacheRead:
-    """``writer.begin_chunk(frame_start)`` and everything the chunk reads from it (design.md §3), for
+    """``writer.begin_chunk(frame_start)`` and everything the chunk reads from it (docs/architecture.md §1), for
     every backbone: each writer query once per chunk (token counts once per layer); the layers' K/V
     are read when the DiT reaches them (:class:`WriterPast`)."""
     writer.begin_chunk(frame_start)
@@ -352,5 +387,5 @@ def noise_draws(seed: int, chunk: int, shape: tuple[int, ...], noise=None):
 def read_past(writer: CacheWriter, num_layers: int) -> list[LayerPast]:
     """Every layer's :class:`~worldtrace_cli.model.chunk.LayerPast` of the chunk ``writer`` began
     (canonical K, V, per-slot positions and, for compressed slots, per-slot token counts): what the
-    DiT reads this chunk. Used by both rollouts, training and its evaluation (design.md §3)."""
+    DiT reads this chunk. Used by both rollouts, training and its evaluation (docs/architecture.md §1)."""
     return [LayerPast(*writer.read(layer), writer.token_counts(layer)) for layer in range(num_layers)]

@@ -29,7 +29,7 @@ GPUs, ``gloo`` on a CPU):
 
 Every process runs the same chunk loop on the same inputs (the same seeded noise, so the same
 latents); process 0 also decodes and writes the run, the others only generate
-(:func:`follow`). Process 0 says before each chunk whether another follows (:func:`lockstep`), so the
+(:func:`follow`). Process 0 says before each chunk whether another follows (:func:`announcer`, the chunk loop's gate), so the
 others stop when it stops (the last chunk, Ctrl-C, a failure: torchrun ends the others when a process
 exits with an error). A block's weights are used only inside its own forward
 (:class:`~worldtrace_cli.model.chunk.ContextKV`), which FSDP2 needs as diffusers' offloading does.
@@ -140,6 +140,7 @@ def split_heads(dit, device: torch.device) -> int:
     mesh = init_device_mesh(device.type, (world,))
     group, here = mesh.get_group(), _STATE["rank"]
     _STATE["group"] = group
+    dit.head_split = (world, group)  # the split travels with the model: a rollout's writers hold H / world heads
     plan = {"ffn.0": ColwiseParallel(), "ffn.2": RowwiseParallel()}
     for attn in ("self_attn", "cross_attn"):
         plan.update({f"{attn}.{p}": ColwiseParallel() for p in "qkv"}, **{f"{attn}.o": RowwiseParallel()})
@@ -191,22 +192,23 @@ def place_dit(dit, device: torch.device) -> str:
     return f"--fsdp: this process holds {held / 1e6:.1f} M of the DiT's parameters (FSDP2)"
 
 
-def _say(go: bool) -> bool:
+def _say(go: bool, device: torch.device | None = None) -> bool:
     """Process 0 tells the others whether another chunk follows (``go``; the others' value is replaced
-    by process 0's); every process returns the answer."""
+    by process 0's); every process returns the answer. ``device``: the process's (default: the run's)."""
     import torch.distributed as dist
 
-    flag = torch.tensor([1 if go else 0], device=_STATE["device"])
+    flag = torch.tensor([1 if go else 0], device=_STATE["device"] if device is None else device)
     dist.broadcast(flag, src=0)
     return bool(flag.item())
 
 
-def lockstep(step):
-    """Process 0's ``rollout.step`` that first tells the others to make the same chunk."""
-    def stepped(*args, **kwargs):
-        _say(True)
-        return step(*args, **kwargs)
-    return stepped
+def announcer():
+    """Process 0's gate of the chunk loop (:class:`~worldtrace_cli.engine.loop.ChunkLoop`): before each chunk
+    it tells the others to make the same one. The process's device travels with it (no module state is
+    read per chunk)."""
+    import functools
+
+    return functools.partial(_say, True, _STATE["device"])
 
 
 def finish(clean: bool = True) -> None:
@@ -233,17 +235,20 @@ def finish(clean: bool = True) -> None:
     _STATE.clear()
 
 
-def follow(rollout) -> int:
-    """A process other than 0: make each chunk process 0 makes (the DiT's collectives pair up), until
-    it says none follows. Ctrl-C and SIGTERM (torchrun sends them to every process) are left to process
-    0, which stops after its current chunk, saves the run and then says so. Returns the chunks made."""
+def follow(rollout, feed=None) -> int:
+    """A process other than 0: make each chunk process 0 makes (the DiT's collectives pair up), fed by
+    ``feed`` (the run's :class:`~worldtrace_cli.engine.feed.ConditioningFeed`; None: the rollout feeds
+    itself), until it says none follows. Ctrl-C and SIGTERM (torchrun sends them to every process) are
+    left to process 0, which stops after its current chunk, saves the run and then says so. Returns the
+    chunks made."""
     import signal
 
     saved = {sig: signal.signal(sig, signal.SIG_IGN) for sig in (signal.SIGINT, signal.SIGTERM)}
+    device = _STATE["device"]
     try:
         made = 0
-        while _say(False):
-            rollout.step()
+        while _say(False, device):
+            rollout.step(None if feed is None else feed.request(rollout.chunk))
             made += 1
         return made
     finally:
@@ -275,6 +280,6 @@ def check(cfg, mode: str = "fsdp", world: int | None = None) -> None:
         check_split(world, getattr(dit, "num_heads", None), getattr(dit, "ffn_dim", None))
 
 
-__all__ = ["MODES", "active", "check", "check_split", "device", "finish", "follow", "head_split", "joined", "lockstep",
+__all__ = ["MODES", "active", "check", "check_split", "device", "finish", "follow", "head_split", "joined", "announcer",
            "place_dit", "rank",
            "shard_dit", "split_heads", "start"]

@@ -16,22 +16,25 @@ from dataclasses import dataclass
 import torch
 
 from ..errors import InputError
-from .base import ModelKey, PipelineBase, check_speed
+from .base import ModelKey, PipelineBase, RunConditioning, check_speed
 
 log = logging.getLogger("worldtrace")
 
 
 @dataclass
 class TextConditioned:
-    """A run's prompts encoded: ``prompts`` the chunk-by-chunk prompt strings, ``contexts`` their umT5
-    rows (one [L, 4096] float32 tensor per chunk, shared between chunks of one prompt),
-    ``truncated`` the prompts longer than the encoder's 512 tokens (cut to 512, warned), ``switch``
-    what a prompt switch does to the cache (:data:`~worldtrace_cli.engine.recache.SWITCH_MODES`)."""
+    """A run's prompts encoded: ``prompts`` the chunk-by-chunk prompt strings known when it was
+    conditioned, ``contexts`` their umT5 rows (one [L, 4096] float32 tensor per chunk, shared between
+    chunks of one prompt), ``truncated`` the prompts longer than the encoder's 512 tokens (cut to 512,
+    warned), ``switch`` what a prompt switch does to the cache
+    (:data:`~worldtrace_cli.engine.recache.SWITCH_MODES`), ``encode``: ``prompt -> rows`` for the
+    prompts of chunks fed one by one (a live session), each encoded once."""
 
     prompts: list
     contexts: list
     truncated: list
     switch: str = "recache"
+    encode: object = None
 
 
 def schedule_of(preset):
@@ -97,30 +100,45 @@ class TextPipeline(PipelineBase):
                            device, dtype, rope_precision, compile_mode, key)
 
     @torch.no_grad()
-    def condition(self, image, num_chunks: int, prompts: list | None = None, switch: str = "recache"
-                  ) -> TextConditioned:
-        """Encode each chunk's prompt (``prompts``: one string per chunk; ``image`` must be None: a
-        text-to-video model takes none). A prompt over 512 tokens is truncated to 512 with a warning.
-        ``switch``: what a prompt switch does to the cache (``recache``, ``recache-keep-sink``, ``plain``).
+    def condition(self, request: RunConditioning) -> TextConditioned:
+        """Encode each chunk's prompt known now (``request.prompts``: one string per chunk, the first
+        ``request.num_chunks``; none for a live session, which brings each chunk's with its request and
+        has it encoded then: ``TextConditioned.encode``). A prompt over 512 tokens is truncated to 512 with
+        a warning. ``request.switch``: what a prompt switch does to the cache.
 
         Raises:
-            InputError: an image, no prompts, fewer prompts than chunks, an unknown ``switch``.
+            InputError: an image, fewer prompts than chunks, an unknown ``switch``.
         """
         from .recache import SWITCH_MODES
 
+        switch, prompts, num_chunks = request.switch, list(request.prompts or []), request.num_chunks
         if switch not in SWITCH_MODES:
             raise InputError(f"--prompt-switch: must be one of {', '.join(SWITCH_MODES)}, got {switch!r}")
-        if image is not None:
+        if request.image is not None:
             raise InputError(f"preset {self.preset.name}: a text-to-video model takes no start image")
-        if not prompts or len(prompts) < num_chunks:
-            raise InputError(f"preset {self.preset.name}: {num_chunks} chunks need a prompt each, got "
-                             f"{len(prompts or [])}")
+        if prompts and len(prompts) < num_chunks:
+            raise InputError(f"preset {self.preset.name}: {num_chunks} chunks need a prompt each, got {len(prompts)}")
         contexts, truncated = encode_prompts(self, prompts[:num_chunks])
-        return TextConditioned(list(prompts[:num_chunks]), contexts, truncated, switch)
+        known = dict(zip(prompts, contexts))
+
+        def encode(prompt: str) -> torch.Tensor:
+            if prompt not in known:
+                (rows,), cut = encode_prompts(self, [prompt])
+                known[prompt] = rows
+                truncated.extend(cut)
+            return known[prompt]
+
+        return TextConditioned(list(prompts[:num_chunks]), contexts, truncated, switch, encode)
+
+    def plan_conditioning(self, text_rows: int = 512) -> TextConditioned:
+        """What :meth:`condition` returns, at the run's shapes and without computing it (the memory plan
+        builds it under FakeTensorMode): one prompt's ``text_rows`` umT5 rows, named ``plan``."""
+        return TextConditioned(["plan"], [torch.empty(text_rows, 4096)], [], "recache")
 
     def rollout(self, writer, conditioned: TextConditioned, keyboard=None, mouse=None, seed: int = 0, noise=None,
                 on_step=None):
-        """A fresh :class:`~worldtrace_cli.engine.text_rollout.TextRollout` through ``writer`` (reset).
+        """A fresh :class:`~worldtrace_cli.engine.text_rollout.TextRollout` through ``writer`` (reset): it
+        feeds itself the conditioned prompts, or takes each chunk's with its request (``step(request)``).
 
         Args:
             keyboard, mouse: ignored (a text plan's rows are empty: [1, R, 0] and None).
@@ -128,9 +146,11 @@ class TextPipeline(PipelineBase):
         """
         from .text_rollout import TextRollout
 
-        return TextRollout(self.world.dit, writer, conditioned.contexts, seed, self.device, self.latent_hw,
+        contexts = conditioned.contexts or None
+        return TextRollout(self.world.dit, writer, contexts, seed, self.device, self.latent_hw,
                            self.frames_per_chunk, self.window - 1, schedule_of(self.preset), noise=noise,
-                           on_step=on_step, switch=conditioned.switch, recache_window=self.window)
+                           on_step=on_step, switch=conditioned.switch, recache_window=self.window,
+                           prompts=conditioned.prompts if contexts else None, encode=conditioned.encode)
 
     def latent_poses(self, keyboard=None, mouse=None):
         """None: a text-to-video run has no camera poses (writers that need them refuse it)."""

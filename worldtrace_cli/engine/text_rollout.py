@@ -19,6 +19,7 @@ from ..memory import CacheWriter
 from ..model.lingbot.dit import LingbotChunk, LingbotRolloutState
 from ..model.lingbot.sampler import add_noise, flow_to_x0
 from ..model.selfforcing.sampler import SelfForcingSchedule
+from .feed import ChunkRequest
 from .rollout import ChunkRollout
 
 FRAMES_PER_CHUNK = 3  # num_frame_per_block of every released Self-Forcing / LongLive v1.0 config
@@ -47,10 +48,17 @@ class TextRollout(ChunkRollout):
     Args:
         dit: a :class:`~worldtrace_cli.model.lingbot.dit.LingbotDiT` with ``model_type: t2v``, on ``device``.
         writer: the self-attention cache writer (reset here).
-        text_context: umT5 rows [L, 4096] float32 (L <= 512; zero-padded to 512 by the DiT), or one
-            such tensor per chunk (a prompt-segment trajectory: chunk c reads entry c, the last one
-            past the list's end). A prompt switch changes the rows chunks read from then on and, as
-            ``switch`` says, re-caches the window (:mod:`~worldtrace_cli.engine.recache`).
+        text_context: umT5 rows [L, 4096] float32 (L <= 512; zero-padded to 512 by the DiT) of every
+            chunk, or one such tensor per chunk of a whole run with ``prompts`` (a prompt-segment
+            trajectory: chunk c reads entry c, the last one past the list's end; the run feeds itself).
+        prompts: the whole run's prompt of each chunk (with a list ``text_context``); a chunk whose
+            prompt is not the chunk before's switches: the rows chunks read change from then on and,
+            as ``switch`` says, the window is re-cached (:mod:`~worldtrace_cli.engine.recache`).
+        encode: ``prompt -> rows`` for the prompts of chunks fed one by one
+            (:class:`~worldtrace_cli.engine.feed.ChunkRequest`'s ``prompt``; a live session); None:
+            only the run's own prompts.
+        on_recache: optional ``on_recache(rollout)`` observer called right after a prompt switch's
+            re-cache, before the chunk reads the cache (the fixture replay compares the cache there).
         seed: noise seed (chunk c draws from ``chunk_generator(seed, c)`` on the CPU).
         device: where the DiT runs; latent_hw: (lh, lw); frames_per_chunk: F (3).
         trained_offset: the largest query-key offset the model was trained on, in latent frames
@@ -65,15 +73,18 @@ class TextRollout(ChunkRollout):
             default ``trained_offset + 1``.
     """
 
-    def __init__(self, dit, writer: CacheWriter, text_context: torch.Tensor, seed: int, device: torch.device,
+    def __init__(self, dit, writer: CacheWriter, text_context, seed: int, device: torch.device,
                  latent_hw: tuple[int, int], frames_per_chunk: int = FRAMES_PER_CHUNK, trained_offset: int = 20,
                  schedule: SelfForcingSchedule = SelfForcingSchedule(), noise=None, on_step=None,
-                 switch: str = "recache", recache_window: int | None = None):
+                 switch: str = "recache", recache_window: int | None = None, prompts: list | None = None,
+                 encode=None, on_recache=None):
         if dit.cfg.has_camera:
             raise ValueError("TextRollout runs a t2v DiT (model_type t2v); LingBot-World runs in LingbotRollout")
-        if not isinstance(text_context, torch.Tensor) and not len(text_context):
-            raise ValueError("TextRollout: no text context (one [L, 4096] tensor, or one per chunk)")
-        self.text_context, self._rows = text_context, None  # _rows: the rows the state's cross K/V were made from
+        if text_context is not None and not isinstance(text_context, torch.Tensor):
+            if not len(text_context) or prompts is None or len(prompts) != len(text_context):
+                raise ValueError("TextRollout: one text context per chunk needs one prompt per chunk")
+        self.text_context, self.prompts, self._encode, self.on_recache = text_context, prompts, encode, on_recache
+        self._rows = None  # the rows the state's cross K/V were made from
         self.timesteps, self.sigmas = schedule.timesteps(), schedule.sigmas()
         from .recache import SWITCH_MODES
 
@@ -84,20 +95,36 @@ class TextRollout(ChunkRollout):
                     dit.patch_embedding.weight.dtype, len(self.timesteps), noise, on_step)
         self.state = TextRolloutState()
 
-    def prompt_rows(self, chunk: int) -> torch.Tensor:
-        """The text rows chunk ``chunk`` is conditioned on: [L, 4096] float32."""
+    def own_request(self, chunk: int) -> ChunkRequest:
+        """The run's own prompts (a list of contexts), or no prompt: the one context of every chunk."""
         if isinstance(self.text_context, torch.Tensor):
-            return self.text_context
-        return self.text_context[min(chunk, len(self.text_context) - 1)]
+            return ChunkRequest(chunk)
+        if self.text_context is None:
+            return super().own_request(chunk)
+        last = len(self.prompts) - 1
+        return ChunkRequest(chunk, prompt=self.prompts[min(chunk, last)],
+                            previous_prompt=self.prompts[min(chunk - 1, last)] if chunk else None)
 
-    def prepare_chunk(self, chunk: int, frame_start: int, timer) -> list[dict]:
-        """At a prompt switch (this chunk's prompt rows are not the previous chunk's), re-cache the
-        window under the new prompt (:func:`~worldtrace_cli.engine.recache.recache`) unless ``plain``."""
+    def prompt_rows(self, request: ChunkRequest) -> torch.Tensor:
+        """The text rows of ``request``'s chunk: [L, 4096] float32 (its prompt's, encoded once)."""
+        if request.prompt is None:
+            if not isinstance(self.text_context, torch.Tensor):
+                raise ValueError(f"chunk {request.chunk}: a text rollout needs each chunk's prompt")
+            return self.text_context
+        if self.prompts is not None and request.prompt in self.prompts:
+            return self.text_context[self.prompts.index(request.prompt)]
+        if self._encode is None:
+            raise ValueError(f"chunk {request.chunk}: prompt {request.prompt[:40]!r} is not one of the run's")
+        return self._encode(request.prompt)
+
+    def prepare_chunk(self, chunk: int, frame_start: int, timer, request: ChunkRequest) -> list[dict]:
+        """At a prompt switch (this chunk's prompt is not the previous chunk's), re-cache the window
+        under the new prompt (:func:`~worldtrace_cli.engine.recache.recache`) unless ``plain``."""
         from .recache import can_recache, recache
 
-        rows, before = self.prompt_rows(chunk), self.prompt_rows(max(chunk - 1, 0))
-        if chunk == 0 or rows is before or (rows.shape == before.shape and torch.equal(rows, before)):
+        if chunk == 0 or request.prompt is None or request.prompt == request.previous_prompt:
             return []
+        rows = self.prompt_rows(request)
         if self.switch == "plain" or self.state.history is None:
             return [{"type": "prompt_switch", "recache": False}]
         if not can_recache(self.writer):
@@ -106,6 +133,8 @@ class TextRollout(ChunkRollout):
         with timer.phase("context"):  # the re-cache is a context pass over the window
             event = recache(self, frame_start, rows, self.switch)
         self._rows = rows
+        if self.on_recache is not None:
+            self.on_recache(self)
         return [event]
 
     def finish_chunk(self, x0: torch.Tensor) -> None:
@@ -116,8 +145,8 @@ class TextRollout(ChunkRollout):
         hist = x0.clone() if self.state.history is None else torch.cat([self.state.history, x0], dim=2)
         self.state.history = hist[:, :, -self.recache_window:]
 
-    def chunk_inputs(self, read, frame_start: int, frames: int):
-        rows = self.prompt_rows(self.chunk)
+    def chunk_inputs(self, read, frame_start: int, frames: int, request: ChunkRequest):
+        rows = self.prompt_rows(request)
         if rows is not self._rows:  # a prompt switch: the DiT re-projects the text K/V of every block
             self.state.cross_kv, self._rows = None, rows
         inputs = LingbotChunk(rollout=self.state, past=read.past, text_context=rows,

@@ -60,6 +60,7 @@ def speed_benchmark(preset_name: str = "tiny", caches: tuple[str, ...] = ("slidi
     from ..engine.pipeline import Pipeline
     from ..engine.decode import DecodePipeline
     from ..engine.record import process_rss_bytes
+    from ..engine.tally import critical_path_seconds
     from ..trajectory import MODES, chunk_rows, frames_for_chunks
 
     if repeats < 1:
@@ -75,21 +76,27 @@ def speed_benchmark(preset_name: str = "tiny", caches: tuple[str, ...] = ("slidi
                                           compile=compile_mode, weights_dtype=weights_dtype, offload=offload))
     dev, dt = pipe.device, pipe.dtype
     n_max = max(chunk_counts)
-    if preset.is_text and image is not None:
+    backbone = preset.backbone
+    if not backbone.start_image and image is not None:
         from ..errors import InputError
 
-        raise InputError(f"--image: preset {preset.name} is text-to-video: it takes no image (the bench uses one prompt)")
-    if preset.is_text:  # a text-to-video model: one prompt for every chunk, no image
-        conditioned = pipe.condition(None, n_max, ["a red lighthouse on a rocky cliff above a calm sea"] * n_max)
-    else:
-        if image is not None:
-            start_image = load_image(image, (preset.height, preset.width))
-        else:
-            from PIL import Image
+        from ..config.backbones import titles_where
 
-            ramp = torch.linspace(0, 255, preset.width).to(torch.uint8).expand(preset.height, -1)
-            start_image = Image.fromarray(torch.stack([ramp] * 3, dim=-1).numpy())
-        conditioned = pipe.condition(start_image, n_max)
+        raise InputError(f"--image: preset {preset.name} ({backbone.title}) takes no start image; only "
+                         f"{titles_where(lambda r: r.start_image)} presets do")
+    from ..engine.base import RunConditioning
+
+    start_image = None
+    if backbone.start_image and image is not None:
+        start_image = load_image(image, (preset.height, preset.width))
+    elif backbone.start_image:
+        from PIL import Image
+
+        ramp = torch.linspace(0, 255, preset.width).to(torch.uint8).expand(preset.height, -1)
+        start_image = Image.fromarray(torch.stack([ramp] * 3, dim=-1).numpy())
+    prompt = "a red lighthouse on a rocky cliff above a calm sea"  # a text-to-video model: one prompt, every chunk
+    conditioned = pipe.condition(RunConditioning(n_max, start_image, prompt if backbone.run_prompt else None,
+                                                 [prompt] * n_max if backbone.takes_prompts else None))
     fpc, spec = preset.frames_per_chunk, MODES[preset.mode]  # the mode's actions (LingBot: they move the camera)
     rows_n = frames_for_chunks(n_max, fpc)
     keyboard = torch.zeros(1, rows_n, spec.keyboard_dim)
@@ -152,7 +159,7 @@ def speed_benchmark(preset_name: str = "tiny", caches: tuple[str, ...] = ("slidi
                 wall = None if wall_start is None else time.perf_counter() - wall_start
                 measured = timings[warmup_chunks:] or timings
                 phases = {k: sum(t.get(k, 0.0) for t in measured) / len(measured) for k in phase_names}
-                critical = sum(v for k, v in phases.items() if not (k == "decode" and "decode_wait" in phases))
+                critical = critical_path_seconds(phases, "decode_wait" in phases)
                 out_rows.append({
                     "cache": cache, "repeat": repeat, "chunks": n, "budget": writer.budget,
                     "seconds_per_chunk": critical,

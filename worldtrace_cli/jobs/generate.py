@@ -74,7 +74,8 @@ def run_generation(cfg, resume: bool = False, pipeline=None) -> dict:
     ffmpeg_exe()  # the MP4 needs it: fail before the run folder is touched or a model loaded
     level = logging.INFO if pipeline is None else logging.DEBUG  # a batch job's runs: only -v shows their stages
     start = ("rendering the start view" if cfg.preset.has_world and cfg.image is None else
-             "reading the prompts" if cfg.preset.is_text else "reading the start image")
+             "reading the prompts" if cfg.preset.backbone.takes_prompts else "reading the start image"
+             if cfg.preset.backbone.start_image else "reading the trajectory")
     with stage(f"reading the inputs (importing torch, {start})", level):
         inputs = prepare_inputs(cfg, traj)
     if cfg.offload == "auto" and pipeline is not None and pipeline.key is not None:  # a shared model's own choice
@@ -112,7 +113,7 @@ class _Generation:
                 pipeline = Pipeline.from_config(cfg)
         self.pipeline, self.writer = pipeline, pipeline.build_writer(cfg.memory)
         t0 = time.perf_counter()
-        with stage(f"conditioning on {inputs.image_label}", logging.INFO if self.loaded_here else logging.DEBUG):
+        with stage(f"conditioning on {inputs.image_label if inputs.image_label != 'none' else 'the trajectory'}", logging.INFO if self.loaded_here else logging.DEBUG):
             conditioned = condition_run(pipeline, cfg, inputs)
         self.cond_s = time.perf_counter() - t0
         # a text-to-video prompt past the encoder's 512 tokens (logged as it was encoded): recorded too
@@ -121,10 +122,11 @@ class _Generation:
         if pipeline.device.type == "cuda":
             torch.cuda.reset_peak_memory_stats(pipeline.device)
         self.rollout = start_rollout(pipeline, self.writer, conditioned, inputs, cfg)
+        self.feed = run_feed(pipeline, conditioned, inputs)
         from ..engine import shard
 
-        if shard.active():  # --fsdp, --split-heads: the other processes make each chunk with this one (engine/shard.py)
-            self.rollout.step = shard.lockstep(self.rollout.step)
+        # --fsdp, --split-heads: process 0 tells the others before each chunk that it makes one (engine/shard.py)
+        self.gate = shard.announcer() if shard.active() else None
         # process 0 holds the whole cache unless the heads are split across the processes
         self.resumable = shard.head_split()[0] == 1
         self.decoder = pipeline.decoder()
@@ -157,9 +159,11 @@ class _Generation:
 
         cfg, plan = self.cfg, self.inputs.plan
         self.loop = ChunkLoop(self.rollout, self.decoder, self.pipeline.device, self.scorer, plan,
-                              overlap=cfg.overlap_decode, sinks=self.sinks)
+                              overlap=cfg.overlap_decode, sinks=self.sinks, gate=self.gate)
         for c in range(self.start, plan.num_chunks):
-            self.loop.advance()  # generated, decoded (one chunk behind with overlap), written; on a failure
+            # generated (fed the chunk's actions, camera or prompt), decoded (one chunk behind with overlap),
+            # written; on a failure
+            self.loop.advance(None if self.feed is None else self.feed.request(c))
             # the chunks decoded before it are written first
             last = c == plan.num_chunks - 1
             signalled = stop.signal is not None  # read once: a signal arriving now counts next chunk
@@ -237,22 +241,37 @@ class _Generation:
 
 
 def condition_run(pipeline, cfg, inputs: RunInputs):
-    """The run's conditioning: the start image, and for LingBot its prompt and camera inputs; for a
-    text-to-video preset the chunks' prompts and ``--prompt-switch``, no image."""
-    preset = cfg.preset
-    extra = ((inputs.lingbot,) if preset.is_lingbot else (inputs.prompts, cfg.prompt_switch) if preset.is_text else ())
-    return pipeline.condition(inputs.image, inputs.plan.num_chunks, *extra)
+    """The run's conditioning (:class:`~worldtrace_cli.engine.base.RunConditioning`: its start image,
+    prompt, every chunk's prompt, camera files and ``--prompt-switch``; each backbone reads what it takes)."""
+    from ..engine.base import RunConditioning
+
+    camera = inputs.camera
+    return pipeline.condition(RunConditioning(inputs.plan.num_chunks, inputs.image,
+                                              None if camera is None else camera.prompt, inputs.prompts, camera,
+                                              cfg.prompt_switch))
 
 
 def start_rollout(pipeline, writer, conditioned, inputs: RunInputs, cfg):
-    """A fresh rollout of the run's actions and seed through ``writer``, measuring its attention per
-    cache slot when ``cfg`` asks (``--attention-stats``)."""
+    """A fresh rollout of the run's seed through ``writer``, measuring its attention per cache slot when
+    ``cfg`` asks (``--attention-stats``). It is fed the trajectory's chunks one by one (:func:`run_feed`),
+    unless the backbone feeds itself from the whole run (LingBot-World's explicit poses)."""
     plan = inputs.plan
-    rollout = pipeline.rollout(writer, conditioned, plan.keyboard[None], None if plan.mouse is None else plan.mouse[None],
-                               inputs.seed)
+    whole = pipeline.feeds_itself(conditioned)
+    rollout = pipeline.rollout(writer, conditioned, plan.keyboard[None] if whole else None,
+                               plan.mouse[None] if whole and plan.mouse is not None else None, inputs.seed)
     if cfg.attention_stats:
         rollout.measure_attention(cfg.attention_queries)
     return rollout
+
+
+def run_feed(pipeline, conditioned, inputs: RunInputs):
+    """The :class:`~worldtrace_cli.engine.feed.ConditioningFeed` of the run's trajectory (its chunks'
+    action rows, the camera's poses, prompts), or None when the rollout feeds itself."""
+    from ..engine.feed import ConditioningFeed
+
+    if pipeline.feeds_itself(conditioned):
+        return None
+    return ConditioningFeed(inputs.plan, camera=pipeline.preset.backbone.camera)
 
 
 def follow_generation(cfg) -> int:
@@ -262,14 +281,17 @@ def follow_generation(cfg) -> int:
     from ..engine import shard
     from ..engine.pipeline import Pipeline
 
-    cfg = replace(cfg, offload="text")  # process 0's choice under --fsdp and --split-heads (bench_memory.fit_run)
+    from .bench_memory import fit_run
+
     inputs = prepare_inputs(cfg)
+    cfg = fit_run(cfg, inputs.plan.num_chunks)  # the offload process 0 chose: the same decision, made once
     pipeline = Pipeline.from_config(cfg)
     writer = pipeline.build_writer(cfg.memory)
-    rollout = start_rollout(pipeline, writer, condition_run(pipeline, cfg, inputs), inputs, cfg)
+    conditioned = condition_run(pipeline, cfg, inputs)
+    rollout = start_rollout(pipeline, writer, conditioned, inputs, cfg)
     # its host store page-locked ahead too (its share of the host: pinned.affordable), or process 0 waits for it
     writer.reserve_host(inputs.plan.num_chunks * cfg.preset.frames_per_chunk)
-    return shard.follow(rollout)
+    return shard.follow(rollout, run_feed(pipeline, conditioned, inputs))
 
 
 def _generate(cfg, inputs: RunInputs, folder: RunFolder, resume: bool, pipeline, started: float) -> dict:

@@ -14,7 +14,9 @@ import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from ..config.backbones import titles_where
 from ..errors import InputError, OutputError
+from ..writer_options.checks import check_writer_specs  # noqa: F401  (re-exported: the writers' pre-load check)
 from ..model.layout import check_model_size, check_weights_source
 
 log = logging.getLogger("worldtrace")
@@ -31,7 +33,8 @@ class RunInputs:
         seed: the noise seed (``--seed``, else the trajectory's, else 0).
         hashes: ``trajectory_sha256`` and ``image_sha256`` (a resume refuses changed inputs); with
             LingBot pose files also ``poses_sha256`` / ``intrinsics_sha256``.
-        lingbot: a LingBot preset's :class:`~worldtrace_cli.model.lingbot.inputs.LingbotInputs`, else None.
+        camera: the run's prompt and camera files (a ``camera_files`` backbone's
+            :class:`~worldtrace_cli.model.lingbot.inputs.LingbotInputs`: LingBot-World), else None.
         prompts: a text-to-video preset's prompt of every chunk (the segments' prompts, the default
             prompt where a segment has none), else None; ``image`` is then None.
         warnings: what the run should be told about its inputs, with what to do (recorded in
@@ -44,7 +47,7 @@ class RunInputs:
     truth: object
     seed: int
     hashes: dict
-    lingbot: object = None
+    camera: object = None
     warnings: list = field(default_factory=list)
     prompts: list | None = None
 
@@ -136,28 +139,58 @@ def check_inputs(cfg, traj=None):
 
     check_weight_hooks(cfg.weights_dtype, cfg.offload, cfg.compile)  # as the loader does, before anything runs
     traj = load_trajectory(cfg.trajectory) if traj is None else traj
+    backbone = cfg.preset.backbone
     if traj.mode != cfg.preset.mode:
-        hint = ("; prompt segments run on a text-to-video preset (self-forcing-tiny, longlive-tiny, self-forcing)"
-                if traj.mode == "text" else "; a text-to-video preset runs prompt segments (mode: text)"
-                if cfg.preset.is_text else "")
+        runs_it = presets_of_mode(traj.mode)
+        hint = f"; mode {traj.mode} runs on preset {', '.join(runs_it)}" if runs_it else ""
         raise InputError(f"{cfg.trajectory}: mode {traj.mode!r} does not match preset {cfg.preset.name} "
                          f"(mode {cfg.preset.mode!r}){hint}")
+    check_taken(cfg, traj)  # what the backbone's row takes (--image, --prompt, --poses, ...)
     check_weights_source(cfg.preset, cfg.checkpoint, cfg.random_weights)  # the folder's files, not their bytes
     check_model_size(cfg.preset, cfg.device, cfg.dtype)
     spill = cfg.memory.options.get("spill_dir")
     if spill is not None and Path(spill).exists() and not Path(spill).is_dir():
         raise OutputError(f"--spill-dir {spill}: exists and is not a folder")
     check_writer_specs([cfg.memory], cfg.preset)  # the writer's flags and sizes, torch-free
-    if cfg.preset.is_text:
+    if backbone.takes_prompts:
         check_text_options(cfg, traj)
         return traj
     path = cfg.image or (None if cfg.preset.has_world else traj.image)
     if path is not None:
         check_image(path, cfg.preset.height, cfg.preset.width)
-    elif not cfg.preset.has_world:
+    elif backbone.start_image and not cfg.preset.has_world:
         raise InputError(f"{cfg.trajectory}: no conditioning image: pass --image or set `image:` in the trajectory")
-    check_lingbot_options(cfg, traj)
+    check_conditioning_options(cfg, traj)
     return traj
+
+
+def check_taken(cfg, traj) -> None:
+    """Each conditioning flag against what the preset's backbone row takes (a trajectory's ``image:`` is
+    left unread, with a warning, by a backbone without a start image: :func:`prepare_inputs`):
+    ``--image`` (``start_image``), ``--prompt`` (``run_prompt`` or prompt segments), ``--poses`` /
+    ``--intrinsics`` (``camera_files``), ``--prompt-switch`` (prompt segments).
+
+    Raises:
+        InputError: the first flag the backbone does not take, naming the backbones that take it.
+    """
+    preset, row = cfg.preset, cfg.preset.backbone
+    flags = (("--image", cfg.image, lambda r: r.start_image, "start image"),
+             ("--prompt", cfg.prompt, lambda r: r.run_prompt or r.takes_prompts, "prompt"),
+             ("--poses", cfg.poses, lambda r: r.camera_files, "camera files"),
+             ("--intrinsics", cfg.intrinsics, lambda r: r.camera_files, "camera files"),
+             ("--prompt-switch", None if cfg.prompt_switch == "recache" else cfg.prompt_switch,
+              lambda r: r.takes_prompts, "prompt switch"))
+    for flag, value, takes, what in flags:
+        if value is not None and not takes(row):
+            raise InputError(f"{flag}: preset {preset.name} ({row.title}) takes no {what}; only "
+                             f"{titles_where(takes)} presets do")
+
+
+def presets_of_mode(mode: str) -> list[str]:
+    """The built-in presets that run trajectories of ``mode`` (for a mismatch's hint)."""
+    from ..config import load_preset, preset_names
+
+    return [name for name in preset_names() if load_preset(name).mode == mode]
 
 
 def chunk_prompts(cfg, traj, plan=None) -> list[str]:
@@ -189,19 +222,13 @@ def chunk_prompts(cfg, traj, plan=None) -> list[str]:
 
 
 def check_text_options(cfg, traj) -> None:
-    """A text-to-video run's inputs: no image, no camera files, no world, a prompt for every chunk
+    """A prompt-segment run's inputs (after :func:`check_taken`): no world, a prompt for every chunk
     (checked without torch: a chunk's prompts are laid out only for a run that passes).
 
     Raises:
-        InputError: ``--image`` / ``--poses`` / ``--intrinsics`` or a trajectory ``image:``, a
-            ``--world-seed`` (the preset has no world), a chunk without a prompt.
+        InputError: a ``--world-seed`` (the preset has no world), a bad ``--prompt-switch`` or
+            ``--prompt``, a chunk without a prompt.
     """
-    given = [flag for flag, value in (("--image", cfg.image), ("--poses", cfg.poses), ("--intrinsics", cfg.intrinsics))
-             if value is not None]
-    if given or traj.image is not None:
-        what = given[0] if given else f"{traj.source}: image"
-        raise InputError(f"{what}: preset {cfg.preset.name} is text-to-video: it takes prompts, not an image or "
-                         f"camera poses")
     if cfg.world_seed:
         raise InputError(f"--world-seed {cfg.world_seed}: picks a procedural world; preset {cfg.preset.name} is "
                          f"text-to-video and has none")
@@ -222,60 +249,35 @@ def check_text_options(cfg, traj) -> None:
             raise InputError(str(exc)) from None
 
 
-def lingbot_paths(cfg, traj) -> tuple[str | None, Path | None, Path | None]:
-    """(prompt, poses, intrinsics) of a LingBot run: the flags, else the trajectory's."""
+def camera_file_paths(cfg, traj) -> tuple[str | None, Path | None, Path | None]:
+    """(prompt, poses, intrinsics) of a run: the flags, else the trajectory's."""
     return (cfg.prompt if cfg.prompt is not None else traj.prompt, cfg.poses or traj.poses,
             cfg.intrinsics or traj.intrinsics)
 
 
-def check_lingbot_options(cfg, traj) -> None:
-    """``--prompt`` / ``--poses`` / ``--intrinsics`` belong to LingBot presets; their pose files are
-    validated here (torch-free); ``--metrics all`` needs a CLIP tower, which a LingBot checkpoint
-    folder holds only when the optional CLIP file was added.
+def check_conditioning_options(cfg, traj) -> None:
+    """A camera-file backbone's prompt and pose files, validated torch-free (after :func:`check_taken`);
+    ``--metrics all`` needs a CLIP tower, which a checkpoint folder of a backbone without CLIP
+    conditioning holds only when the optional CLIP file was added.
 
     Raises:
-        InputError: one of the flags with an MG2 preset, bad pose or intrinsics files, or
-            ``--metrics all`` with a LingBot checkpoint folder without the CLIP file.
+        InputError: bad pose or intrinsics files, or ``--metrics all`` with a checkpoint folder without
+            the CLIP file.
     """
     preset = cfg.preset
-    if preset.is_text:
+    backbone = preset.backbone
+    if backbone.takes_prompts:
         return
-    if cfg.prompt_switch != "recache":
-        raise InputError(f"--prompt-switch: only text-to-video presets switch prompts (preset {preset.name} is "
-                         f"{preset.architecture})")
-    if not preset.is_lingbot:
-        given = [flag for flag, value in (("--prompt", cfg.prompt), ("--poses", cfg.poses),
-                                          ("--intrinsics", cfg.intrinsics)) if value is not None]
-        if given:
-            what = "LingBot and text-to-video presets take a prompt" if given[0] == "--prompt" else \
-                "LingBot presets take camera poses"
-            raise InputError(f"{given[0]}: only {what} (preset {preset.name} is {preset.architecture})")
+    if not (backbone.run_prompt or backbone.camera_files):
         return
     from ..model.lingbot.inputs import load_lingbot_inputs
 
-    load_lingbot_inputs(*lingbot_paths(cfg, traj))
+    load_lingbot_inputs(*camera_file_paths(cfg, traj))
     clip = preset.files.get("clip")
     if (cfg.metrics == "all" and preset.weights == "checkpoint" and not cfg.random_weights and clip
             and cfg.checkpoint is not None and not (Path(cfg.checkpoint) / clip).is_file()):
-        raise InputError(f"--metrics all: needs a CLIP tower for Scene Drift and PAC; LingBot has none: copy {clip} "
-                         f"(Wan2.1 / Matrix-Game-2.0) into {cfg.checkpoint}, or use --metrics fast")
-
-
-def check_writer_specs(memories, preset) -> None:
-    """The torch-free half of :func:`check_writers`: each writer's flags and sizes for ``preset``'s window
-    (:func:`~worldtrace_cli.writer_options.check_memory`), and a writer that retrieves by camera pose
-    refused for a text-to-video preset (the registry row's ``needs_poses``).
-
-    Raises:
-        InputError: the first refusal (naming ``--cache``).
-    """
-    from ..writer_options import check_memory, writer_options
-
-    for memory in memories:
-        check_memory(memory, preset.window, preset.default_budget)
-        if preset.is_text and writer_options(memory).needs_poses:
-            raise InputError(f"--cache {memory.cache}: retrieves memory by camera pose; a text-to-video run has "
-                             f"no camera (use field, landmark, sliding, sink, full, ...)")
+        raise InputError(f"--metrics all: needs a CLIP tower for Scene Drift and PAC; {backbone.title} has none: "
+                         f"copy {clip} (Wan2.1 / Matrix-Game-2.0) into {cfg.checkpoint}, or use --metrics fast")
 
 
 def check_writers(memories, preset, flag: str = "--cache") -> None:
@@ -324,8 +326,12 @@ def prepare_inputs(cfg, traj=None) -> RunInputs:
     for note in plan.notes:  # the same for every run of a compare or sweep on this trajectory: said once
         warn_once(note, note)
     truth, told = None, []
-    if preset.is_text:
-        image, label, image_sha = None, "prompts", None
+    backbone = preset.backbone
+    if not backbone.start_image:
+        image, label, image_sha = None, "prompts" if backbone.takes_prompts else "none", None
+        if traj.image is not None:
+            told.append(f"{traj.source}: image: preset {preset.name} ({backbone.title}) takes no start image; "
+                        f"the trajectory's image {traj.image} is not used")
     elif preset.has_world and cfg.image is None:
         from PIL import Image
 
@@ -348,24 +354,24 @@ def prepare_inputs(cfg, traj=None) -> RunInputs:
     if seed < 0:
         raise InputError(f"seed: must be >= 0, got {seed} (from {cfg.trajectory})")
     hashes = {"trajectory_sha256": sha256_file(cfg.trajectory), "image_sha256": image_sha}
-    lingbot = None
-    if preset.is_lingbot:
+    camera = None
+    if backbone.camera_files:  # its prompt and camera files (LingBot-World)
         from ..model.lingbot.inputs import load_lingbot_inputs
 
-        prompt, poses, intrinsics = lingbot_paths(cfg, traj)
-        lingbot = load_lingbot_inputs(prompt, poses, intrinsics)
-        if lingbot.poses is not None and len(lingbot.poses) < plan.num_frames:
-            fit = (len(lingbot.poses) + 3) // (4 * preset.frames_per_chunk)
-            raise InputError(f"{poses}: {len(lingbot.poses)} poses, {plan.num_chunks} chunks need one per pixel frame "
+        prompt, poses, intrinsics = camera_file_paths(cfg, traj)
+        camera = load_lingbot_inputs(prompt, poses, intrinsics)
+        if camera.poses is not None and len(camera.poses) < plan.num_frames:
+            fit = (len(camera.poses) + 3) // (4 * preset.frames_per_chunk)
+            raise InputError(f"{poses}: {len(camera.poses)} poses, {plan.num_chunks} chunks need one per pixel frame "
                              f"({plan.num_frames}): " + (f"use --chunks {fit} or fewer" if fit else "too few for one chunk"))
         hashes.update({f"{name}_sha256": sha256_file(path) for name, path in (("poses", poses),
                                                                               ("intrinsics", intrinsics)) if path})
     prompts = None
-    if preset.is_text:  # the plan carries the resolved prompts: records name each chunk's
+    if backbone.takes_prompts:  # the plan carries the resolved prompts: records name each chunk's
         from ..trajectory.prompts import prompt_label
 
         plan.prompts = prompts = chunk_prompts(cfg, traj, plan)
         plan.chunk_actions = [prompt_label(text) for text in prompts]
     for text in told:
         warn_once(text.split(":", 1)[0] + ": start image", text)
-    return RunInputs(plan, image, label, truth, seed, hashes, lingbot, told, prompts)
+    return RunInputs(plan, image, label, truth, seed, hashes, camera, told, prompts)

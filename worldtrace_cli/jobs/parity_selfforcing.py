@@ -127,22 +127,13 @@ def replay_variant(model, inputs: dict, outputs: dict, memory: dict, chunks: int
 
     x0s: dict = {}
     writer = build_writer(MemoryConfig.of(**memory), 0, trained_offset + 1)
-    text = inputs["text_context"]
-    if switch_chunk is not None:
-        text = [text] * switch_chunk + [inputs["text_context_2"]] * (chunks - switch_chunk)
+    text, prompts = inputs["text_context"], None
+    if switch_chunk is not None:  # the fixture's two prompts, by the names its inputs give them
+        prompts = ["text_context"] * switch_chunk + ["text_context_2"] * (chunks - switch_chunk)
+        text = [inputs[p] for p in prompts]
     rollout = TextRollout(model, writer, text, 0, torch.device(device), tuple(noise.shape[-2:]),
-                          trained_offset=trained_offset, noise=stored, switch=switch,
-                          on_step=lambda c, s, x0: x0s.__setitem__(f"c{c}_s{s}_x0", x0.cpu()))
-    if on_recache is not None:
-        prepare = rollout.prepare_chunk
-
-        def observed(chunk, frame_start, timer):
-            events = prepare(chunk, frame_start, timer)
-            if any(e["type"] == "prompt_recache" for e in events):
-                on_recache(rollout)
-            return events
-
-        rollout.prepare_chunk = observed
+                          trained_offset=trained_offset, noise=stored, switch=switch, prompts=prompts,
+                          on_step=lambda c, s, x0: x0s.__setitem__(f"c{c}_s{s}_x0", x0.cpu()), on_recache=on_recache)
     latents = torch.cat([rollout.step().latents for _ in range(chunks)], dim=2).cpu()
     if rollout_out is not None:
         rollout_out.append(rollout)

@@ -5,7 +5,7 @@ A job is one rollout (configuration x cache writer x conditioning image x seed) 
 ``DIR/<config>/<cache>/<image stem>/seed<seed>/`` (a ``:`` in the cache spec becomes ``-``). A
 folder whose ``summary.json`` says ``complete`` is done; anything else is (re)generated with
 ``overwrite``, so a sweep killed at any moment resumes where it stopped. Sharding is a pure split of
-the sorted job list (design.md §6): ``--shard i/n`` for SLURM arrays or separate machines, and
+the sorted job list (docs/loopbench.md): ``--shard i/n`` for SLURM arrays or separate machines, and
 torchrun's RANK / WORLD_SIZE / LOCAL_RANK for one process per GPU; no scheduler of our own.
 """
 

@@ -1,4 +1,4 @@
-"""The cache contract (design.md §3): what a KV-cache writer keeps and where each slot is read.
+"""The cache contract (paper §3; docs/architecture.md §2): what a KV-cache writer keeps and where each slot is read.
 
 A writer holds, for every self-attention layer, up to ``budget`` past *slots*, each one latent
 frame of T tokens: canonical keys (spatial RoPE applied, temporal RoPE not) and values. Writers

@@ -12,7 +12,7 @@ universal, -1 for gta_drive). Paper references: §2.1, §3.1 (Def. 1, Eq. 2), §
 * ``centroid_linear``: recent slots at their actual positions; each summary slot's centroid c,
   taken over the history [0, a - N_r), mapped linearly into [t_min, t_max] of Eq. 2 with the query
   at q = a - 1: ``t_min = max(0, q - Delta)``, ``t_max = q - N_r``. In range but horizon-dependent.
-* ``slot_rank``: WorldTrace slot indexing (Def. 1 as pinned in design.md §3, q = a - 1): summary
+* ``slot_rank``: WorldTrace slot indexing (paper Def. 1 with q = a - 1; docs/architecture.md §2): summary
   slot s (0 = oldest) at ``-(N_s + N_r) + s``, recent slot j at ``-N_r + j``. Depends on rank only.
 * ``rank``: the baselines' own indexing (StreamingLLM's positions within the cache; MemRoPE's
   release reads its cache at indices 0..n-1 before the query block): slot j of n at ``-(n - j)``,

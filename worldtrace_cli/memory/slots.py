@@ -1,4 +1,4 @@
-"""What a cache slot is and the geometry writers store (design.md §3): the leaf of the memory package,
+"""What a cache slot is and the geometry writers store (docs/architecture.md §2): the leaf of the memory package,
 imported by the writers' base (:mod:`.base`) and the position schemes (:mod:`.positions`)."""
 
 from __future__ import annotations

@@ -77,6 +77,8 @@ class ActionModule(nn.Module):
     Parameter names follow the official checkpoint (``blocks.{i}.action_model.*``).
     """
 
+    compile_parts = ("mouse_part", "keyboard_part")  # pure tensor parts: model/speed.compile_blocks
+
     def __init__(self, cfg: ActionConfig, dim: int, window_frames: int):
         super().__init__()
         self.cfg = cfg
@@ -107,15 +109,17 @@ class ActionModule(nn.Module):
         return (r * f - self.cfg.window_rows + torch.arange(self.cfg.window_rows, device=device)).clamp(min=0)
 
     def select_rows(self, frame_start: int, num_frames: int, keyboard: torch.Tensor,
-                    mouse: torch.Tensor | None, dtype) -> tuple[torch.Tensor | None, torch.Tensor]:
+                    mouse: torch.Tensor | None, dtype, first_row: int = 0) -> tuple[torch.Tensor | None, torch.Tensor]:
         """The action rows a chunk reads (the same for every block and call of the chunk).
 
         Args:
             frame_start: absolute latent-frame index of the chunk's first frame.
             num_frames: F, latent frames in the chunk.
-            keyboard: [B, R, keyboard_dim_in] action rows (pixel frames) covering at least the rows
-                this chunk reads (R >= 4*(frame_start+F) - 4; any longer prefix works).
+            keyboard: [B, R, keyboard_dim_in] action rows (pixel frames) ``first_row ..`` covering at least
+                the rows this chunk reads (up to row 4*(frame_start+F) - 5; any longer run works).
             mouse: [B, R, 2] or None (keyboard-only models).
+            first_row: the absolute pixel-frame index of row 0 of ``keyboard`` / ``mouse`` (a live chunk
+                gets only the rows it reads: :class:`~worldtrace_cli.engine.feed.ChunkRequest`).
         Returns:
             (mouse rows [B, F, 24] or None when the mouse branch is off, keyboard rows
             [B, F, 12, kd]) in ``dtype``.
@@ -126,11 +130,16 @@ class ActionModule(nn.Module):
         """
         last_row = max(self.cfg.vae_time_compression_ratio * (frame_start + num_frames - 1) - 1, 0)
         for name, rows in (("keyboard", keyboard), ("mouse", mouse if self.cfg.enable_mouse else None)):
-            if rows is not None and last_row >= rows.shape[1]:
+            if rows is not None and last_row >= first_row + rows.shape[1]:
+                given = f"only {rows.shape[1]} rows were" if not first_row else \
+                    f"only rows {first_row}..{first_row + rows.shape[1] - 1} were"
                 raise ValueError(f"latent frames {frame_start}..{frame_start + num_frames - 1} read {name} action "
-                                 f"rows up to {last_row}, but only {rows.shape[1]} rows were given "
-                                 f"(need at least {last_row + 1})")
-        idx = self._row_index(frame_start, num_frames, keyboard.device)  # [F, 12]
+                                 f"rows up to {last_row}, but {given} given (need at least {last_row + 1})")
+        first_read = max(self.cfg.vae_time_compression_ratio * frame_start - self.cfg.window_rows, 0)  # host arithmetic
+        if first_read < first_row:
+            raise ValueError(f"latent frames {frame_start}..{frame_start + num_frames - 1} read action rows from "
+                             f"{first_read}, before the first row given ({first_row})")
+        idx = self._row_index(frame_start, num_frames, keyboard.device) - first_row  # [F, 12]
         mouse_rows = None
         if self.cfg.enable_mouse and mouse is not None:
             mouse_rows = mouse[:, idx].reshape(mouse.shape[0], num_frames, -1).to(dtype)

@@ -1,7 +1,7 @@
 """What one chunk's DiT calls read from the KV cache, shared by every backbone (MG2, LingBot-World).
 
 Each chunk the rollout hands the DiT, per self-attention layer, the writer's past slots as
-*canonical keys* with one temporal position per slot (:class:`LayerPast`, design.md §3).
+*canonical keys* with one temporal position per slot (:class:`LayerPast`, paper §3; docs/architecture.md §3).
 :class:`CacheView` rotates them once per chunk and layer into a preallocated
 ``[past slots | current chunk]`` buffer and computes the chunk's RoPE tables once; the denoising
 steps and the context pass reuse both (MG2 spec §11, LingBot spec §14).

@@ -1,12 +1,11 @@
 """The MG2 causal Wan-2.1 DiT, inference path only (MG2 spec §3-§9), reading an explicit KV-cache view.
 
-Parameter names are the official checkpoint's (without the ``model.`` prefix), so an official
-state dict loads strictly. The self-attention does not own a cache: each chunk the caller hands
-it, per layer, the past slots as *canonical keys* (spatial RoPE applied, temporal RoPE not) with
-one virtual temporal position per slot (:class:`LayerPast`). The DiT rotates each slot once per
-chunk into a preallocated ``[past slots | current chunk]`` buffer and reuses it across the
-denoising steps and the context pass. On the context pass (``commit=True``) it returns the chunk's
-canonical keys and values for the cache writer to store (design.md §3).
+Parameter names are the official checkpoint's (no ``model.`` prefix): an official state dict loads
+strictly. Each chunk the caller hands the self-attention, per layer, the past slots as *canonical keys*
+(spatial RoPE applied, temporal RoPE not) with one virtual temporal position per slot (:class:`LayerPast`,
+paper §3); each slot is rotated once per chunk into a ``[past slots | current chunk]`` buffer reused by
+every denoising step and the context pass, which (``commit=True``) returns the chunk's canonical keys
+and values for the cache writer (docs/architecture.md §3).
 """
 
 from __future__ import annotations
@@ -59,8 +58,8 @@ class ChunkInputs(CacheView):
         rollout: the rollout's :class:`RolloutState`.
         past: per layer the :class:`LayerPast` the writer returned for this chunk.
         frame_start: absolute latent-frame index of the chunk's first frame (selects action rows).
-        keyboard: [B, R, keyboard_dim] action rows (pixel frames), R >= 4*(frame_start+F)-3.
-        mouse: [B, R, 2] or None.
+        keyboard: [B, R, keyboard_dim] action rows (pixel frames) from row ``first_row`` on, covering the
+            rows the chunk reads; mouse: [B, R, 2] or None; first_row: the absolute index of row 0 of both.
         visual_context: [B, 257, clip_dim] CLIP tokens.
         (B = 1 at inference; training may stack B clips of the same latent frames.)
         temporal_freq_scale: optional [t_ch/2] multipliers of the temporal RoPE frequencies for
@@ -72,13 +71,15 @@ class ChunkInputs(CacheView):
     keyboard: torch.Tensor
     mouse: torch.Tensor | None
     visual_context: torch.Tensor
+    first_row: int = 0
     _action_rows: tuple | None = field(default=None, init=False)
 
     def action_rows(self, module: ActionModule, frames: int, dtype):
         """The action rows this chunk reads (:meth:`ActionModule.select_rows`), selected once per
         chunk (every action module of a model reads the same rows)."""
         if self._action_rows is None:
-            self._action_rows = module.select_rows(self.frame_start, frames, self.keyboard, self.mouse, dtype)
+            self._action_rows = module.select_rows(self.frame_start, frames, self.keyboard, self.mouse, dtype,
+                                                   self.first_row)
         return self._action_rows
 
 
@@ -130,7 +131,7 @@ class _Projections(nn.Module):
 
 
 class SelfAttention(_Projections):
-    """Causal self-attention of a block over [past slots | current chunk] (spec §5.1, design §3).
+    """Causal self-attention of a block over [past slots | current chunk] (spec §5.1, docs/architecture.md §3).
 
     Split in two so the pure tensor part can be compiled (:func:`compile_blocks`): :meth:`project`
     (projections, norms, RoPE) and :meth:`attend` (the chunk's K/V buffer and SDPA, eager).
@@ -189,6 +190,8 @@ class CrossAttention(_Projections):
 
 class Block(nn.Module):
     """CausalWanAttentionBlock (spec §5.4): modulated self-attn, cross-attn, action module, modulated FFN."""
+
+    compile_parts = ("attention_inputs", "attention_outputs", "feed_forward")  # pure: model/speed.compile_blocks
 
     def __init__(self, cfg: DiTConfig, index: int):
         super().__init__()
@@ -292,15 +295,13 @@ class MLPProj(nn.Module):
 
 def sinusoidal_embedding(dim: int, t: torch.Tensor) -> torch.Tensor:
     """Timestep sinusoid [N, dim] float64: ``[cos(t*w_k) | sin(t*w_k)]``, ``w_k = 10000**(-k/(dim/2))`` (spec §5.2)."""
-    half = dim // 2
-    ang = torch.outer(t.to(torch.float64), 10000.0 ** (-torch.arange(half, dtype=torch.float64, device=t.device) / half))
-    return torch.cat([ang.cos(), ang.sin()], dim=1)
+    half = torch.arange(dim // 2, dtype=torch.float64, device=t.device)
+    return torch.cat([(ang := torch.outer(t.to(torch.float64), 10000.0 ** (-half / (dim // 2)))).cos(), ang.sin()], 1)
 
 
 def patch_tokens(patch_embedding: nn.Conv3d, latent_hw: tuple[int, int]) -> int:
-    """Tokens of one latent frame of grid ``latent_hw`` (lh, lw latent cells) for a DiT whose patch
-    embedding is ``patch_embedding``: cells / its spatial kernel, (1, 2, 2) for Wan 2.1 (MG2 and
-    LingBot-World alike)."""
+    """Tokens of one latent frame of grid ``latent_hw`` (lh, lw latent cells): cells / the patch
+    embedding's spatial kernel, (1, 2, 2) for Wan 2.1."""
     _, ph, pw = patch_embedding.kernel_size
     return (latent_hw[0] // ph) * (latent_hw[1] // pw)
 
@@ -330,8 +331,7 @@ class CausalWanDiT(nn.Module):
 
     @property
     def patch_size(self) -> tuple[int, int, int]:
-        """(time, height, width) latent cells per token: (1, 2, 2) for Wan 2.1."""
-        return tuple(self.patch_embedding.kernel_size)
+        return tuple(self.patch_embedding.kernel_size)  # (time, height, width) latent cells per token: (1, 2, 2)
 
     def tokens_per_frame(self, latent_hw: tuple[int, int]) -> int:
         """Tokens of one latent frame of grid ``latent_hw`` (:func:`patch_tokens`)."""

@@ -72,11 +72,9 @@ def check_weights_source(preset, checkpoint, random_weights: bool) -> None:
         return
     if checkpoint is None:
         needed = ", ".join(v for k, v in preset.files.items() if k not in LINGBOT_OPTIONAL_ROLES)
-        what = (f"a LingBot-World causal-fast folder holding {needed}" if preset.is_lingbot else
-                f"the Self-Forcing or LongLive repository root holding {needed}" if preset.is_text else
-                f"an official Matrix-Game-2.0 folder holding {', '.join(preset.files.values())}")
+        what = f"{preset.backbone.checkpoint_folder} holding {needed}"
         raise InputError(f"preset {preset.name} needs --checkpoint DIR ({what}) or --random-weights")
-    if preset.is_lingbot or preset.is_text:  # files and folders (the umT5 tokenizer)
+    if preset.backbone.text_encoder:  # files and folders (the umT5 tokenizer)
         lingbot_checkpoint_paths(preset, checkpoint)
     else:
         resolve_checkpoint_files(preset.files, checkpoint, preset.name)

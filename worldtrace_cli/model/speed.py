@@ -1,8 +1,8 @@
-"""Speed settings of the DiTs (design.md §5): the RoPE tables' precision and ``torch.compile`` of
+"""Speed settings of the DiTs (docs/performance.md): the RoPE tables' precision and ``torch.compile`` of
 the blocks' pure tensor parts (norms, modulation, projections, RoPE, FFN, cross-attention, MG2's
 action branches, LingBot's camera FiLM), leaving the cache buffers, SDPA over them and the action
-caches eager. Both MG2's :class:`~.dit.CausalWanDiT` and LingBot's
-:class:`~.lingbot.dit.LingbotDiT` take them.
+caches eager. Any DiT with ``blocks`` takes them: a block (and its ``action_model``, if any) names its
+pure parts in a ``compile_parts`` class attribute (MG2's :class:`~.dit.Block`, LingBot-World's block).
 """
 
 from __future__ import annotations
@@ -11,15 +11,9 @@ from contextlib import contextmanager
 
 import torch
 
-from .action import ActionModule
-from .dit import Block, CausalWanDiT
-from .lingbot.dit import LingbotBlock, LingbotDiT
 
 COMPILE_MODES = ("none", "default", "reduce-overhead", "max-autotune")
 TRAIN_RECOMPILE_LIMIT = 64  # variants per compiled part that training may meet (compile_blocks(dynamic=True))
-_PURE_PARTS = {Block: ("attention_inputs", "attention_outputs", "feed_forward"),
-               ActionModule: ("mouse_part", "keyboard_part"),
-               LingbotBlock: ("attention_inputs", "block_outputs")}
 _COMPILED_PARTS: dict[tuple[str, str, str, bool], object] = {}  # (class, part, mode, dynamic)
 
 
@@ -37,7 +31,7 @@ def tf32_allowed(allowed: bool):
         torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = saved
 
 
-def compile_blocks(model: CausalWanDiT | LingbotDiT, mode: str = "default", dynamic: bool = False) -> None:
+def compile_blocks(model: torch.nn.Module, mode: str = "default", dynamic: bool = False) -> None:
     """Compile the pure tensor parts of every block of ``model`` with ``torch.compile`` (fused norms,
     modulation, RoPE and projections); the K/V buffer handling, SDPA over it and the action module
     stay eager.
@@ -77,7 +71,7 @@ def compile_blocks(model: CausalWanDiT | LingbotDiT, mode: str = "default", dyna
         torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, TRAIN_RECOMPILE_LIMIT)
     modules = [m for block in model.blocks for m in (block, getattr(block, "action_model", None)) if m is not None]
     for module in modules:
-        for name in _PURE_PARTS[type(module)]:
+        for name in getattr(type(module), "compile_parts", ()):
             if mode == "none":
                 module.__dict__.pop(name, None)
                 continue
@@ -92,7 +86,7 @@ def compile_blocks(model: CausalWanDiT | LingbotDiT, mode: str = "default", dyna
 ROPE_PRECISIONS = {"float32": torch.float32, "float64": torch.float64}
 
 
-def configure_speed(model: CausalWanDiT | LingbotDiT, rope_precision: str = "float32", compile_mode: str = "none") -> None:
+def configure_speed(model: torch.nn.Module, rope_precision: str = "float32", compile_mode: str = "none") -> None:
     """Apply a run's speed settings to ``model`` (a loaded model may be shared by runs in one process,
     so every run sets both): the RoPE precision (``float32`` | ``float64``, see
     :class:`~worldtrace_cli.model.rope.MainRope`) and :func:`compile_blocks` (``none`` = eager).

@@ -184,4 +184,4 @@ def recall_attention(records: list[dict], revisited: dict[int, set[int]]) -> dic
 
 
 __all__ = ["expand_slot_records", "frame_ranges", "latent_pixel_frames", "most_read_slot", "recall_attention",
-           "recall_share", "revisited_frames", "slot_records"]
+           "recall_share", "slot_records"]

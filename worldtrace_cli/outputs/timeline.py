@@ -1,4 +1,4 @@
-"""``cache_timeline.png``: what a writer kept, slot by chunk (design.md §4).
+"""``cache_timeline.png``: what a writer kept, slot by chunk (docs/outputs.md).
 
 Rows are the cache slots in read order (summary slots on top, recent slots at the bottom), columns
 are chunks; each cell is coloured by the mean source latent frame of the slot at that chunk (blank

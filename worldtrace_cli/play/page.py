@@ -92,7 +92,7 @@ class Page:
 
     def _step_all(self, action: str, prompt: str | None = None) -> list:
         with self.settings.lock:  # a text-to-video lane takes the prompt (None: the last one goes on)
-            return [lane.step(action, prompt=prompt) if lane.preset.is_text else lane.step(action) for lane in self.lanes]
+            return [lane.step(action, prompt=prompt) if lane.takes_prompts else lane.step(action) for lane in self.lanes]
 
     def close_sessions(self, lanes=None) -> list[str]:
         """Close sessions (their run folders completed); returns the folders recorded (a session
@@ -226,9 +226,9 @@ class Page:
             raise InputError("step: no session is open (a reset failed to open one); reload the page")
         if not isinstance(action, str):
             raise InputError("step: \"action\" is action words, e.g. \"forward+camera_l\"")
-        if prompt is not None and (not isinstance(prompt, str) or not self.lanes[0].preset.is_text):
+        if prompt is not None and (not isinstance(prompt, str) or not self.lanes[0].takes_prompts):
             raise InputError("step: \"prompt\" is text, for a text-to-video preset (self-forcing-tiny, ...)")
-        if self.lanes[0].preset.is_text and "action" in msg:
+        if self.lanes[0].takes_prompts and "action" in msg:
             raise InputError("step: a text-to-video page takes {\"op\": \"step\", \"prompt\": \"...\"} (no prompt: "
                              "the last one goes on), not \"action\"")
         started = time.perf_counter()

@@ -1,7 +1,7 @@
 """The run folder: its file names (defined once), lock, preparation, status, consistency and truncation.
 
 Every command that writes or reads a run (``generate``, ``--resume``, ``compare``, each ``loopbench``
-job, ``metrics``, the LoopBench report) goes through :class:`RunFolder` (design.md §4):
+job, ``metrics``, the LoopBench report) goes through :class:`RunFolder` (docs/outputs.md):
 
 * ``video.mp4`` (fragmented MP4, appended chunk by chunk), ``chunks.jsonl`` (one record per chunk),
   ``summary.json`` (written last, atomically), ``cache_timeline.png``; ``resume/`` holds the saved

@@ -88,11 +88,29 @@ class ActionLog:
 
         spec = MODES[mode]
         self.mode = mode
-        keyboard = torch.zeros(0, spec.keyboard_dim, dtype=torch.float32)
-        mouse = torch.zeros(0, 2, dtype=torch.float32) if spec.mouse else None
-        self.plan = ActionPlan(mode, 0, keyboard, mouse, [], [], [], frames_per_chunk,
-                               [] if mode == "text" else None)  # a text session: each chunk's prompt
+        # the rows live in buffers that double when full: the plan's are views of their first rows, so a
+        # chunk's rows are written once (a step costs the same at chunk 500 as at chunk 10)
+        self._keyboard = torch.zeros(64, spec.keyboard_dim, dtype=torch.float32)
+        self._mouse = torch.zeros(64, 2, dtype=torch.float32) if spec.mouse else None
+        self.plan = ActionPlan(mode, 0, self._keyboard[:0], None if self._mouse is None else self._mouse[:0], [], [], [],
+                               frames_per_chunk, [] if mode == "text" else None)  # a text session: each chunk's prompt
         self.segments: list[list[dict]] = []
+
+    def _rows(self, rows: int) -> None:
+        """Point the plan at the first ``rows`` rows of the buffers (grown to hold them)."""
+        import torch
+
+        if rows > self._keyboard.shape[0]:
+            size = max(rows, 2 * self._keyboard.shape[0])
+            grown = torch.zeros(size, self._keyboard.shape[1], dtype=torch.float32)
+            grown[:self._keyboard.shape[0]] = self._keyboard
+            self._keyboard = grown
+            if self._mouse is not None:
+                mouse = torch.zeros(size, 2, dtype=torch.float32)
+                mouse[:self._mouse.shape[0]] = self._mouse
+                self._mouse = mouse
+        self.plan.keyboard = self._keyboard[:rows]
+        self.plan.mouse = None if self._mouse is None else self._mouse[:rows]
 
     @property
     def chunks(self) -> int:
@@ -112,9 +130,12 @@ class ActionLog:
         import torch
 
         plan = self.plan
-        plan.keyboard = torch.cat([plan.keyboard, torch.tensor([k for k, _ in per_row], dtype=torch.float32)])
-        if plan.mouse is not None:
-            plan.mouse = torch.cat([plan.mouse, torch.tensor([m for _, m in per_row], dtype=torch.float32)])
+        have = plan.keyboard.shape[0]
+        self._rows(have + len(per_row))
+        if per_row and self._keyboard.shape[1]:
+            self._keyboard[have:have + len(per_row)] = torch.tensor([k for k, _ in per_row], dtype=torch.float32)
+        if self._mouse is not None:
+            self._mouse[have:have + len(per_row)] = torch.tensor([m for _, m in per_row], dtype=torch.float32)
         plan.num_chunks += 1
         plan.chunk_actions.append(name)
         if plan.prompts is not None:
@@ -141,10 +162,7 @@ class ActionLog:
 
         plan = self.plan
         plan.num_chunks -= 1
-        rows = frames_for_chunks(plan.num_chunks, plan.frames_per_chunk) if plan.num_chunks else 0
-        plan.keyboard = plan.keyboard[:rows]
-        if plan.mouse is not None:
-            plan.mouse = plan.mouse[:rows]
+        self._rows(frames_for_chunks(plan.num_chunks, plan.frames_per_chunk) if plan.num_chunks else 0)
         plan.chunk_actions.pop()
         if plan.prompts:
             plan.prompts.pop()
@@ -194,14 +212,15 @@ def trajectory_text(mode: str, seed: int, segments: list[list[dict]], replay: st
     return head + yaml.safe_dump({"segments": merge_segments(segments)}, sort_keys=False, default_flow_style=None)
 
 
-def replay_command(cfg, trajectory: str) -> str:
+def replay_command(cfg, trajectory: str, preset_ref: str | None = None) -> str:
     """The ``worldtrace generate`` command that replays a session of ``cfg`` (a RunConfig) from
-    ``trajectory``: its preset, writer and every memory setting that differs from the writer
-    spec's defaults, its checkpoint, image or world seed."""
+    ``trajectory``: its preset (``preset_ref``: the preset file the session was opened with, else the
+    built-in preset's name), writer and every memory setting that differs from the writer spec's
+    defaults, its checkpoint, image or world seed."""
     from ..config import memory_config
 
     m, preset = cfg.memory, cfg.preset
-    words = ["worldtrace generate", trajectory, "--preset", preset.name, "--cache", m.cache]
+    words = ["worldtrace generate", trajectory, "--preset", preset_ref or preset.name, "--cache", m.cache]
     if cfg.checkpoint is not None:
         words += ["--checkpoint", str(cfg.checkpoint)]
     if cfg.random_weights:
@@ -212,11 +231,15 @@ def replay_command(cfg, trajectory: str) -> str:
         words += ["--world-seed", str(cfg.world_seed)]
     if cfg.prompt_switch != "recache":  # a text session's switches replay as they ran
         words += ["--prompt-switch", cfg.prompt_switch]
+    if cfg.prompt is not None:  # the run's prompt (LingBot-World)
+        words += ["--prompt", cfg.prompt]
     given, default = m.to_dict(), memory_config(m.cache, preset=preset).to_dict()
     for name, value in given.items():
         if name != "cache" and value != default.get(name):
             words += [f"--{name.replace('_', '-')}", str(value)]
-    return " ".join(words)
+    import shlex
+
+    return " ".join(words[:1] + [shlex.quote(w) for w in words[1:]])
 
 
 __all__ = ["ActionLog", "merge_segments", "parse_chunk_actions", "replay_command", "trajectory_text"]

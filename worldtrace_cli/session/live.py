@@ -12,9 +12,10 @@ from pathlib import Path
 import numpy as np
 
 from ..errors import InputError, WorldtraceError
+from ..engine.tally import fresh_progress
 from .actions import ActionLog, parse_chunk_actions, replay_command, trajectory_text
 from .parts import MemoTruth, StepResult, clone_tree
-from .text import sync_contexts, text_chunk
+from .text import text_chunk
 
 log = logging.getLogger("worldtrace")
 
@@ -40,31 +41,29 @@ class Session:
             the rows); records: the chunks.jsonl records this object generated
             (a fork starts with its parent's; a loaded session with none); preset, pipeline, cfg.
     Raises:
-        InputError: a LingBot-World preset (sessions run MG2 models); OutputError / FolderBusy: the
+        InputError: a backbone that does not run live (its registry row); OutputError / FolderBusy: the
             record folder cannot be used (see :meth:`~worldtrace_cli.runs.RunFolder.prepare`).
     """
 
     def __init__(self, pipeline, cfg, record: str | Path | None = None):
         from ..metrics import OnlineMetrics
 
-        if cfg.preset.is_lingbot:
-            raise InputError(f"preset {cfg.preset.name}: sessions run MG2-architecture and text-to-video models; "
-                             f"LingBot-World runs with worldtrace generate")
+        if not cfg.preset.backbone.live:
+            raise InputError(f"preset {cfg.preset.name}: {cfg.preset.backbone.title} does not run live yet; it runs "
+                             f"with worldtrace generate")
         self.pipeline, self.cfg, self.preset = pipeline, cfg, cfg.preset
+        self.takes_prompts = cfg.preset.backbone.takes_prompts
+        self.preset_ref = cfg.preset.name  # how the replay command names the preset (open: a file's path)
         self.writer = pipeline.build_writer(cfg.memory)
         self.actions = ActionLog(self.preset.mode, self.preset.frames_per_chunk)
         self.plan = self.actions.plan
         self.records: list[dict] = []
         self._last_record: dict | None = None
-        self.rollout = self.truth_source = self._conditioned = None
+        self.rollout = self.truth_source = self._conditioned = self.feed = None
         self.decoder = pipeline.decoder()
         self.scorer = OnlineMetrics(cfg.metrics, pipeline.world.clip if cfg.metrics == "all" else None, None)
-        self._loop = None
-        self._stack = ExitStack()
-        self.folder = self._sinks = None
-        self._started = time.time()
-        self._closed = False
-        self._progress = {"totals": {}, "peak": {"rss_bytes": 0, "gpu_peak_bytes": 0}}
+        self._loop = self.folder = self._sinks = None
+        self._stack, self._started, self._closed, self._progress = ExitStack(), time.time(), False, fresh_progress()
         self._made_folder = False  # the record folder did not exist before this session, which holds its lock
         if record is not None:
             from ..runs import RunFolder
@@ -108,55 +107,41 @@ class Session:
         from ..engine.loop import ChunkLoop
         from ..runs.sinks import RunSinks
 
+        from ..engine.base import RunConditioning
+        from ..engine.feed import ConditioningFeed
+
         if self.folder is not None and self._sinks is None:
             self.folder.prepare(self.cfg.overwrite)  # the first chunk: now the folder becomes this run's
+        backbone, image = self.preset.backbone, None
+        self.feed = ConditioningFeed(self.plan, camera=backbone.camera)  # each chunk's rows, poses or prompt
         if self.preset.has_world and self.cfg.image is None:
             from PIL import Image
 
             from ..world.truth import GroundTruth
 
             self.truth_source = MemoTruth(GroundTruth(self.cfg.world_seed, self.plan, self.preset.height,
-                                                       self.preset.width, self.preset.world))
+                                                       self.preset.width, self.preset.world, track=self.feed.track))
             self.scorer.truth = self.truth_source
             image = Image.fromarray(self.truth_source.start_image())
-        elif not self.preset.is_text:
+        elif backbone.start_image:
             from ..trajectory.images import load_image
 
             image = load_image(self.cfg.image, (self.preset.height, self.preset.width))
-        if self.preset.is_text:  # the prompts so far (text.py); each step adds its chunk's
-            self._conditioned = self.pipeline.condition(None, self.chunk, list(self.plan.prompts),
-                                                        self.cfg.prompt_switch)
-        elif self._conditioned is None:
-            self._conditioned = self.pipeline.condition(image, CONDITION_CHUNKS)
-        self.rollout = self.pipeline.rollout(self.writer, self._conditioned, self.plan.keyboard[None],
-                                             None if self.plan.mouse is None else self.plan.mouse[None],
-                                             self._seed())
+        if self._conditioned is None:  # the most a run reads (causal: the same first frames as generate's)
+            self._conditioned = self.pipeline.condition(RunConditioning(
+                CONDITION_CHUNKS, image, self.cfg.prompt if backbone.run_prompt else None, None, None,
+                self.cfg.prompt_switch))
+        self.rollout = self.pipeline.rollout(self.writer, self._conditioned, seed=self._seed())
         if self.cfg.attention_stats:
             self.rollout.measure_attention(self.cfg.attention_queries)
         if self.folder is not None:
             self._sinks = RunSinks(self.folder, self.preset, self.plan, self.scorer, self.records, self._progress,
                                    0, False, self.writer.name)
         self._loop = ChunkLoop(self.rollout, self.decoder, self.pipeline.device, self.scorer, self.plan,
-                               overlap=False, sinks=self._sinks, records=self.records)
+                               overlap=False, sinks=self._sinks, records=self.records, progress=self._progress)
 
     def _seed(self) -> int:
         return 0 if self.cfg.seed is None else int(self.cfg.seed)
-
-    def _feed_actions(self) -> None:
-        """Hand the rollout and writer the action rows and poses of every chunk so far."""
-        if self.preset.is_text:  # no rows, no poses: every chunk's prompt rows
-            sync_contexts(self.pipeline, self._conditioned.contexts, self.plan.prompts)  # the rollout's own list
-            return
-        dev, dt = self.pipeline.device, self.pipeline.dtype
-        kb = self.plan.keyboard[None]
-        mouse = None if self.plan.mouse is None else self.plan.mouse[None]
-        self.rollout.keyboard = kb.to(dev, dt)
-        self.rollout.mouse = None if mouse is None else mouse.to(dev, dt)
-        self.writer.set_poses(self.pipeline.latent_poses(kb, mouse))
-        if self.truth_source is not None:
-            from ..world.motion import plan_frame_poses
-
-            self.truth_source.poses = plan_frame_poses(self.plan).numpy()
 
     def step(self, actions="idle", prompt: str | None = None) -> StepResult:
         """Generate, decode and (when recording) write the next chunk.
@@ -179,21 +164,23 @@ class Session:
         """
         if self._closed:
             raise InputError("step: the session is closed")
-        if prompt is not None and not self.preset.is_text:
+        if prompt is not None and not self.takes_prompts:
             raise InputError(f"step: prompt= is for text-to-video presets (preset {self.preset.name} takes actions)")
         if prompt is not None and actions != "idle":  # a prompt word and a prompt: which one was meant?
             raise InputError(f"step: a text-to-video chunk takes one prompt: step(prompt={prompt[:30]!r}) or "
                              f"step({str(actions)[:30]!r}), not both")
-        name, segments, per_row = (text_chunk(self.actions, actions, prompt) if self.preset.is_text else
+        name, segments, per_row = (text_chunk(self.actions, actions, prompt) if self.takes_prompts else
                                    parse_chunk_actions(actions, self.preset.mode, self.rows_next()))
         self.actions.append(name, segments, per_row)
         try:
             if self.rollout is None:
                 self._start()
-            self._feed_actions()
-            (out,) = self._loop.advance()  # generate's chunk loop: decoded, record finished and written
+            # generate's chunk loop, fed this chunk's rows, poses or prompt: decoded, record finished and written
+            (out,) = self._loop.advance(self.feed.request(self.chunk - 1))
         except BaseException:
             self.actions.drop_last()
+            if self.feed is not None:
+                self.feed.drop_after(self.plan.keyboard.shape[0] if self.plan.keyboard is not None else 0)
             raise
         if self._sinks is not None:
             self._write_trajectory()
@@ -233,7 +220,7 @@ class Session:
 
     def replay_command(self, trajectory: str) -> str:
         """The ``worldtrace generate`` command line that replays this session from ``trajectory``."""
-        return replay_command(self.cfg, trajectory)
+        return replay_command(self.cfg, trajectory, self.preset_ref)
 
     def _write_trajectory(self) -> None:
         from ..outputs.files import atomic_path
@@ -268,7 +255,8 @@ class Session:
         if self.rollout is None:
             raise InputError("save: the session has no chunk yet; step first")
         meta = {"version": SESSION_STATE_VERSION, "config": self.cfg.to_dict(), "next_chunk": self.chunk,
-                "segments": self.actions.segments, "chunk_actions": self.plan.chunk_actions, "last_record": self._last_record}
+                "segments": self.actions.segments, "chunk_actions": self.plan.chunk_actions, "last_record": self._last_record,
+                "preset_ref": self.preset_ref}
         return save_session_state(path, meta, self._parts(), overwrite)
 
     @classmethod
@@ -295,6 +283,7 @@ class Session:
         if pipeline is None or not pipeline.serves(cfg):
             pipeline = Pipeline.from_config(cfg)
         session = cls(pipeline, cfg)
+        session.preset_ref = meta.get("preset_ref", cfg.preset.name)
         session._replay_rows(meta["segments"], meta["chunk_actions"])
         try:
             state = {name: unpack(tree, tensors) for name, tree in parts.items()}
@@ -310,7 +299,6 @@ class Session:
         for segs, name in zip(segments, names):
             self.actions.append_saved(segs, name)
         self._start()
-        self._feed_actions()
 
     def _load_parts(self, state: dict) -> None:
         self.writer.load_state_dict(state["writer"])
@@ -334,21 +322,29 @@ class Session:
         if self.cfg.memory.options.get("spill_dir"):
             raise InputError("fork: a writer spilling to disk (spill_dir) cannot be forked; open it without spill_dir")
         twin = Session(self.pipeline, self.cfg)
+        twin.preset_ref = self.preset_ref
         twin._conditioned = self._conditioned
         twin._replay_rows(self.actions.segments, self.plan.chunk_actions)
         twin._load_parts(clone_tree(self._parts()))
-        twin.records, twin._last_record = list(self.records), self._last_record
+        twin.records[:], twin._last_record = self.records, self._last_record  # in place: its chunk loop appends to it
         return twin
 
     # -- the end ---------------------------------------------------------------------------------
     def summary(self, status: str = "complete") -> dict:
-        """The session as a ``summary.json`` document (schemas/summary.schema.json)."""
+        """The session as a ``summary.json`` document (schemas/summary.schema.json): with or without
+        ``record=``, its ``totals`` count the chunks stepped so far (``run_dir`` is None without one).
+
+        Raises:
+            InputError: before the first :meth:`step` (there is no cache to describe yet).
+        """
         from ..runs.summary import run_summary
 
+        if self.rollout is None:
+            raise InputError("summary: the session has no chunk yet; step first")
         return run_summary(status, self.cfg, self.folder.path if self.folder else None, list(sys.argv), None,
-                           self.pipeline, self.writer, self.rollout, self.scorer, self.plan, self._sinks,
+                           self.pipeline, self.writer, self.rollout, self.scorer, self.plan, self._loop.tally,
                            self._started, image_label=str(self.cfg.image) if self.cfg.image else "prompts"
-                           if self.preset.is_text else f"world:{self.cfg.world_seed}", seed=self._seed(),
+                           if self.takes_prompts else f"world:{self.cfg.world_seed}", seed=self._seed(),
                            world_seed=None if self.truth_source is None else self.cfg.world_seed)
 
     def close(self) -> dict | None:

@@ -23,22 +23,24 @@ def open(preset: str = "loopworld", cache: str | None = None, *, checkpoint: str
          image: str | Path | None = None, world_seed: int = 0, seed: int = 0, device: str = "auto",
          dtype: str = "auto", compile: str = "none", rope_precision: str = "float32", metrics: str = "fast",
          random_weights: bool = False, weights_seed: int = 0, record: str | Path | None = None,
-         overwrite: bool = False, pipeline=None, prompt_switch: str = "recache", attention_stats: bool = False,
-         attention_queries: int = 0, **writer_options) -> Session:
+         overwrite: bool = False, pipeline=None, prompt_switch: str = "recache", prompt: str | None = None,
+         attention_stats: bool = False, attention_queries: int = 0, **writer_options) -> Session:
     """Open a live :class:`Session` (``import worldtrace_cli as wt; s = wt.open("loopworld", cache="landmark")``).
 
     Args:
-        preset: a preset name (``worldtrace presets``) or YAML file; MG2 architecture, or a
-            text-to-video one (``self-forcing-tiny``, ...: ``step(prompt="...")``).
+        preset: a preset name (``worldtrace presets``) or YAML file of a backbone that runs live (its
+            registry row: MG2 and LingBot-World take actions, ``step("forward")``; the text-to-video
+            ones prompts, ``step(prompt="...")``).
         cache: the writer spec as ``--cache`` takes it (``sliding``, ``field``, ``landmark``,
             ``mixed:2``, ...); None = the model's own cache.
-        checkpoint: the official MG2 folder (mg2-* presets). image: a conditioning image (loopworld
+        checkpoint: the preset's checkpoint folder (as ``--checkpoint``). image: a conditioning image (loopworld
             uses its world's start view, with ground truth, unless given). world_seed: loopworld's
             world. seed: the noise seed (chunk c draws from (seed, c)).
         device, dtype, compile, rope_precision: as ``generate``'s flags. metrics: ``none`` | ``fast`` | ``all``.
         record: a run folder to record into (refused when it holds a run, unless ``overwrite``).
         pipeline: a loaded pipeline to share (``worldtrace play`` shares one between sessions).
         prompt_switch: text-to-video presets: ``recache`` (LongLive's), ``recache-keep-sink`` or ``plain``.
+        prompt: the whole run's text prompt of a backbone that takes one (LingBot-World; default none).
         attention_stats: measure each chunk's attention per cache slot (``generate --attention-stats``):
             each slot of ``record["cache"]["slots"]`` gets ``attention``, the cache ``attention``
             (:func:`~worldtrace_cli.outputs.records.most_read_slot` reads which slot a chunk read most).
@@ -49,15 +51,16 @@ def open(preset: str = "loopworld", cache: str | None = None, *, checkpoint: str
             class in :data:`~worldtrace_cli.writer_options.WRITER_OPTIONS`).
     Raises:
         InputError: an unknown preset, writer or option, another writer's setting (``top_k`` for
-            ``landmark``), a seed outside ``0 <= x < 2**63``, ``record=''``, a bad image, a LingBot
-            preset.
+            ``landmark``), a seed outside ``0 <= x < 2**63``, ``record=''``, a bad image, a backbone
+            that does not run live, a setting the backbone does not take (``prompt``, ``prompt_switch``,
+            ``world_seed``, ``image``).
         CheckpointError: missing checkpoint files. OutputError / FolderBusy: the record folder.
     """
     from ..config import RunConfig, default_cache, load_preset, memory_config
     from ..trajectory.images import load_image
     from ..memory import build_writer
     from ..engine.pipeline import Pipeline
-    from ..writer_options import SLOT_FIELDS, check_memory, writer_flags
+    from ..writer_options import SLOT_FIELDS, writer_flags
 
     try:
         resolved = load_preset(preset) if isinstance(preset, (str, Path)) else preset
@@ -65,16 +68,25 @@ def open(preset: str = "loopworld", cache: str | None = None, *, checkpoint: str
         raise InputError(f"open: {api_words(str(exc))}") from None
     if record is not None:
         check_record(record)
-    if resolved.is_lingbot:
-        raise InputError(f"preset {resolved.name}: sessions run MG2-architecture and text-to-video models; "
-                         f"LingBot-World runs with worldtrace generate")
+    from ..config.backbones import titles_where
+
+    backbone = resolved.backbone
+    if not backbone.live:
+        raise InputError(f"preset {resolved.name}: {backbone.title} does not run live yet; it runs with worldtrace "
+                         f"generate")
     from ..trajectory.prompts import SWITCH_MODES
 
     if prompt_switch not in SWITCH_MODES:
         raise InputError(f"open: prompt_switch must be one of {', '.join(SWITCH_MODES)}, got {str(prompt_switch)[:40]!r}")
-    if prompt_switch != "recache" and not resolved.is_text:
-        raise InputError(f"open: prompt_switch={prompt_switch!r} is for text-to-video presets; preset "
-                         f"{resolved.name} takes actions, not prompts")
+    if prompt is not None and not backbone.run_prompt:
+        raise InputError(f"open: prompt= is the whole run's text prompt of {titles_where(lambda r: r.run_prompt)}; "
+                         f"preset {resolved.name} takes none" + (" (its chunks take theirs: step(prompt=...))"
+                                                                  if backbone.takes_prompts else ""))
+    if prompt is not None and (not isinstance(prompt, str) or len(prompt) > 4000):
+        raise InputError(f"open: prompt must be text (at most 4,000 characters), got {type(prompt).__name__}")
+    if prompt_switch != "recache" and not backbone.takes_prompts:
+        raise InputError(f"open: prompt_switch={prompt_switch!r} is for {titles_where(lambda r: r.takes_prompts)} "
+                         f"presets; preset {resolved.name} ({backbone.title}) takes actions, not prompts")
     if world_seed != 0 and not resolved.has_world:
         raise InputError(f"open: world_seed={world_seed!r} picks a procedural world; preset {resolved.name} has none "
                          f"(only loopworld-style presets walk a world)")
@@ -94,17 +106,18 @@ def open(preset: str = "loopworld", cache: str | None = None, *, checkpoint: str
     for name, value in (("seed", seed), ("world_seed", world_seed)):  # the CLI's range (--seed, --world-seed)
         if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= MAX_SEED:
             raise InputError(f"open: {name} must be an integer with 0 <= {name} < 2**63, got {value!r}")
-    if image is not None and resolved.is_text:
-        raise InputError(f"preset {resolved.name} is text-to-video: it takes prompts (step(prompt=...)), not an image")
+    if image is not None and not backbone.start_image:
+        raise InputError(f"open: image=: preset {resolved.name} ({backbone.title}) takes no start image; only "
+                         f"{titles_where(lambda r: r.start_image)} presets do")
     if image is not None:
         load_image(image, (resolved.height, resolved.width))  # decoded now: a bad file is refused before the model
-    elif not (resolved.has_world or resolved.is_text):
+    elif backbone.start_image and not resolved.has_world:
         raise InputError(f"preset {resolved.name}: needs a conditioning image: open(..., image=PATH)")
     try:
-        check_memory(memory, resolved.window, resolved.default_budget)  # torch-free first, as generate's checks
-        writer = build_writer(memory, resolved.default_budget, resolved.window)  # a --bank-device this machine lacks
-        if resolved.is_text and writer.needs_poses:
-            raise InputError(f"--cache {memory.cache}: retrieves memory by camera pose; a text-to-video run has no camera")
+        from ..writer_options.checks import check_writer_specs
+
+        check_writer_specs([memory], resolved)  # torch-free first, as generate's checks
+        build_writer(memory, resolved.default_budget, resolved.window)  # a --bank-device this machine lacks
     except InputError as exc:  # the CLI's words ("--top-k: --cache landmark ..."), in the API's
         raise InputError(f"open: {api_words(str(exc))}") from None
     cfg = RunConfig(preset=resolved, trajectory=Path("<session>"), output=Path("<session>"),
@@ -112,11 +125,14 @@ def open(preset: str = "loopworld", cache: str | None = None, *, checkpoint: str
                     checkpoint=None if checkpoint is None else Path(checkpoint).resolve(),
                     random_weights=random_weights, weights_seed=weights_seed, world_seed=world_seed, memory=memory,
                     overwrite=overwrite, progress=False, metrics=metrics, save_every=0, rope_precision=rope_precision,
-                    compile=compile, prompt_switch=prompt_switch, attention_stats=attention_stats,
+                    compile=compile, prompt_switch=prompt_switch, prompt=prompt, attention_stats=attention_stats,
                     attention_queries=attention_queries)
     if pipeline is None or not pipeline.serves(cfg):
         pipeline = Pipeline.from_config(cfg)
-    return Session(pipeline, cfg, record)
+    session = Session(pipeline, cfg, record)
+    if isinstance(preset, (str, Path)) and Path(preset).suffix in (".yaml", ".yml") and Path(preset).is_file():
+        session.preset_ref = str(Path(preset).resolve())  # a preset file: the replay command names it
+    return session
 
 
 __all__ = ["open"]

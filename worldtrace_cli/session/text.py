@@ -37,15 +37,4 @@ def text_chunk(log, actions, prompt) -> tuple[str, list[dict], list[tuple]]:
     return prompt_label(prompt), [{"prompt": prompt, "chunks": 1}], [((), None)] * log.rows_next()
 
 
-def sync_contexts(pipeline, contexts: list, prompts: list[str]) -> None:
-    """Make ``contexts`` (the rollout's per-chunk umT5 rows, the list it reads) one entry per prompt of
-    ``prompts``: entries of chunks undone (a failed step) go, the new chunks' are encoded
-    (:func:`~worldtrace_cli.engine.text.encode_prompts`: the encoder's one tensor per distinct prompt,
-    so a switch is seen as a change; a prompt past 512 tokens warned once)."""
-    from ..engine.text import encode_prompts
-
-    del contexts[len(prompts):]
-    contexts.extend(encode_prompts(pipeline, prompts[len(contexts):])[0])
-
-
-__all__ = ["sync_contexts", "text_chunk"]
+__all__ = ["text_chunk"]

@@ -72,8 +72,12 @@ def integrate(steps: torch.Tensor, start: torch.Tensor | None = None) -> torch.T
         float64 [R, 4] (x, y, yaw_deg, pitch_deg). Pitch is clamped to +-85 degrees (path-dependent).
     """
     start = torch.zeros(4, dtype=torch.float64) if start is None else start.to(torch.float64)
-    yaw = start[2] + torch.cumsum(steps[:, 2], 0)
-    pitch = start[3] + torch.cumsum(steps[:, 3], 0)
+
+    def running(first, values):  # first + values[0], then + values[1], ...: the same sums in pieces as at once
+        return torch.cumsum(torch.cat([first.reshape(1), values]), 0)[1:]
+
+    yaw = running(start[2], steps[:, 2])
+    pitch = running(start[3], steps[:, 3])
     if pitch.numel() and pitch.abs().max() > MAX_PITCH_DEG:  # clamping makes pitch path-dependent
         value = float(start[3])
         for r, s in enumerate(steps[:, 3].tolist()):
@@ -84,7 +88,7 @@ def integrate(steps: torch.Tensor, start: torch.Tensor | None = None) -> torch.T
     # Camera frame -> world: forward = (sin yaw, cos yaw), right = (cos yaw, -sin yaw).
     dx = forward * torch.sin(rad) + right * torch.cos(rad)
     dy = forward * torch.cos(rad) - right * torch.sin(rad)
-    return torch.stack([start[0] + torch.cumsum(dx, 0), start[1] + torch.cumsum(dy, 0), yaw, pitch], dim=1)
+    return torch.stack([running(start[0], dx), running(start[1], dy), yaw, pitch], dim=1)
 
 
 def dead_reckon(plan: ActionPlan) -> torch.Tensor:
@@ -176,5 +180,82 @@ def camera_to_world(poses: torch.Tensor) -> torch.Tensor:
     return c2w
 
 
-__all__ = ["DEG_PER_FRAME_PER_MOUSE", "MAX_PITCH_DEG", "TEMPLERUN_TURN_DEG", "UNITS_PER_FRAME", "camera_to_world",
+class PoseTrack:
+    """The motion model's poses of a trajectory that grows row by row (a live session's), kept as they
+    arrive: each row integrated once from the last pose (:func:`integrate`, in pieces: the same numbers
+    as integrating the whole at once), so a session's step costs the same at chunk 500 as at chunk 10.
+
+    Args:
+        mode: the action mode (``universal``, ``gta_drive``, ``templerun``).
+    Attributes:
+        rows: action rows integrated so far.
+    """
+
+    def __init__(self, mode: str):
+        self.mode = mode
+        self._after = torch.zeros(64, 4, dtype=torch.float64)  # pose after rows 0..r (integrate's rows), grown x2
+        self._latent = torch.zeros(16, 4, 4, dtype=torch.float64)  # camera_to_world of latent frames so far
+        self.rows = self._latents = 0
+
+    def extend_to(self, keyboard: torch.Tensor, mouse: torch.Tensor | None, rows: int) -> None:
+        """Integrate rows ``self.rows .. rows - 1`` of ``keyboard`` [R, kd] / ``mouse`` [R, 2] (R >= rows)."""
+        if rows <= self.rows:
+            return
+        lo = max(0, self.rows - 1)  # one row before: templerun's turn keys look at the row before
+        steps = pose_steps(self.mode, keyboard[lo:rows], None if mouse is None else mouse[lo:rows])[self.rows - lo:]
+        start = None if self.rows == 0 else self._after[self.rows - 1]
+        self._after = _room(self._after, rows)
+        self._after[self.rows:rows] = integrate(steps, start)
+        self.rows = rows
+
+    def truncate(self, rows: int) -> None:
+        """Forget the rows from ``rows`` on (and the latent frames they reach)."""
+        self.rows = min(self.rows, rows)
+        self._latents = min(self._latents, 0 if rows == 0 else 1 + (rows - 1) // 4)
+
+    def pixel_poses(self) -> torch.Tensor:
+        """float64 [R, 4] pose of each pixel frame so far (:func:`frame_poses`: frame 0 the start pose)."""
+        out = torch.zeros(self.rows, 4, dtype=torch.float64)
+        if self.rows:
+            out[1:] = self._after[:self.rows - 1]
+        return out
+
+    def pixel_range(self, start: int, end: int) -> torch.Tensor:
+        """float64 [end - start, 4] poses of pixel frames ``start .. end - 1`` (the rows before ``end`` given)."""
+        out = torch.zeros(end - start, 4, dtype=torch.float64)
+        lo = max(start, 1)
+        if end > lo:
+            out[lo - start:] = self._after[lo - 1:end - 1]
+        return out
+
+    def latent_c2w(self, frames: int) -> torch.Tensor:
+        """float64 [frames, 4, 4] camera-to-world pose of latent frames ``0 .. frames - 1`` (a view; latent
+        frame f shows pixel frame 4f, :func:`latent_frame_poses`), each made once.
+
+        Raises:
+            ValueError: fewer rows integrated than the last frame needs.
+        """
+        if frames > self._latents:
+            if 4 * (frames - 1) >= max(self.rows, 1):
+                raise ValueError(f"latent frame {frames - 1} needs pixel frame {4 * (frames - 1)}: {self.rows} rows given")
+            index = torch.arange(self._latents, frames) * 4
+            pixel = torch.zeros(len(index), 4, dtype=torch.float64)
+            later = index > 0
+            pixel[later] = self._after[index[later] - 1]
+            self._latent = _room(self._latent, frames)
+            self._latent[self._latents:frames] = camera_to_world(pixel)
+            self._latents = frames
+        return self._latent[:frames]
+
+
+def _room(buffer: torch.Tensor, rows: int) -> torch.Tensor:
+    """``buffer`` with room for ``rows`` rows (doubled when short; the rows held are kept)."""
+    if rows <= buffer.shape[0]:
+        return buffer
+    grown = torch.zeros(max(rows, 2 * buffer.shape[0]), *buffer.shape[1:], dtype=buffer.dtype)
+    grown[:buffer.shape[0]] = buffer
+    return grown
+
+
+__all__ = ["DEG_PER_FRAME_PER_MOUSE", "PoseTrack", "MAX_PITCH_DEG", "TEMPLERUN_TURN_DEG", "UNITS_PER_FRAME", "camera_to_world",
            "dead_reckon", "frame_poses", "integrate", "latent_frame_poses", "plan_frame_poses", "pose_steps"]

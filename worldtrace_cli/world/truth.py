@@ -24,26 +24,37 @@ class GroundTruth:
         height, width: frame size in pixels.
         style: the world's style (:data:`~worldtrace_cli.world.scene.STYLES`; a preset's ``world:``);
             None = ``procedural``.
+        track: a :class:`~worldtrace_cli.world.motion.PoseTrack` the run grows (a live session's), read
+            as its rows arrive; None: ``plan``'s poses, computed now.
     Raises:
         ValueError: a plan whose mode has no camera model in the world (only ``universal`` walks and
             looks around freely); a negative seed (from :func:`~worldtrace_cli.world.scene.make_world`).
     """
 
-    def __init__(self, world_seed: int, plan, height: int, width: int, style: str | None = None):
+    def __init__(self, world_seed: int, plan, height: int, width: int, style: str | None = None, track=None):
         if plan.mode != "universal":
             raise ValueError(f"the procedural world is walked in universal mode, not {plan.mode!r}")
         self.world_seed = int(world_seed)
         self.world = make_world(self.world_seed, style=style or "procedural")
-        self.poses = plan_frame_poses(plan).numpy()  # float64 [R, 4]
+        # a whole plan's poses now, or a growing run's from its PoseTrack as its rows arrive
+        self.track = track
+        self.poses = None if track is not None else plan_frame_poses(plan).numpy()  # float64 [R, 4]
         self.height, self.width = height, width
 
+    def pixel_poses(self, start: int, end: int) -> np.ndarray:
+        """float64 [end - start, 4]: the motion model's poses of pixel frames ``start .. end - 1``."""
+        if self.track is not None:
+            return self.track.pixel_range(start, end).numpy()
+        return self.poses[start:end]
+
     def start_image(self) -> np.ndarray:
-        """uint8 [H, W, 3]: the view at pixel frame 0 (the conditioning image)."""
-        return render_view(self.world, self.poses[0], self.height, self.width)
+        """uint8 [H, W, 3]: the view at pixel frame 0 (the conditioning image: the start pose)."""
+        start = np.zeros(4) if self.track is not None else self.poses[0]
+        return render_view(self.world, start, self.height, self.width)
 
     def frames(self, start: int, end: int) -> np.ndarray:
         """uint8 [end - start, H, W, 3]: the true pixel frames ``start .. end - 1``."""
-        return render_frames(self.world, self.poses[start:end], self.height, self.width)
+        return render_frames(self.world, self.pixel_poses(start, end), self.height, self.width)
 
     def write_video(self, path, fps: float, num_chunks: int, progress: bool = False):
         """Write the true frames of chunks ``0 .. num_chunks - 1`` as an MP4 at ``fps`` (frames per

@@ -18,7 +18,8 @@ Sizes are in latent frames (slots); the model's *window* is the latent frames it
 current chunk included (MG2's ``local_attn_size``, 6 for universal).
 """
 
-from .checks import check_flags, check_memory, mixed_field_slots, resolve_slots, window_defaults, writer_sizes
+from .checks import (check_flags, check_memory, check_writer_specs, mixed_field_slots, resolve_slots, window_defaults,
+                     writer_sizes)
 from .flags import (DEFAULT_WINDOW, LANDMARK_TAU, POSITION_SCHEMES, SIZE_READS, SIZES, SLOT_FIELDS, Flag,
                     LandmarkOptions, MixedOptions, NoOptions, RetrievalOptions, SinkOptions, SpillOptions,
                     UnboundedOptions, WorldKVOptions, at_least, flag, flags_of)
@@ -28,5 +29,5 @@ from .registry import (WRITER_OPTIONS, MemoryConfig, WriterRow, add_writer, keep
 __all__ = ["DEFAULT_WINDOW", "LANDMARK_TAU", "POSITION_SCHEMES", "SIZES", "SIZE_READS", "SLOT_FIELDS", "WRITER_OPTIONS",
            "Flag", "LandmarkOptions", "MemoryConfig", "MixedOptions", "NoOptions", "RetrievalOptions", "SinkOptions",
            "SpillOptions", "UnboundedOptions", "WorldKVOptions", "WriterRow", "add_writer", "at_least", "check_flags",
-           "check_memory", "flag", "flags_of", "keep_ratio_of", "mixed_field_slots", "resolve_slots", "settings_for",
+           "check_memory", "check_writer_specs", "flag", "flags_of", "keep_ratio_of", "mixed_field_slots", "resolve_slots", "settings_for",
            "window_defaults", "writer_flags", "writer_options", "writer_sizes", "writer_specs"]

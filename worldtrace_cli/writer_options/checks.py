@@ -172,3 +172,21 @@ def check_memory(config: MemoryConfig, window: int, default_budget: int) -> tupl
     """
     check_flags(config)
     return writer_sizes(config, window, default_budget)
+
+
+def check_writer_specs(memories, preset) -> None:
+    """The torch-free half of ``jobs.inputs.check_writers``: each writer's flags and sizes for ``preset``'s
+    window (:func:`check_memory`), and a writer that retrieves by camera pose refused for a backbone
+    without a camera (the writer row's ``needs_poses``, the preset's backbone row's ``camera``).
+
+    Args:
+        memories: :class:`~worldtrace_cli.writer_options.MemoryConfig` s; preset: a
+            :class:`~worldtrace_cli.config.Preset` (its window, default budget and backbone row).
+    Raises:
+        InputError: the first refusal (naming ``--cache``).
+    """
+    for memory in memories:
+        check_memory(memory, preset.window, preset.default_budget)
+        if not preset.backbone.camera and writer_options(memory).needs_poses:
+            raise InputError(f"--cache {memory.cache}: retrieves memory by camera pose; preset {preset.name} "
+                             f"({preset.backbone.title}) has no camera (use field, landmark, sliding, sink, full, ...)")

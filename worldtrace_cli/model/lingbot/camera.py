@@ -311,3 +311,45 @@ class CameraTrack:
     def chunk(self, start: int, frames: int) -> "torch.Tensor":
         """Camera tensor of latent frames ``start .. start+frames-1``: float32 [1, 384, frames, h/8, w/8]."""
         return ray_embedding(self.motion[start:start + frames], self.k, self.pixel_hw)
+
+
+class StreamingCamera:
+    """The camera of a run whose poses arrive chunk by chunk (a live session, and every run whose
+    actions drive the camera, so that a recorded session replays with ``generate`` to the same frames).
+
+    Spec §10.3 with two steps made causal: the latent frames' poses are taken as given (the motion
+    model's pose of the pixel frame each latent frame shows, where the spec's resampling at
+    ``linspace(0, L - 1, lat_f)`` lands exactly, L = 4 lat_f - 3), and the frame-to-frame translations
+    are divided by a fixed ``translation_scale`` instead of the largest one of the whole trajectory:
+    the motion model's step per latent frame (4 pixel frames of walking), which is that largest one
+    for every trajectory that walks a whole latent frame.
+
+    Args:
+        intrinsics: [N, 4] in 480x832 pixels (row 0 used), or None for :data:`DEFAULT_INTRINSICS`.
+        pixel_hw: (h, w), multiples of 8.
+        translation_scale: the divisor of every frame-to-frame translation (> 0).
+    Raises:
+        InputError: invalid intrinsics or a pixel size that is not a multiple of 8.
+    """
+
+    def __init__(self, intrinsics: np.ndarray | None, pixel_hw: tuple[int, int], translation_scale: float):
+        if pixel_hw[0] % 8 or pixel_hw[1] % 8:
+            raise InputError(f"camera embedding: pixel size {pixel_hw} must be a multiple of 8")
+        k = check_intrinsics(DEFAULT_INTRINSICS if intrinsics is None else intrinsics)
+        self.k, self.pixel_hw, self.scale = scale_intrinsics(k[0], pixel_hw), pixel_hw, float(translation_scale)
+
+    def motion(self, c2w: np.ndarray, start: int, frames: int) -> np.ndarray:
+        """Frame-to-frame motion B [frames, 4, 4] of latent frames ``start ..`` from the camera-to-world
+        poses ``c2w`` [N, 4, 4] of latent frames 0 .. N-1 (N >= start + frames): ``B_k = C_{k-1}^-1 C_k``
+        (the motion from frame k-1 to k in camera k-1's axes; B_0 = I), translations divided by the scale."""
+        c2w = np.asarray(c2w, dtype=np.float64)
+        before = c2w[start - 1:start + frames - 1] if start else np.concatenate([c2w[:1], c2w[:frames - 1]])
+        b = _inverse(before) @ c2w[start:start + frames]
+        if start == 0:
+            b[0] = np.eye(4)
+        b[:, :3, 3] /= self.scale
+        return b
+
+    def chunk(self, c2w: np.ndarray, start: int, frames: int) -> "torch.Tensor":
+        """Camera tensor of latent frames ``start .. start+frames-1``: float32 [1, 384, frames, h/8, w/8]."""
+        return ray_embedding(self.motion(c2w, start, frames), self.k, self.pixel_hw)

@@ -7,7 +7,7 @@ it, per layer, the past slots as canonical keys (height/width RoPE applied, the 
 not) with one temporal position per slot (:class:`~worldtrace_cli.model.dit.LayerPast`, offsets in
 latent frames from the chunk's first frame). The DiT rotates the slots once per chunk into a
 ``[past | current chunk]`` buffer reused by the four denoising calls and the context pass, and on the
-context pass (``commit=True``) returns the chunk's canonical K/V for the writer (design.md §3,
+context pass (``commit=True``) returns the chunk's canonical K/V for the writer (docs/architecture.md §3,
 spec §14). Rotating queries at offsets 0..F-1 instead of absolute frame indices changes outputs only
 at float rounding (spec §14: <= 1.7e-6) and lifts the official 1024-frame RoPE table limit (spec §6).
 """
@@ -84,6 +84,8 @@ def camera_tokens(camera: torch.Tensor) -> torch.Tensor:
 class LingbotBlock(nn.Module):
     """One attention block (spec §3, §5 step 5): modulated self-attention, camera FiLM, text
     cross-attention, modulated FFN."""
+
+    compile_parts = ("attention_inputs", "block_outputs")  # pure tensor parts: model/speed.compile_blocks
 
     def __init__(self, cfg: LingbotConfig):
         super().__init__()
