@@ -4,8 +4,8 @@ processes (``--split-heads``, engine/shard.py), for tests/test_fsdp.py. Not a te
     python tests/split_heads_run.py PRESET CACHE OUT.pt              # one process
     torchrun --nproc-per-node 2 tests/split_heads_run.py PRESET CACHE OUT.pt --split
 
-Builds the run as ``generate`` does (prepare_inputs, Pipeline.from_config, condition_run,
-start_rollout, with --attention-stats), makes 3 chunks, and process 0 saves {"latents": [3, 16, F, h, w]
+Builds the run as ``generate`` does (prepare_inputs, Pipeline.from_config, new_run, its
+conditioning and rollout, with --attention-stats), makes 3 chunks, and process 0 saves {"latents": [3, 16, F, h, w]
 float32, "slots": per chunk the cache's slot list, "attention": per chunk the slots' attention shares
 and the chunk's own, "events": the writer's events} to OUT.pt.
 """
@@ -18,7 +18,7 @@ import torch
 from worldtrace_cli.config import RunConfig, load_preset, memory_config
 from worldtrace_cli.engine import shard
 from worldtrace_cli.engine.pipeline import Pipeline
-from worldtrace_cli.jobs.generate import condition_run, run_feed, start_rollout
+from worldtrace_cli.jobs.generate import new_run, run_conditioning
 from worldtrace_cli.jobs.inputs import prepare_inputs
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -35,9 +35,10 @@ def main(preset_name: str, cache: str, out: str, split: bool) -> None:
     try:
         inputs = prepare_inputs(cfg)
         pipeline = Pipeline.from_config(cfg)
-        conditioned = condition_run(pipeline, cfg, inputs)
-        rollout = start_rollout(pipeline, pipeline.build_writer(cfg.memory), conditioned, inputs, cfg)
-        feed = run_feed(pipeline, conditioned, inputs)
+        run = new_run(pipeline, cfg, inputs)
+        run.condition(run_conditioning(cfg, inputs))
+        run.start()
+        rollout, feed = run.rollout, run.feed()
         if shard.rank():  # as generate's other processes: each chunk process 0 makes
             shard.follow(rollout, feed)
             return

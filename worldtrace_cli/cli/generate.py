@@ -127,11 +127,6 @@ def generate(trajectory, preset, checkpoint, prompt, prompt_switch, poses, intri
       worldtrace generate --preset self-forcing-tiny trajectories/prompts_aba.yaml \\
           --cache landmark --chunks 400 -o out-text/
     """
-    from ..config import RunConfig, default_cache, default_preset_name, load_preset
-    from ..errors import InputError
-    from ..outputs.files import cache_folder
-    from ..trajectory import load_trajectory
-
     ctx = click.get_current_context()
 
     from ..engine.launch import torchrun_world
@@ -139,97 +134,15 @@ def generate(trajectory, preset, checkpoint, prompt, prompt_switch, poses, intri
     rank, world = torchrun_world()
 
     def build_and_run():
-        if nproc_per_node is not None and not (fsdp or split_heads):
-            raise InputError(f"--nproc-per-node {nproc_per_node}: splits the DiT across processes; add --fsdp or "
-                             f"--split-heads")
-        if nproc_per_node is not None and world > 1:
-            raise InputError(f"--nproc-per-node: this process is already one of {world} launched by torchrun; drop "
-                             f"--nproc-per-node (torchrun's --nproc-per-node says how many)")
-        if world > 1 and not (fsdp or split_heads):
-            raise InputError(f"launched by torchrun as {world} processes without --fsdp or --split-heads: they would "
-                             f"be {world} identical runs racing for one folder; add --fsdp or --split-heads, or run "
-                             f"one process")
+        _refuse_launch(nproc_per_node, world, fsdp, split_heads)
         if resume_dir is not None:
-            if fsdp or split_heads:
-                flag = "--fsdp" if fsdp else "--split-heads"
-                raise InputError(f"{flag} with --resume: not supported yet; resume without {flag}")
-            from dataclasses import replace
+            report(_resume(ctx))
+        elif not (fsdp or split_heads):
+            from ..jobs.generate import run_generation  # checks the inputs before torch loads
 
-            flags = {p.name: max(p.opts, key=len) for p in ctx.command.params}
-            honoured = ("resume_dir", "no_progress", "overlap_decode")  # they do not change the video
-            given = [flags[name] for name, value in ctx.params.items()
-                     if name not in honoured and value is not None
-                     and ctx.get_parameter_source(name) == click.core.ParameterSource.COMMANDLINE]
-            if given:
-                logging.getLogger("worldtrace").warning(
-                    f"--resume continues the run with its own settings; ignored: {', '.join(given)}")
-
-            from ..jobs.generate import run_generation as run_generate
-            from ..runs.resume import resume_config
-
-            cfg = replace(resume_config(resume_dir), output=resume_dir, progress=not no_progress)
-            if ctx.get_parameter_source("overlap_decode") == click.core.ParameterSource.COMMANDLINE:
-                cfg = replace(cfg, overlap_decode=overlap_decode)
-            report(run_generate(cfg, resume=True))
-            return
-        if trajectory is None:
-            raise InputError("missing TRAJECTORY (or --resume RUN_DIR); see worldtrace generate --help")
-        if cache is not None and "," in cache:
-            raise InputError(f"--cache {cache}: generate runs one writer; to run several on one trajectory, side by "
-                             f"side: worldtrace compare {trajectory} --cache {cache}")
-        name = preset
-        if name is None:
-            name = default_preset_name(load_trajectory(trajectory).mode, checkpoint)
-            logging.getLogger("worldtrace").info(f"preset: {name}")
-        resolved = load_preset(name)
-        options = {"cache": cache, **memory}
-        if cache is None:  # the model's own cache; memory flags given on the command line still apply
-            given = {k: v for k, v in memory.items()
-                     if ctx.get_parameter_source(k) == click.core.ParameterSource.COMMANDLINE}
-            options = {**memory, **default_cache(resolved), **given}
-        out = output or Path("runs") / f"{trajectory.stem}-{cache_folder(options['cache'])}"
-        cfg = RunConfig(preset=resolved, trajectory=trajectory, output=out, image=image, chunks=chunks,
-                        world_seed=world_seed, prompt=prompt, poses=poses, intrinsics=intrinsics,
-                        prompt_switch=prompt_switch, weights_dtype=weights_dtype, offload=offload,
-                        seed=seed, device=device, dtype=dtype, checkpoint=checkpoint, random_weights=random_weights,
-                        memory=memory_config(preset=resolved, **options),
-                        overwrite=overwrite, progress=not no_progress, hash_checkpoint=hash_checkpoint,
-                        metrics=metrics, save_every=save_every,
-                        **speed_config(rope_precision, compile_mode, overlap_decode),
-                        **attention_config(attention_stats, attention_queries))
-        from ..jobs.generate import run_generation as run_generate  # checks the inputs before torch loads
-
-        if not (fsdp or split_heads):
-            report(run_generate(cfg))
-            return
-        if fsdp and split_heads:
-            raise InputError("--fsdp and --split-heads: choose one (--split-heads also splits the attention and FFN "
-                             "weights across the processes)")
-        from ..engine import shard  # torch: the process group (engine/shard.py)
-
-        mode = "fsdp" if fsdp else "heads"
-        shard.check(cfg, mode, world=nproc_per_node)
-        if nproc_per_node is not None:  # the documented way: inputs checked once here, then the N processes
-            from ..engine.launch import launch
-            from ..jobs.inputs import check_inputs
-            from ..runs import RunFolder
-
-            check_inputs(cfg)
-            RunFolder(out).refuse_occupied(overwrite)
-            sys.exit(launch(command_line(ctx, drop=("nproc_per_node",)), nproc_per_node))
-        from ..engine.base import resolve_device
-        from ..jobs.generate import follow_generation
-
-        shard.start(resolve_device(cfg.device), mode)
-        clean = False
-        try:
-            if shard.rank():
-                follow_generation(cfg)  # process 0 writes and reports the run
-            else:
-                report(run_generate(cfg))
-            clean = True
-        finally:
-            shard.finish(clean)
+            report(run_generation(_run_config(ctx, memory)))
+        else:
+            _sharded(ctx, _run_config(ctx, memory), report)
 
     def report(summary):
         t = summary["totals"]
@@ -264,3 +177,122 @@ def generate(trajectory, preset, checkpoint, prompt, prompt_switch, poses, intri
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(code)
+
+
+def _refuse_launch(nproc_per_node: int | None, world: int, fsdp: bool, split_heads: bool) -> None:
+    """Refuse a process count that does not fit the run (InputError, one line): ``--nproc-per-node``
+    without a way to split the DiT or inside torchrun, torchrun's processes without one."""
+    from ..errors import InputError
+
+    if nproc_per_node is not None and not (fsdp or split_heads):
+        raise InputError(f"--nproc-per-node {nproc_per_node}: splits the DiT across processes; add --fsdp or "
+                         f"--split-heads")
+    if nproc_per_node is not None and world > 1:
+        raise InputError(f"--nproc-per-node: this process is already one of {world} launched by torchrun; drop "
+                         f"--nproc-per-node (torchrun's --nproc-per-node says how many)")
+    if world > 1 and not (fsdp or split_heads):
+        raise InputError(f"launched by torchrun as {world} processes without --fsdp or --split-heads: they would "
+                         f"be {world} identical runs racing for one folder; add --fsdp or --split-heads, or run "
+                         f"one process")
+
+
+def _resume(ctx) -> dict:
+    """``generate --resume RUN_DIR``: the run's saved config (flags that would change the video are
+    ignored, with a warning naming them; ``--no-progress`` and ``--overlap-decode`` are honoured),
+    continued. Returns its summary."""
+    from dataclasses import replace
+
+    from ..errors import InputError
+    from ..jobs.generate import run_generation
+    from ..runs.resume import resume_config
+
+    p = ctx.params
+    if p["fsdp"] or p["split_heads"]:
+        flag = "--fsdp" if p["fsdp"] else "--split-heads"
+        raise InputError(f"{flag} with --resume: not supported yet; resume without {flag}")
+    flags = {param.name: max(param.opts, key=len) for param in ctx.command.params}
+    honoured = ("resume_dir", "no_progress", "overlap_decode")  # they do not change the video
+    given = [flags[name] for name, value in p.items()
+             if name not in honoured and value is not None
+             and ctx.get_parameter_source(name) == click.core.ParameterSource.COMMANDLINE]
+    if given:
+        logging.getLogger("worldtrace").warning(
+            f"--resume continues the run with its own settings; ignored: {', '.join(given)}")
+    cfg = replace(resume_config(p["resume_dir"]), output=p["resume_dir"], progress=not p["no_progress"])
+    if ctx.get_parameter_source("overlap_decode") == click.core.ParameterSource.COMMANDLINE:
+        cfg = replace(cfg, overlap_decode=p["overlap_decode"])
+    return run_generation(cfg, resume=True)
+
+
+def _run_config(ctx, memory: dict):
+    """The :class:`~worldtrace_cli.config.RunConfig` of a new run from the command line (``ctx.params``;
+    ``memory``: the writer options): the preset (default by the trajectory's mode and ``--checkpoint``),
+    the model's own cache unless ``--cache`` names one (memory flags given still apply), the output
+    folder (default ``runs/<trajectory>-<cache>``). Raises InputError: no TRAJECTORY, several writers."""
+    from ..config import RunConfig, default_cache, default_preset_name, load_preset
+    from ..errors import InputError
+    from ..outputs.files import cache_folder
+    from ..trajectory import load_trajectory
+
+    p = ctx.params
+    trajectory, cache = p["trajectory"], p["cache"]
+    if trajectory is None:
+        raise InputError("missing TRAJECTORY (or --resume RUN_DIR); see worldtrace generate --help")
+    if cache is not None and "," in cache:
+        raise InputError(f"--cache {cache}: generate runs one writer; to run several on one trajectory, side by "
+                         f"side: worldtrace compare {trajectory} --cache {cache}")
+    name = p["preset"]
+    if name is None:
+        name = default_preset_name(load_trajectory(trajectory).mode, p["checkpoint"])
+        logging.getLogger("worldtrace").info(f"preset: {name}")
+    resolved = load_preset(name)
+    options = {"cache": cache, **memory}
+    if cache is None:  # the model's own cache; memory flags given on the command line still apply
+        given = {k: v for k, v in memory.items()
+                 if ctx.get_parameter_source(k) == click.core.ParameterSource.COMMANDLINE}
+        options = {**memory, **default_cache(resolved), **given}
+    out = p["output"] or Path("runs") / f"{trajectory.stem}-{cache_folder(options['cache'])}"
+    same = ("trajectory", "image", "chunks", "world_seed", "prompt", "poses", "intrinsics", "prompt_switch",
+            "weights_dtype", "offload", "seed", "device", "dtype", "checkpoint", "random_weights", "overwrite",
+            "hash_checkpoint", "metrics", "save_every")
+    return RunConfig(preset=resolved, output=out, memory=memory_config(preset=resolved, **options),
+                     progress=not p["no_progress"], **{k: p[k] for k in same},
+                     **speed_config(p["rope_precision"], p["compile_mode"], p["overlap_decode"]),
+                     **attention_config(p["attention_stats"], p["attention_queries"]))
+
+
+def _sharded(ctx, cfg, report) -> None:
+    """``--fsdp`` / ``--split-heads``: with ``--nproc-per-node`` the inputs are checked once here, then
+    N processes launched (this process exits with their code); under torchrun this process joins the
+    group, process 0 generates and ``report`` s the run, the others make the same chunks
+    (:func:`~worldtrace_cli.jobs.generate.follow_generation`)."""
+    from ..engine import shard  # torch: the process group (engine/shard.py)
+    from ..errors import InputError
+
+    p = ctx.params
+    if p["fsdp"] and p["split_heads"]:
+        raise InputError("--fsdp and --split-heads: choose one (--split-heads also splits the attention and FFN "
+                         "weights across the processes)")
+    mode = "fsdp" if p["fsdp"] else "heads"
+    shard.check(cfg, mode, world=p["nproc_per_node"])
+    if p["nproc_per_node"] is not None:  # the documented way: inputs checked once here, then the N processes
+        from ..engine.launch import launch
+        from ..jobs.inputs import check_inputs
+        from ..runs import RunFolder
+
+        check_inputs(cfg)
+        RunFolder(cfg.output).refuse_occupied(cfg.overwrite)
+        sys.exit(launch(command_line(ctx, drop=("nproc_per_node",)), p["nproc_per_node"]))
+    from ..engine.base import resolve_device
+    from ..jobs.generate import follow_generation, run_generation
+
+    shard.start(resolve_device(cfg.device), mode)
+    clean = False
+    try:
+        if shard.rank():
+            follow_generation(cfg)  # process 0 writes and reports the run
+        else:
+            report(run_generation(cfg))
+        clean = True
+    finally:
+        shard.finish(clean)

@@ -27,7 +27,7 @@ from ..runs.resume import restore_run_state, save_run_state
 from ..outputs.video import ffmpeg_exe
 from .inputs import RunInputs, check_inputs, prepare_inputs
 from .offsets import offset_warning
-from .sinks import RunSinks, StopFlag
+from .sinks import StopFlag
 
 log = logging.getLogger("worldtrace")
 
@@ -92,87 +92,73 @@ def run_generation(cfg, resume: bool = False, pipeline=None) -> dict:
 
 
 class _Generation:
-    """One ``generate`` run's parts, built in order: the model (loaded unless a shared one serves the
-    run), the writer, the conditioning, the rollout, the decoder, the metrics, a restored resume state
-    (``resume``), the run folder's sinks. :meth:`chunks` drives the one chunk loop over them;
-    :meth:`fail` and :meth:`finish` close the run with its ``summary.json`` (:func:`~worldtrace_cli.runs.summary.run_summary`).
+    """One ``generate`` run: a :class:`~worldtrace_cli.runs.run.Run` fed by its trajectory, with the
+    job's policy around it. Built in order: the model (loaded unless a shared one serves the run), the
+    run (writer, conditioning, rollout, decoder, metrics), a restored resume state (``resume``), the
+    run folder's sinks. :meth:`chunks` drives the run chunk by chunk from the trajectory's feed, saving
+    resume states; :meth:`fail` and :meth:`finish` close it with its ``summary.json``.
     """
 
     def __init__(self, cfg, inputs: RunInputs, folder: RunFolder, resume: bool, pipeline, started: float):
         import torch
 
+        from ..engine import shard
         from ..engine.pipeline import Pipeline
-        from ..metrics import OnlineMetrics
         from ..trajectory import frames_for_chunks
 
-        self.cfg, self.inputs, self.folder, self.resume, self.started = cfg, inputs, folder, resume, started
+        self.cfg, self.inputs, self.folder, self.resume = cfg, inputs, folder, resume
         plan, preset = inputs.plan, cfg.preset
-        self.loaded_here = pipeline is None or not pipeline.serves(cfg)
-        if self.loaded_here:
+        loaded_here = pipeline is None or not pipeline.serves(cfg)
+        if loaded_here:
             with stage(f"loading {preset.name}"):
                 pipeline = Pipeline.from_config(cfg)
-        self.pipeline, self.writer = pipeline, pipeline.build_writer(cfg.memory)
-        t0 = time.perf_counter()
-        with stage(f"conditioning on {inputs.image_label if inputs.image_label != 'none' else 'the trajectory'}", logging.INFO if self.loaded_here else logging.DEBUG):
-            conditioned = condition_run(pipeline, cfg, inputs)
-        self.cond_s = time.perf_counter() - t0
-        # a text-to-video prompt past the encoder's 512 tokens (logged as it was encoded): recorded too
-        self.told = [f"prompt {p[:40]!r}...: longer than the text encoder's 512 tokens, truncated to them "
-                     f"(shorten it to keep all of it)" for p in getattr(conditioned, "truncated", None) or []]
+        self.pipeline = pipeline
+        self.run = run = new_run(pipeline, cfg, inputs, started=started)
+        # the wall clock splits into phases only for one whole run in this process that loaded its
+        # own model (a shared model loaded before it started)
+        run.account = loaded_here and not resume
+        with stage(f"conditioning on {inputs.image_label if inputs.image_label != 'none' else 'the trajectory'}",
+                   logging.INFO if loaded_here else logging.DEBUG):
+            run.condition(run_conditioning(cfg, inputs))
         if pipeline.device.type == "cuda":
             torch.cuda.reset_peak_memory_stats(pipeline.device)
-        self.rollout = start_rollout(pipeline, self.writer, conditioned, inputs, cfg)
-        self.feed = run_feed(pipeline, conditioned, inputs)
-        from ..engine import shard
-
+        run.start()
+        self.feed = run.feed()
         # --fsdp, --split-heads: process 0 tells the others before each chunk that it makes one (engine/shard.py)
         self.gate = shard.announcer() if shard.active() else None
         # process 0 holds the whole cache unless the heads are split across the processes
         self.resumable = shard.head_split()[0] == 1
-        self.decoder = pipeline.decoder()
-        self.scorer = OnlineMetrics(cfg.metrics, pipeline.world.clip if cfg.metrics == "all" else None, inputs.truth)
-        self.progress = {"totals": {}, "peak": {"rss_bytes": 0, "gpu_peak_bytes": 0}}
-        records: list[dict] = []
-        self.start, self.command = 0, sys.argv
+        self.start = 0
         if resume:
-            self.start, self.progress, command = restore_run_state(folder, self.rollout, self.decoder, self.scorer,
-                                                                   inputs.hashes)
-            self.command = command or sys.argv
+            self.start = restore_run_state(folder, run, inputs.hashes)
+            run.resumed_by = sys.argv
             folder.summary_path.unlink(missing_ok=True)
             layout = lambda n: frames_for_chunks(n, preset.frames_per_chunk)  # noqa: E731
-            records = folder.truncate(self.start, layout)  # the chunks after the saved one are regenerated
+            run.records[:] = folder.truncate(self.start, layout)  # the chunks after the saved one are regenerated
             log.info(f"resuming {folder.path} at chunk {self.start} of {plan.num_chunks}")
         t0 = time.perf_counter()  # a host store page-locked now, not on the generating thread (issue 45)
-        reserved = self.writer.reserve_host((plan.num_chunks - self.start) * preset.frames_per_chunk)
+        reserved = run.writer.reserve_host((plan.num_chunks - self.start) * preset.frames_per_chunk)
         if reserved:
             log.info(f"host store: {reserved / 1e9:.1f} GB page-locked ahead in {time.perf_counter() - t0:.1f} s")
-        self.sinks = RunSinks(folder, preset, plan, self.scorer, records, self.progress, self.start, cfg.progress,
-                              self.writer.name)
-        self.loop = None
+        run.record_into(folder, self.start, cfg.progress)
 
     def chunks(self, stop: StopFlag) -> int | None:
-        """Generate every chunk from the start one through the one chunk loop
-        (:class:`~worldtrace_cli.engine.loop.ChunkLoop`, built after any decoder restore), saving a
-        resume state every ``save_every`` chunks and when a signal asks to stop. Returns the chunk
-        the run stopped after, or None when every chunk was generated."""
-        from ..engine.loop import ChunkLoop
-
-        cfg, plan = self.cfg, self.inputs.plan
-        self.loop = ChunkLoop(self.rollout, self.decoder, self.pipeline.device, self.scorer, plan,
-                              overlap=cfg.overlap_decode, sinks=self.sinks, gate=self.gate)
+        """Generate every chunk from the start one through the run's chunk loop (built after any
+        decoder restore), saving a resume state every ``save_every`` chunks and when a signal asks to
+        stop. Returns the chunk the run stopped after, or None when every chunk was generated."""
+        cfg, plan, run = self.cfg, self.inputs.plan, self.run
+        run.open_loop(overlap=cfg.overlap_decode, gate=self.gate)
         for c in range(self.start, plan.num_chunks):
             # generated (fed the chunk's actions, camera or prompt), decoded (one chunk behind with overlap),
-            # written; on a failure
-            self.loop.advance(None if self.feed is None else self.feed.request(c))
-            # the chunks decoded before it are written first
+            # written; on a failure the chunks decoded before it are written first
+            run.advance(None if self.feed is None else self.feed.request(c))
             last = c == plan.num_chunks - 1
             signalled = stop.signal is not None  # read once: a signal arriving now counts next chunk
             save = not last and (signalled or (cfg.save_every and (c + 1) % cfg.save_every == 0)) and self.resumable
             if save or last or signalled:
-                self.loop.flush()  # the decoder state must cover every chunk saved
+                run.flush()  # the decoder state must cover every chunk saved
             if save:
-                save_run_state(self.folder, cfg, self.rollout, self.decoder, self.scorer, self.progress,
-                               self.inputs.hashes, self.command)
+                save_run_state(self.folder, run, self.inputs.hashes)
             if signalled and not last:
                 return c
         return None
@@ -180,33 +166,18 @@ class _Generation:
     def summary(self, status: str) -> dict:
         """Write and return ``summary.json`` with ``status`` (complete, stopped, failed, aborted)."""
         from ..outputs import write_json_atomic
-        from ..runs.summary import run_summary
 
-        cfg, preset, inputs = self.cfg, self.cfg.preset, self.inputs
-        told = inputs.warnings + self.told + offset_warning(cfg.memory, self.sinks.max_offset(), preset, inputs.plan.num_chunks,
-                                                self.rollout.geometry.trained_offset)
-        # the wall clock splits into phases only for one whole run in this process that loaded its
-        # own model (a shared model loaded before it started)
-        result = run_summary(status, cfg, self.folder.path, self.command, sys.argv if self.resume else None,
-                             self.pipeline, self.writer, self.rollout, self.scorer, inputs.plan, self.sinks,
-                             self.started, image_label=inputs.image_label, seed=inputs.seed,
-                             world_seed=None if inputs.truth is None else inputs.truth.world_seed,
-                             resumed_at=self.start, cond_s=self.cond_s, account=self.loaded_here and not self.resume,
-                             warnings=told)
+        cfg, run = self.cfg, self.run
+        told = offset_warning(cfg.memory, run.tally.max_offset(), cfg.preset, self.inputs.plan.num_chunks,
+                              run.rollout.geometry.trained_offset)
+        result = run.summary(status, told)
         write_json_atomic(self.folder.summary_path, result)
         return result
-
-    def close(self, failing: bool) -> None:
-        """Close the chunk loop (or, before it was built, the sinks): video, records, worker threads."""
-        if self.loop is None:
-            self.sinks.close(None, failing)
-        else:
-            self.loop.close(failing)
 
     def fail(self, status: str) -> None:
         """Close after an error and record ``status`` (failed | aborted); a failure to write the
         summary is logged, not raised: the original error is the one to report."""
-        self.close(failing=True)
+        self.run.close(failing=True)
         try:
             self.summary(status)
         except Exception as exc:
@@ -221,7 +192,7 @@ class _Generation:
         from ..trajectory import frames_for_chunks
 
         plan, folder = self.inputs.plan, self.folder
-        self.close(failing=False)
+        self.run.close(failing=False)
         if stopped is not None:
             self.summary("stopped")
             again = (f"resume with: worldtrace generate --resume {folder.path}" if self.resumable else
@@ -240,44 +211,32 @@ class _Generation:
         return result
 
 
-def condition_run(pipeline, cfg, inputs: RunInputs):
-    """The run's conditioning (:class:`~worldtrace_cli.engine.base.RunConditioning`: its start image,
-    prompt, every chunk's prompt, camera files and ``--prompt-switch``; each backbone reads what it takes)."""
+def new_run(pipeline, cfg, inputs: RunInputs, started: float | None = None):
+    """The :class:`~worldtrace_cli.runs.run.Run` of ``cfg`` on ``pipeline`` from its checked inputs (their
+    seed, start label, ground truth and the warnings the inputs gave)."""
+    from ..runs.run import Run
+
+    truth = inputs.truth
+    run = Run(pipeline, cfg, inputs.plan, seed=inputs.seed, image_label=inputs.image_label,
+              world_seed=None if truth is None else truth.world_seed, truth=truth, started=started)
+    run.warnings += inputs.warnings
+    return run
+
+
+def run_conditioning(cfg, inputs: RunInputs):
+    """The run's :class:`~worldtrace_cli.engine.base.RunConditioning` (its start image, prompt, every
+    chunk's prompt, camera files and ``--prompt-switch``; each backbone reads what it takes)."""
     from ..engine.base import RunConditioning
 
     camera = inputs.camera
-    return pipeline.condition(RunConditioning(inputs.plan.num_chunks, inputs.image,
-                                              None if camera is None else camera.prompt, inputs.prompts, camera,
-                                              cfg.prompt_switch))
-
-
-def start_rollout(pipeline, writer, conditioned, inputs: RunInputs, cfg):
-    """A fresh rollout of the run's seed through ``writer``, measuring its attention per cache slot when
-    ``cfg`` asks (``--attention-stats``). It is fed the trajectory's chunks one by one (:func:`run_feed`),
-    unless the backbone feeds itself from the whole run (LingBot-World's explicit poses)."""
-    plan = inputs.plan
-    whole = pipeline.feeds_itself(conditioned)
-    rollout = pipeline.rollout(writer, conditioned, plan.keyboard[None] if whole else None,
-                               plan.mouse[None] if whole and plan.mouse is not None else None, inputs.seed)
-    if cfg.attention_stats:
-        rollout.measure_attention(cfg.attention_queries)
-    return rollout
-
-
-def run_feed(pipeline, conditioned, inputs: RunInputs):
-    """The :class:`~worldtrace_cli.engine.feed.ConditioningFeed` of the run's trajectory (its chunks'
-    action rows, the camera's poses, prompts), or None when the rollout feeds itself."""
-    from ..engine.feed import ConditioningFeed
-
-    if pipeline.feeds_itself(conditioned):
-        return None
-    return ConditioningFeed(inputs.plan, camera=pipeline.preset.backbone.camera)
+    return RunConditioning(inputs.plan.num_chunks, inputs.image, None if camera is None else camera.prompt,
+                           inputs.prompts, camera, cfg.prompt_switch)
 
 
 def follow_generation(cfg) -> int:
     """A ``generate --fsdp`` or ``--split-heads`` process other than 0 (:mod:`~worldtrace_cli.engine.shard`):
-    the same inputs, model shard, writer, conditioning and rollout as process 0, then each chunk it makes;
-    nothing written. Returns the chunks made."""
+    the same inputs, model shard and run (writer, conditioning, rollout) as process 0, then each chunk it
+    makes; nothing written. Returns the chunks made."""
     from ..engine import shard
     from ..engine.pipeline import Pipeline
 
@@ -285,28 +244,27 @@ def follow_generation(cfg) -> int:
 
     inputs = prepare_inputs(cfg)
     cfg = fit_run(cfg, inputs.plan.num_chunks)  # the offload process 0 chose: the same decision, made once
-    pipeline = Pipeline.from_config(cfg)
-    writer = pipeline.build_writer(cfg.memory)
-    conditioned = condition_run(pipeline, cfg, inputs)
-    rollout = start_rollout(pipeline, writer, conditioned, inputs, cfg)
+    run = new_run(Pipeline.from_config(cfg), cfg, inputs)
+    run.condition(run_conditioning(cfg, inputs))
+    run.start()
     # its host store page-locked ahead too (its share of the host: pinned.affordable), or process 0 waits for it
-    writer.reserve_host(inputs.plan.num_chunks * cfg.preset.frames_per_chunk)
-    return shard.follow(rollout, run_feed(pipeline, conditioned, inputs))
+    run.writer.reserve_host(inputs.plan.num_chunks * cfg.preset.frames_per_chunk)
+    return shard.follow(run.rollout, run.feed())
 
 
 def _generate(cfg, inputs: RunInputs, folder: RunFolder, resume: bool, pipeline, started: float) -> dict:
     """Build the run (:class:`_Generation`), then generate its chunks with Ctrl-C / SIGTERM caught
     between chunks (:class:`~worldtrace_cli.jobs.sinks.StopFlag`, held until the summary is written:
     a late Ctrl-C finishes cleanly) and close it with its summary."""
-    run = _Generation(cfg, inputs, folder, resume, pipeline, started)
+    job = _Generation(cfg, inputs, folder, resume, pipeline, started)
     with StopFlag() as stop:
         try:
-            stopped = run.chunks(stop)
+            stopped = job.chunks(stop)
         except KeyboardInterrupt:  # a second Ctrl-C
-            run.fail("aborted")
-            raise Aborted(f"aborted after {len(run.sinks.records)} chunks; {folder.path} keeps every written chunk "
+            job.fail("aborted")
+            raise Aborted(f"aborted after {len(job.run.records)} chunks; {folder.path} keeps every written chunk "
                           f"but no resume state for them: start again with --overwrite") from None
         except BaseException:
-            run.fail("failed")
+            job.fail("failed")
             raise
-        return run.finish(stopped)
+        return job.finish(stopped)

@@ -24,15 +24,15 @@ from .folder import RunFolder
 STATE_VERSION = 2
 
 
-def save_run_state(folder: RunFolder, cfg, rollout, decoder, scorer, progress: dict, inputs: dict,
-                   command: list[str]) -> None:
-    """Atomically save everything a resume needs after ``rollout.chunk`` chunks (call after the
-    decode pipeline was flushed); ``inputs``: the trajectory's and image's sha256, ``command``: the
-    run's original command line. Raises OutputError (disk full, permissions)."""
+def save_run_state(folder: RunFolder, run, inputs: dict) -> None:
+    """Atomically save everything a resume needs after ``run.rollout.chunk`` chunks of ``run`` (a
+    :class:`~worldtrace_cli.runs.run.Run`; call after its decode pipeline was flushed): its
+    :meth:`~worldtrace_cli.runs.run.Run.parts`, progress, config and original command line;
+    ``inputs``: the trajectory's and image's sha256. Raises OutputError (disk full, permissions)."""
     from .state import save_state
 
-    parts = {"writer": rollout.writer.state_dict(), "action_caches": rollout.state.state_dict(),
-             "decoder": decoder.state(), "metrics": scorer.state_dict(), "progress": progress}
+    cfg, rollout, command = run.cfg, run.rollout, run.command
+    parts = {**run.parts(), "progress": run.progress}
     meta = {"config": cfg.to_dict(), "next_chunk": rollout.chunk, "version": STATE_VERSION, "inputs": inputs,
             "command": list(command)}
     # the run folder's scratch is the run's own: one a kill left under an older version (no mark) goes
@@ -40,11 +40,13 @@ def save_run_state(folder: RunFolder, cfg, rollout, decoder, scorer, progress: d
     save_state(folder.state, meta, parts)
 
 
-def restore_run_state(folder: RunFolder, rollout, decoder, scorer, inputs: dict) -> tuple[int, dict, list[str]]:
-    """Load the saved state into fresh ``rollout`` (writer reset), ``decoder`` and ``scorer``.
+def restore_run_state(folder: RunFolder, run, inputs: dict) -> int:
+    """Load the saved state into ``run``'s fresh parts (a :class:`~worldtrace_cli.runs.run.Run` whose
+    rollout was built: :meth:`~worldtrace_cli.runs.run.Run.load_parts`), its progress and original
+    command line (``run.command``, when saved) and ``run.resumed_at``.
 
     Returns:
-        (next chunk, progress dict, the run's original command line).
+        the next chunk.
     Raises:
         InputError: no or an unreadable state, one whose tensors fail the sha256 recorded in
             ``state.json``, one from another version, or a trajectory / image changed since the run
@@ -62,15 +64,15 @@ def restore_run_state(folder: RunFolder, rollout, decoder, scorer, inputs: dict)
                          f"not continue the same video (use --overwrite to start again)")
     try:
         # every tensor returns to the device it was saved from: host stores stay on the host
-        rollout.writer.load_state_dict(unpack(parts["writer"], tensors))
-        rollout.state.load_state_dict(unpack(parts["action_caches"], tensors))
-        decoder.load_state(unpack(parts["decoder"], tensors))
-        scorer.load_state_dict(unpack(parts["metrics"], tensors, "cpu"))
+        run.load_parts({name: unpack(parts[name], tensors, "cpu" if name == "metrics" else None)
+                        for name in ("writer", "action_caches", "decoder", "metrics")}, int(meta["next_chunk"]))
     except (KeyError, ValueError, TypeError) as exc:
         raise InputError(f"{folder.path}: resume state does not fit this run ({type(exc).__name__}: {exc}); "
                          f"start again with --overwrite") from None
-    rollout.chunk = int(meta["next_chunk"])
-    return rollout.chunk, unpack(parts["progress"], tensors), list(meta.get("command") or [])
+    run.progress = unpack(parts["progress"], tensors)
+    run.command = list(meta.get("command") or []) or run.command
+    run.resumed_at = run.rollout.chunk
+    return run.rollout.chunk
 
 
 def resume_config(run_dir: str | Path):

@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import logging
-import sys
-import time
 from contextlib import ExitStack
 from dataclasses import replace
 from pathlib import Path
@@ -12,7 +10,6 @@ from pathlib import Path
 import numpy as np
 
 from ..errors import InputError, WorldtraceError
-from ..engine.tally import fresh_progress
 from .actions import ActionLog, parse_chunk_actions, replay_command, trajectory_text
 from .parts import MemoTruth, StepResult, clone_tree
 from .text import text_chunk
@@ -26,8 +23,9 @@ CONDITION_CHUNKS = 11  # 33 latent frames: the conditioning encodes its maximum,
 class Session:
     """A live rollout: actions in, decoded frames and chunk records out, one chunk per :meth:`step`.
 
-    Build one with :func:`open` (or :meth:`load`); every chunk goes through the same code as
-    ``worldtrace generate`` (Rollout, DecodePipeline, :func:`~worldtrace_cli.engine.loop.finish_record`).
+    Build one with :func:`open` (or :meth:`load`). A session is the same
+    :class:`~worldtrace_cli.runs.run.Run` as ``worldtrace generate``'s (writer, rollout, decoder,
+    metrics, chunk loop, summary), fed by calls instead of a trajectory.
     Not thread-safe: one thread at a time (``worldtrace play`` steps each on one worker thread).
 
     Args:
@@ -39,14 +37,15 @@ class Session:
     Attributes:
         chunk: chunks generated so far; actions: the :class:`~.actions.ActionLog` (its ``plan`` holds
             the rows); records: the chunks.jsonl records this object generated
-            (a fork starts with its parent's; a loaded session with none); preset, pipeline, cfg.
+            (a fork starts with its parent's; a loaded session with none); run: its
+            :class:`~worldtrace_cli.runs.run.Run`; preset, pipeline, cfg.
     Raises:
         InputError: a backbone that does not run live (its registry row); OutputError / FolderBusy: the
             record folder cannot be used (see :meth:`~worldtrace_cli.runs.RunFolder.prepare`).
     """
 
     def __init__(self, pipeline, cfg, record: str | Path | None = None):
-        from ..metrics import OnlineMetrics
+        from ..runs.run import Run
 
         if not cfg.preset.backbone.live:
             raise InputError(f"preset {cfg.preset.name}: {cfg.preset.backbone.title} does not run live yet; it runs "
@@ -54,16 +53,14 @@ class Session:
         self.pipeline, self.cfg, self.preset = pipeline, cfg, cfg.preset
         self.takes_prompts = cfg.preset.backbone.takes_prompts
         self.preset_ref = cfg.preset.name  # how the replay command names the preset (open: a file's path)
-        self.writer = pipeline.build_writer(cfg.memory)
         self.actions = ActionLog(self.preset.mode, self.preset.frames_per_chunk)
         self.plan = self.actions.plan
-        self.records: list[dict] = []
         self._last_record: dict | None = None
-        self.rollout = self.truth_source = self._conditioned = self.feed = None
-        self.decoder = pipeline.decoder()
-        self.scorer = OnlineMetrics(cfg.metrics, pipeline.world.clip if cfg.metrics == "all" else None, None)
-        self._loop = self.folder = self._sinks = None
-        self._stack, self._started, self._closed, self._progress = ExitStack(), time.time(), False, fresh_progress()
+        self.truth_source = self.feed = self.folder = None
+        self.run = Run(pipeline, cfg, self.plan, seed=self._seed(), image_label=str(cfg.image) if cfg.image else
+                       "prompts" if self.takes_prompts else f"world:{cfg.world_seed}")
+        self.records = self.run.records  # the run's own list (a fork fills it in place)
+        self._stack, self._closed = ExitStack(), False
         self._made_folder = False  # the record folder did not exist before this session, which holds its lock
         if record is not None:
             from ..runs import RunFolder
@@ -86,7 +83,7 @@ class Session:
             except BaseException:
                 self._release_folder()
                 raise
-            self.cfg = cfg = replace(cfg, output=self.folder.path, trajectory=self.folder.path / "trajectory.yaml")
+            self.cfg = self.run.cfg = replace(cfg, output=self.folder.path, trajectory=self.folder.path / "trajectory.yaml")
 
     @property
     def chunk(self) -> int:
@@ -102,17 +99,15 @@ class Session:
         return self.actions.rows_next()
 
     # -- the chunk loop -------------------------------------------------------------------------
-    def _start(self) -> None:
-        """Condition and build the rollout at the first chunk (loopworld's start view waits for its first row)."""
-        from ..engine.loop import ChunkLoop
-        from ..runs.sinks import RunSinks
-
+    def _start(self, conditioned=None) -> None:
+        """Condition the run (or take a parent's ``conditioned``) and build its rollout and chunk loop at
+        the first chunk (loopworld's start view waits for its first row)."""
         from ..engine.base import RunConditioning
         from ..engine.feed import ConditioningFeed
 
-        if self.folder is not None and self._sinks is None:
+        run, backbone, image = self.run, self.preset.backbone, None
+        if self.folder is not None and run.sinks is None:
             self.folder.prepare(self.cfg.overwrite)  # the first chunk: now the folder becomes this run's
-        backbone, image = self.preset.backbone, None
         self.feed = ConditioningFeed(self.plan, camera=backbone.camera)  # each chunk's rows, poses or prompt
         if self.preset.has_world and self.cfg.image is None:
             from PIL import Image
@@ -121,24 +116,26 @@ class Session:
 
             self.truth_source = MemoTruth(GroundTruth(self.cfg.world_seed, self.plan, self.preset.height,
                                                        self.preset.width, self.preset.world, track=self.feed.track))
-            self.scorer.truth = self.truth_source
+            run.scorer.truth, run.world_seed = self.truth_source, self.cfg.world_seed
             image = Image.fromarray(self.truth_source.start_image())
         elif backbone.start_image:
             from ..trajectory.images import load_image
 
             image = load_image(self.cfg.image, (self.preset.height, self.preset.width))
-        if self._conditioned is None:  # the most a run reads (causal: the same first frames as generate's)
-            self._conditioned = self.pipeline.condition(RunConditioning(
-                CONDITION_CHUNKS, image, self.cfg.prompt if backbone.run_prompt else None, None, None,
-                self.cfg.prompt_switch))
-        self.rollout = self.pipeline.rollout(self.writer, self._conditioned, seed=self._seed())
-        if self.cfg.attention_stats:
-            self.rollout.measure_attention(self.cfg.attention_queries)
+        if conditioned is not None:
+            run.conditioned = conditioned
+        elif run.conditioned is None:  # the most a run reads (causal: the same first frames as generate's)
+            run.condition(RunConditioning(CONDITION_CHUNKS, image, self.cfg.prompt if backbone.run_prompt else None,
+                                          None, None, self.cfg.prompt_switch))
+        run.start()
         if self.folder is not None:
-            self._sinks = RunSinks(self.folder, self.preset, self.plan, self.scorer, self.records, self._progress,
-                                   0, False, self.writer.name)
-        self._loop = ChunkLoop(self.rollout, self.decoder, self.pipeline.device, self.scorer, self.plan,
-                               overlap=False, sinks=self._sinks, records=self.records, progress=self._progress)
+            run.record_into(self.folder)
+        run.open_loop()
+
+    @property
+    def rollout(self):
+        """The run's :class:`~worldtrace_cli.engine.rollout.ChunkRollout` (None before the first chunk)."""
+        return self.run.rollout
 
     def _seed(self) -> int:
         return 0 if self.cfg.seed is None else int(self.cfg.seed)
@@ -176,13 +173,13 @@ class Session:
             if self.rollout is None:
                 self._start()
             # generate's chunk loop, fed this chunk's rows, poses or prompt: decoded, record finished and written
-            (out,) = self._loop.advance(self.feed.request(self.chunk - 1))
+            (out,) = self.run.advance(self.feed.request(self.chunk - 1))
         except BaseException:
             self.actions.drop_last()
             if self.feed is not None:
                 self.feed.drop_after(self.plan.keyboard.shape[0] if self.plan.keyboard is not None else 0)
             raise
-        if self._sinks is not None:
+        if self.run.sinks is not None:
             self._write_trajectory()
         self._last_record = out.record
         return StepResult(out.frames.numpy(), out.record)
@@ -229,10 +226,6 @@ class Session:
             Path(tmp).write_text(self.trajectory_yaml())
 
     # -- save, load, fork ------------------------------------------------------------------------
-    def _parts(self) -> dict:
-        return {"writer": self.writer.state_dict(), "action_caches": self.rollout.state.state_dict(),
-                "decoder": self.decoder.state(), "metrics": self.scorer.state_dict()}
-
     def save(self, path: str | Path, overwrite: bool = False) -> Path:
         """Save the session (its resume state: writer, action caches, decoder, metrics, as
         ``generate``'s resume states; plus the actions so far) into folder ``path``
@@ -257,7 +250,7 @@ class Session:
         meta = {"version": SESSION_STATE_VERSION, "config": self.cfg.to_dict(), "next_chunk": self.chunk,
                 "segments": self.actions.segments, "chunk_actions": self.plan.chunk_actions, "last_record": self._last_record,
                 "preset_ref": self.preset_ref}
-        return save_session_state(path, meta, self._parts(), overwrite)
+        return save_session_state(path, meta, self.run.parts(), overwrite)
 
     @classmethod
     def load(cls, path: str | Path, pipeline=None) -> "Session":
@@ -287,25 +280,18 @@ class Session:
         session._replay_rows(meta["segments"], meta["chunk_actions"])
         try:
             state = {name: unpack(tree, tensors) for name, tree in parts.items()}
-            session._load_parts(state)
+            session.run.load_parts(state, session.plan.num_chunks)
         except (KeyError, ValueError, TypeError) as exc:
             session.close()
             raise InputError(f"{path}: session state does not fit ({type(exc).__name__}: {exc})") from None
         session._last_record = meta["last_record"]
         return session
 
-    def _replay_rows(self, segments: list[list[dict]], names: list[str]) -> None:
-        """Rebuild the plan from saved per-chunk segments (no generation), then the rollout."""
+    def _replay_rows(self, segments: list[list[dict]], names: list[str], conditioned=None) -> None:
+        """Rebuild the plan from saved per-chunk segments (no generation), then the run's rollout."""
         for segs, name in zip(segments, names):
             self.actions.append_saved(segs, name)
-        self._start()
-
-    def _load_parts(self, state: dict) -> None:
-        self.writer.load_state_dict(state["writer"])
-        self.rollout.state.load_state_dict(state["action_caches"])
-        self.decoder.load_state(state["decoder"])
-        self.scorer.load_state_dict(state["metrics"])
-        self.rollout.chunk = self.plan.num_chunks
+        self._start(conditioned)
 
     def fork(self) -> "Session":
         """An independent copy of this session at this chunk: the same model (shared, read-only),
@@ -323,9 +309,8 @@ class Session:
             raise InputError("fork: a writer spilling to disk (spill_dir) cannot be forked; open it without spill_dir")
         twin = Session(self.pipeline, self.cfg)
         twin.preset_ref = self.preset_ref
-        twin._conditioned = self._conditioned
-        twin._replay_rows(self.actions.segments, self.plan.chunk_actions)
-        twin._load_parts(clone_tree(self._parts()))
+        twin._replay_rows(self.actions.segments, self.plan.chunk_actions, self.run.conditioned)
+        twin.run.load_parts(clone_tree(self.run.parts()), twin.plan.num_chunks)
         twin.records[:], twin._last_record = self.records, self._last_record  # in place: its chunk loop appends to it
         return twin
 
@@ -337,15 +322,9 @@ class Session:
         Raises:
             InputError: before the first :meth:`step` (there is no cache to describe yet).
         """
-        from ..runs.summary import run_summary
-
         if self.rollout is None:
             raise InputError("summary: the session has no chunk yet; step first")
-        return run_summary(status, self.cfg, self.folder.path if self.folder else None, list(sys.argv), None,
-                           self.pipeline, self.writer, self.rollout, self.scorer, self.plan, self._loop.tally,
-                           self._started, image_label=str(self.cfg.image) if self.cfg.image else "prompts"
-                           if self.takes_prompts else f"world:{self.cfg.world_seed}", seed=self._seed(),
-                           world_seed=None if self.truth_source is None else self.cfg.world_seed)
+        return self.run.summary(status)
 
     def close(self) -> dict | None:
         """Finish the session: close the video and records, write ``summary.json`` (status
@@ -356,9 +335,8 @@ class Session:
         self._closed = True
         result = None
         try:
-            if self._loop is not None:
-                self._loop.close(failing=False)
-            if self._sinks is not None:
+            self.run.close(failing=False)
+            if self.run.sinks is not None:
                 from ..outputs.files import write_json_atomic
 
                 result = self.summary("complete")
@@ -370,7 +348,7 @@ class Session:
     def _release_folder(self) -> None:
         """Release the record folder's lock; a folder this session made and never wrote a chunk
         into (closed before its first step) is removed, so it leaves nothing behind."""
-        if self.folder is None or not self._made_folder or self._sinks is not None:
+        if self.folder is None or not self._made_folder or self.run.sinks is not None:
             self._stack.close()
             return
         from ..runs.folder import LOCK
