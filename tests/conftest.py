@@ -1,10 +1,19 @@
 """Shared fixtures: the tiny random DiT of the golden-fixture configuration, and one intra-op thread."""
 
 import json
+import os
 from pathlib import Path
 
-import pytest
-import torch
+if os.environ.get("PYTEST_XDIST_WORKER"):
+    # -n auto runs one worker per core: each worker's torch, and every process a test starts, on one
+    # intra-op thread (two OpenMP threads per worker on a 2-core machine spin against each other)
+    os.environ["OMP_NUM_THREADS"] = os.environ["MKL_NUM_THREADS"] = "1"
+
+import pytest  # noqa: E402
+import torch  # noqa: E402
+
+if os.environ.get("PYTEST_XDIST_WORKER"):
+    torch.set_num_threads(1)
 
 FIXTURES = Path(__file__).parent / "data" / "fixtures"
 
