@@ -31,7 +31,11 @@ def main() -> None:
     from worldtrace_cli.config import default_cache, load_preset, memory_config
     from worldtrace_cli.engine.memory_plan import plan_memory
 
-    cpu = platform.processor() or platform.machine()
+    try:  # the CPU's model name (Linux); the architecture elsewhere
+        with open("/proc/cpuinfo") as f:
+            cpu = next(line.split(":", 1)[1].strip() for line in f if line.startswith("model name"))
+    except (OSError, StopIteration):
+        cpu = platform.processor() or platform.machine()
     lines = [f"CPU: {cpu}, {torch.get_num_threads()} torch threads, torch {torch.__version__}", "",
              "| preset | cache | " + " | ".join(f"{n:,} chunks: s (peak GB)" for n in CHUNKS) + " |",
              "|---|---|" + "---|" * len(CHUNKS)]

@@ -159,7 +159,7 @@ def bench_tau(run_dirs, min_change, rate, output, show):
 def bench_memory(preset, cache, budget, chunks, offload, weights_dtype, dtype, device_gb, random_weights, as_json):
     """Peak GPU memory of a run, per phase (load, text encoding, denoise, context pass, decode), in GB:
     the real modules run at the real shapes without memory (PyTorch's FakeTensorMode and MemTracker),
-    on any machine, in seconds (about 10 s for the 14B LingBot-World DiT).
+    on any machine, in seconds (10-20 s for the 14B LingBot-World DiT on a 2-core CPU, at any --chunks).
 
     Leaves out the CUDA context, cuBLAS/cuDNN workspaces and allocator rounding; "fits" keeps 5 %
     and 1 GB of room for them (docs/gpu-memory.md). generate refuses a CUDA run that does not fit.

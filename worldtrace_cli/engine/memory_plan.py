@@ -168,7 +168,8 @@ def plan_memory(preset, memory, offload: str = "text", weights_dtype: str = "aut
             preset (checkpoint presets: XXL).
     Raises:
         ValueError: an unknown offload or weights dtype, chunks < 1.
-    Takes seconds on a CPU for the tiny presets, about 10 s for the 14B LingBot DiT.
+    Takes seconds on a CPU for the tiny presets, 10-20 s for the 14B LingBot DiT, the same at any ``chunks``
+    (benchmarks/results/memory-plan-time-2026-11-29/).
     """
     from torch._subclasses.fake_tensor import FakeTensorMode
 
