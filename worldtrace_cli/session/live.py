@@ -29,7 +29,8 @@ class Session:
     Not thread-safe: one thread at a time (``worldtrace play`` steps each on one worker thread).
 
     Args:
-        pipeline: a loaded MG2 :class:`~worldtrace_cli.engine.base.PipelineBase` serving ``cfg``.
+        pipeline: a loaded :class:`~worldtrace_cli.engine.base.PipelineBase` serving ``cfg`` (of a
+            backbone whose registry row says it runs live).
         cfg: the session's :class:`~worldtrace_cli.config.RunConfig` (its ``trajectory`` and
             ``output`` are the recording's; ``chunks`` is unused).
         record: a run folder to record into (video.mp4, chunks.jsonl, summary.json,
