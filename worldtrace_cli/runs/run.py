@@ -66,7 +66,6 @@ class Run:
         self.command = list(sys.argv) if command is None else list(command)
         self.started = time.time() if started is None else started
         self.resumed_by, self.resumed_at, self.account = None, 0, False
-        self.run_dir = None
 
     # -- building it -----------------------------------------------------------------------------
     def condition(self, conditioning) -> None:
@@ -112,7 +111,6 @@ class Run:
         ``start``: the first chunk generated now (a resume's; its video goes to ``video.part.mp4``)."""
         from .sinks import RunSinks
 
-        self.run_dir = folder.path
         self.sinks = RunSinks(folder, self.cfg.preset, self.plan, self.scorer, self.records, self.progress, start,
                               show, self.writer.name)
 
@@ -125,6 +123,11 @@ class Run:
         self.loop = ChunkLoop(self.rollout, self.decoder, self.pipeline.device, self.scorer, self.plan,
                               overlap=overlap, sinks=self.sinks, records=self.records, progress=self.progress,
                               gate=gate)
+
+    @property
+    def run_dir(self):
+        """The run folder's path (:meth:`record_into`), or None for a run that writes no folder."""
+        return None if self.sinks is None else self.sinks.folder.path
 
     # -- running it ------------------------------------------------------------------------------
     def advance(self, request=None) -> list:
