@@ -103,6 +103,24 @@ def test_killed_run_keeps_chunks_and_resumes_exactly(tmp_path, reference, sig, c
     assert not (out / "resume").exists()
 
 
+@pytest.mark.slow
+def test_a_run_killed_before_its_first_save_resumes_from_chunk_0(tmp_path, reference):
+    """The state saved before the first chunk: a run SIGKILLed with chunks written but before its
+    first ``--save-every`` save (here never: 100 > 7 chunks) resumes to the uninterrupted frames."""
+    out = tmp_path / "run"
+    proc = start_run(out, "field", 100)
+    wait_for_chunks(out, 2, proc)
+    proc.send_signal(signal.SIGKILL)
+    proc.communicate(timeout=60)
+    _wait_for_orphaned_ffmpeg(out)
+    assert len(read_jsonl(out / "chunks.jsonl")) >= 2
+    result = resume(out)
+    assert result.returncode == 0, result.stderr
+    assert [r["frames_sha256"] for r in read_jsonl(out / "chunks.jsonl")] == reference["field"]
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["status"] == "complete" and summary["resolved"]["resumed_at_chunk"] == 0
+
+
 def test_resume_without_state_is_a_clear_error(tmp_path):
     result = resume(tmp_path)
     assert result.returncode == 2 and "nothing to resume" in result.stderr and "--overwrite" in result.stderr

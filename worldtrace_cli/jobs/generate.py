@@ -144,10 +144,14 @@ class _Generation:
 
     def chunks(self, stop: StopFlag) -> int | None:
         """Generate every chunk from the start one through the run's chunk loop (built after any
-        decoder restore), saving a resume state every ``save_every`` chunks and when a signal asks to
-        stop. Returns the chunk the run stopped after, or None when every chunk was generated."""
+        decoder restore), saving a resume state before the first chunk, every ``save_every`` chunks
+        and when a signal asks to stop. Returns the chunk the run stopped after, or None when every chunk was generated."""
         cfg, plan, run = self.cfg, self.inputs.plan, self.run
         run.open_loop(overlap=cfg.overlap_decode, gate=self.gate)
+        if self.start == 0 and cfg.save_every and self.resumable and plan.num_chunks > 1:
+            # a state before the first chunk: a run killed before its first save resumes (from chunk 0)
+            # instead of refusing as one with chunks and no state
+            save_run_state(self.folder, run, self.inputs.hashes)
         for c in range(self.start, plan.num_chunks):
             # generated (fed the chunk's actions, camera or prompt), decoded (one chunk behind with overlap),
             # written; on a failure the chunks decoded before it are written first

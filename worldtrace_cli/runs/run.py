@@ -46,7 +46,7 @@ class Run:
         progress: ``{"totals", "peak"}`` (:func:`~worldtrace_cli.engine.tally.fresh_progress`; a
             resume restores it). cond_s: seconds spent conditioning. warnings: what the run told the
             user once (the summary's ``warnings``). resumed_by / resumed_at / account: a resumed
-            run's argv and first chunk, and whether the summary splits the wall clock into phases.
+            run's argv and first chunk (None when not resumed), and whether the summary splits the wall clock into phases.
     """
 
     def __init__(self, pipeline, cfg, plan, *, seed: int, image_label: str, world_seed: int | None = None,
@@ -65,7 +65,7 @@ class Run:
         self.progress = fresh_progress()
         self.command = list(sys.argv) if command is None else list(command)
         self.started = time.time() if started is None else started
-        self.resumed_by, self.resumed_at, self.account = None, 0, False
+        self.resumed_by, self.resumed_at, self.account = None, None, False
 
     # -- building it -----------------------------------------------------------------------------
     def condition(self, conditioning) -> None:

@@ -39,7 +39,7 @@ def run_summary(status: str, run, warnings: list | None = None) -> dict:
         "resolved": {"seed": run.seed, "device": str(device), "dtype": str(pipeline.dtype).replace("torch.", ""),
                      "trajectory": str(Path(cfg.trajectory).resolve()), "waypoints": plan.waypoints,
                      "chunks": plan.num_chunks, "image": run.image_label, "notes": plan.notes,
-                     "world_seed": run.world_seed, "resumed_at_chunk": run.resumed_at or None,
+                     "world_seed": run.world_seed, "resumed_at_chunk": run.resumed_at,
                      "threads": torch.get_num_threads()},
         "checkpoint": pipeline.world.files, "versions": versions(),
         "cache": {**writer.describe(), "kv_bytes": writer.kv_bytes(), "host_bytes": writer.host_bytes(),

@@ -34,8 +34,9 @@ MAX_TRAJECTORY_BYTES = 1 << 20  # 1 MiB: tens of thousands of segments; parsing 
 
 def frames_for_chunks(num_chunks: int, frames_per_chunk: int = 3) -> int:
     """Pixel frames (= action rows) of a rollout of ``num_chunks`` chunks: ``12 C - 3`` (MG2); with
-    ``frames_per_chunk`` F latent frames per chunk, ``4 F C - 3`` (LingBot, F = 4: ``16 C - 3``)."""
-    return 4 * frames_per_chunk * num_chunks - 3
+    ``frames_per_chunk`` F latent frames per chunk, ``4 F C - 3`` (LingBot, F = 4: ``16 C - 3``);
+    0 for no chunk."""
+    return 4 * frames_per_chunk * num_chunks - 3 if num_chunks > 0 else 0
 
 
 def chunks_for_frames(num_frames: int, frames_per_chunk: int = 3) -> int:
