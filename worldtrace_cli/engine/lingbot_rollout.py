@@ -91,8 +91,11 @@ class LingbotRollout(ChunkRollout):
             raise ValueError(f"chunk {chunk}: a rollout of explicit poses takes no poses with its requests")
 
     def chunk_inputs(self, read, frame_start: int, frames: int, request: ChunkRequest):
-        camera = (self.track.chunk(frame_start, frames) if self.track is not None else
-                  self.camera.chunk(request.poses.numpy(), frame_start, frames))
+        from torch._subclasses.fake_tensor import unset_fake_temporarily
+
+        with unset_fake_temporarily():  # a host array, real also when the memory plan runs this (FakeTensorMode)
+            camera = (self.track.chunk(frame_start, frames) if self.track is not None else
+                      self.camera.chunk(request.poses.numpy(), frame_start, frames))
         inputs = LingbotChunk(rollout=self.state, past=read.past, text_context=self.text_context,
                               camera=camera.to(self.device), temporal_freq_scale=read.freq_scale,
                               shared_buffer=self.shared_kv_buffer)
