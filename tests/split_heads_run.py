@@ -52,7 +52,7 @@ def main(preset_name: str, caches: str, out: str, split: bool) -> None:
                     gate()
                 chunks.append(rollout.step(None if feed is None else feed.request(c)))
             if split and i < len(names) - 1:  # no chunk follows: the others go on to the next writer
-                shard._say(False)  # (after the last one, shard.finish says it)
+                shard.end_run()  # (after the last one, shard.finish says it)
             made[cache] = {
                 "latents": torch.cat([c.latents for c in chunks]),
                 "slots": [[{k: v for k, v in s.items() if k != "attention"} for s in c.record["cache"]["slots"]]

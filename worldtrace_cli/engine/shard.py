@@ -211,6 +211,13 @@ def announcer():
     return functools.partial(_say, True, _STATE["device"])
 
 
+def end_run() -> None:
+    """Process 0: tell the others that no chunk of this run follows (their :func:`follow` returns); the
+    group stays joined, so a process may go on to another run over the same processes (:func:`finish`
+    says it after the last)."""
+    _say(False)
+
+
 def finish(clean: bool = True) -> None:
     """On the way out of a sharded run: process 0 tells the others that no chunk follows; every process
     then waits for the others (``clean``: a process other than 0 that failed does not wait, it exits and
@@ -221,7 +228,7 @@ def finish(clean: bool = True) -> None:
     if _STATE and dist.is_initialized():
         try:
             if _STATE["rank"] == 0:
-                _say(False)
+                end_run()
             if clean or _STATE["rank"] == 0:
                 # every process past the last broadcast before the group goes (gloo aborted a process that tore
                 # its group down while another's last receive was in flight: 1 run in 7 here), then past that
@@ -280,6 +287,5 @@ def check(cfg, mode: str = "fsdp", world: int | None = None) -> None:
         check_split(world, getattr(dit, "num_heads", None), getattr(dit, "ffn_dim", None))
 
 
-__all__ = ["MODES", "active", "check", "check_split", "device", "finish", "follow", "head_split", "joined", "announcer",
-           "place_dit", "rank",
-           "shard_dit", "split_heads", "start"]
+__all__ = ["MODES", "active", "announcer", "check", "check_split", "device", "end_run", "finish", "follow",
+           "head_split", "joined", "place_dit", "rank", "shard_dit", "split_heads", "start"]
