@@ -1,4 +1,4 @@
-"""The cache contract, for every registered writer x every position scheme (design.md §3).
+"""The cache contract, for every registered writer x every position scheme (docs/architecture.md §2).
 
 Synthetic canonical K/V are committed chunk by chunk straight into each writer; the contract says
 what read() must return. New writers are covered by registering them: nothing to edit here.

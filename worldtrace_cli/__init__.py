@@ -1,5 +1,11 @@
 """worldtrace: long-horizon video generation with addressable KV-cache memory for autoregressive video
-models (Matrix-Game-2.0, LingBot-World, Self-Forcing / LongLive; other backbones by registry row)."""
+models (Matrix-Game-2.0, LingBot-World, Self-Forcing / LongLive; other backbones by registry row).
+
+Docstrings cite their sources by name and section: "paper §N" is the WorldTrace paper ("Addressable
+Memory for Video World Models"); "MG2 spec", "LingBot spec", "Self-Forcing spec" and "WorldKV spec"
+(or the file names) are docs/reference/mg2-architecture.md, lingbot-architecture.md,
+selfforcing-architecture.md and worldkv.md, written from the official code; a bare "spec §N" is the
+one its module (or package) docstring names. tests/test_citations.py checks that every cited section exists."""
 
 __version__ = "0.1.0"
 

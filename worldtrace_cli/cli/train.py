@@ -133,7 +133,7 @@ def train_vae_cmd(output, steps, minutes, lr, warmup, seed, threads, save_every,
                    "then only be placed by reading the actions.")
 @click.option("--world", type=click.Choice(["procedural", "towers"]), default="procedural", show_default=True,
               help="The worlds' style: procedural = the textured city (loopworld's); towers = 2x2-cell towers in "
-                   "solid colours with a heading-tinted sky and a sun, drawn for a small model (issue 47; "
+                   "solid colours with a heading-tinted sky and a sun, drawn for a small model (docs/loopworld.md; "
                    "docs/loopworld.md).")
 @click.option("--threads", type=click.IntRange(1), default=1, show_default=True,
               help="CPU threads for torch (1 is fastest beside other work on a small machine).")

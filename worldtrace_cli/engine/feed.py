@@ -40,7 +40,7 @@ class ChunkRequest:
     previous_prompt: str | None = None
 
 
-ROWS_BACK = 12  # rows an MG2 latent frame reads before its own (the action module's window, spec §8)
+ROWS_BACK = 12  # rows an MG2 latent frame reads before its own (the action module's window, MG2 spec §8)
 
 
 class ConditioningFeed:

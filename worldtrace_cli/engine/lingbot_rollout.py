@@ -70,7 +70,7 @@ class LingbotRollout(ChunkRollout):
                     dit.patch_embedding.weight.dtype, len(self.timesteps), noise, on_step, poses)
 
     # the 14B DiT's rotated past for all 40 layers would take 22.2 GB at the default cache: one layer's
-    # buffer, re-filled per call, takes 0.55 GB (issue 45; CacheView.shared_buffer: the same values)
+    # buffer, re-filled per call, takes 0.55 GB (docs/gpu-memory.md; CacheView.shared_buffer: the same values)
     shared_kv_buffer = True
 
     def own_request(self, chunk: int) -> ChunkRequest:

@@ -1,5 +1,5 @@
 """A run's GPU memory plan, computed by running the real modules at the real shapes without memory
-(issue 45): PyTorch's ``FakeTensorMode`` (tensors with shapes, dtypes and devices but no storage) and
+(docs/gpu-memory.md): PyTorch's ``FakeTensorMode`` (tensors with shapes, dtypes and devices but no storage) and
 its ``MemTracker`` (``torch.distributed._tools.mem_tracker``: live bytes of parameters and activations,
 peak per block).
 

@@ -332,7 +332,7 @@ class WriterPast:
     """Every layer's :class:`~worldtrace_cli.model.chunk.LayerPast` of the chunk a writer began, read
     from the writer when the DiT asks for that layer (``past[layer]``) and not held after: the writers
     that concatenate their slots per read (sliding, sink, full...) would otherwise hold a second copy
-    of the whole cache for the chunk (LingBot-World's default cache: 17.3 GB; issue 45). Valid until
+    of the whole cache for the chunk (LingBot-World's default cache: 17.3 GB; docs/gpu-memory.md). Valid until
     the writer's next commit. ``tokens(layer)``: past tokens of a layer without reading it.
 
     Args:

@@ -1,4 +1,4 @@
-"""The DiT across torchrun's processes (issue 45 part 4): ``torchrun --nproc-per-node N -m worldtrace_cli
+"""The DiT across torchrun's processes (docs/gpu-memory.md): ``torchrun --nproc-per-node N -m worldtrace_cli
 generate --fsdp ...`` or ``... --split-heads ...``.
 
 PyTorch's own distributed runtime does the work, over a device mesh of all processes (``nccl`` on

@@ -70,7 +70,7 @@ def speed_benchmark(preset_name: str = "tiny", caches: tuple[str, ...] = ("slidi
 
     from ..config import RunConfig
 
-    # as generate loads it: fp8 storage and block offloading (issue 45) through the one loader
+    # as generate loads it: fp8 storage and block offloading (docs/gpu-memory.md) through the one loader
     pipe = Pipeline.from_config(RunConfig(preset=preset, trajectory=Path("-"), output=Path("-"), random_weights=True,
                                           weights_seed=seed, device=device, dtype=dtype, rope_precision=rope_precision,
                                           compile=compile_mode, weights_dtype=weights_dtype, offload=offload))
@@ -123,7 +123,7 @@ def speed_benchmark(preset_name: str = "tiny", caches: tuple[str, ...] = ("slidi
         rollout = pipe.rollout(writer, conditioned, keyboard, mouse, seed)
         if attention_stats:
             rollout.measure_attention(attention_queries)
-        t_reserve = time.perf_counter()  # as generate does, before its clock starts (issue 45); timed on its own
+        t_reserve = time.perf_counter()  # as generate does, before its clock starts (docs/gpu-memory.md); timed on its own
         reserved = writer.reserve_host(n_max * preset.frames_per_chunk)
         reserve = (time.perf_counter() - t_reserve, reserved)
         pipeline = DecodePipeline(pipe.decoder(), dev, overlap_decode) if decode else None

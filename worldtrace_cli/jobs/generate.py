@@ -136,7 +136,7 @@ class _Generation:
             layout = lambda n: frames_for_chunks(n, preset.frames_per_chunk)  # noqa: E731
             run.records[:] = folder.truncate(self.start, layout)  # the chunks after the saved one are regenerated
             log.info(f"resuming {folder.path} at chunk {self.start} of {plan.num_chunks}")
-        t0 = time.perf_counter()  # a host store page-locked now, not on the generating thread (issue 45)
+        t0 = time.perf_counter()  # a host store page-locked now, not on the generating thread (docs/gpu-memory.md)
         reserved = run.writer.reserve_host((plan.num_chunks - self.start) * preset.frames_per_chunk)
         if reserved:
             log.info(f"host store: {reserved / 1e9:.1f} GB page-locked ahead in {time.perf_counter() - t0:.1f} s")

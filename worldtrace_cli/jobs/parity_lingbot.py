@@ -1,6 +1,6 @@
 """Replay the LingBot-World golden fixtures through the product's rollout (``worldtrace parity``).
 
-Two folder layouts are read (``lingbot-architecture.md`` fixtures README):
+Two folder layouts are read (``docs/reference/lingbot-architecture.md`` fixtures README):
 
 * the official fixture folder (``tiny_config.json``, ``tiny_weights.safetensors``,
   ``tiny_inputs.safetensors``, ``tiny_run_inputs.safetensors``, ``action_path/poses.npy`` and

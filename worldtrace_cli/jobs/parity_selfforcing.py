@@ -1,5 +1,5 @@
 """Replay the Self-Forcing / LongLive golden fixtures through the product's chunk loop
-(``worldtrace parity``; the folder's format: ``selfforcing-architecture.md``'s fixtures README).
+(``worldtrace parity``; the folder's format: ``docs/reference/selfforcing-architecture.md``'s fixtures README).
 
 The fixture folder holds ``tiny_config.json`` (``model_type: t2v``), ``tiny_weights.safetensors``
 (bfloat16, upcast to float32 as the fixtures were computed), ``tiny_inputs.safetensors`` (text

@@ -1,4 +1,4 @@
-"""LoopBench for prompts: A -> B -> A prompt loops for the text-to-video presets (issue 46 part 5).
+"""LoopBench for prompts: A -> B -> A prompt loops for the text-to-video presets (docs/selfforcing.md).
 
 A prompt loop is a route of prompt labels with a length in chunks each: a scene (A), a detour to
 others (B, C), the first prompt again. A *scene* is one set of prompts for the labels; a sweep runs

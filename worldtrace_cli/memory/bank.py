@@ -1,6 +1,6 @@
 """The pose-indexed K/V bank shared by the retrieval writers ``worldkv`` and ``retrieval``.
 
-Spec: ``shared/reference/worldkv.md`` (WorldKV, Yi et al. 2026). Three pieces:
+Spec: ``docs/reference/worldkv.md`` (WorldKV, Yi et al. 2026). Three pieces:
 
 * **Pose distance** (§2.2): a chunk's pose is the mean translation and the *element-wise* mean of its
   latent frames' 3x3 rotations (no re-projection onto SO(3), A9); a candidate's distance to the
@@ -186,7 +186,7 @@ class ChunkBank:
     def reserve(self, chunks: int) -> int:
         """Page-lock now the host memory that ``chunks`` more entries' K and V [L, N, H, D] will take
         (a pinned bank only: a CUDA model with the bank in host memory), within
-        :func:`~worldtrace_cli.memory.pinned.affordable`; :meth:`store` then only carves it (issue 45).
+        :func:`~worldtrace_cli.memory.pinned.affordable`; :meth:`store` then only carves it (docs/gpu-memory.md).
         Returns the bytes reserved."""
         if not self._pin or chunks < 1:
             return 0

@@ -277,7 +277,7 @@ class CacheWriter:
 
     def reserve_host(self, latent_frames: int) -> int:
         """Size (and on CUDA page-lock) now the host store that ``latent_frames`` more committed latent
-        frames will need, after :meth:`reset`, so the chunk loop does not pay for it (issue 45); returns
+        frames will need, after :meth:`reset`, so the chunk loop does not pay for it (docs/gpu-memory.md); returns
         the bytes reserved. Default: nothing to reserve. Same values either way."""
         return 0
 

@@ -93,7 +93,7 @@ class PinnedArena:
 
     def reserve(self, nbytes: int, count: int) -> int:
         """Allocate (and with ``pin`` page-lock) now the slabs that ``count`` more tensors of ``nbytes``
-        bytes each will take, so that :meth:`take` later only carves them (issue 45: a writer's host
+        bytes each will take, so that :meth:`take` later only carves them (docs/gpu-memory.md: a writer's host
         store sized at reset from the run's length instead of page-locked on the generating thread,
         which cost field 2.09x sliding's time per chunk in a fresh process on an H200). Returns the
         bytes reserved.

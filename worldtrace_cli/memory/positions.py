@@ -4,7 +4,7 @@ A scheme maps the writer's slots (oldest first; summary slots before recent slot
 offsets in latent frames from the first frame ``a`` of the current chunk. Past slots get negative
 offsets. With F frames per chunk and trained offset Delta (= local_attn_size - 1; 5 for MG2), the
 oldest position a training-time query chunk ever saw is ``a + F - 1 - Delta`` (offset -3 for MG2
-universal, -1 for gta_drive). Paper references: §2.1, §3.1 (Def. 1, Eq. 2), §5.4, Remark 1.
+universal, -1 for gta_drive). Paper references: paper §2.1, §3.1 (Def. 1, Eq. 2), §5.4, Remark 1.
 
 * ``actual``: a slot sits at its timestamp (mean source frame), ``centroid - a``. MG2's own cache.
 * ``block_relative`` (Infinity-RoPE): ``actual`` with offsets capped at the trained maximum,

@@ -1,4 +1,4 @@
-"""``retrieval``: WorldTrace Retrieval, pose-retrieved past frames in addressable slots (issue 14).
+"""``retrieval``: WorldTrace Retrieval, pose-retrieved past frames in addressable slots (docs/memory.md).
 
 WorldTrace's cache layout (paper §3.1): N_r recent slots hold the newest latent frames verbatim;
 the N_s summary slots hold, every chunk, the N_s *evicted* latent frames whose camera pose is

@@ -1,4 +1,4 @@
-"""``worldkv``: WorldKV (Yi et al. 2026) as released, a faithful baseline (spec: shared/reference/worldkv.md).
+"""``worldkv``: WorldKV (Yi et al. 2026) as released, a faithful baseline (spec: docs/reference/worldkv.md).
 
 **Bank** (§2.1): after its context pass every chunk's canonical K/V (all layers) is banked with its
 mean camera pose, compressed at store time (:mod:`.bank`: anchor frame whole, the ``(C-1)*ceil(r*T)``

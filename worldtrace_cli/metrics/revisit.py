@@ -119,7 +119,7 @@ def pairs_from_prompts(prompts: list) -> list[tuple[int, int]]:
     The chunks form runs of one prompt. A run whose prompt an earlier run had (another prompt came in
     between: A -> B -> A) is paired with the EARLIEST such run, chunk by chunk from their starts: the
     return's i-th chunk with the first run's i-th chunk, for i below both lengths. A scene, a detour,
-    the first prompt again: the return is scored against the first A segment (issue 46 part 5).
+    the first prompt again: the return is scored against the first A segment (docs/selfforcing.md).
     """
     runs: list[tuple[int, int, object]] = []  # [start, end) of each run of one prompt
     for c, prompt in enumerate(prompts):

@@ -40,9 +40,9 @@ class LayerPast:
 
 class ContextKV:
     """A rollout's cross-attention (k, v) of its constant context (MG2's CLIP tokens, LingBot's text),
-    per layer, each made by its own block on first use and kept for the rollout (spec §5.2): a block's
+    per layer, each made by its own block on first use and kept for the rollout (MG2 spec §5.2): a block's
     weights are used only inside its own forward, which is what diffusers' group offloading needs (it
-    brings a block to the GPU for its forward: ``--offload blocks``, issue 45).
+    brings a block to the GPU for its forward: ``--offload blocks``, docs/gpu-memory.md).
 
     Args:
         ctx: the projected context [1, L, D] (the DiT's ``img_emb`` / ``embed_text`` output).
@@ -82,7 +82,7 @@ class CacheView:
         shared_buffer: one K/V buffer for every layer, re-filled by each call (the layers run in turn:
             every denoising step and the context pass rotate each layer's past again) instead of one
             per layer kept for the chunk: 1/L of the buffer memory (LingBot-World: 0.55 GB instead of
-            22.2 GB at the default cache, issue 45) for L-1 more rotations per call. Same values.
+            22.2 GB at the default cache, docs/gpu-memory.md) for L-1 more rotations per call. Same values.
         attention: an :class:`~worldtrace_cli.model.attention_stats.AttentionProbe` that measures each
             layer's share of attention per cache slot in the calls made while it is set (the rollout
             sets it for the chunk's last denoising step under ``--attention-stats``); None: nothing

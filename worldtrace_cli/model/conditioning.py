@@ -1,6 +1,6 @@
 """MG2 conditioning: start image loading/preprocessing, ``cond_concat`` and CLIP visual context.
 
-References: MG2 spec (``mg2-architecture.md``) §12.1-12.4; ecosystem notes ("PIL alone reproduces
+References: MG2 spec (``docs/reference/mg2-architecture.md``) §12.1-12.4; ecosystem notes ("PIL alone reproduces
 MG2's frame preprocessing bit for bit").
 """
 

@@ -189,7 +189,7 @@ class CrossAttention(_Projections):
 
 
 class Block(nn.Module):
-    """CausalWanAttentionBlock (spec §5.4): modulated self-attn, cross-attn, action module, modulated FFN."""
+    """CausalWanAttentionBlock (spec §5 step 4): modulated self-attn, cross-attn, action module, modulated FFN."""
 
     compile_parts = ("attention_inputs", "attention_outputs", "feed_forward")  # pure: model/speed.compile_blocks
 
@@ -207,7 +207,7 @@ class Block(nn.Module):
                              if index in cfg.action_config.blocks else None)
 
     def forward(self, x, e0, layer, chunk, rope, grid, commit):
-        """x [1, F*S, D], e0 [1, F, 6, D] (time projection) -> (x' [1, F*S, D], kv) (spec §5.4).
+        """x [1, F*S, D], e0 [1, F, 6, D] (time projection) -> (x' [1, F*S, D], kv) (spec §5 step 4).
 
         ``kv``: with ``commit`` the chunk's canonical (k, v) [1, F*S, H, d] for the cache writer, else None.
         """
@@ -226,7 +226,7 @@ class Block(nn.Module):
 
     def modulation_terms(self, e0):
         """e0 [1, F, 6, D] (time projection) -> six float32 [1, F, 1, D]: shift/scale/gate of the
-        self-attention, then of the FFN (spec §5.4); computed once per block call."""
+        self-attention, then of the FFN (spec §5 step 4); computed once per block call."""
         return (self.modulation.float().unsqueeze(1) + e0.float()).chunk(6, dim=2)
 
     @staticmethod
@@ -244,12 +244,12 @@ class Block(nn.Module):
         """Pure: norm1 + modulation, then :meth:`SelfAttention.project`.
 
         x [1, F*S, D], m (:meth:`modulation_terms`), cos/sin [F*S, d/2] (chunk RoPE tables)
-        -> (q, k, v, k_canon) [1, F*S, H, d] in x's dtype (k_canon None unless ``commit``). Spec §5.4.
+        -> (q, k, v, k_canon) [1, F*S, H, d] in x's dtype (k_canon None unless ``commit``). Spec §5 step 4.
         """
         return self.self_attn.project(self._modulate(self.norm1(x), m[0], m[1], x), cos, sin, t_ch, commit)
 
     def attention_outputs(self, x, attn, m, cross_kv):
-        """Pure: output projection, gated residual, then the cross-attention residual (spec §5.4).
+        """Pure: output projection, gated residual, then the cross-attention residual (spec §5 step 4).
 
         x [1, F*S, D], attn [1, F*S, D] (SDPA output), m (:meth:`modulation_terms`), cross_kv (k, v) [1, H, 257, d]
         -> [1, F*S, D] in x's dtype.
@@ -258,13 +258,13 @@ class Block(nn.Module):
         return x + self.cross_attn(self.norm3(x), cross_kv)
 
     def feed_forward(self, x, m):
-        """Pure: norm2 + modulation, FFN, gated residual (spec §5.4): x [1, F*S, D], m
+        """Pure: norm2 + modulation, FFN, gated residual (spec §5 step 4): x [1, F*S, D], m
         (:meth:`modulation_terms`) -> [1, F*S, D] in x's dtype."""
         return x + self._gate(self.ffn(self._modulate(self.norm2(x), m[3], m[4], x)), m[5], x)
 
 
 class Head(nn.Module):
-    """Output head (spec §5.5): modulated LayerNorm then Linear(D -> 16*1*2*2)."""
+    """Output head (spec §5 step 5): modulated LayerNorm then Linear(D -> 16*1*2*2)."""
 
     def __init__(self, cfg: DiTConfig):
         super().__init__()
@@ -273,7 +273,7 @@ class Head(nn.Module):
         self.head = nn.Linear(cfg.dim, cfg.out_dim * 4)
 
     def forward(self, x, e, frames):
-        """x [1, F*S, D], e [1, F, D] (time embedding) -> [1, F, S, 64] (patch outputs, spec §5.5)."""
+        """x [1, F*S, D], e [1, F, D] (time embedding) -> [1, F, S, 64] (patch outputs, spec §5 step 5)."""
         b, n, d = x.shape
         shift, scale = (self.modulation.float().unsqueeze(1) + e.float().unsqueeze(2)).chunk(2, dim=2)
         h = (self.norm(x).view(b, frames, -1, d).float() * (1 + scale) + shift).type_as(x)
@@ -352,7 +352,7 @@ class CausalWanDiT(nn.Module):
             chunk: the chunk's :class:`ChunkInputs` (past slots, action rows, caches).
             commit: context pass: also return every layer's canonical K/V and push the action caches.
         Returns:
-            flow prediction v [1, 16, F, Hl, Wl] in the weights' dtype (spec §5.6); with ``commit``
+            flow prediction v [1, 16, F, Hl, Wl] in the weights' dtype (spec §5 step 6); with ``commit``
             ``(v, committed)`` where ``committed`` lists per layer (canonical k, v) [1, F*T, H, D]
             for :meth:`~worldtrace_cli.memory.CacheWriter.commit`.
         """

@@ -1,6 +1,6 @@
 """CLIP ViT-H/14 image tower (transformers ``CLIPVisionModelWithProjection``) for MG2's visual context.
 
-References: MG2 spec (``mg2-architecture.md``) §12.4; ecosystem notes, section "CLIP ViT-H/14
+References: MG2 spec (``docs/reference/mg2-architecture.md``) §12.4; ecosystem notes, section "CLIP ViT-H/14
 image tower" (weight names of MG2's ``models_clip_open-clip-xlm-roberta-large-vit-huge-14.pth``
 and their mapping to transformers names).
 """

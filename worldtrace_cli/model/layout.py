@@ -17,7 +17,7 @@ LINGBOT_ALTERNATIVES = {"text_encoder": "text_encoder"}  # role -> path used whe
 
 
 def resolve_checkpoint_files(files: dict[str, str], folder: str | Path, preset_name: str) -> dict[str, Path]:
-    """Map each role (dit, vae, clip) to its file in an official MG2 folder (spec §15).
+    """Map each role (dit, vae, clip) to its file in an official MG2 folder (MG2 spec §15).
 
     Raises:
         CheckpointError: the folder is missing, or one line listing every expected file not found.
@@ -133,7 +133,7 @@ def check_model_size(preset, device: str = "auto", dtype: str = "auto") -> None:
 
 
 def check_weight_hooks(weights_dtype: str, offload: str, compile_mode: str) -> None:
-    """Refuse fp8 weight storage or block offloading (diffusers' hooks, issue 45) with ``--compile``:
+    """Refuse fp8 weight storage or block offloading (diffusers' hooks, docs/gpu-memory.md) with ``--compile``:
     not measured together yet. ``auto`` values are not refused (``--offload auto`` never chooses blocks
     with ``--compile``). Called by the input checks before torch loads and by the loader
     (``PipelineBase.from_config``).

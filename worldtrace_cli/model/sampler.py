@@ -61,7 +61,7 @@ class FlowMatchSchedule:
 
 
 def flow_to_x0(x_t: torch.Tensor, flow: torch.Tensor, sigma: float | torch.Tensor) -> torch.Tensor:
-    """x0 = x_t - sigma * v, computed in float64 and returned in ``x_t.dtype`` (MG2 spec §5.7)."""
+    """x0 = x_t - sigma * v, computed in float64 and returned in ``x_t.dtype`` (MG2 spec §5 step 7)."""
     sigma = torch.as_tensor(sigma, dtype=torch.float64)
     return (x_t.double() - sigma * flow.double()).to(x_t.dtype)
 

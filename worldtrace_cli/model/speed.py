@@ -107,7 +107,7 @@ def store_weights(model, weights_dtype: str, compute_dtype: torch.dtype) -> int:
     """Keep the DiT's Linear and Conv weights in float8 (e4m3) between calls and cast each layer to
     ``compute_dtype`` for its own forward, through diffusers' layerwise-casting hooks
     (``diffusers.hooks.apply_layerwise_casting``; patch embedding and norms stay as they are,
-    diffusers' default skip patterns): the weights take half the memory of bf16 (issue 45: the 14B
+    diffusers' default skip patterns): the weights take half the memory of bf16 (docs/gpu-memory.md: the 14B
     LingBot DiT's 37 GB -> about 19 GB). ``auto`` changes nothing. Returns the parameters stored in fp8.
 
     Measured on loopworld (CPU, float32 compute, ABA 16 chunks, sliding): GT-PSNR 13.92 dB in fp8
@@ -130,7 +130,7 @@ def offload_blocks(model, device) -> int:
     this is called. On a CPU host and device are one: the hooks run and nothing moves (the tests).
     Returns the blocks offloaded.
 
-    Issue 45: LingBot-World's 14B DiT holds about 1.9 GB of weights on the GPU instead of 37 GB (two
+    docs/gpu-memory.md: LingBot-World's 14B DiT holds about 1.9 GB of weights on the GPU instead of 37 GB (two
     blocks and the rest), planned by ``worldtrace bench memory --offload blocks``; its speed on a GPU
     is not measured yet. A block's weights must be used only inside its forward: the rollout's
     cross-attention K/V are made by each block (:class:`~worldtrace_cli.model.chunk.ContextKV`).

@@ -1,7 +1,7 @@
 """Wan 2.1 causal video VAE (diffusers ``AutoencoderKLWan``): build/load, conditioning encode,
 streaming decode.
 
-References: MG2 spec (``mg2-architecture.md``) §12.2 (conditioning video) and §14 (VAE);
+References: MG2 spec (``docs/reference/mg2-architecture.md``) §12.2 (conditioning video) and §14 (VAE);
 ecosystem notes, section "Wan 2.1 VAE". The streaming decoder drives diffusers internals
 (``decoder(x, feat_cache=..., feat_idx=...)``, ``post_quant_conv``) that are stable in the pinned
 range diffusers 0.35-0.42; ``tests/test_vae.py`` keeps chunked == whole-video decode as a

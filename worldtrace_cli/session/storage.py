@@ -1,5 +1,5 @@
 """Where a session writes: the ``record=`` path and the folders :meth:`~.live.Session.save` may
-replace (only its own: issue 44, a save never deletes a user's folder)."""
+replace (only its own: docs/session.md, a save never deletes a user's folder)."""
 
 from __future__ import annotations
 

@@ -5,7 +5,7 @@ block ``floor(j * L' / L)`` (the first stays first, the order is kept) and every
 copy of the nearest old block before it whose residual outputs are zeroed: the self-attention and
 cross-attention output projections (``self_attn.o``, ``cross_attn.o``), the FFN's second linear
 (``ffn.2``) and the action module's projections back into the stream (``proj_mouse``,
-``proj_keyboard``). A Wan block only adds to the residual stream (MG2 spec §5.4: ``x + gate *
+``proj_keyboard``). A Wan block only adds to the residual stream (MG2 spec §5 step 4: ``x + gate *
 self_attn``, ``+ cross_attn``, ``+ action``, ``+ gate * ffn``), so each new block starts as the
 identity and the grown DiT's outputs equal the old DiT's; its copied query/key/value and FFN input
 weights are trained features, and the zeroed projections get non-zero gradients at the first step

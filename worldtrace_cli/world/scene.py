@@ -1,6 +1,6 @@
 """A seeded procedural world: a plaza of open ground ringed by buildings on a grid, in one of two
 styles (:data:`STYLES`, a preset's ``world:``): ``procedural``, the textured city below, and
-``towers``, drawn for what a small model can draw (:func:`make_world`, issue 47).
+``towers``, drawn for what a small model can draw (:func:`make_world`, docs/loopworld.md).
 
 The world is a square grid of 1-unit cells centred on the origin (the motion model's start,
 :mod:`worldtrace_cli.world.motion`). Cells are empty ground or solid buildings of one wall height.
@@ -163,7 +163,7 @@ def _open_ground(cells: int) -> np.ndarray:
 
 
 def _towers(seed: int, cells: int) -> World:
-    """The ``towers`` style (issue 47), drawn for 96x176 frames and a 2x2-patch latent (one token
+    """The ``towers`` style (docs/loopworld.md), drawn for 96x176 frames and a 2x2-patch latent (one token
     covers 16x16 pixels): fewer, larger objects, solid colours, and cues of heading.
 
     - Towers of 2x2 cells (2 units a side), :data:`TOWER_HEIGHT` high, on about 14-15 % of the cells

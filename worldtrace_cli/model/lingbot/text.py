@@ -56,7 +56,7 @@ class UMT5TextEncoder:
         """Keep the encoder's weights in host memory and move them to ``device`` only while a new
         prompt is encoded (its rows are returned on ``device``; a prompt met before costs nothing).
         On a GPU this frees the encoder's memory for the rest of the run (umT5-XXL: 11.4 GB in bf16,
-        issue 45) at the price of two host-device copies per new prompt. On the CPU it changes nothing."""
+        docs/gpu-memory.md) at the price of two host-device copies per new prompt. On the CPU it changes nothing."""
         self.host_device = torch.device(device)
         self.model.to("cpu")
 

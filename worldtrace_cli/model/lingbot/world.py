@@ -94,7 +94,7 @@ def load_lingbot_world(preset, checkpoint: str | Path | None, random_weights: bo
         vae = build_wan_vae(preset.vae, None, seed=weights_seed + 1, device=device, dtype=dtype)
         clip = build_clip_tower(preset.clip, None, seed=weights_seed + 2, device=device, dtype=dtype)
         text = UMT5TextEncoder(tiny_umt5(seed=weights_seed + 3), ByteTokenizer())
-        text.keep_on_host(device)  # on a GPU only while a prompt is encoded (issue 45)
+        text.keep_on_host(device)  # on a GPU only while a prompt is encoded (docs/gpu-memory.md)
         return LingbotWorld(dit, vae, clip, text, [])
     if checkpoint is None:
         raise InputError(f"preset {preset.name} needs --checkpoint DIR (a LingBot-World causal-fast folder holding "
