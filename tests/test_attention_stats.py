@@ -222,3 +222,43 @@ def test_most_read_slot_and_recall_read_back_a_record():
 def test_attention_queries_without_the_stats_is_a_usage_error():
     line = one_line_error(invoke("generate", ROOT / "trajectories" / "aba.yaml", "--attention-queries", "8"), 2)
     assert "--attention-stats" in line
+
+
+def test_the_attention_picture_marks_return_chunks_and_outlines_the_slots_of_the_first_visit():
+    """attention_grid / draw_attention: slots aligned at the bottom (NaN above a shorter cache), the
+    chunk's own share last, a triangle over each return chunk and a cyan outline on exactly the slots
+    that hold a frame of its first visit."""
+    import matplotlib
+    import numpy as np
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from worldtrace_cli.outputs.timeline import attention_grid, draw_attention
+
+    def run(first, last, shares, kind="recent"):
+        n = len(shares)
+        return {"role": "recent", "kind": kind, "count": n, "frames": [[first, last]], "tokens": 4,
+                "offset": [-n], "virtual_position": [-n], "attention": shares}
+
+    records = [{"chunk": 0, "cache": {"attention": {"self": 1.0}, "slots": []}},
+               {"chunk": 1, "cache": {"attention": {"self": 0.5}, "slots": [run(0, 2, [0.2, 0.2, 0.1])]}},
+               {"chunk": 2, "cache": {"attention": {"self": 0.4}, "slots": [run(0, 0, [0.3], "landmark"),
+                                                                          run(3, 5, [0.1, 0.1, 0.1])]}}]
+    returns = {2: {0, 1}}  # chunk 2 comes back to where latent frames 0 and 1 were taken
+    grid, held = attention_grid(records, returns)
+    assert grid.shape == (5, 3) and np.isnan(grid[:4, 0]).all() and grid[4, 0] == 1.0
+    assert np.isnan(grid[0, 1]) and grid[1:4, 1].tolist() == [0.2, 0.2, 0.1]
+    assert grid[:, 2].tolist() == [0.3, 0.1, 0.1, 0.1, 0.4]
+    assert held.tolist() == [[0, 0, 1], [0, 0, 0], [0, 0, 0], [0, 0, 0], [0, 0, 0]]  # the landmark holding frame 0
+    fig, ax = plt.subplots()
+    try:
+        assert draw_attention(ax, records, returns) is not None
+        outlined = [(p.get_x() + 0.5, p.get_y() + 0.5) for p in ax.patches]
+        assert outlined == [(2, 0)]
+        marks = [tuple(xy) for c in ax.collections for xy in c.get_offsets()]
+        assert [x for x, _ in marks] == [2]
+        labels = [t.get_text() for t in ax.get_yticklabels()]
+        assert labels == ["0: landmark", "1: recent", "2: recent", "3: recent", "chunk itself"]
+    finally:
+        plt.close(fig)

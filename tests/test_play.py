@@ -316,6 +316,16 @@ def test_a_browser_walks_and_the_cache_panel_follows(server, tmp_path):
         assert "slot 0" in driver.find_element(By.ID, "previewlabel").text
         assert driver.find_element(By.ID, "previewtruth").is_displayed()
         wait_for(lambda: driver.find_element(By.ID, "latency").text not in ("-", ""), "a key-to-frame latency")
+        # compare with sliding: the second writer replays the walk and gets its own attention panel
+        from selenium.webdriver.support.ui import Select
+
+        Select(driver.find_element(By.ID, "compare")).select_by_value("sliding")
+        wait_for(lambda: driver.find_element(By.ID, "cache1panel").is_displayed(), "the second writer's cache panel")
+        wait_for(lambda: driver.execute_script(canvas_sum.replace("'gen0'", "'attn1'")) > 0,
+                 "the second writer's attention panel")
+        rows = driver.find_elements(By.CSS_SELECTOR, "#slots1 tr")
+        assert rows and all(r.text.split()[0] == "recent" for r in rows), [r.text for r in rows]  # sliding: recent only
+        assert float(rows[0].text.split()[-1]) > 0
         driver.save_screenshot(str(tmp_path / "play.png"))
         assert (tmp_path / "play.png").stat().st_size > 10_000
     finally:

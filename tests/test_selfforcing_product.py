@@ -288,6 +288,37 @@ def test_prompt_loops_pair_the_return_with_the_first_segment():
     assert pairs_from_prompts(list("AAAA")) == []  # no detour, no revisit
 
 
+def test_recall_attention_of_a_prompt_loop_reads_the_whole_first_segment():
+    """LoopBench for prompts' recall attention: a return chunk's first-visit frames are every latent
+    frame of the first A segment (not only its paired chunk), and a record's share on slots holding
+    them is its recall."""
+    import torch
+
+    from worldtrace_cli.metrics import first_visit_frames
+    from worldtrace_cli.metrics.revisit import pairs_from_prompts
+    from worldtrace_cli.outputs.records import recall_attention, recall_share
+    from worldtrace_cli.trajectory.actions import ActionPlan
+
+    prompts = list("AABBBAA")
+    plan = ActionPlan("text", 7, torch.zeros(7 * 12 - 3, 0), None, [""] * 7, [], [], 3, prompts)
+    firsts = first_visit_frames(plan, pairs_from_prompts(prompts))
+    assert firsts == {5: set(range(6)), 6: set(range(6))}  # A's two chunks, 3 latent frames each
+    def slot(kind, first, last, shares):  # one run of chunks.jsonl's slot records
+        n = len(shares)
+        return {"role": "summary" if kind == "landmark" else "recent", "kind": kind, "count": n,
+                "frames": [[first, last]], "tokens": 4, "offset": [-n], "virtual_position": [-n], "attention": shares}
+
+    def record(chunk, landmark_share):
+        return {"chunk": chunk, "cache": {"attention": {"self": 0.4}, "slots": [
+            slot("landmark", 1, 2, [landmark_share]),  # an average of A's frames 1 and 2
+            slot("recent", 12, 14, [0.1, 0.1, 0.15])]}}  # B's last chunk
+
+    assert recall_share(record(5, 0.25), firsts[5]) == pytest.approx(0.25)
+    recall = recall_attention([record(4, 0.2), record(5, 0.25), record(6, 0.3)], firsts)
+    assert recall["chunks"] == [5, 6] and recall["mean"] == pytest.approx(0.275)
+    assert recall["expected"] == pytest.approx(0.2) and recall["lift"] == pytest.approx(0.075)
+
+
 def test_prompt_scene_files_are_checked_in_one_line(tmp_path):
     from worldtrace_cli.loopbench.prompts import load_prompt_scenes, prompt_loop_document
 

@@ -138,7 +138,7 @@ def attention_options(command):
                         help="Measure each chunk's attention per cache slot (the share of the softmax mass of its "
                              "last denoising step on each slot and on the chunk itself, per layer): in "
                              "chunks.jsonl, cache_timeline.png, summary.json's recall attention on return legs. "
-                             "Exact, without the attention matrix; frames unchanged (docs/memory.md).")(command)
+                             "Exact, without the attention matrix; frames unchanged (docs/attention.md).")(command)
 
 
 def attention_config(attention_stats: bool, attention_queries: int | None) -> dict:

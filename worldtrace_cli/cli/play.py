@@ -95,7 +95,7 @@ def check_port(host: str, port: int) -> None:
               help=prompt_help("of every session (LingBot-World: its prompt, the keys drive the camera)"))
 @click.option("--attention-stats/--no-attention-stats", default=True, show_default=True,
               help="Measure each chunk's attention per cache slot (the cache panel's shares; recorded in "
-                   "chunks.jsonl); --no-attention-stats leaves it out (docs/memory.md: its cost).")
+                   "chunks.jsonl); --no-attention-stats leaves it out (docs/attention.md; its cost: docs/performance.md).")
 @click.option("--attention-queries", type=click.IntRange(1), default=None, metavar="N",
               help="With --attention-stats: a seeded sample of N query tokens per layer instead of all of them.")
 @click.option("--start-running", is_flag=True,

@@ -208,7 +208,7 @@ class ChunkRollout:
             read = begin_chunk(self.writer, start, self.geometry.num_layers)  # before this chunk's commit
         inputs, cond = self.chunk_inputs(read, start, f, request)
         probe = None
-        if self.attention_queries is not None:  # measured at the last denoising step (docs/memory.md)
+        if self.attention_queries is not None:  # measured at the last denoising step (docs/attention.md)
             probe = AttentionProbe(read.tokens, self.attention_queries, self.seed, c, self.geometry.head_group)
         draw = self.chunk_draw = noise_draws(self.seed, c, (1, self.latent_channels, f, *self.latent_hw), self.noise)
         x = draw(0).to(self.device)
