@@ -525,16 +525,18 @@ def test_a_text_to_video_preset_plays_on_prompts(tmp_path):
                 ready = await _receive(ws)
                 out = []
                 for msg in ({"op": "step"}, {"op": "step", "prompt": "a red lighthouse"}, {"op": "step"},
-                            {"op": "step", "prompt": "a busy market"}, {"op": "step", "prompt": 3}):
+                            {"op": "step", "prompt": "a busy market"}, {"op": "step", "prompt": 3},
+                            {"op": "step", "action": "forward"}):
                     await ws.send_str(json.dumps(msg))
                     out.append(await _receive(ws))
                 return ready, out
 
-        ready, (first, *chunks, bad) = run(drive())
+        ready, (first, *chunks, bad, walk) = run(drive())
         assert ready["mode"] == "text" and ready["truth"] is False
         assert first["op"] == "error" and "needs a prompt" in first["message"]
         assert [c["action"] for c in chunks] == ["a red lighthouse", "a red lighthouse", "a busy market"]
         assert bad["op"] == "error" and "\"prompt\" is text" in bad["message"]
+        assert walk["op"] == "error" and "a text-to-video page takes" in walk["message"], walk
         if CHROMIUM and CHROMEDRIVER:
             _browser_types_a_prompt(url, tmp_path)
     finally:
