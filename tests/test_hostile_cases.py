@@ -24,7 +24,7 @@ IMAGE = ROOT / "assets" / "images" / "mg2_universal_0000.png"
 
 def test_text_run_refusals_come_before_torch(tmp_path):
     """A prompt segment without a prompt, a pose-retrieval writer and a world seed with a text-to-video
-    preset: one line, exit 2, torch never imported (the README's < 0.5 s; the shared check allows 1.5 s)."""
+    (or any worldless) preset: one line, exit 2, torch never imported (what keeps a refusal fast)."""
     (tmp_path / "t.yaml").write_text("mode: text\nsegments:\n  - prompt: a red lighthouse\n    chunks: 2\n"
                                      "  - chunks: 2\n")
     line = refuse(["generate", tmp_path / "t.yaml", "--preset", "self-forcing-tiny", "-o", tmp_path / "a"], 2, tmp_path)
@@ -36,6 +36,10 @@ def test_text_run_refusals_come_before_torch(tmp_path):
     line = refuse(["generate", PROMPTS, "--preset", "self-forcing-tiny", "--world-seed", "3", "-o", tmp_path / "w"], 2,
                   tmp_path)
     assert "--world-seed 3" in line and "has none" in line
+    # an action-conditioned preset without a world refuses it too, as wt.open does (generate and compare)
+    for command in (["generate", ABA, "--image", IMAGE], ["compare", ABA, "--cache", "sliding,field", "--image", IMAGE]):
+        line = refuse([*command, "--preset", "tiny", "--world-seed", "2", "-o", tmp_path / command[0]], 2, tmp_path)
+        assert "--world-seed 2: picks a procedural world; preset tiny has none" in line
 
 
 def test_bench_memory_refuses_a_device_size_that_is_not_a_number():
@@ -176,15 +180,34 @@ SHARDED = ["generate", ABA, "--preset", "tiny", "--image", IMAGE, "--chunks", "2
     (["--split-heads", "--fsdp"], 2, "choose one"),
     (["--split-heads", "--nproc-per-node", "3"], 2, "heads (2) do not divide by 3"),
     (["--nproc-per-node", "2"], 2, "add --fsdp or --split-heads"),
+    (["--fsdp", "--image", "missing.png"], 2, "missing.png"),
+    (["--split-heads", "--world-seed", "4"], 2, "--world-seed 4"),
+    (["--fsdp", "-o", "README.md"], 4, "README.md"),
 ])
 def test_a_launched_refusal_is_one_line_with_its_code(extra, code, words, tmp_path):
-    args = [*SHARDED, *extra, "-o", tmp_path / "o"]
+    """Each refusal of a sharded run is one line with its code, before torch is imported (so before any
+    process starts), and nothing is written."""
+    args = [*SHARDED, *extra]
+    if "-o" not in extra:
+        args += ["-o", tmp_path / "o"]
     if "--nproc-per-node" not in extra:
         args += ["--nproc-per-node", "2"]
-    run = _run(args)
-    errors = [ln for ln in run.stderr.splitlines() if ln.startswith("worldtrace: error:")]
-    assert run.returncode == code and len(errors) == 1 and words in errors[0], run.stderr
-    assert "Traceback" not in run.stderr and not (tmp_path / "o").exists()
+    line = refuse(args, code, ROOT)
+    assert words in line, line
+    assert not (tmp_path / "o").exists()
+
+
+def test_more_processes_than_gpus_is_refused_in_one_line():
+    from worldtrace_cli.engine.shard_check import check_gpus
+    from worldtrace_cli.errors import InputError
+
+    check_gpus(8, "cpu", 0)  # gloo: any count
+    check_gpus(2, "cuda", 2)
+    with pytest.raises(InputError, match="--nproc-per-node 3: a sharded CUDA run takes one GPU per process and this "
+                                         "machine has 2; use --nproc-per-node 2 or fewer"):
+        check_gpus(3, "cuda", 2)
+    with pytest.raises(InputError, match="has none"):
+        check_gpus(2, "cuda", 0)
 
 
 @pytest.mark.slow

@@ -192,7 +192,7 @@ TORCH_FREE = ["config", "errors", "writer_options", "writer_options.checks", "tr
               "trajectory.prompts",
               "trajectory.images", "outputs", "outputs.video", "outputs.files", "outputs.records", "outputs.timeline",
               "outputs.sheet", "schemas", "runs", "runs.folder", "runs.resume", "runs.summary", "runs.sinks",
-              "engine.loop", "engine.record", "engine.tally", "config.backbones", "session", "session.live",
+              "engine.loop", "engine.record", "engine.tally", "engine.shard_check", "engine.launch", "config.backbones", "session", "session.live",
               "session.opening", "session.storage",
               "play.server", "play.page", "play.views",
               "loopbench.report", "loopbench.plan", "model.config", "model.layout", "model.lingbot.config",

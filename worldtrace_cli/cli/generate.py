@@ -60,7 +60,7 @@ def command_line(ctx, drop: tuple[str, ...] = ()) -> list[str]:
                    "loopworld the start image is the world's own view unless this is given.")
 @click.option("--world-seed", type=SEED, default=0, show_default=True,
               help="loopworld: the procedural world to walk (its start view conditions the model, its renders "
-                   "are the ground truth).")
+                   "are the ground truth); refused by presets without a world.")
 @click.option("--chunks", type=CHUNKS, default=None,
               help="Chunks to generate (3 latent frames = 12 pixel frames each); repeats the last segment "
                    "or truncates the trajectory. Default: the trajectory's length.")
@@ -266,24 +266,29 @@ def _sharded(ctx, cfg, report) -> None:
     N processes launched (this process exits with their code); under torchrun this process joins the
     group, process 0 generates and ``report`` s the run, the others make the same chunks
     (:func:`~worldtrace_cli.jobs.generate.follow_generation`)."""
-    from ..engine import shard  # torch: the process group (engine/shard.py)
+    from ..engine.shard_check import check, check_gpus  # torch-free: every refusal comes before torch loads
     from ..errors import InputError
+    from ..jobs.inputs import check_inputs
+    from ..runs import RunFolder
 
     p = ctx.params
     if p["fsdp"] and p["split_heads"]:
         raise InputError("--fsdp and --split-heads: choose one (--split-heads also splits the attention and FFN "
                          "weights across the processes)")
     mode = "fsdp" if p["fsdp"] else "heads"
-    shard.check(cfg, mode, world=p["nproc_per_node"])
-    if p["nproc_per_node"] is not None:  # the documented way: inputs checked once here, then the N processes
-        from ..engine.launch import launch
-        from ..jobs.inputs import check_inputs
-        from ..runs import RunFolder
-
-        check_inputs(cfg)
-        RunFolder(cfg.output).refuse_occupied(cfg.overwrite)
-        sys.exit(launch(command_line(ctx, drop=("nproc_per_node",)), p["nproc_per_node"]))
+    check(cfg, mode, world=p["nproc_per_node"])
+    check_inputs(cfg)
+    RunFolder(cfg.output).refuse_occupied(cfg.overwrite)
+    from ..engine import shard  # torch: the process group (engine/shard.py)
     from ..engine.base import resolve_device
+
+    if p["nproc_per_node"] is not None:  # the documented way: inputs checked once here, then the N processes
+        import torch
+
+        from ..engine.launch import launch
+
+        check_gpus(p["nproc_per_node"], resolve_device(cfg.device).type, torch.cuda.device_count())
+        sys.exit(launch(command_line(ctx, drop=("nproc_per_node",)), p["nproc_per_node"]))
     from ..jobs.generate import follow_generation, run_generation
 
     shard.start(resolve_device(cfg.device), mode)

@@ -44,11 +44,11 @@ from datetime import timedelta
 import torch
 
 from ..errors import InputError
+from .shard_check import MODES, check, check_split  # torch-free: the CLI refuses before torch loads
 
 log = logging.getLogger("worldtrace")
 _STATE: dict = {}  # the active sharding: rank, world, device, mode (set by start)
 _JOINED = False  # this process joined a process group (start), even after finish() left it
-MODES = {"fsdp": "--fsdp", "heads": "--split-heads"}
 
 
 def start(device: torch.device, mode: str = "fsdp") -> tuple[int, int, torch.device]:
@@ -158,21 +158,6 @@ def split_heads(dit, device: torch.device) -> int:
     return sum(p.to_local().numel() if isinstance(p, DTensor) else p.numel() for p in dit.parameters())
 
 
-def check_split(world: int, heads: int | None, ffn: int | None) -> None:
-    """Refuse a head split the DiT cannot take: ``world`` processes must divide its ``heads`` and its
-    FFN width ``ffn`` (None: not known yet, checked once the DiT is built).
-
-    Raises:
-        InputError: one of them does not divide by ``world``.
-    """
-    for what, count in (("attention heads", heads), ("FFN width", ffn)):
-        if count is not None and count % world:
-            hint = f"use a process count that divides {count}" if heads is None or ffn is None else \
-                f"use a process count that divides both {heads} and {ffn}"
-            raise InputError(f"--split-heads over {world} processes: the DiT's {what} ({count}) do not divide by "
-                             f"{world}; {hint} (or --fsdp)")
-
-
 def head_split() -> tuple[int, object]:
     """(processes the heads are split over, their process group) under ``--split-heads``; (1, None)
     otherwise. The writers' geometry holds H / the first of them."""
@@ -261,30 +246,6 @@ def follow(rollout, feed=None) -> int:
     finally:
         for sig, handler in saved.items():
             signal.signal(sig, handler)
-
-
-def check(cfg, mode: str = "fsdp", world: int | None = None) -> None:
-    """Refuse what a sharded run does not do yet (one line, before anything loads).
-
-    Args:
-        world: the process count (``generate --nproc-per-node``); None: torchrun's WORLD_SIZE.
-    Raises:
-        InputError: ``--compile``, ``--weights-dtype fp8`` or ``--offload blocks`` with ``--fsdp`` or
-            ``--split-heads`` (``mode``); ``--split-heads`` over a process count that does not divide
-            the preset's heads or FFN width (:func:`check_split`).
-    """
-    for flag, value, default in (("--compile", cfg.compile, "none"), ("--weights-dtype", cfg.weights_dtype, "auto"),
-                                 ("--offload", cfg.offload, "text")):
-        if value not in (default, "auto"):
-            raise InputError(f"{MODES[mode]} with {flag} {value}: not supported together yet")
-    if world is None:
-        try:
-            world = int(os.environ.get("WORLD_SIZE", "1") or 1)
-        except ValueError:
-            raise InputError("WORLD_SIZE must be an integer (torchrun sets it)") from None
-    dit = cfg.preset.dit
-    if mode == "heads" and world > 1:  # before anything loads (a checkpoint's own config is checked after)
-        check_split(world, getattr(dit, "num_heads", None), getattr(dit, "ffn_dim", None))
 
 
 __all__ = ["MODES", "active", "announcer", "check", "check_split", "device", "end_run", "finish", "follow",

@@ -122,7 +122,8 @@ def check_inputs(cfg, traj=None):
     ``cfg.trajectory`` already).
 
     Raises:
-        InputError / TrajectoryError: as :func:`prepare_inputs`; ``--checkpoint`` with a preset that
+        InputError / TrajectoryError: as :func:`prepare_inputs`; a ``--world-seed`` other than 0 for a
+            preset without a procedural world; ``--checkpoint`` with a preset that
             ships its weights, or none for a checkpoint preset; a model larger than this machine's
             memory (:func:`check_model_size`).
         CheckpointError: ``--checkpoint`` is not a folder or lacks a file the preset reads (one line
@@ -135,6 +136,9 @@ def check_inputs(cfg, traj=None):
                              ("--seed", cfg.seed, 0), ("--chunks", cfg.chunks, 1)):
         if value is not None and value < low:
             raise InputError(f"{name}: must be >= {low}, got {value}")
+    if cfg.world_seed and not cfg.preset.has_world:  # as a session refuses it (session/opening.py)
+        raise InputError(f"--world-seed {cfg.world_seed}: picks a procedural world; preset {cfg.preset.name} has none "
+                         f"(only loopworld-style presets walk a world)")
     from ..model.layout import check_weight_hooks
 
     check_weight_hooks(cfg.weights_dtype, cfg.offload, cfg.compile)  # as the loader does, before anything runs
@@ -222,16 +226,12 @@ def chunk_prompts(cfg, traj, plan=None) -> list[str]:
 
 
 def check_text_options(cfg, traj) -> None:
-    """A prompt-segment run's inputs (after :func:`check_taken`): no world, a prompt for every chunk
-    (checked without torch: a chunk's prompts are laid out only for a run that passes).
+    """A prompt-segment run's inputs (after :func:`check_taken`): a prompt for every chunk (checked
+    without torch: a chunk's prompts are laid out only for a run that passes).
 
     Raises:
-        InputError: a ``--world-seed`` (the preset has no world), a bad ``--prompt-switch`` or
-            ``--prompt``, a chunk without a prompt.
+        InputError: a bad ``--prompt-switch`` or ``--prompt``, a chunk without a prompt.
     """
-    if cfg.world_seed:
-        raise InputError(f"--world-seed {cfg.world_seed}: picks a procedural world; preset {cfg.preset.name} is "
-                         f"text-to-video and has none")
     from ..trajectory.prompts import SWITCH_MODES
 
     if cfg.prompt_switch not in SWITCH_MODES:
