@@ -160,6 +160,26 @@ def test_worldtrace_parity_on_the_fixture_folder():
 
 
 @needs_fixtures
+def test_a_variant_the_replay_cannot_reproduce_is_named_never_passed():
+    """variant_memory reads a run_config.json into the writer it replays, or says why it cannot: a missing
+    or non-integer key, more than one prompt switch, more than two prompts (fixture-free)."""
+    from worldtrace_cli.jobs.parity_selfforcing import MODEL_CLASSES, PIPELINES, variant_memory
+
+    cfg = {"pipeline": PIPELINES[1], "model_class": MODEL_CLASSES[0], "local_attn_size": 6, "sink_size": 3,
+           "num_frame_per_block": 3, "num_chunks": 4, "denoising_step_list": [1000, 750, 500, 250],
+           "warp_denoising_step": True, "timestep_shift": 5.0, "context_noise": 0}
+    assert variant_memory(cfg) == ({"cache": "sink", "budget": 3, "sink_frames": 3, "positions": "actual"}, None)
+    assert variant_memory({**cfg, "switch_frame_indices": [7], "prompts": ["a", "b"]})[1] is None
+    cases = {"local_attn_size": ({k: v for k, v in cfg.items() if k != "local_attn_size"}, "lacks 'local_attn_size'"),
+             "str": ({**cfg, "num_chunks": "4"}, "'num_chunks' is '4', not a whole number"),
+             "global": ({**cfg, "local_attn_size": -1, "sink_size": 0}, "without kv_cache_tokens"),
+             "two switches": ({**cfg, "switch_frame_indices": [7, 10], "prompts": ["a", "b", "c"]}, "one prompt switch"),
+             "three prompts": ({**cfg, "switch_frame_indices": [7], "prompts": ["a", "b", "c"]}, "3 prompts")}
+    for name, (bad, why) in cases.items():
+        memory, reason = variant_memory(bad)
+        assert memory is None and why in reason, (name, reason)
+
+
 def test_parity_reads_any_fixture_folder_by_its_files_and_names_each_deviation(tmp_path):
     """A folder in the official format holding only some variants under other names (a window-and-sink run,
     a prompt-switch run) and one the replay cannot reproduce (a context-noise setting): the family is read
@@ -178,11 +198,24 @@ def test_parity_reads_any_fixture_folder_by_its_files_and_names_each_deviation(t
     shutil.copytree(FIXTURES / "sf_global", folder / "odd")
     odd = json.loads((folder / "odd" / "run_config.json").read_text())
     (folder / "odd" / "run_config.json").write_text(json.dumps({**odd, "context_noise": 50}))
+    # a run with two prompt switches and one whose config lacks its window: named, never passed
+    shutil.copytree(FIXTURES / "longlive_switch", folder / "two-switches")
+    two = json.loads((folder / "two-switches" / "run_config.json").read_text())
+    (folder / "two-switches" / "run_config.json").write_text(json.dumps(
+        {**two, "switch_frame_indices": [two["switch_frame_indices"][0], two["switch_frame_indices"][0] + 3],
+         "prompts": ["a", "b", "c"]}))
+    shutil.copytree(FIXTURES / "sf_la6_sink3", folder / "no-window")
+    nowin = json.loads((folder / "no-window" / "run_config.json").read_text())
+    del nowin["local_attn_size"]
+    (folder / "no-window" / "run_config.json").write_text(json.dumps(nowin))
     run = subprocess.run([sys.executable, "-m", "worldtrace_cli", "parity", str(folder)], capture_output=True,
                          text=True, timeout=300)
     assert run.returncode == 0, run.stderr
     assert "window-and-sink/latents" in run.stdout and "switch-run/cache_after_recache" in run.stdout
-    assert "not replayed: odd (a sampler other than" in run.stderr and "odd/" not in run.stdout
+    (skipped,) = [ln for ln in run.stderr.splitlines() if "not replayed:" in ln]  # one line names them all
+    assert "odd (a sampler other than" in skipped and "odd/" not in run.stdout
+    assert "two-switches (switch_frame_indices" in skipped and "two-switches/" not in run.stdout
+    assert "no-window (run_config.json lacks 'local_attn_size')" in skipped and "Traceback" not in run.stderr
     # one variant's official latents moved by 3e-3: its entry is named with its deviation and the bound
     outputs = load_file(folder / "window-and-sink" / "tiny_outputs.safetensors")
     outputs["output_latents"] = outputs["output_latents"] + 3e-3

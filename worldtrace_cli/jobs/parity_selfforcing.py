@@ -43,6 +43,13 @@ KNOWN_KEYS = {"repo", "commit", "pipeline", "model_class", "local_attn_size", "s
               "infinity", "global_sink", "switch_frame_indices", "lora"}
 
 
+REQUIRED_KEYS = ("local_attn_size", "num_frame_per_block", "num_chunks")  # what every replay reads
+
+
+def _whole(value) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
 def variant_memory(cfg: dict) -> tuple[dict | None, str | None]:
     """(the writer of a variant's official cache, as MemoryConfig keywords; None and why when the replay
     cannot reproduce it) from its ``run_config.json``, whatever its folder is called:
@@ -57,6 +64,20 @@ def variant_memory(cfg: dict) -> tuple[dict | None, str | None]:
     unknown = sorted(set(cfg) - KNOWN_KEYS)
     if unknown:
         return None, f"run_config.json key {unknown[0]!r} is not replayed"
+    missing = [k for k in REQUIRED_KEYS if k not in cfg]
+    if missing:
+        return None, f"run_config.json lacks {missing[0]!r}"
+    wrong = [k for k in REQUIRED_KEYS + ("sink_size",) if k in cfg and not _whole(cfg[k])]
+    if wrong:
+        return None, f"run_config.json {wrong[0]!r} is {cfg[wrong[0]]!r}, not a whole number"
+    if int(cfg["local_attn_size"]) < 0 and not all(_whole(cfg.get(k)) and cfg[k] > 0
+                                                   for k in ("kv_cache_tokens", "frame_seq_length")):
+        return None, "a global cache without kv_cache_tokens and frame_seq_length"
+    switches = cfg.get("switch_frame_indices") or []
+    if not isinstance(switches, list) or len(switches) > 1 or not all(_whole(i) and i >= 0 for i in switches):
+        return None, f"switch_frame_indices {switches!r}: this replay reproduces one prompt switch (two prompts)"
+    if switches and len(cfg.get("prompts") or [None, None]) != 2:
+        return None, f"{len(cfg['prompts'])} prompts: this replay reproduces one switch between two"
     if cfg.get("pipeline") not in PIPELINES or cfg.get("model_class") not in MODEL_CLASSES:
         return None, f"pipeline {cfg.get('pipeline')!r} / model {cfg.get('model_class')!r}"
     if cfg.get("context_noise", 0) or cfg.get("num_frame_per_block") != 3 or list(cfg.get("denoising_step_list", [])) \
@@ -213,7 +234,7 @@ def compare_selfforcing(folder: str | Path, device: str = "cpu") -> tuple[dict[s
             switch = -(-cfg["switch_frame_indices"][0] // f)
             seen = {"switch": switch}
 
-        def snapshot(rollout, sink=cfg["sink_size"], at=switch, want=outputs):
+        def snapshot(rollout, sink=cfg.get("sink_size", 0), at=switch, want=outputs):
             seen["cache_recache"] = cache_diff(rollout, want, at, sink, True, f"kv_after_recache_before_c{at}")
         done: list = []
         x0s, latents = replay_variant(model, inputs, outputs, memory, n, window - 1, device, done,
@@ -226,7 +247,7 @@ def compare_selfforcing(folder: str | Path, device: str = "cpu") -> tuple[dict[s
         diffs[f"{sub.name}/x0"] = max((x0s[k] - v).abs().max().item() for k, v in want.items())
         diffs[f"{sub.name}/latents"] = (latents - outputs["output_latents"].permute(0, 2, 1, 3, 4)).abs().max().item()
         rotated = memory["positions"] == "actual"
-        diffs[f"{sub.name}/cache" + ("" if rotated else "_values")] = cache_diff(done[0], outputs, n, cfg["sink_size"],
+        diffs[f"{sub.name}/cache" + ("" if rotated else "_values")] = cache_diff(done[0], outputs, n, cfg.get("sink_size", 0),
                                                                                  rotated)
     if not diffs:
         raise InputError(f"{folder}: no replayable variant (a folder with run_config.json and tiny_outputs.safetensors"
