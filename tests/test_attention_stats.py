@@ -98,7 +98,7 @@ def test_rollout_shares_equal_the_materialised_attention_sdpa_reads(preset, traj
     times the value buffer is the attention output the block's output projection receives (SDPA's)."""
     torch.manual_seed(0)
     rollout, feed = _generate_rollout(_run_config(preset, ROOT / "trajectories" / trajectory, cache, image=image))
-    checked, pending = [], {}
+    checked, pending, direct, per_layer = [], {}, {}, []
     original = AttentionProbe.observe
 
     def spy(self, layer, q, k, v, current):
@@ -106,6 +106,7 @@ def test_rollout_shares_equal_the_materialised_attention_sdpa_reads(preset, traj
         segments = self.tokens[layer].tolist() + [current]
         want = direct_shares(q, k, segments)
         assert (self.layers[layer] - want).abs().max() < 1e-5, (layer, self.layers[layer], want)
+        direct[layer] = want
         scores = torch.einsum("bnhd,bmhd->bhnm", q.double(), k.double()) / math.sqrt(q.shape[-1])
         pending[layer] = torch.einsum("bhnm,bmhd->bnhd", scores.softmax(-1), v.double()).flatten(2)
         checked.append((layer, len(segments)))
@@ -121,13 +122,21 @@ def test_rollout_shares_equal_the_materialised_attention_sdpa_reads(preset, traj
     handles = [block.self_attn.o.register_forward_pre_hook(sdpa_output(i))
                for i, block in enumerate(rollout.dit.blocks)]
     try:
-        outs = [rollout.step(feed(c)) for c in range(3)]
+        outs = []
+        for c in range(3):
+            outs.append(rollout.step(feed(c)))
+            # which layer read which slot: the record's [L][S] against the direct softmax of each layer
+            got = outs[-1].record["cache"]["attention"]["slots_by_layer"]
+            want = [direct[layer][:-1].tolist() for layer in sorted(direct)]
+            assert len(got) == len(want) and all(len(g) == len(w) for g, w in zip(got, want))
+            per_layer.append(max((abs(a - b) for g, w in zip(got, want) for a, b in zip(g, w)), default=0.0))
     finally:
         for h in handles:
             h.remove()
     layers = len(rollout.dit.blocks)
     assert len(checked) == 3 * layers and not pending  # one call a chunk (the last denoising step), every layer
     assert checked[-1][1] > 1  # the last chunk read past slots
+    assert max(per_layer) < 1e-5, per_layer  # 5 digits
     for out in outs:
         att = out.record["cache"]["attention"]
         shares = [a for run in out.record["cache"]["slots"] for a in run["attention"]]
@@ -217,6 +226,16 @@ def test_most_read_slot_and_recall_read_back_a_record():
     with pytest.raises(ValueError, match="--attention-stats"):
         most_read_slot(bare)
     assert most_read_slot(_record([], 1.0)) is None
+    # per layer: layer 1 read the landmark most, layer 0 the field slot (as the mean over layers does)
+    with pytest.raises(ValueError, match="per layer"):
+        most_read_slot(rec, layer=0)
+    rec["cache"]["attention"].update(by_layer={"self": [0.2, 0.4]},
+                                     slots_by_layer=[[0.0, 0.7, 0.05, 0.05], [0.2, 0.1, 0.05, 0.25]])
+    assert most_read_slot(rec, layer=0)["slot"] == 1 and most_read_slot(rec, layer=0)["share"] == 0.7
+    top = most_read_slot(rec, layer=1)
+    assert top["slot"] == 3 and top["share"] == 0.25 and top["self"] == 0.4 and top["frames"] == [26]
+    with pytest.raises(IndexError, match="2 self-attention layers"):
+        most_read_slot(rec, layer=2)
 
 
 def test_attention_queries_without_the_stats_is_a_usage_error():

@@ -78,6 +78,7 @@ def chunk_record(writer: CacheWriter, geometry: CacheGeometry, chunk: int, frame
 
 
 SHARE_DIGITS = 6  # attention shares in chunks.jsonl: 1e-6 of the chunk's attention
+LAYER_SHARE_DIGITS = 5  # a slot's share in one layer ([L][S] numbers a chunk: one digit fewer)
 
 
 def attention_record(shares: torch.Tensor, slots: list, sampled: dict | None) -> dict:
@@ -87,8 +88,9 @@ def attention_record(shares: torch.Tensor, slots: list, sampled: dict | None) ->
 
     Fields: ``pass`` (``last_denoising_step``), ``queries`` (``all``, or the seeded sample
     ``{"sampled", "of", "seed"}``), ``self`` (the chunk's own share, mean over layers), ``summary`` /
-    ``recent`` (the shares of the slots of each role, mean over layers), and ``by_layer``: per layer
-    ``self``, ``summary``, ``recent`` (lists of L; a record's size does not grow with the cache).
+    ``recent`` (the shares of the slots of each role, mean over layers), ``by_layer``: per layer
+    ``self``, ``summary``, ``recent`` (lists of L), and ``slots_by_layer``: per layer, each past slot's
+    share in read order ([L][S], :data:`LAYER_SHARE_DIGITS` digits: which layers read which slot).
     The slots' own shares (mean over layers) are each slot run's ``attention``."""
     import torch
 
@@ -102,7 +104,8 @@ def attention_record(shares: torch.Tensor, slots: list, sampled: dict | None) ->
 
     return {"pass": "last_denoising_step", "queries": "all" if sampled is None else sampled,
             **{k: r(v.mean()) for k, v in by_layer.items()},
-            "by_layer": {k: [r(x) for x in v.tolist()] for k, v in by_layer.items()}}
+            "by_layer": {k: [r(x) for x in v.tolist()] for k, v in by_layer.items()},
+            "slots_by_layer": [[round(x, LAYER_SHARE_DIGITS) for x in row] for row in shares[:, :-1].tolist()]}
 
 
 def memory_record(device: torch.device) -> dict:

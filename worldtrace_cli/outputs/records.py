@@ -99,27 +99,40 @@ def latent_pixel_frames(frame: int) -> list[int]:
     return [0] if frame == 0 else list(range(4 * frame - 3, 4 * frame + 1))
 
 
-def most_read_slot(record: dict) -> dict | None:
+def most_read_slot(record: dict, layer: int | None = None) -> dict | None:
     """Which slot a chunk read most, and what it held: the slot of ``record`` (a chunks.jsonl record
-    of a run with ``--attention-stats``) with the largest attention share, as
-    :func:`expand_slot_records`' dict plus ``slot`` (its index in read order), ``share`` (its
-    attention share), ``self`` (the chunk's share on itself, for scale) and ``pixel_frames`` (the
-    video frames its source latent frames decode to, :func:`latent_pixel_frames`). None when the
-    chunk read no past slot.
+    of a run with ``--attention-stats``) with the largest attention share (mean over layers, or in
+    self-attention layer ``layer``: the record's ``slots_by_layer``), as :func:`expand_slot_records`'
+    dict plus ``slot`` (its index in read order), ``share`` (that share), ``self`` (the chunk's share
+    on itself, over layers or in ``layer``, for scale) and ``pixel_frames`` (the video frames its
+    source latent frames decode to, :func:`latent_pixel_frames`). None when the chunk read no past slot.
 
     Raises:
-        ValueError: the record holds no attention shares (the run was made without ``--attention-stats``).
+        ValueError: the record holds no attention shares (the run was made without ``--attention-stats``),
+            or none per layer (recorded before ``slots_by_layer`` existed) when ``layer`` is given.
+        IndexError: ``layer`` is not one of the model's layers.
     """
     cache = record["cache"]
     if "attention" not in cache:
         raise ValueError(f"chunk {record.get('chunk')}: no attention shares in its record "
                          f"(generate with --attention-stats)")
     slots = expand_slot_records(cache["slots"])
+    att = cache["attention"]
+    if layer is not None:
+        if "slots_by_layer" not in att:
+            raise ValueError(f"chunk {record.get('chunk')}: no shares per layer in its record (made before "
+                             f"worldtrace recorded them)")
+        rows = att["slots_by_layer"]
+        if not -len(rows) <= layer < len(rows):
+            raise IndexError(f"layer {layer}: the model has {len(rows)} self-attention layers")
+        shares, own = rows[layer], att["by_layer"]["self"][layer]
+    else:
+        shares, own = [s["attention"] for s in slots], att["self"]
     if not slots:
         return None
-    i = max(range(len(slots)), key=lambda j: slots[j]["attention"])
+    i = max(range(len(slots)), key=lambda j: shares[j])
     slot = slots[i]
-    return {**slot, "slot": i, "share": slot["attention"], "self": cache["attention"]["self"],
+    return {**slot, "slot": i, "share": shares[i], "self": own,
             "pixel_frames": [p for f in slot["frames"] for p in latent_pixel_frames(f)]}
 
 
