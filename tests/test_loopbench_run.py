@@ -404,6 +404,25 @@ def test_real_tiny_sweep_and_report(tmp_path):
     assert "| pan_90 (pan_90, N=2) | not run |" not in md and "Pan 360° (pan_360, N=8)" in md
 
 
+def test_real_sweep_with_attention_stats_reports_recall_attention(tmp_path):
+    """``loopbench run --attention-stats`` end to end on the real tiny model: pan_360 comes back to its
+    start view; landmark's cache still holds it there (its recall attention above 0) and sliding's
+    window of the last chunks does not (0), in report.csv and report.md's recall table."""
+    out = tmp_path / "lb"
+    result = lb("run", "--preset", "tiny", "--configs", "pan_360", "--caches", "sliding,landmark", "--images",
+                IMAGES / "mg2_universal_0000.png", "--seeds", "0", "--attention-stats", "-o", out)
+    assert result.exit_code == 0, result.output
+    summary = json.loads((out / "pan_360" / "landmark" / "mg2_universal_0000" / "seed0" / "summary.json").read_text())
+    assert summary["config"]["attention_stats"] is True and summary["attention"]["recall"]["chunks"]
+    result = lb("report", out)
+    assert result.exit_code == 0, result.output
+    rows = {r["cache"]: r for r in csv.DictReader((out / "report.csv").open())}
+    assert float(rows["sliding"]["recall_attention"]) == 0.0 < float(rows["landmark"]["recall_attention"])
+    assert float(rows["landmark"]["attention_self"]) > 0
+    md = (out / "report.md").read_text()
+    assert "## 1. Recall attention on return chunks" in md and "| landmark | 0." in md.split("## 1. Recall")[1]
+
+
 # --------------------------------------------------------------------------- report statistics
 
 
