@@ -112,3 +112,53 @@ def test_bfloat16_model_runs_the_same_rollout_approximately(setup, one_thread):
     assert latents.dtype == torch.float32 and writer.geometry.dtype == torch.bfloat16
     diff = (latents - data["main/output_latents"]).abs()
     assert diff.max().item() < 0.1 and diff.mean().item() < 0.02
+
+
+OFFICIAL = Path(__file__).resolve().parents[2] / "shared" / "reference" / "lingbot" / "fixtures"
+
+
+def test_a_lingbot_variant_the_replay_cannot_reproduce_is_named_never_passed():
+    """variant_settings reads an official-layout run_config.json, or says why the replay cannot
+    reproduce it (fixture-free)."""
+    from worldtrace_cli.jobs.parity_lingbot import variant_settings
+
+    cfg = {"chunk_size": 4, "local_attn_size": 18, "sink_size": 6, "frame_num_requested": 137, "shift": 10.0,
+           "timesteps_index": [0, 250, 500, 750], "infer_mode": "causal_fast", "num_train_timesteps": 1000}
+    assert variant_settings(cfg) == ((18, 6, 137), None)
+    for bad, why in (({**cfg, "shift": 5.0}, "shift 5.0: this replay reproduces 10.0"),
+                     ({**cfg, "chunk_size": 3}, "chunk_size 3"), ({**cfg, "infer_mode": "causal_pretrain"}, "infer_mode"),
+                     ({k: v for k, v in cfg.items() if k != "sink_size"}, "lacks 'sink_size'"),
+                     ({**cfg, "local_attn_size": "18"}, "not a whole number"), ([1], "not an object")):
+        settings, reason = variant_settings(bad)
+        assert settings is None and why in reason, (bad, reason)
+
+
+@pytest.mark.skipif(not OFFICIAL.is_dir(), reason="the official-layout LingBot fixtures live in ../shared beside the clone")
+def test_parity_of_an_official_layout_folder_names_what_it_does_not_replay(tmp_path):
+    """``worldtrace parity`` on a copy of the official-layout fixtures with an extra variant of another
+    shift and one without its window: the real variants pass, the two are named as not replayed (one
+    line), exit 0; a folder whose only variant is not replayable is exit 2, one line."""
+    import json
+    import shutil
+    import subprocess
+    import sys
+
+    folder = tmp_path / "lingbot"
+    shutil.copytree(OFFICIAL, folder)
+    for name, change in (("other-shift", {"shift": 5.0}), ("no-window", {"local_attn_size": None})):
+        shutil.copytree(folder / "main", folder / name)
+        cfg = json.loads((folder / name / "run_config.json").read_text())
+        cfg.update(change)
+        (folder / name / "run_config.json").write_text(json.dumps({k: v for k, v in cfg.items() if v is not None}))
+    run = subprocess.run([sys.executable, "-m", "worldtrace_cli", "parity", str(folder)], capture_output=True,
+                         text=True, timeout=300)
+    assert run.returncode == 0, run.stderr
+    (skipped,) = [ln for ln in run.stderr.splitlines() if "not replayed:" in ln]
+    assert "other-shift (shift 5.0" in skipped and "no-window (run_config.json lacks 'local_attn_size')" in skipped
+    assert "main/latents" in run.stdout and "other-shift/" not in run.stdout and "Traceback" not in run.stderr
+    for sub in ("main", "nosink_la10", "global", "no-window"):
+        shutil.rmtree(folder / sub)
+    run = subprocess.run([sys.executable, "-m", "worldtrace_cli", "parity", str(folder)], capture_output=True,
+                         text=True, timeout=300)
+    errors = [ln for ln in run.stderr.splitlines() if ln.startswith("worldtrace: error:")]
+    assert run.returncode == 2 and len(errors) == 1 and "no replayable variant" in errors[0], run.stderr

@@ -57,7 +57,9 @@ def parity(folder, rope_precision, compile_mode, device, lingbot):
             if skipped:
                 click.echo(f"worldtrace: not replayed: {'; '.join(skipped)} (docs/selfforcing.md)", err=True)
         elif lingbot:
-            diffs = compare_lingbot(folder, rope_precision, device, compile_mode)
+            diffs, skipped = compare_lingbot(folder, rope_precision, device, compile_mode)
+            if skipped:
+                click.echo(f"worldtrace: not replayed: {'; '.join(skipped)} (docs/lingbot.md)", err=True)
         else:
             diffs = compare(folder, rope_precision, compile_mode, device)
     except WorldtraceError as exc:

@@ -32,6 +32,29 @@ LINGBOT_VARIANTS = {"main": (18, 6), "nosink_la10": (10, 0), "global": (-1, 0)} 
 FRAME_NUM = 137  # video frames the fixtures requested (their run_config.json)
 
 
+# what an official-layout variant's run_config.json may say for the replay to reproduce it: the causal-fast
+# loop with chunks of 4 latent frames, shift 10 and the 4-step table (any other value: "not replayed")
+REPLAYED = {"chunk_size": 4, "shift": 10.0, "timesteps_index": [0, 250, 500, 750], "num_train_timesteps": 1000,
+            "infer_mode": "causal_fast"}
+
+
+def variant_settings(cfg) -> tuple[tuple[int, int, int] | None, str | None]:
+    """((local_attn_size, sink_size, frame_num_requested), None) from an official-layout variant's
+    ``run_config.json``, or (None, why) when the replay cannot reproduce it: not an object, a key it
+    reads missing or not a whole number, another sampler, chunk size or loop (:data:`REPLAYED`)."""
+    if not isinstance(cfg, dict):
+        return None, "run_config.json is not an object"
+    for key in ("local_attn_size", "sink_size", "frame_num_requested"):
+        if key not in cfg:
+            return None, f"run_config.json lacks {key!r}"
+        if not isinstance(cfg[key], int) or isinstance(cfg[key], bool):
+            return None, f"run_config.json {key!r} is {cfg[key]!r}, not a whole number"
+    for key, value in REPLAYED.items():
+        if key in cfg and cfg[key] != value:
+            return None, f"{key} {cfg[key]!r}: this replay reproduces {value!r}"
+    return (cfg["local_attn_size"], cfg["sink_size"], cfg["frame_num_requested"]), None
+
+
 def is_lingbot_fixture(folder: str | Path) -> bool:
     """True for a LingBot fixture folder of either layout."""
     folder = Path(folder)
@@ -44,14 +67,15 @@ def _need(path: Path) -> Path:
     return path
 
 
-def load_lingbot_fixture(folder: str | Path) -> tuple[dict, dict]:
+def load_lingbot_fixture(folder: str | Path, skipped: list | None = None) -> tuple[dict, dict]:
     """(inputs, variants) of a fixture folder: inputs ``text_context`` [12, 4096], ``vae_latent``
     [16, 32, 4, 8], ``poses`` [140, 4, 4], ``intrinsics`` [140, 4], ``noise``, ``add_noise_draws``,
     ``frame_num``; variants ``name -> (local_attn_size, sink_size, {"c{c}_s{s}_x0": [16, 4, 4, 8],
-    "output_latents": [16, 32, 4, 8]})``.
+    "output_latents": [16, 32, 4, 8]})``. A variant the replay cannot reproduce
+    (:func:`variant_settings`) is left out and named in ``skipped`` (``"name (why)"``).
 
     Raises:
-        InputError: a file is missing; CheckpointError: one is unreadable.
+        InputError: a file is missing, no variant is replayable; CheckpointError: one is unreadable.
     """
     folder = Path(folder)
     if (folder / "tiny_data.safetensors").is_file():
@@ -69,16 +93,31 @@ def load_lingbot_fixture(folder: str | Path) -> tuple[dict, dict]:
     inputs = {"text_context": raw["text_context"], "vae_latent": raw["vae_latent"], "poses": torch.from_numpy(poses),
               "intrinsics": torch.from_numpy(intrinsics), "noise": run["noise"],
               "add_noise_draws": run["add_noise_draws"]}
-    variants = {}
+    variants, skipped = {}, [] if skipped is None else skipped
+    frame_nums = set()
     for sub in sorted(p for p in folder.iterdir() if (p / "run_config.json").is_file()):
-        cfg = json.loads((sub / "run_config.json").read_text())
+        try:
+            settings, why = variant_settings(json.loads((sub / "run_config.json").read_text()))
+        except (OSError, ValueError) as exc:
+            settings, why = None, f"run_config.json unreadable: {' '.join(str(exc).split())[:80]}"
+        if settings is None:
+            skipped.append(f"{sub.name} ({why})")
+            continue
         out = read_state_dict(_need(sub / "tiny_outputs.safetensors"))
+        if "output_latents" not in out:
+            skipped.append(f"{sub.name} (tiny_outputs.safetensors has no output_latents)")
+            continue
         wanted = {k[len("call_"):]: v for k, v in out.items() if k.startswith("call_c") and k.endswith("_x0")}
         wanted["output_latents"] = out["output_latents"]
-        variants[sub.name] = (cfg["local_attn_size"], cfg["sink_size"], wanted)
-        inputs["frame_num"] = cfg["frame_num_requested"]
+        variants[sub.name] = (settings[0], settings[1], wanted)
+        frame_nums.add(settings[2])
+    if len(frame_nums) > 1:  # one set of inputs (noise, poses) for every variant
+        raise InputError(f"{folder}: variants request different frame counts ({sorted(frame_nums)}); one folder's "
+                         f"variants share its inputs")
     if not variants:
-        raise InputError(f"{folder}: no variant folder with run_config.json")
+        raise InputError(f"{folder}: no replayable variant folder with run_config.json"
+                         f"{'; not replayed: ' + '; '.join(skipped) if skipped else ''}"[:400])
+    inputs["frame_num"] = frame_nums.pop()
     return inputs, variants
 
 
@@ -121,9 +160,10 @@ def replay_variant(model, inputs: dict, local_attn_size: int, sink_size: int, de
 
 
 def compare_lingbot(folder: str | Path, rope_precision: str = "float32", device: str = "cpu",
-                    compile_mode: str = "none") -> dict[str, float]:
-    """Largest |difference| per variant (``<variant>/x0`` over every denoising call,
-    ``<variant>/latents``) between the product's replay and the official outputs, with the speed
+                    compile_mode: str = "none") -> tuple[dict[str, float], list[str]]:
+    """(largest |difference| per variant (``<variant>/x0`` over every denoising call,
+    ``<variant>/latents``) between the product's replay and the official outputs; the variants present
+    but not replayed, :func:`load_lingbot_fixture`'s ``skipped``), with the speed
     settings of ``generate`` (``rope_precision``, ``compile_mode``:
     :func:`~worldtrace_cli.model.speed.configure_speed`).
 
@@ -140,14 +180,15 @@ def compare_lingbot(folder: str | Path, rope_precision: str = "float32", device:
         return _compare_lingbot(Path(folder), rope_precision, device, compile_mode)
 
 
-def _compare_lingbot(folder: Path, rope_precision: str, device: str, compile_mode: str) -> dict[str, float]:
+def _compare_lingbot(folder: Path, rope_precision: str, device: str, compile_mode: str) -> tuple[dict, list]:
     from ..model.lingbot.checkpoint import load_lingbot_dit
     from ..model.speed import configure_speed
 
     model = load_lingbot_dit(_need(folder / "tiny_config.json"), weights=_need(folder / "tiny_weights.safetensors"),
                              device=device)
     configure_speed(model, rope_precision, compile_mode)
-    inputs, variants = load_lingbot_fixture(folder)
+    skipped: list[str] = []
+    inputs, variants = load_lingbot_fixture(folder, skipped)
     diffs = {}
     for name, (window, sink, want) in variants.items():
         x0s, latents, _ = replay_variant(model, inputs, window, sink, device)
@@ -156,4 +197,4 @@ def _compare_lingbot(folder: Path, rope_precision: str, device: str, compile_mod
             raise InputError(f"{folder}: variant {name} expects calls this replay did not make: {', '.join(missing[:4])}")
         diffs[f"{name}/x0"] = max((x0s[k] - v).abs().max().item() for k, v in want.items() if k != "output_latents")
         diffs[f"{name}/latents"] = (latents - want["output_latents"]).abs().max().item()
-    return diffs
+    return diffs, skipped
