@@ -159,7 +159,6 @@ def test_worldtrace_parity_on_the_fixture_folder():
     assert "longlive_switch/x0" in out.stdout and "not replayed" not in out.stderr
 
 
-@needs_fixtures
 def test_a_variant_the_replay_cannot_reproduce_is_named_never_passed():
     """variant_memory reads a run_config.json into the writer it replays, or says why it cannot: a missing
     or non-integer key, more than one prompt switch, more than two prompts (fixture-free)."""
@@ -180,6 +179,7 @@ def test_a_variant_the_replay_cannot_reproduce_is_named_never_passed():
         assert memory is None and why in reason, (name, reason)
 
 
+@needs_fixtures
 def test_parity_reads_any_fixture_folder_by_its_files_and_names_each_deviation(tmp_path):
     """A folder in the official format holding only some variants under other names (a window-and-sink run,
     a prompt-switch run) and one the replay cannot reproduce (a context-noise setting): the family is read
