@@ -80,7 +80,7 @@ def command_line(ctx, drop: tuple[str, ...] = ()) -> list[str]:
                    "(one CLIP forward per pixel frame).")
 @click.option("--hash-checkpoint", is_flag=True, help="sha256 whole checkpoint files (default: first MiB).")
 @click.option("--save-every", type=int, default=16, show_default=True,
-              help="Save a resume state every N chunks (0: only on Ctrl-C/SIGTERM).")
+              help="Save a resume state before the first chunk and every N chunks (0: only on Ctrl-C/SIGTERM).")
 @speed_options
 @attention_options
 @click.option("--weights-dtype", type=click.Choice(["auto", "fp8"]), default="auto", show_default=True,
