@@ -268,3 +268,22 @@ def test_the_docs_tables_of_writers_name_every_registered_writer_and_no_other():
     table = text.split("### The writers", 1)[1].split("\n\n", 3)[2]
     rows = re.findall(r"^\| `([a-z][a-z-]*)", table, flags=re.M)  # `mixed:k`, `worldkv[:r]`: the name
     assert sorted(rows) == sorted(WRITER_OPTIONS) and len(rows) == len(set(rows)), rows
+
+
+def test_the_readme_and_memory_tables_say_each_writers_own_default_positions():
+    """README.md's and docs/memory.md's ``--cache`` tables: one row per registered writer, no more, and
+    each row's "default positions" column is the scheme the writer class reads slots at by default."""
+    from worldtrace_cli.memory import WRITERS
+    from worldtrace_cli.writer_options import WRITER_OPTIONS
+
+    for page in (ROOT / "README.md", ROOT / "docs" / "memory.md"):
+        text = page.read_text()
+        start = text.index("| `--cache` |")
+        table = text[start:text.index("\n\n", start)].splitlines()
+        header = [c.strip() for c in table[0].strip("|").split("|")]
+        col = header.index("default positions")
+        rows = {re.match(r"`([a-z][a-z-]*)", cells[0]).group(1): cells[col]
+                for cells in ([c.strip() for c in line.strip("|").split("|")] for line in table[2:])}
+        assert sorted(rows) == sorted(WRITER_OPTIONS), (page.name, sorted(rows))
+        for name, said in rows.items():
+            assert said.startswith(f"`{WRITERS[name].default_positions}`"), (page.name, name, said)

@@ -329,3 +329,24 @@ def test_no_ffmpeg_is_a_one_line_output_error_before_anything_is_touched(tmp_pat
     line = one_line_error(generate("--preset", "tiny", ABA, "--chunks", 1, "--overwrite", "-o", out), 4)
     assert "no ffmpeg executable" in line and "IMAGEIO_FFMPEG_EXE" in line
     assert sorted(p.name for p in out.iterdir()) == ["keep.txt"]
+
+
+def test_every_command_says_the_same_of_preset():
+    """One help text for ``--preset`` (cli/options.py:preset_option) in every command that takes one;
+    a command adds only a note of what it does with it."""
+    import click
+
+    from worldtrace_cli.cli import main
+
+    def commands(group, path=()):
+        for name, cmd in group.commands.items():
+            if isinstance(cmd, click.Group):
+                yield from commands(cmd, path + (name,))
+            else:
+                yield " ".join(path + (name,)), cmd
+
+    helps = {name: p.help for name, cmd in commands(main) for p in cmd.params if "--preset" in p.opts}
+    assert {"generate", "compare", "play", "loopbench run", "bench speed", "bench memory", "train dit",
+            "train eval", "world render"} <= set(helps)
+    stem = "Model preset: a built-in name ("
+    assert [n for n, h in helps.items() if not h.startswith(stem) and n != "train grow"] == [], helps

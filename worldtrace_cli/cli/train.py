@@ -8,7 +8,7 @@ from pathlib import Path
 import click
 
 from .common import run_job
-from .options import NonEmptyPath, SEED
+from .options import SEED, NonEmptyPath, preset_option
 
 
 def _settings(steps, minutes, lr, warmup, seed, threads, save_every, log_every, ema=0.0):
@@ -166,8 +166,7 @@ def train_encode_cmd(vae_weights, output, shards, seed, late, loop, max_angle, v
 @train.command("dit")
 @click.option("--data", type=click.Path(exists=True, file_okay=False, path_type=Path), required=True,
               help="Data folder of `train encode` (re-scanned for new shards while training).")
-@click.option("--preset", default="loopworld", show_default=True, metavar="NAME|FILE",
-              help="Preset whose DiT configuration is trained.")
+@preset_option("loopworld", note="its DiT configuration is trained")
 @loop_options(default_steps=4000, default_lr=1e-3)
 @click.option("--batch", type=click.IntRange(1), default=4, show_default=True, help="Clips per optimiser step.")
 @click.option("--return-weight", type=click.FloatRange(1), default=3.0, show_default=True,
@@ -233,9 +232,8 @@ def train_dit_cmd(data, preset, output, steps, minutes, lr, warmup, seed, thread
 @click.argument("dit_dir", type=click.Path(exists=True, file_okay=False, path_type=Path))
 @click.option("--vae", "vae_weights", type=click.Path(exists=True, dir_okay=False, path_type=Path), required=True,
               help="The VAE weights (vae.safetensors of `train vae`) that encode the held-out clips.")
-@click.option("--preset", default=None, metavar="NAME|FILE",
-              help="Preset of the DiT's configuration (default: the one DIT_DIR/settings.json names; needed for a "
-                   "folder holding only dit.safetensors, e.g. weights trained elsewhere).")
+@preset_option(note="its DiT configuration; default: the one DIT_DIR/settings.json names (needed for a folder "
+                    "holding only dit.safetensors, e.g. weights trained elsewhere)")
 @click.option("--data", type=click.Path(file_okay=False, path_type=Path), default=None, metavar="DIR",
               help="Folder where the held-out clips are cached (default: the run's data folder, else DIT_DIR); "
                    "its late conditioning is computed from --vae when it has none.")

@@ -7,7 +7,7 @@ from pathlib import Path
 import click
 
 from .common import run_job
-from .options import NonEmptyPath, SEED
+from .options import SEED, NonEmptyPath, preset_option
 
 
 @click.group("world")
@@ -20,8 +20,7 @@ def world():
 @click.option("--world-seed", type=SEED, default=0, show_default=True, help="Which world.")
 @click.option("--chunks", type=click.IntRange(1, 100_000), default=None,
               help="Chunks to cover (default: the trajectory's length), as `generate --chunks`.")
-@click.option("--preset", default="loopworld", show_default=True, metavar="NAME|FILE",
-              help="Takes the frame size and fps from this preset.")
+@preset_option("loopworld", note="the frame size and fps come from it")
 @click.option("-o", "--output", type=NonEmptyPath(path_type=Path), required=True, metavar="DIR",
               help="Folder for video.mp4 and poses.json (created; existing files are replaced).")
 @click.option("--no-progress/--progress", "no_progress", default=False, help="No progress bar (default: --progress, on stderr).")
