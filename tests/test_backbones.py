@@ -45,10 +45,26 @@ def echo():
         BACKBONES.pop("echo-still", None)
 
 
+BUILT_IN = sorted(BACKBONES)  # every row registered at import (the built-ins and installed plugins)
+
+
+def _tiny_preset(architecture: str) -> str:
+    """The first built-in preset of ``architecture`` whose name says tiny (what the face tests run)."""
+    return next(n for n in preset_names() if "tiny" in n and load_preset(n).architecture == architecture)
+
+
 def _presets(echo_module):
-    """One tiny preset per registered row (the built-ins' and Echo's), with a trajectory of its mode."""
-    return {"mg2": ("tiny", ABA), "lingbot": ("lingbot-tiny", ABA), "selfforcing": ("self-forcing-tiny", PROMPTS),
-            "echo": (str(echo_module.PRESET), ABA), "echo-still": (str(echo_module.STILL_PRESET), ABA)}
+    """One tiny preset per registered row (every built-in row's, read from the registry, and Echo's), with a
+    trajectory of its row's kind (prompt segments for a backbone that takes prompts, else actions)."""
+    rows = {a: (_tiny_preset(a), PROMPTS if BACKBONES[a].takes_prompts else ABA) for a in BUILT_IN}
+    return {**rows, "echo": (str(echo_module.PRESET), ABA), "echo-still": (str(echo_module.STILL_PRESET), ABA)}
+
+
+def test_every_registered_row_has_a_tiny_preset_the_face_tests_run():
+    """The face tests below are parametrized over the registry: a new row needs only a tiny preset."""
+    assert {"mg2", "lingbot", "selfforcing"} <= set(BUILT_IN)
+    for architecture in BUILT_IN:
+        assert load_preset(_tiny_preset(architecture)).architecture == architecture
 
 
 def test_every_row_loads_its_classes_and_every_preset_names_a_row():
@@ -72,7 +88,7 @@ FLAGS = [
 ]
 
 
-@pytest.mark.parametrize("architecture", ["mg2", "lingbot", "selfforcing", "echo"])
+@pytest.mark.parametrize("architecture", [*BUILT_IN, "echo"])
 def test_generate_takes_or_refuses_each_flag_as_the_row_says(architecture, echo, tmp_path):
     """For every row and conditioning flag: a row without the capability refuses the flag in one line
     (exit 2) naming it and the backbones that take it, before any model loads; a row with it gets past
@@ -106,7 +122,7 @@ def test_generate_takes_or_refuses_each_flag_as_the_row_says(architecture, echo,
         assert "--cache worldkv: retrieves memory by camera pose; preset" in line and "has no camera" in line
 
 
-@pytest.mark.parametrize("architecture", ["mg2", "lingbot", "selfforcing", "echo", "echo-still"])
+@pytest.mark.parametrize("architecture", [*BUILT_IN, "echo", "echo-still"])
 def test_sessions_and_play_take_or_refuse_as_the_row_says(architecture, echo, tmp_path):
     """``worldtrace.open`` and ``worldtrace play`` on every row: a backbone that is not live is refused by
     both (one line, exit 2 from play); image= and prompt= are refused where the row takes none."""
