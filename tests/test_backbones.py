@@ -246,6 +246,24 @@ def test_lingbot_world_runs_live_and_generate_replays_the_session(tmp_path):
     assert replayed == shas
 
 
+def test_a_lingbot_world_session_saves_loads_and_forks_to_the_same_frames(tmp_path):
+    """save / load / fork of a LingBot-World session (its camera poses integrated so far travel with the
+    run's parts): the original, a fork and a loaded copy make the same next chunk, the cache panel's
+    slots included."""
+    with wt.open("lingbot-tiny", image=IMAGE, prompt="a quiet loop", cache="landmark", device="cpu") as s:
+        for action in ("forward", "forward+camera_l"):
+            s.step(action)
+        fork = s.fork()
+        s.save(tmp_path / "saved")
+        loaded = wt.load(tmp_path / "saved", pipeline=s.pipeline)
+        outs = [x.step("camera_r").record for x in (s, fork, loaded)]
+        for x in (fork, loaded):
+            x.close()
+    assert len({r["frames_sha256"] for r in outs}) == 1
+    assert outs[0]["cache"]["slots"] == outs[1]["cache"]["slots"] == outs[2]["cache"]["slots"]
+    assert outs[0]["chunk"] == 2 and outs[0]["cache"]["writer"] == "landmark"
+
+
 def test_the_source_names_no_backbone_outside_the_registry_and_the_backbones_own_modules():
     """Only the registry and each backbone's own modules (its model folder, pipeline, rollout, the replay of
     its official code's fixtures) name an architecture: no ``is_lingbot`` / ``is_text``, no ``architecture ==`` test, no
