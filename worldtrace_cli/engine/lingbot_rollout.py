@@ -17,6 +17,7 @@ replay passes as ``noise``.
 from __future__ import annotations
 
 import torch
+from torch._subclasses.fake_tensor import unset_fake_temporarily
 
 from ..errors import RunError
 from ..memory import CacheWriter
@@ -91,8 +92,6 @@ class LingbotRollout(ChunkRollout):
             raise ValueError(f"chunk {chunk}: a rollout of explicit poses takes no poses with its requests")
 
     def chunk_inputs(self, read, frame_start: int, frames: int, request: ChunkRequest):
-        from torch._subclasses.fake_tensor import unset_fake_temporarily
-
         with unset_fake_temporarily():  # a host array, real also when the memory plan runs this (FakeTensorMode)
             camera = (self.track.chunk(frame_start, frames) if self.track is not None else
                       self.camera.chunk(request.poses.numpy(), frame_start, frames))

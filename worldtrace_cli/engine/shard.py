@@ -44,7 +44,7 @@ from datetime import timedelta
 import torch
 
 from ..errors import InputError
-from .shard_check import MODES, check, check_split  # torch-free: the CLI refuses before torch loads
+from .shard_check import MODES, check_split  # torch-free: the CLI refuses before torch loads (engine/shard_check.py)
 
 log = logging.getLogger("worldtrace")
 _STATE: dict = {}  # the active sharding: rank, world, device, mode (set by start)
@@ -248,5 +248,5 @@ def follow(rollout, feed=None) -> int:
             signal.signal(sig, handler)
 
 
-__all__ = ["MODES", "active", "announcer", "check", "check_split", "device", "end_run", "finish", "follow",
+__all__ = ["MODES", "active", "announcer", "check_split", "device", "end_run", "finish", "follow",
            "head_split", "joined", "place_dit", "rank", "shard_dit", "split_heads", "start"]

@@ -26,6 +26,7 @@ import torch
 
 from ..errors import InputError
 from ..model.checkpoint import read_state_dict
+from .parity_selfforcing import whole_number
 
 TOLERANCE = 1e-4
 LINGBOT_VARIANTS = {"main": (18, 6), "nosink_la10": (10, 0), "global": (-1, 0)}  # the extract's settings
@@ -47,7 +48,7 @@ def variant_settings(cfg) -> tuple[tuple[int, int, int] | None, str | None]:
     for key in ("local_attn_size", "sink_size", "frame_num_requested"):
         if key not in cfg:
             return None, f"run_config.json lacks {key!r}"
-        if not isinstance(cfg[key], int) or isinstance(cfg[key], bool):
+        if not whole_number(cfg[key]):
             return None, f"run_config.json {key!r} is {cfg[key]!r}, not a whole number"
     for key, value in REPLAYED.items():
         if key in cfg and cfg[key] != value:

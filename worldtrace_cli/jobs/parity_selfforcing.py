@@ -46,7 +46,8 @@ KNOWN_KEYS = {"repo", "commit", "pipeline", "model_class", "local_attn_size", "s
 REQUIRED_KEYS = ("local_attn_size", "num_frame_per_block", "num_chunks")  # what every replay reads
 
 
-def _whole(value) -> bool:
+def whole_number(value) -> bool:
+    """True for an int that is not a bool (a run_config.json count or size read as JSON)."""
     return isinstance(value, int) and not isinstance(value, bool)
 
 
@@ -67,14 +68,14 @@ def variant_memory(cfg: dict) -> tuple[dict | None, str | None]:
     missing = [k for k in REQUIRED_KEYS if k not in cfg]
     if missing:
         return None, f"run_config.json lacks {missing[0]!r}"
-    wrong = [k for k in REQUIRED_KEYS + ("sink_size",) if k in cfg and not _whole(cfg[k])]
+    wrong = [k for k in REQUIRED_KEYS + ("sink_size",) if k in cfg and not whole_number(cfg[k])]
     if wrong:
         return None, f"run_config.json {wrong[0]!r} is {cfg[wrong[0]]!r}, not a whole number"
-    if int(cfg["local_attn_size"]) < 0 and not all(_whole(cfg.get(k)) and cfg[k] > 0
+    if int(cfg["local_attn_size"]) < 0 and not all(whole_number(cfg.get(k)) and cfg[k] > 0
                                                    for k in ("kv_cache_tokens", "frame_seq_length")):
         return None, "a global cache without kv_cache_tokens and frame_seq_length"
     switches = cfg.get("switch_frame_indices") or []
-    if not isinstance(switches, list) or len(switches) > 1 or not all(_whole(i) and i >= 0 for i in switches):
+    if not isinstance(switches, list) or len(switches) > 1 or not all(whole_number(i) and i >= 0 for i in switches):
         return None, f"switch_frame_indices {switches!r}: this replay reproduces one prompt switch (two prompts)"
     if switches and len(cfg.get("prompts") or [None, None]) != 2:
         return None, f"{len(cfg['prompts'])} prompts: this replay reproduces one switch between two"
@@ -261,5 +262,5 @@ def bound(entry: str) -> float:
     return 2e-4 if "/cache" in entry else 1e-4
 
 
-__all__ = ["bound", "cache_diff", "compare_selfforcing", "is_selfforcing_fixture", "load_fixture_dit", "replay_variant",
+__all__ = ["bound", "cache_diff", "compare_selfforcing", "whole_number", "is_selfforcing_fixture", "load_fixture_dit", "replay_variant",
            "variant_memory"]
