@@ -42,7 +42,9 @@ REPLAYED = {"chunk_size": 4, "shift": 10.0, "timesteps_index": [0, 250, 500, 750
 def variant_settings(cfg) -> tuple[tuple[int, int, int] | None, str | None]:
     """((local_attn_size, sink_size, frame_num_requested), None) from an official-layout variant's
     ``run_config.json``, or (None, why) when the replay cannot reproduce it: not an object, a key it
-    reads missing or not a whole number, another sampler, chunk size or loop (:data:`REPLAYED`)."""
+    reads missing or not a whole number, another sampler, chunk size or loop (:data:`REPLAYED`).
+    ``cfg``: the JSON the official code's fixture extraction wrote (keys as in
+    docs/reference/lingbot-architecture.md's fixtures); the frame count is in pixel frames. Raises nothing."""
     if not isinstance(cfg, dict):
         return None, "run_config.json is not an object"
     for key in ("local_attn_size", "sink_size", "frame_num_requested"):
