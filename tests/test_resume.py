@@ -2,6 +2,8 @@
 chunk, and --resume continues them to exactly the video an uninterrupted run makes."""
 
 import json
+import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -262,6 +264,48 @@ def test_resume_state_files_follow_the_umask(tmp_path, umask):
         os.umask(old)
     for name in ("state.json", "state.safetensors"):
         assert (tmp_path / "resume" / name).stat().st_mode & 0o777 == 0o666 & ~umask, name
+
+
+def test_a_save_killed_anywhere_in_its_removals_leaves_state_folders_the_next_save_takes(tmp_path, monkeypatch):
+    """A kill while a state folder is removed (the stale ``.old`` of a save, its ``.tmp``) used to leave
+    tensors without the folder's mark, which the next save refused as a user's folder (exit 4: CI's
+    random-kill test). The mark goes last: a removal stopped after any file leaves a marked folder, and
+    a save killed between its two renames keeps the previous state until the new one is in place."""
+    import torch
+
+    from worldtrace_cli.runs.folder import remove_state_folder
+    from worldtrace_cli.runs.state import check_state_target, is_state_folder, load_meta, save_state
+
+    state = tmp_path / "resume"
+    save_state(state, {"next_chunk": 1}, {"writer": {"k": torch.zeros(2)}})
+    files = sorted(p.name for p in state.iterdir())
+    for stop_after in range(1, len(files) + 1):  # a kill after each file the removal takes
+        copy = tmp_path / f"resume.old-{stop_after}"
+        shutil.copytree(state, copy)
+        removed, unlink = [], Path.unlink
+
+        def killed(self, *args, **kwargs):
+            if len(removed) == stop_after:
+                raise SystemExit(137)
+            removed.append(self.name)
+            return unlink(self, *args, **kwargs)
+
+        monkeypatch.setattr(Path, "unlink", killed)
+        try:
+            remove_state_folder(copy)
+        except SystemExit:
+            pass
+        monkeypatch.setattr(Path, "unlink", unlink)
+        assert not copy.exists() or is_state_folder(copy), (stop_after, removed, sorted(os.listdir(copy)))
+        assert ".worldtrace-state" not in removed[:-1]  # the mark only ever last
+    shutil.copytree(state, tmp_path / "resume.old", dirs_exist_ok=True)  # a partial .old beside the state
+    check_state_target(state)
+    # killed between the two renames: only .old holds the state; the next save keeps it until its own lands
+    shutil.rmtree(tmp_path / "resume.old")
+    state.rename(tmp_path / "resume.old")
+    assert load_meta(state)["next_chunk"] == 1  # read from .old
+    save_state(state, {"next_chunk": 2}, {"writer": {"k": torch.ones(2)}})
+    assert load_meta(state)["next_chunk"] == 2 and not (tmp_path / "resume.old").exists()
 
 
 def _wait_for_orphaned_ffmpeg(out: Path, timeout: float = 30.0) -> None:

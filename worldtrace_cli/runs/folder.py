@@ -52,6 +52,34 @@ def _reason(err: OSError) -> str:
     return err.strerror or type(err).__name__
 
 
+STATE_MARK = ".worldtrace-state"  # written first into every state folder: its files are worldtrace's
+
+
+def remove_state_folder(path: str | Path) -> None:
+    """Remove a state folder so that a kill at any moment leaves one :func:`is_state_folder` still
+    recognises: its files first, the mark (:data:`STATE_MARK`) last, then the folder. (``shutil.rmtree``
+    takes them in directory order: killed after the mark went, it left tensors a later save refused to
+    touch as someone else's.) Missing paths are fine; OS errors are ignored as ``rmtree``'s would be."""
+    path = Path(path)
+    try:
+        names = sorted(os.listdir(path), key=lambda n: n == STATE_MARK)  # the mark last
+    except OSError:
+        return
+    for name in names:
+        target = path / name
+        try:
+            if target.is_dir() and not target.is_symlink():
+                shutil.rmtree(target, ignore_errors=True)
+            else:
+                target.unlink()
+        except OSError:
+            pass
+    try:
+        path.rmdir()
+    except OSError:
+        pass
+
+
 class RunFolder:
     """One run's folder (it need not exist yet).
 
@@ -270,7 +298,7 @@ class RunFolder:
     def clear_state(self) -> None:
         """Remove the resume state (after the run completed)."""
         for name in (STATE, STATE + ".old", STATE + ".tmp"):
-            shutil.rmtree(self.path / name, ignore_errors=True)
+            remove_state_folder(self.path / name)
 
     # -- records and video ---------------------------------------------------------------------
     def records(self) -> tuple[list[dict], bool]:

@@ -12,7 +12,6 @@ seam may differ (the encoder restarts).
 
 from __future__ import annotations
 
-import shutil
 from dataclasses import replace
 from pathlib import Path
 
@@ -29,14 +28,14 @@ def save_run_state(folder: RunFolder, run, inputs: dict) -> None:
     :class:`~worldtrace_cli.runs.run.Run`; call after its decode pipeline was flushed): its
     :meth:`~worldtrace_cli.runs.run.Run.parts`, progress, config and original command line;
     ``inputs``: the trajectory's and image's sha256. Raises OutputError (disk full, permissions)."""
-    from .state import save_state
+    from .state import remove_state_folder, save_state
 
     cfg, rollout, command = run.cfg, run.rollout, run.command
     parts = {**run.parts(), "progress": run.progress}
     meta = {"config": cfg.to_dict(), "next_chunk": rollout.chunk, "version": STATE_VERSION, "inputs": inputs,
             "command": list(command)}
     # the run folder's scratch is the run's own: one a kill left under an older version (no mark) goes
-    shutil.rmtree(folder.state.with_name(folder.state.name + ".tmp"), ignore_errors=True)
+    remove_state_folder(folder.state.with_name(folder.state.name + ".tmp"))
     save_state(folder.state, meta, parts)
 
 

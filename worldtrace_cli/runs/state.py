@@ -12,7 +12,6 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import shutil
 from collections import deque
 from pathlib import Path, PurePath
 from typing import Any
@@ -20,6 +19,7 @@ from typing import Any
 import torch
 
 from ..errors import InputError, OutputError
+from .folder import STATE_MARK, remove_state_folder  # torch-free: RunFolder removes states too
 
 
 def pack(obj: Any, tensors: dict[str, torch.Tensor], prefix: str = "t") -> Any:
@@ -97,7 +97,6 @@ def unpack(tree: Any, tensors: dict[str, torch.Tensor], device: torch.device | s
     raise InputError(f"resume state: unknown entry {sorted(tree)[:3]}")
 
 
-STATE_MARK = ".worldtrace-state"  # written first into every state folder: its files are worldtrace's
 STATE_FILES = frozenset({"state.json", "state.safetensors", STATE_MARK})  # all a state folder ever holds
 
 
@@ -163,7 +162,7 @@ def save_state(folder: str | Path, meta: dict, parts: dict[str, Any]) -> None:
     tensors: dict[str, torch.Tensor] = {}
     tree = {name: pack(value, tensors, prefix=f"{name}.") for name, value in parts.items()}
     try:
-        shutil.rmtree(tmp, ignore_errors=True)
+        remove_state_folder(tmp)
         tmp.mkdir(parents=True)
         (tmp / STATE_MARK).write_bytes(b"")  # first: a kill from here on leaves a folder known as worldtrace's
         save_file({k: v for k, v in tensors.items() if isinstance(k, str)}, str(tmp / "state.safetensors"))
@@ -174,7 +173,7 @@ def save_state(folder: str | Path, meta: dict, parts: dict[str, Any]) -> None:
         os.chmod(tmp / STATE_MARK, (tmp / "state.json").stat().st_mode & 0o777)
         _commit_state(tmp, folder)
     except Exception as exc:  # disk full, permissions: the previous state stays current
-        shutil.rmtree(tmp, ignore_errors=True)
+        remove_state_folder(tmp)
         raise OutputError(f"{folder}: cannot save the resume state ({type(exc).__name__}: "
                           f"{' '.join(str(exc).split())[:200]})") from None
 
@@ -196,11 +195,12 @@ def _commit_state(tmp: Path, folder: Path) -> None:
         finally:
             os.close(fd)
     old = folder.with_name(folder.name + ".old")
-    shutil.rmtree(old, ignore_errors=True)
-    if folder.exists():
+    if folder.exists():  # the current state: an ``.old`` beside it is stale
+        remove_state_folder(old)
         folder.rename(old)
+    # (no current state: a kill between the two renames left the previous one in ``.old``, kept until now)
     tmp.rename(folder)
-    shutil.rmtree(old, ignore_errors=True)
+    remove_state_folder(old)
 
 
 def load_meta(folder: str | Path) -> dict:
