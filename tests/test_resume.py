@@ -241,6 +241,7 @@ def test_overwrite_removes_an_old_resume_state(tmp_path):
     out = tmp_path / "run"
     (out / "resume").mkdir(parents=True)
     (out / "resume" / "state.json").write_text("{}")
+    (out / "resume" / ".worldtrace-state").write_bytes(b"")  # a state worldtrace saved (its mark)
     (out / "chunks.jsonl").write_text("")
     run_generation(config(out, "sliding", overwrite=True, save_every=0))
     assert not (out / "resume").exists()

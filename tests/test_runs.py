@@ -41,6 +41,7 @@ def test_prepare_refuses_runs_and_overwrite_clears_them(tmp_path):
         folder.prepare(overwrite=False)
     (folder.state).mkdir()
     (folder.state / "state.json").write_text("{}")
+    (folder.state / ".worldtrace-state").write_bytes(b"")  # the mark every saved state carries
     folder.summary_path.unlink()
     assert folder.status() == "resumable"
     with pytest.raises(OutputError, match="generate --resume"):

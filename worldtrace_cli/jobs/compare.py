@@ -11,6 +11,7 @@ is a still: one row per mode, a few frames across the rollout. With a procedural
 
 from __future__ import annotations
 
+import json
 import logging
 import sys
 from pathlib import Path
@@ -77,6 +78,24 @@ def draw_panel(frame, label: str, hud=None, key_letters: str = ""):
             draw.line((cx, cy, cx + dx, cy + dy), fill=(255, 255, 0, 255), width=max(1, unit // 5))
             draw.ellipse((cx + dx - 2, cy + dy - 2, cx + dx + 2, cy + dy + 2), fill=(255, 255, 0, 255))
     return img
+
+
+def _remove_own_result(path: Path) -> None:
+    """Remove a ``compare.json`` that a comparison wrote (a JSON object with its ``modes``); a user's
+    file under that name is refused (OutputError, exit 4), never deleted."""
+    from ..errors import OutputError
+
+    if not (path.exists() or path.is_symlink()):
+        return
+    try:
+        doc = json.loads(path.read_text())
+        ours = path.is_file() and not path.is_symlink() and isinstance(doc, dict) and "modes" in doc
+    except (OSError, ValueError, UnicodeDecodeError):
+        ours = False
+    if not ours:
+        raise OutputError(f"{path}: a file worldtrace did not write; compare writes this name and replaces only "
+                          f"what it wrote: move it away or choose another output folder")
+    path.unlink()
 
 
 def write_grid_video(videos: list[Path], labels: list[str], path: Path, fps: float, hud=None,
@@ -325,7 +344,7 @@ def run_compare(trajectory: str | Path, caches: list[str], out_dir: str | Path, 
 
     with RunFolder(out_dir).lock("compare"):
         steps = [("run", cfg) if overwrite else next_step(cfg.output, cfg) for cfg in configs]  # refuse before running
-        (out_dir / "compare.json").unlink(missing_ok=True)  # a comparison is complete only once its panels exist
+        _remove_own_result(out_dir / "compare.json")  # a comparison is complete only once its panels exist
         pipeline, summaries = None, []
         try:
             # a signal heard between runs, or in a run's last chunk (that run then completes), stops

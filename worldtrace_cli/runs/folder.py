@@ -43,6 +43,8 @@ LOCK = ".worldtrace.lock"
 HOLDER = ".worldtrace.lock.json"
 RUN_FILES = (SUMMARY, CHUNKS, VIDEO, TIMELINE)  # a replaced run loses these (summary first)
 LEFTOVERS = (STATE, STATE + ".old", STATE + ".tmp", VIDEO_PART)  # a replaced run's resume state goes too
+STATE_NAMES = (STATE, STATE + ".old", STATE + ".tmp")
+MANIFEST = ".worldtrace-run.json"  # written when a folder becomes a run's: the names below are then worldtrace's
 
 
 log = logging.getLogger("worldtrace")
@@ -53,6 +55,51 @@ def _reason(err: OSError) -> str:
 
 
 STATE_MARK = ".worldtrace-state"  # written first into every state folder: its files are worldtrace's
+STATE_FILES = frozenset({"state.json", "state.safetensors", STATE_MARK})  # all a state folder ever holds
+
+
+def is_state_folder(path: str | Path) -> bool:
+    """True when ``path`` is a folder worldtrace may replace or remove without losing anyone's
+    files: a real folder (not a link) that is empty, or holds nothing but a state's own files and
+    is marked as worldtrace's (:data:`STATE_MARK`, written first, so a save killed midway is
+    recognised too) or holds a ``state.json`` that reads as one (states saved before the mark). A
+    user's folder holding only a ``state.safetensors`` of their own is not one. Reads only; raises
+    nothing (an unreadable folder is not one)."""
+    path = Path(path)
+    try:
+        if not path.is_dir() or path.is_symlink():
+            return False
+        names = set(os.listdir(path))
+        if not names or (names <= STATE_FILES and STATE_MARK in names):
+            return True
+        if not names <= STATE_FILES or "state.json" not in names:
+            return False
+        doc = json.loads((path / "state.json").read_text())
+    except (OSError, ValueError):
+        return False
+    return isinstance(doc, dict) and {"meta", "parts"} <= set(doc)
+
+
+def _legacy_summary(path: Path) -> bool:
+    """A ``summary.json`` as worldtrace writes it (a JSON object with its ``status`` and ``totals``)."""
+    try:
+        doc = json.loads(path.read_text())
+    except (OSError, ValueError, UnicodeDecodeError):
+        return False
+    return isinstance(doc, dict) and "status" in doc and isinstance(doc.get("totals"), dict)
+
+
+def _legacy_records(path: Path) -> bool:
+    """A ``chunks.jsonl`` as worldtrace writes it: empty, or its first line a record with a ``chunk``."""
+    try:
+        with open(path, "rb") as fh:
+            first = fh.readline(1 << 20)
+        if not first.strip():
+            return path.stat().st_size == len(first)
+        doc = json.loads(first)
+    except (OSError, ValueError, UnicodeDecodeError):
+        return False
+    return isinstance(doc, dict) and "chunk" in doc
 
 
 def remove_state_folder(path: str | Path) -> None:
@@ -155,8 +202,8 @@ class RunFolder:
         """
         from ..outputs import concat_videos
 
-        if not self.video_part.is_file():
-            return False
+        if not self.video_part.is_file() or any(p == self.video_part for p, _ in self.foreign()):
+            return False  # none, or a file of a user's under that name: left alone (prepare refuses it)
         if self.video_part.stat().st_size == 0:
             self.video_part.unlink()
             return False
@@ -225,7 +272,8 @@ class RunFolder:
 
     def has_state(self) -> bool:
         """True when a resume state was saved (also one interrupted between its two renames)."""
-        return any((self.path / name / "state.json").is_file() for name in (STATE, STATE + ".old"))
+        return any((self.path / name / "state.json").is_file() and is_state_folder(self.path / name)
+                   for name in (STATE, STATE + ".old"))
 
     def holds_run(self) -> bool:
         """True when any run file is present (a finished, stopped or killed run), except for a run
@@ -255,25 +303,86 @@ class RunFolder:
         A folder holding a run (finished, or stopped: video, records or state) is refused unless
         ``overwrite``, so generated chunks are never deleted by accident. With ``overwrite`` the run
         files go, summary first (an interrupted rerun never looks finished), and any resume state.
+        Nothing worldtrace did not write is removed, with ``overwrite`` too: a file or folder at one of
+        the names a run writes that is not worldtrace's is refused (:meth:`foreign`). Then the folder
+        is claimed (:data:`MANIFEST`).
 
         Raises:
             OutputError: the folder cannot be created or written, or holds a run.
         """
         self.make()
-        self.refuse_occupied(overwrite)
+        self.refuse_occupied(overwrite)  # also refuses any of the names below that worldtrace did not write
         probe = self.path / f".worldtrace-write-test-{os.getpid()}"
         try:
             for name in RUN_FILES + LEFTOVERS:
                 target = self.path / name
-                if target.is_dir():
-                    shutil.rmtree(target)
-                else:
-                    target.unlink(missing_ok=True)
+                if name in STATE_NAMES:
+                    remove_state_folder(target)
+                    if target.exists() or target.is_symlink():
+                        raise OutputError(f"output folder {self.path} is not writable: cannot remove {target}")
+                elif target.is_file():
+                    target.unlink()
             probe.write_bytes(b"")
             probe.unlink()
+            self._claim()
         except OSError as err:
             raise OutputError(f"output folder {self.path} is not writable: {_reason(err)}") from None
         return self
+
+    def _claim(self) -> None:
+        """Write :data:`MANIFEST`: from now on the run files and leftovers of this folder (all absent
+        when it is written) are worldtrace's, so a later ``--overwrite`` may replace them."""
+        from ..outputs import write_json_atomic
+
+        write_json_atomic(self.path / MANIFEST, {"worldtrace_run": 1, "files": list(RUN_FILES + LEFTOVERS)})
+
+    def _claimed(self) -> set[str]:
+        try:
+            doc = json.loads((self.path / MANIFEST).read_text())
+            return set(doc["files"]) if isinstance(doc, dict) and doc.get("worldtrace_run") == 1 else set()
+        except (OSError, ValueError, KeyError, TypeError):
+            return set()
+
+    def foreign(self) -> list[tuple[Path, str]]:
+        """The names a run writes (run files, resume states, ``video.part.mp4``) that are present in the
+        folder but that worldtrace cannot prove it wrote, each with why: a state name must be a state
+        folder (:func:`is_state_folder`, its mark inside); a file must be named in the folder's
+        :data:`MANIFEST` (written when the folder became a run's) or, in a folder of a version before the
+        manifest, be one of a run whose ``summary.json`` or ``chunks.jsonl`` reads as worldtrace's. Reads
+        only; raises nothing."""
+        present = [name for name in RUN_FILES + LEFTOVERS
+                   if (self.path / name).exists() or (self.path / name).is_symlink()]
+        if not present:
+            return []
+        claimed = self._claimed()
+        legacy = None
+        out = []
+        for name in present:
+            target = self.path / name
+            if name in STATE_NAMES:
+                if not is_state_folder(target):
+                    try:
+                        held = sorted(os.listdir(target))[:3] if target.is_dir() and not target.is_symlink() else []
+                    except OSError:
+                        held = []
+                    out.append((target, ("a link" if target.is_symlink() else
+                                         f"a folder holding {', '.join(held)}" if held else
+                                         "not a folder" if not target.is_dir() else "a folder of other files")
+                                + ", not a state worldtrace saved"))
+                continue
+            if target.is_symlink() or not target.is_file():
+                out.append((target, "a link" if target.is_symlink() else "a folder"))
+                continue
+            if name in claimed:
+                continue
+            if legacy is None:  # a run folder written before the manifest existed
+                legacy = ((self.summary_path.is_file() and _legacy_summary(self.summary_path))
+                          or (self.chunks.is_file() and _legacy_records(self.chunks)))
+            if legacy and (name not in (SUMMARY, CHUNKS) or
+                           (_legacy_summary(target) if name == SUMMARY else _legacy_records(target))):
+                continue
+            out.append((target, "a file worldtrace did not write"))
+        return out
 
     def refuse_occupied(self, overwrite: bool) -> None:
         """The refusals of :meth:`prepare` that read the folder without changing it (no lock, no
@@ -281,11 +390,19 @@ class RunFolder:
         reported at once; :meth:`prepare` repeats it under the lock.
 
         Raises:
-            OutputError: the path exists and is not a folder; without ``overwrite``, the folder holds a
-                finished run or an unfinished one (the message says how to resume or replace it).
+            OutputError: the path exists and is not a folder; a name a run writes is present and was not
+                written by worldtrace (:meth:`foreign`; with ``overwrite`` too: the file is named); without
+                ``overwrite``, the folder holds a finished run or an unfinished one (the message says how
+                to resume or replace it).
         """
         if self.path.exists() and not self.path.is_dir():
             raise OutputError(f"output folder {self.path} exists and is not a folder")
+        foreign = self.foreign()
+        if foreign:  # with --overwrite too: worldtrace replaces only what it wrote
+            path, what = foreign[0]
+            more = f" (and {len(foreign) - 1} more)" if len(foreign) > 1 else ""
+            raise OutputError(f"{path}: {what}{more}; a run writes this name and worldtrace replaces only what it "
+                              f"wrote: move it away or choose another output folder")
         if overwrite:
             return
         if self.is_complete():
@@ -296,9 +413,11 @@ class RunFolder:
             raise OutputError(f"output folder {self.path} holds an unfinished run ({hint})")
 
     def clear_state(self) -> None:
-        """Remove the resume state (after the run completed)."""
-        for name in (STATE, STATE + ".old", STATE + ".tmp"):
-            remove_state_folder(self.path / name)
+        """Remove the resume state (after the run completed): only folders that are states
+        (:func:`is_state_folder`); anything else at those names is left as it is."""
+        for name in STATE_NAMES:
+            if is_state_folder(self.path / name):
+                remove_state_folder(self.path / name)
 
     # -- records and video ---------------------------------------------------------------------
     def records(self) -> tuple[list[dict], bool]:

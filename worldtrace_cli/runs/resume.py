@@ -174,11 +174,13 @@ def next_step(folder: str | Path, cfg, remedy: str = "use another -o folder, --o
     Raises:
         OutputError: a complete run made with other settings (reusing it would mix settings in one
             comparison, overwriting it would delete results): the differences are named, then
-            ``remedy`` (the caller's ways out).
+            ``remedy`` (the caller's ways out); a file or folder of a user's at a name a run writes
+            (:meth:`RunFolder.foreign`: never replaced, so refused before anything loads).
     """
     from ..errors import OutputError
 
     folder = RunFolder(folder)
+    folder.refuse_occupied(overwrite=True)  # names a run writes that worldtrace did not write: refused now
     if folder.is_complete():
         summary = folder.read_summary()
         diff = differences(summary.get("config") or {}, cfg)

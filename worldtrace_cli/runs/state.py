@@ -19,7 +19,7 @@ from typing import Any
 import torch
 
 from ..errors import InputError, OutputError
-from .folder import STATE_MARK, remove_state_folder  # torch-free: RunFolder removes states too
+from .folder import STATE_FILES, STATE_MARK, is_state_folder, remove_state_folder  # noqa: F401  (torch-free: RunFolder removes states too)
 
 
 def pack(obj: Any, tensors: dict[str, torch.Tensor], prefix: str = "t") -> Any:
@@ -95,30 +95,6 @@ def unpack(tree: Any, tensors: dict[str, torch.Tensor], device: torch.device | s
     if "__dict__" in tree:
         return {k: unpack(v, tensors, device) for k, v in tree["__dict__"].items()}
     raise InputError(f"resume state: unknown entry {sorted(tree)[:3]}")
-
-
-STATE_FILES = frozenset({"state.json", "state.safetensors", STATE_MARK})  # all a state folder ever holds
-
-
-def is_state_folder(path: str | Path) -> bool:
-    """True when ``path`` is a folder :func:`save_state` may replace or remove without losing anyone's
-    files: a real folder (not a link) that is empty, or holds nothing but a state's own files and
-    is marked as worldtrace's (:data:`STATE_MARK`, written first, so a save killed midway is
-    recognised too) or holds a ``state.json`` that reads as one (states saved before the mark). A
-    user's folder holding only a ``state.safetensors`` of their own is not one."""
-    path = Path(path)
-    try:
-        if not path.is_dir() or path.is_symlink():
-            return False
-        names = set(os.listdir(path))
-        if not names or (names <= STATE_FILES and STATE_MARK in names):
-            return True
-        if not names <= STATE_FILES or "state.json" not in names:
-            return False
-        doc = json.loads((path / "state.json").read_text())
-    except (OSError, ValueError):
-        return False
-    return isinstance(doc, dict) and {"meta", "parts"} <= set(doc)
 
 
 def check_state_target(folder: str | Path) -> None:
