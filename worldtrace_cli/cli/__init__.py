@@ -13,7 +13,7 @@ import click
 from click.exceptions import NoArgsIsHelpError
 
 from .. import __version__
-from . import bench, compare, generate, loopbench, metrics, parity, play, presets, train, world
+from . import bench, compare, generate, loopbench, metrics, mind, parity, play, presets, train, world
 from .common import EchoHandler
 
 
@@ -80,7 +80,7 @@ def main(verbose: bool) -> None:
 
 
 for _command in (generate.generate, metrics.metrics_cmd, bench.bench, compare.compare, loopbench.loopbench,
-                 train.train, world.world, presets.list_presets, parity.parity, play.play):
+                 train.train, world.world, presets.list_presets, parity.parity, play.play, mind.mind):
     main.add_command(_command)
 
 

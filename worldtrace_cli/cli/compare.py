@@ -8,8 +8,8 @@ import click
 
 from .common import run_job
 from .options import (CHUNKS, SEED, NonEmptyPath, attention_config, attention_options, cache_help, checkpoint_option,
-                      device_options, memory_options, name_list, overall_progress, preset_option, speed_config,
-                      speed_options)
+                      device_options, memory_options, name_list, overall_progress, prefix_config, prefix_options,
+                      preset_option, speed_config, speed_options)
 
 
 @click.command("compare")
@@ -44,9 +44,10 @@ from .options import (CHUNKS, SEED, NonEmptyPath, attention_config, attention_op
 @memory_options
 @speed_options
 @attention_options
+@prefix_options
 def compare(trajectory, caches, preset, checkpoint, random_weights, image, seed, world_seed, chunks, hud, metrics,
             device, dtype, output, overwrite, progress, print_markdown, scale, rope_precision, compile_mode, overlap_decode,
-            attention_stats, attention_queries, **memory):
+            attention_stats, attention_queries, prefix, prefix_chunks, reference, **memory):
     """Run TRAJECTORY through several cache writers and show them side by side.
 
     Each writer runs with the same image, seed and actions into DIR/<cache>/ (a normal run folder);
@@ -63,6 +64,7 @@ def compare(trajectory, caches, preset, checkpoint, random_weights, image, seed,
     Example (CPU, the embedded loopworld model, scored against the true render):
       worldtrace compare trajectories/aba.yaml --cache sliding,field,landmark --chunks 16 -o cmp/
       worldtrace compare trajectories/look_back.yaml --cache sliding,landmark --attention-stats
+      worldtrace compare trajectories/look_back.yaml --cache sliding,field,landmark --prefix truth:4
     """
     from ..jobs.compare import compare_markdown, run_compare
 
@@ -74,7 +76,8 @@ def compare(trajectory, caches, preset, checkpoint, random_weights, image, seed,
         result = run_compare(trajectory, caches, out, preset, image,
                              seed, chunks, hud, metrics, device, dtype, checkpoint, random_weights, overwrite,
                              per_chunk, speed_config(rope_precision, compile_mode, overlap_decode), world_seed,
-                             memory, scale, overall=overall, attention=attention)
+                             memory, scale, overall=overall, attention=attention,
+                             prefix=prefix_config(prefix, prefix_chunks, reference))
         click.echo(f"worldtrace: wrote {out / 'compare.mp4'}, compare.md, compare.json", err=True)
         # stdout: one line for scripts (the table's file), or the Markdown itself with --print
         click.echo(compare_markdown(result) if print_markdown else str(out / "compare.md"))

@@ -13,7 +13,8 @@ from ..config import memory_config
 from .common import run_job
 from ..config.backbones import titles_where
 from .options import (CHUNKS, SEED, NonEmptyPath, attention_config, attention_options, cache_help, checkpoint_option,
-                      device_options, memory_options, preset_option, prompt_help, speed_config, speed_options)
+                      device_options, memory_options, prefix_config, prefix_options, preset_option, prompt_help,
+                      speed_config, speed_options)
 
 
 def command_line(ctx, drop: tuple[str, ...] = ()) -> list[str]:
@@ -83,6 +84,7 @@ def command_line(ctx, drop: tuple[str, ...] = ()) -> list[str]:
               help="Save a resume state before the first chunk and every N chunks (0: only on Ctrl-C/SIGTERM).")
 @speed_options
 @attention_options
+@prefix_options
 @click.option("--weights-dtype", type=click.Choice(["auto", "fp8"]), default="auto", show_default=True,
               help="DiT weight storage: auto = --dtype; fp8 = float8 (e4m3) storage computed in --dtype through "
                    "diffusers' layerwise casting: half bf16's weight memory (loopworld: GT-PSNR within 0.05 dB).")
@@ -112,8 +114,8 @@ def command_line(ctx, drop: tuple[str, ...] = ()) -> list[str]:
 @click.option("--no-progress/--progress", "no_progress", default=False, help="No progress bar (default: --progress, on stderr).")
 def generate(trajectory, preset, checkpoint, prompt, prompt_switch, poses, intrinsics, random_weights, image, world_seed, chunks, seed,
              output, overwrite, cache, device, dtype, metrics, hash_checkpoint, save_every, rope_precision,
-             compile_mode, overlap_decode, attention_stats, attention_queries, weights_dtype, offload, fsdp, split_heads,
-             nproc_per_node, resume_dir, no_progress, **memory):
+             compile_mode, overlap_decode, attention_stats, attention_queries, prefix, prefix_chunks, reference,
+             weights_dtype, offload, fsdp, split_heads, nproc_per_node, resume_dir, no_progress, **memory):
     """Generate a video from TRAJECTORY (a YAML file of actions, or of prompt segments for the
     text-to-video presets; see trajectories/README.md).
 
@@ -258,7 +260,8 @@ def _run_config(ctx, memory: dict):
     return RunConfig(preset=resolved, output=out, memory=memory_config(preset=resolved, **options),
                      progress=not p["no_progress"], **{k: p[k] for k in same},
                      **speed_config(p["rope_precision"], p["compile_mode"], p["overlap_decode"]),
-                     **attention_config(p["attention_stats"], p["attention_queries"]))
+                     **attention_config(p["attention_stats"], p["attention_queries"]),
+                     **prefix_config(p["prefix"], p["prefix_chunks"], p["reference"]))
 
 
 def _sharded(ctx, cfg, report) -> None:

@@ -73,11 +73,16 @@ def loopbench():
 @memory_options
 @speed_options
 @attention_options
+@click.option("--prefix", "prefixes", default=None, metavar="MODES",
+              help="Comma-separated: free (a rollout from the start image, the default), truth:K (loopworld: the "
+                   "first K chunks of the world's true render committed to the cache, the rest generated), or a "
+                   "video every job continues. Each job runs in every mode; prefixed jobs go to "
+                   "DIR/<config>@<mode>/ and are reported as <writer>@<mode> beside the free ones (docs/continue.md).")
 @click.option("-o", "--output", type=NonEmptyPath(path_type=Path), required=True, metavar="DIR",
               help="Sweep folder: DIR/<config>/<cache>/<image>/seed<N>/ per job, DIR/failures.jsonl.")
 def run_cmd(preset, full, configs, caches, images, prompts, worlds, seeds, chunks, metrics, shard, device, dtype, checkpoint,
             random_weights, progress, rope_precision, compile_mode, overlap_decode, attention_stats, attention_queries,
-            output, **memory):
+            prefixes, output, **memory):
     """Generate a LoopBench sweep: every configuration x writer x image x seed. By default a quick
     one (aba, abca, pan_90 x sliding, field, landmark x worlds 0-1 x seed 0: 18 jobs); --full runs
     the paper's (1,440 jobs).
@@ -99,6 +104,8 @@ def run_cmd(preset, full, configs, caches, images, prompts, worlds, seeds, chunk
       worldtrace loopbench run --preset self-forcing-tiny -o lb-text/       # A -> B -> A prompt loops
       worldtrace loopbench run --configs aba,ababa,aba_long,pan_360 --worlds 0-7 --caches sliding,landmark \\
           --attention-stats -o lb-recall/                                   # + recall attention
+      worldtrace loopbench run --configs trajectories/look_back.yaml --worlds 8-15 --caches sliding,field,landmark \
+          --prefix free,truth:4 -o lb-prefix/                                # a real first visit
       worldtrace loopbench report lb/
     """
 
@@ -134,7 +141,7 @@ def run_cmd(preset, full, configs, caches, images, prompts, worlds, seeds, chunk
             scenes = load_prompt_scenes(prompts) if prompts is not None else PROMPT_SCENES
         jobs = plan.plan_jobs(configs or sweep["configs"], caches, plan.resolve_images(images) if images else [],
                               plan.parse_seeds(seeds or sweep["seeds"]), scratch=output / ".trajectories",
-                              worlds=world_list, prompt_scenes=scenes)
+                              worlds=world_list, prompt_scenes=scenes, prefixes=plan.parse_prefixes(prefixes))
         rank, world, env_device = plan.shard_from_env()
         index, count = plan.combine_shards(plan.parse_shard(shard), (rank, world))
         mine = plan.shard(jobs, index, count)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import click
 
 from ..config.backbones import BACKBONES, titles_where
@@ -149,6 +151,29 @@ def attention_config(attention_stats: bool, attention_queries: int | None) -> di
     if attention_queries is not None and not attention_stats:
         raise click.UsageError("--attention-queries samples the queries of --attention-stats: add --attention-stats")
     return {"attention_stats": bool(attention_stats), "attention_queries": attention_queries or 0}
+
+
+def prefix_options(command):
+    """``--prefix VIDEO``, ``--prefix-chunks K`` and ``--reference VIDEO`` of generate, compare and
+    loopbench run (parameters ``prefix``, ``prefix_chunks``, ``reference``); :func:`prefix_config` turns
+    them into RunConfig fields (docs/continue.md)."""
+    command = click.option("--reference", type=click.Path(path_type=Path), default=None, metavar="VIDEO",
+                           help="With --prefix: the real frames that follow the prefix (an MP4 or a folder of "
+                                "frames), to score the continuation against (PSNR / SSIM / MSE per chunk).")(command)
+    command = click.option("--prefix-chunks", type=click.IntRange(1), default=None, metavar="K",
+                           help="With --prefix: commit only the clip's first K chunks (4F-3 + 4F(K-1) pixel "
+                                "frames: 9, 21, 33 ... for MG2); the frames after them score the continuation.")(command)
+    return click.option("--prefix", default=None, metavar="VIDEO",
+                        help="Continue a real video: its chunks (an MP4 or a folder of frames, resized to the "
+                             "preset; truth:K = loopworld's true render of the first K chunks) are encoded by "
+                             "the VAE and committed to the cache through the writer instead of generated; "
+                             "generation goes on after them. --chunks counts them too. Its first frame is "
+                             "the start image unless --image is given (docs/continue.md).")(command)
+
+
+def prefix_config(prefix: str | None, prefix_chunks: int | None, reference: Path | None) -> dict:
+    """:func:`prefix_options` values as RunConfig keyword arguments."""
+    return {"prefix": prefix, "prefix_chunks": prefix_chunks, "reference": reference}
 
 
 def int_list(minimum: int = 1):

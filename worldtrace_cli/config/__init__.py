@@ -262,6 +262,10 @@ class RunConfig:
             a seeded sample of that many query tokens per layer (0: all).
         weights_dtype: ``auto`` (the run's dtype) or ``fp8`` (:func:`~worldtrace_cli.model.speed.store_weights`);
             offload: ``text`` (umT5 on the GPU only to encode) or ``blocks`` (:func:`~worldtrace_cli.model.speed.offload_blocks`).
+        prefix: a real video the run continues (an MP4, a folder of frames, or ``truth:K``), its
+            chunks committed to the cache instead of generated; prefix_chunks: take only its first K
+            chunks (the rest scores the continuation); reference: the frames that follow the prefix,
+            from another file (:mod:`worldtrace_cli.continuation`, docs/continue.md).
     """
 
     preset: Preset
@@ -293,6 +297,9 @@ class RunConfig:
     offload: str = "text"
     attention_stats: bool = False
     attention_queries: int = 0
+    prefix: str | None = None
+    prefix_chunks: int | None = None
+    reference: Path | None = None
 
     def to_dict(self) -> dict[str, Any]:
         """Plain data (``summary.json``'s ``config``, resume states): the preset's dict and the memory
@@ -308,7 +315,7 @@ class RunConfig:
         d = dict(d)
         d["preset"] = Preset.from_dict(d["preset"])
         d["memory"] = MemoryConfig.from_dict(d["memory"])
-        for key in ("trajectory", "output", "image", "checkpoint", "poses", "intrinsics"):
+        for key in ("trajectory", "output", "image", "checkpoint", "poses", "intrinsics", "reference"):
             if d.get(key) is not None:
                 d[key] = Path(d[key])
         return cls(**d)

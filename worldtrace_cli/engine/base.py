@@ -254,6 +254,35 @@ class PipelineBase:
         fed chunk by chunk (:class:`~worldtrace_cli.engine.feed.ConditioningFeed`)."""
         return False
 
+    @torch.no_grad()
+    def encode_prefix(self, frames) -> torch.Tensor:
+        """A real video's latents, to commit as a run's first chunks (``--prefix``;
+        :meth:`~worldtrace_cli.engine.rollout.ChunkRollout.set_prefix`): the frames encoded by this
+        preset's VAE in one causal pass, the posterior's mode normalised per channel as generated
+        latents are (:func:`~worldtrace_cli.model.vae.encode_video`, MG2 spec §14).
+
+        Args:
+            frames: uint8 ``[T, H, W, 3]`` (numpy or torch) at the preset's size, ``T = 1 + 4 (K F - 1)``
+                pixel frames for ``K`` whole chunks of ``F`` latent frames (9 + 12 (K - 1) for MG2).
+        Returns:
+            float32 ``[1, C, K F, H / 8, W / 8]`` on the CPU.
+        Raises:
+            ValueError: another frame size, or a frame count that is not whole chunks.
+        """
+        from ..model.vae import encode_video
+
+        video = torch.as_tensor(frames)
+        T = int(video.shape[0])
+        fpc = self.frames_per_chunk
+        if (video.dim() != 4 or tuple(video.shape[1:]) != (self.preset.height, self.preset.width, 3)
+                or T < 1 or (T - 1) % 4 or ((T - 1) // 4 + 1) % fpc):
+            raise ValueError(f"prefix frames {list(video.shape)}: expected [1 + 4 (K * {fpc} - 1), "
+                             f"{self.preset.height}, {self.preset.width}, 3]")
+        vae = self.world.vae
+        param = next(vae.parameters())
+        x = video.to(param.device).permute(3, 0, 1, 2).to(param.dtype).div(127.5).sub(1.0)[None]
+        return encode_video(vae, x).cpu()
+
     def decoder(self):
         """A fresh :class:`~worldtrace_cli.model.vae.StreamingDecoder` over this model's VAE."""
         from ..model.vae import StreamingDecoder

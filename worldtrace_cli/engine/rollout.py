@@ -100,6 +100,35 @@ class ChunkRollout:
         self.state = dit.new_rollout_state()
         self.chunk = 0
         self.attention_queries: int | None = None  # None: no attention stats (measure_attention)
+        self.prefix: torch.Tensor | None = None  # a real video's latents, committed instead of generated (set_prefix)
+
+    def set_prefix(self, latents: torch.Tensor | None) -> None:
+        """Continue a real video: the chunks its ``latents`` cover are not generated but committed as
+        they are, each through the same context pass and writer commit as a generated chunk (so
+        every writer sees a real past exactly as it would see its own: landmark detection, field
+        averaging, retrieval poses), and generation goes on after them.
+
+        Args:
+            latents: float32 ``[1, C, K * F, h, w]``, the normalised VAE latents of the prefix's
+                ``K`` whole chunks (:meth:`~worldtrace_cli.engine.base.PipelineBase.encode_prefix`), or
+                None (no prefix).
+        Raises:
+            ValueError: latents of another channel count or latent grid, or not a whole number of chunks.
+        """
+        if latents is None:
+            self.prefix = None
+            return
+        f, (h, w) = self.frames_per_chunk, self.latent_hw
+        if (latents.dim() != 5 or latents.shape[0] != 1 or latents.shape[1] != self.latent_channels
+                or tuple(latents.shape[3:]) != (h, w) or latents.shape[2] == 0 or latents.shape[2] % f):
+            raise ValueError(f"prefix latents {list(latents.shape)}: expected [1, {self.latent_channels}, "
+                             f"K * {f}, {h}, {w}]")
+        self.prefix = latents.detach().float().cpu()
+
+    @property
+    def prefix_chunks(self) -> int:
+        """Chunks the prefix covers (0 without one)."""
+        return 0 if self.prefix is None else self.prefix.shape[2] // self.frames_per_chunk
 
     def measure_attention(self, queries: int = 0) -> None:
         """Measure each chunk's attention per cache slot from now on (``--attention-stats``): at the
@@ -211,9 +240,12 @@ class ChunkRollout:
         if self.attention_queries is not None:  # measured at the last denoising step (docs/attention.md)
             probe = AttentionProbe(read.tokens, self.attention_queries, self.seed, c, self.geometry.head_group)
         draw = self.chunk_draw = noise_draws(self.seed, c, (1, self.latent_channels, f, *self.latent_hw), self.noise)
+        given = c < self.prefix_chunks  # a real video's chunk: committed as it is, not generated
         x = draw(0).to(self.device)
+        if given:
+            x0, probe = self.prefix[:, :, start:start + f].to(self.device), None
         with timer.phase("denoise"):
-            for s in range(self.num_steps):
+            for s in range(0 if given else self.num_steps):
                 inputs.attention = probe if s == self.num_steps - 1 else None
                 flow = self.flow(x, s, inputs, cond)
                 x0 = self.to_x0(x, flow, s)
@@ -232,6 +264,8 @@ class ChunkRollout:
         self.chunk += 1
         self.finish_chunk(x0)
         record = chunk_record(self.writer, self.geometry, c, start, read, timer, x0, probe)
+        if given:
+            record["prefix"] = True
         if before:
             record["cache"]["events"] = before + record["cache"]["events"]
         return ChunkOutput(x0, None, record)

@@ -151,8 +151,29 @@ def write_grid_video(videos: list[Path], labels: list[str], path: Path, fps: flo
     return {"frames": frames, "width": cols * width, "height": rows * height, "rows": rows, "columns": cols}
 
 
+def _reference_panel(cfg, folder: Path, plan, preset) -> Path | None:
+    """``folder/video.mp4``: the real clip a prefixed comparison continues (its prefix and the frames
+    after it, up to the runs' length), laid out as the runs' videos; None without a clip reference
+    (no prefix, a prefix without frames after it, or ``truth:K``: the truth panel shows it)."""
+    from ..continuation import load_prefix, plan_prefix
+    from ..outputs import VideoStreamWriter, atomic_path
+    from ..trajectory import frames_for_chunks
+
+    spec = plan_prefix(cfg, plan.num_chunks)
+    if spec is None or spec.is_truth or spec.reference is None:
+        return None
+    ref = load_prefix(cfg, spec).reference
+    frames = ref.frames(0, frames_for_chunks(plan.num_chunks, plan.frames_per_chunk))
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / "video.mp4"
+    with atomic_path(path) as tmp, VideoStreamWriter(tmp, preset.width, preset.height, preset.fps) as video:
+        video.write(frames)
+    return path
+
+
 def _mode_record(cache: str, folder: str, summary: dict) -> dict:
     metrics = summary.get("metrics") or {}
+    cont = metrics.get("continuation") or {}
     pac = metrics.get("pac")
     totals = summary["totals"]
     return {"cache": cache, "run_dir": folder,
@@ -166,7 +187,9 @@ def _mode_record(cache: str, folder: str, summary: dict) -> dict:
                         "gt_psnr": (metrics.get("gt") or {}).get("psnr"),
                         "gt_ssim": (metrics.get("gt") or {}).get("ssim"),
                         "gt_detail": (metrics.get("gt") or {}).get("detail"),
-                        "gt_return_psnr": ((metrics.get("gt") or {}).get("return") or {}).get("psnr")},
+                        "gt_return_psnr": ((metrics.get("gt") or {}).get("return") or {}).get("psnr"),
+                        "ref_psnr": cont.get("psnr"), "ref_ssim": cont.get("ssim"), "ref_mse": cont.get("mse")},
+            "prefix_chunks": cont.get("prefix_chunks"),
             "attention": _attention_brief(summary.get("attention"))}
 
 
@@ -206,6 +229,15 @@ def compare_markdown(result: dict) -> str:
                      f"{f(x['scene_drift'])} | {f(x['pac'])} |"
                      + (f" {f(x['gt_psnr'], '.2f')} | {f(x['gt_ssim'])} | {f(x['gt_detail'], '.2f')} | "
                         f"{f(x['gt_return_psnr'], '.2f')} |" if gt else ""))
+    ref = [m for m in result["modes"] if m["metrics"].get("ref_psnr") is not None]
+    if ref:
+        lines += ["", f"Continuation of a real clip (`--prefix`: its first {ref[0]['prefix_chunks']} chunks committed to "
+                  "the cache, the rest generated), scored against the real frames that follow the prefix "
+                  "(MIND's lcm group: PSNR in dB, SSIM, MSE on [0, 1] pixels; LPIPS not computed).", "",
+                  "| mode | PSNR ↑ | SSIM ↑ | MSE ↓ |", "|---|---|---|---|"]
+        for m in ref:
+            x = m["metrics"]
+            lines.append(f"| {m['cache']} | {f(x['ref_psnr'], '.2f')} | {f(x['ref_ssim'])} | {f(x['ref_mse'], '.4f')} |")
     att = [m for m in result["modes"] if m.get("attention")]
     if att:
         lines += ["", "Attention per cache slot (`--attention-stats`, `compare_attention.png`): the share of each "
@@ -279,13 +311,17 @@ def run_compare(trajectory: str | Path, caches: list[str], out_dir: str | Path, 
                 checkpoint: str | Path | None = None, random_weights: bool = False, overwrite: bool = False,
                 progress: bool = False, speed: dict | None = None, world_seed: int = 0,
                 memory: dict | None = None, scale: int = 1, overall: bool = False,
-                attention: dict | None = None) -> dict:
+                attention: dict | None = None, prefix: dict | None = None) -> dict:
     """Run ``trajectory`` once per cache writer into ``out_dir/<cache>/`` and write the grid video
     ``compare.mp4`` plus ``compare.json`` / ``compare.md`` (returns the JSON dict). ``scale``:
     integer upscaling of the panels of ``compare.mp4`` / ``compare.png`` (the runs are unchanged).
     ``overall``: one tqdm bar on stderr over the runs (``progress``: each run's per-chunk bar).
     ``attention``: RunConfig's ``attention_stats`` / ``attention_queries`` for every run
     (:func:`~worldtrace_cli.cli.options.attention_config`); with stats, ``compare_attention.png`` too.
+    ``prefix``: RunConfig's ``prefix`` / ``prefix_chunks`` / ``reference`` for every run
+    (:func:`~worldtrace_cli.cli.options.prefix_config`): each writer continues the same real clip; a
+    clip with frames after the prefix is the video's first panel (``out_dir/reference/video.mp4``), and
+    the table gains each writer's scores against it.
 
     ``memory``: :func:`~worldtrace_cli.config.memory_configs` keywords (``budget``, ``summary_slots``,
     ... every writer gets; a writer's own setting, ``landmark_threshold``, ``top_k``, ..., goes to the
@@ -325,7 +361,7 @@ def run_compare(trajectory: str | Path, caches: list[str], out_dir: str | Path, 
                          chunks=chunks, seed=seed, device=device, dtype=dtype, checkpoint=checkpoint,
                          random_weights=random_weights, memory=memories[cache],
                          overwrite=overwrite, progress=progress, metrics=metrics, world_seed=world_seed,
-                         **(speed or {}), **(attention or {}))
+                         **(speed or {}), **(attention or {}), **(prefix or {}))
                for cache, folder in zip(caches, folders)]
     check_inputs(configs[0], traj)  # options, trajectory, image: before torch is imported
     if out_dir.exists() and not out_dir.is_dir():
@@ -369,7 +405,10 @@ def run_compare(trajectory: str | Path, caches: list[str], out_dir: str | Path, 
         except Interrupted as exc:
             raise Interrupted(f"{exc}; finish the comparison by running the same compare command again") from None
     videos, labels = [out_dir / f / "video.mp4" for f in folders], list(caches)
-    if preset_obj.has_world and image is None:
+    reference = _reference_panel(configs[0], out_dir / "reference", plan, preset_obj)
+    if reference is not None:
+        videos, labels = [reference] + videos, ["real"] + labels
+    elif preset_obj.has_world and image is None:
         with stage(f"rendering the truth of world {world_seed}"):
             truth = write_truth_video(out_dir / "truth", world_seed, plan, preset_obj)
         videos, labels = [truth] + videos, ["truth"] + labels

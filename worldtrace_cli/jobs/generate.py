@@ -66,7 +66,10 @@ def run_generation(cfg, resume: bool = False, pipeline=None) -> dict:
                       image=None if cfg.image is None else Path(cfg.image).resolve(),
                       checkpoint=None if cfg.checkpoint is None else Path(cfg.checkpoint).resolve(),
                       poses=None if cfg.poses is None else Path(cfg.poses).resolve(),
-                      intrinsics=None if cfg.intrinsics is None else Path(cfg.intrinsics).resolve())
+                      intrinsics=None if cfg.intrinsics is None else Path(cfg.intrinsics).resolve(),
+                      prefix=None if cfg.prefix is None or str(cfg.prefix).startswith("truth:")
+                      else str(Path(cfg.prefix).resolve()),
+                      reference=None if cfg.reference is None else Path(cfg.reference).resolve())
     folder, traj = RunFolder(cfg.output), None
     if not resume:  # a taken -o is refused before the inputs are loaded (the truth rendered, torch imported)
         traj = check_inputs(cfg)
@@ -222,7 +225,8 @@ def new_run(pipeline, cfg, inputs: RunInputs, started: float | None = None):
 
     truth = inputs.truth
     run = Run(pipeline, cfg, inputs.plan, seed=inputs.seed, image_label=inputs.image_label,
-              world_seed=None if truth is None else truth.world_seed, truth=truth, started=started)
+              world_seed=None if truth is None else truth.world_seed, truth=truth, started=started,
+              prefix=inputs.prefix)
     run.warnings += inputs.warnings
     return run
 

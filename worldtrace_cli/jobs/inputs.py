@@ -39,6 +39,8 @@ class RunInputs:
             prompt where a segment has none), else None; ``image`` is then None.
         warnings: what the run should be told about its inputs, with what to do (recorded in
             ``summary.json``'s ``warnings``; logged once per process by :func:`warn_once`).
+        prefix: the real video the run continues (:class:`~worldtrace_cli.continuation.Prefix`: its
+            frames, reference, sha256), else None.
     """
 
     plan: object
@@ -50,6 +52,7 @@ class RunInputs:
     camera: object = None
     warnings: list = field(default_factory=list)
     prompts: list | None = None
+    prefix: object = None
 
 
 _SAID: set[str] = set()
@@ -156,13 +159,17 @@ def check_inputs(cfg, traj=None):
     if spill is not None and Path(spill).exists() and not Path(spill).is_dir():
         raise OutputError(f"--spill-dir {spill}: exists and is not a folder")
     check_writer_specs([cfg.memory], cfg.preset)  # the writer's flags and sizes, torch-free
+    from ..continuation import plan_prefix
+    from ..trajectory.actions import chunks_for_frames
+
+    prefix = plan_prefix(cfg, cfg.chunks or chunks_for_frames(traj.num_frames, cfg.preset.frames_per_chunk))
     if backbone.takes_prompts:
         check_text_options(cfg, traj)
         return traj
-    path = cfg.image or (None if cfg.preset.has_world else traj.image)
+    path = cfg.image or (None if cfg.preset.has_world or prefix is not None else traj.image)
     if path is not None:
         check_image(path, cfg.preset.height, cfg.preset.width)
-    elif backbone.start_image and not cfg.preset.has_world:
+    elif backbone.start_image and not cfg.preset.has_world and prefix is None:
         raise InputError(f"{cfg.trajectory}: no conditioning image: pass --image or set `image:` in the trajectory")
     check_conditioning_options(cfg, traj)
     return traj
@@ -327,11 +334,25 @@ def prepare_inputs(cfg, traj=None) -> RunInputs:
         warn_once(note, note)
     truth, told = None, []
     backbone = preset.backbone
+    from ..continuation import load_prefix, plan_prefix
+
+    prefix_plan = plan_prefix(cfg, plan.num_chunks)
+    prefix = None
+    if prefix_plan is not None and not prefix_plan.is_truth:
+        prefix = load_prefix(cfg, prefix_plan)
     if not backbone.start_image:
         image, label, image_sha = None, "prompts" if backbone.takes_prompts else "none", None
         if traj.image is not None:
             told.append(f"{traj.source}: image: preset {preset.name} ({backbone.title}) takes no start image; "
                         f"the trajectory's image {traj.image} is not used")
+    elif prefix is not None and cfg.image is None:  # a real clip: its first frame is the start image
+        from PIL import Image
+
+        image, label = Image.fromarray(prefix.frames[0]), f"prefix:{prefix_plan.source}"
+        image_sha = hashlib.sha256(prefix.frames[0].tobytes()).hexdigest()
+        if traj.image is not None:
+            told.append(f"{traj.source}: image: the start image is the prefix's first frame, not the trajectory's "
+                        f"image {traj.image} (pass --image to condition on another image)")
     elif preset.has_world and cfg.image is None:
         from PIL import Image
 
@@ -372,6 +393,11 @@ def prepare_inputs(cfg, traj=None) -> RunInputs:
 
         plan.prompts = prompts = chunk_prompts(cfg, traj, plan)
         plan.chunk_actions = [prompt_label(text) for text in prompts]
+    if prefix_plan is not None and prefix_plan.is_truth:
+        prefix = load_prefix(cfg, prefix_plan, truth)
+    if prefix is not None:
+        hashes["prefix_sha256"] = prefix.sha256
+        told += prefix.notes
     for text in told:
         warn_once(text.split(":", 1)[0] + ": start image", text)
-    return RunInputs(plan, image, label, truth, seed, hashes, camera, told, prompts)
+    return RunInputs(plan, image, label, truth, seed, hashes, camera, told, prompts, prefix)

@@ -46,9 +46,9 @@ def check_jobs(jobs: Sequence[Job], preset, chunks: int | None = None, memory: d
     from .inputs import check_inputs, check_writers
 
     parsed: dict[Path, object] = {}
-    for trajectory, image in sorted({(j.trajectory, j.image) for j in jobs}, key=str):
+    for trajectory, image, prefix in sorted({(j.trajectory, j.image, j.prefix) for j in jobs}, key=str):
         cfg = RunConfig(preset=preset, trajectory=trajectory, output=Path("."), image=image, chunks=chunks,
-                        checkpoint=checkpoint, random_weights=random_weights)
+                        checkpoint=checkpoint, random_weights=random_weights, prefix=prefix or None)
         parsed[trajectory] = check_inputs(cfg, parsed.get(trajectory))
     memories = list(memory_configs(sorted({j.cache for j in jobs}), preset, **(memory or {})).values())
     if writers:
@@ -153,7 +153,7 @@ def run_jobs(jobs: Sequence[Job], out_dir: str | Path, preset: str = "tiny", dev
         return RunConfig(preset=preset_obj, trajectory=job.trajectory, output=job.folder(out_dir), image=job.image,
                          world_seed=job.world or 0, chunks=chunks, seed=job.seed, device=device, dtype=dtype,
                          checkpoint=checkpoint, random_weights=random_weights,
-                         memory=memories[job.cache], progress=progress,
+                         memory=memories[job.cache], progress=progress, prefix=job.prefix or None,
                          metrics=metrics, **(speed or {}), **(attention or {}))
 
     # every job's next step, decided once before any runs: complete runs of other settings refuse the

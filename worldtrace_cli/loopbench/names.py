@@ -11,13 +11,15 @@ GT_METRICS = (GT_METRIC, GT_DETAIL)
 # --attention-stats: on return chunks, the share of attention on the slots holding the first visit
 RECALL = "recall_attention"
 RECALL_LIFT = "recall_lift"  # recall attention beyond what the same slots get on other chunks (their position)
+REF_METRIC = "ref_psnr"  # a continued clip (--prefix): the generated chunks against the real frames after the prefix
 METRIC_NAMES = {"pac": "PAC", "temp_ssim": "TempSSIM", GT_METRIC: "GT-PSNR on return legs (dB)",
                 GT_DETAIL: "GT detail on return legs", RECALL: "Recall attention on return chunks",
-                RECALL_LIFT: "Recall attention beyond the slots' usual share"}
+                RECALL_LIFT: "Recall attention beyond the slots' usual share",
+                REF_METRIC: "Continuation PSNR against the real frames after the prefix (dB)"}
 # the values each metric can take (None: unbounded): PAC and TempSSIM are cosine / SSIM in [-1, 1],
 # PSNR and the detail ratio are >= 0; a confidence interval reaching past them says too little data
 METRIC_RANGE = {"pac": (-1.0, 1.0), "temp_ssim": (-1.0, 1.0), GT_METRIC: (0.0, None), GT_DETAIL: (0.0, None),
-                RECALL: (0.0, 1.0), RECALL_LIFT: (-1.0, 1.0)}
+                RECALL: (0.0, 1.0), RECALL_LIFT: (-1.0, 1.0), REF_METRIC: (0.0, None)}
 
 TIER_TITLES = {1: "Tier 1: topology", 2: "Tier 2: rollout length (ABA)", 3: "Tier 3: camera orientation",
                4: "Tier 4: multi-revisit", "sweep": "ABA sweep", "prompt": "Prompt loops (text-to-video)",
@@ -30,7 +32,8 @@ def metrics_of(rows: list[dict]) -> tuple[str, ...]:
     (runs of a procedural world; GT detail since 2026-11-26), first, then recall attention and its lift
     when any run measured them (``--attention-stats``), then PAC / TempSSIM (PAC with the tiny CLIP tower does not
     track ground truth: README)."""
-    return tuple(m for m in (*GT_METRICS, RECALL, RECALL_LIFT) if any(r.get(m) is not None for r in rows)) + METRICS
+    return tuple(m for m in (*GT_METRICS, REF_METRIC, RECALL, RECALL_LIFT)
+                 if any(r.get(m) is not None for r in rows)) + METRICS
 
 
 def has_interval(stat: dict, metric: str | None) -> bool:
@@ -58,9 +61,14 @@ PAPER_PAC = {
 
 
 def writers_of(rows: list[dict]) -> list[str]:
-    """Writers in table order: the baseline first, then by name."""
-    return sorted({r["cache"] for r in rows}, key=lambda w: (w != BASELINE, w))
+    """Writers in table order: free runs first (the baseline first, then by name), then each prefix mode's
+    (``cache@prefix``: the same order)."""
+    def order(w: str):
+        base, _, prefix = w.partition("@")
+        return (prefix, base != BASELINE, base)
+
+    return sorted({r["cache"] for r in rows}, key=order)
 
 
-__all__ = ["BASELINE", "GT_DETAIL", "GT_METRIC", "GT_METRICS", "METRICS", "METRIC_NAMES", "METRIC_RANGE", "PAPER_PAC", "RECALL", "RECALL_LIFT",
+__all__ = ["BASELINE", "REF_METRIC", "GT_DETAIL", "GT_METRIC", "GT_METRICS", "METRICS", "METRIC_NAMES", "METRIC_RANGE", "PAPER_PAC", "RECALL", "RECALL_LIFT",
            "TIER_ORDER", "has_interval", "metrics_of", "TIER_TITLES", "writers_of"]

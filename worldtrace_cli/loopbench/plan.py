@@ -15,6 +15,7 @@ import logging
 import os
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
+import re
 from pathlib import Path
 from typing import NamedTuple
 
@@ -45,12 +46,16 @@ class Job:
         trajectory: the YAML file the rollout follows (not part of the ordering).
         image: the conditioning image file (None for a world scene).
         world: the world seed of a world scene (None for an image scene).
+        prefix: the real clip the job continues (``--prefix``: ``truth:K``, a video), ``""`` for a free
+            rollout; a prefixed job's folder is ``config@<prefix>`` and its writer is reported as
+            ``cache@<prefix>`` beside the free one (docs/continue.md).
     """
 
     config: str
     cache: str
     scene: str
     seed: int
+    prefix: str = ""
     trajectory: Path = field(default=Path(), compare=False)
     image: Path | None = field(default=None, compare=False)
     world: int | None = field(default=None, compare=False)
@@ -58,11 +63,37 @@ class Job:
     @property
     def key(self) -> str:
         """``config/cache/scene/seedN``: the folder relative to the sweep folder."""
-        return f"{self.config}/{cache_folder(self.cache)}/{self.scene}/seed{self.seed}"
+        return f"{self.config}{prefix_tag(self.prefix)}/{cache_folder(self.cache)}/{self.scene}/seed{self.seed}"
 
     def folder(self, out_dir: str | Path) -> Path:
         """The job's run folder under the sweep folder ``out_dir``."""
         return Path(out_dir) / self.key
+
+
+def prefix_tag(prefix: str) -> str:
+    """The folder suffix of a prefixed job: ``truth:4`` -> ``@truth4``, a video -> ``@<its stem>``; ``""``
+    for a free rollout."""
+    if not prefix:
+        return ""
+    name = prefix.replace(":", "") if prefix.startswith("truth:") else Path(prefix).stem
+    return "@" + re.sub(r"[^A-Za-z0-9_.-]", "-", name)
+
+
+def parse_prefixes(spec: str | None) -> list[str]:
+    """``--prefix`` of ``loopbench run``: comma-separated modes, ``free`` (a rollout from the start image),
+    ``truth:K`` (the first K chunks of the world's true render committed) or a video; None: ``[""]``.
+
+    Raises:
+        InputError: an empty entry or a duplicate."""
+    if spec is None:
+        return [""]
+    items = [s.strip() for s in spec.split(",")]
+    if any(not s for s in items):
+        raise InputError(f"--prefix {spec}: an empty entry")
+    modes = ["" if s == "free" else s for s in items]
+    if len(set(modes)) != len(modes):
+        raise InputError(f"--prefix {spec}: duplicate entries")
+    return modes
 
 
 class SweepCounts(NamedTuple):
@@ -171,12 +202,13 @@ def parse_worlds(spec: str) -> list[int]:
 
 def plan_jobs(configs: Iterable[str], caches: Iterable[str], images: Iterable[str | Path],
               seeds: Iterable[int], scratch: Path | None = None, worlds: Iterable[int] = (),
-              prompt_scenes: dict | None = None) -> list[Job]:
+              prompt_scenes: dict | None = None, prefixes: Iterable[str] = ("",)) -> list[Job]:
     """Every (config, cache, scene, seed) job, sorted by (config, cache, scene, seed) so that every
     process of a sweep computes the same list whatever order the flags list them in. Scenes are the
     ``images`` (named by stem) and the ``worlds`` (named ``world<N>``), or for a text-to-video sweep
     the ``prompt_scenes`` (name -> {label: prompt}; configs are then prompt loops,
-    :mod:`~worldtrace_cli.loopbench.prompts`, each written per scene into ``scratch``).
+    :mod:`~worldtrace_cli.loopbench.prompts`, each written per scene into ``scratch``). Every job runs in
+    each of ``prefixes`` (:func:`parse_prefixes`: ``""`` free, ``truth:K``, a video).
 
     Raises:
         InputError: unknown configs (see :func:`resolve_config`), duplicates, an empty dimension.
@@ -198,8 +230,9 @@ def plan_jobs(configs: Iterable[str], caches: Iterable[str], images: Iterable[st
     if len({name for name, _, _ in scenes}) != len(scenes):
         raise InputError("--images/--worlds: two scenes share a name")
     trajectories = {name: resolve_config(spec, scratch) for name, spec in zip(names, configs)}
-    return sorted(Job(name, cache, scene, int(seed), trajectories[name], image, world)
-                  for name in names for cache in caches for scene, image, world in scenes for seed in seeds)
+    return sorted(Job(name, cache, scene, int(seed), prefix, trajectories[name], image, world)
+                  for name in names for cache in caches for scene, image, world in scenes for seed in seeds
+                  for prefix in prefixes)
 
 
 def _prompt_jobs(loops: list[str], caches: list[str], seeds: list[int], scenes: dict, scratch: Path | None
@@ -220,7 +253,7 @@ def _prompt_jobs(loops: list[str], caches: list[str], seeds: list[int], scenes: 
         raise InputError("a text-to-video sweep writes its trajectories into the sweep folder: none given")
     paths = {(loop, name): write_prompt_loop(loop, name, prompts, scratch)
              for loop in loops for name, prompts in scenes.items()}
-    return sorted(Job(loop, cache, name, int(seed), paths[loop, name])
+    return sorted(Job(loop, cache, name, int(seed), "", paths[loop, name])
                   for loop in loops for cache in caches for name in scenes for seed in seeds)
 
 

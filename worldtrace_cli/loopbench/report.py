@@ -26,9 +26,9 @@ from .plan import FAILED_NAME
 from .plots import plot_pac_vs_chunks, plot_tiers
 from .tables import markdown
 
-ROW_FIELDS = ("config", "tier", "cache", "image", "seed", "chunks", "pac", "temp_ssim", "scene_drift",
+ROW_FIELDS = ("config", "tier", "cache", "prefix", "image", "seed", "chunks", "pac", "temp_ssim", "scene_drift",
               "latent_diff", "gt_psnr", "gt_ssim", "gt_detail", "gt_return_psnr", "gt_return_ssim", "gt_return_detail",
-              "recall_attention", "recall_lift", "attention_self", "s_per_chunk", "kv_bytes",
+              "recall_attention", "recall_lift", "attention_self", "ref_psnr", "ref_ssim", "s_per_chunk", "kv_bytes",
               "peak_rss_bytes", "gpu_peak_bytes", "run_dir")
 
 
@@ -43,11 +43,16 @@ def _row(out_dir: Path, summary_path: Path) -> dict | None:
     metrics = summary.get("metrics") or {}
     pac = metrics.get("pac")
     totals = summary.get("totals", {})
-    config = rel.parts[0]
+    config = rel.parts[0].split("@")[0]  # config@<prefix>: a prefixed job (plan.prefix_tag)
     gt = metrics.get("gt") or {}
     ret = gt.get("return") or {}
+    prefix = (summary.get("prefix") or {}).get("source")
+    cache = summary.get("config", {}).get("memory", {}).get("cache", rel.parts[1])
+    cont = metrics.get("continuation") or {}
     return {"config": config, "tier": tier_of(config),
-            "cache": summary.get("config", {}).get("memory", {}).get("cache", rel.parts[1]),
+            # a prefixed run is its own writer row (cache@prefix), reported beside the free one
+            "cache": cache if prefix is None else f"{cache}@{prefix}", "prefix": prefix or "free",
+            "ref_psnr": cont.get("psnr"), "ref_ssim": cont.get("ssim"),
             "image": rel.parts[2], "seed": summary.get("resolved", {}).get("seed"),
             "chunks": totals.get("chunks"),
             "pac": pac.get("mean") if isinstance(pac, dict) else None,
@@ -164,11 +169,13 @@ def aggregate(rows: list[dict]) -> dict:
                 groups[key].append(r)
         out = []
         for key, members in groups.items():
-            base = [r for r in members if r["cache"] == BASELINE]
             for w in writers:
                 mine = [r for r in members if r["cache"] == w]
+                # the baseline of the same mode: sliding for free runs, sliding@<prefix> for prefixed ones
+                baseline = BASELINE + (w[w.index("@"):] if "@" in w else "")
+                base = [r for r in members if r["cache"] == baseline]
                 if mine:
-                    stats = cell_stats(mine, base if base and w != BASELINE else None, metrics)
+                    stats = cell_stats(mine, base if base and w != baseline else None, metrics)
                     out.append({**dict(key), "writer": w, **stats})
         return out
 

@@ -21,7 +21,8 @@ BETTER = {GT_METRIC: "higher is better", GT_DETAIL: "nearer 1 is better (below 1
           RECALL: "the memory being read: higher = more of the chunk's attention on what it saw there before",
           RECALL_LIFT: "above 0 = the return chunks read the first visit's slots more than those slots' position "
                        "alone gets them (reading by content); 0 = by position alone",
-          "pac": "higher is better", "temp_ssim": "higher is better"}
+          "pac": "higher is better", "temp_ssim": "higher is better",
+          "ref_psnr": "higher is better (prefixed runs only: --prefix)"}
 
 
 def cell(stat: dict | None, metric: str | None) -> str:

@@ -181,6 +181,20 @@ def attention_summary(records: list[dict], plan) -> dict | None:
             "summary": mean("summary"), "recent": mean("recent"), "recall": recall}
 
 
+def continuation_summary(per_chunk: list, prefix_chunks: int) -> dict:
+    """A continued clip's scores against what followed it: ``prefix_chunks``, ``scored_chunks`` (chunks
+    after the prefix with reference frames), ``frames`` (pixel frames scored), frame-weighted means
+    ``psnr`` (dB) / ``ssim`` / ``mse`` ([0, 1] pixels), and ``per_chunk`` lists (None for the prefix
+    and for chunks past the reference's end). ``per_chunk``: :class:`OnlineMetrics`' entries."""
+    scored = [r for r in per_chunk if r is not None]
+    n = sum(r["frames"] for r in scored)
+    mean = (lambda k: sum(r[k] * r["frames"] for r in scored) / n) if n else (lambda k: None)
+    return {"prefix_chunks": prefix_chunks, "scored_chunks": len(scored), "frames": n,
+            "psnr": mean("psnr"), "ssim": mean("ssim"), "mse": mean("mse"),
+            "per_chunk": {k: [None if r is None else r[k] for r in per_chunk] for k in ("psnr", "ssim", "mse")},
+            "lpips": None, "not_computed": ["lpips: needs AlexNet weights this tool does not ship"]}
+
+
 class OnlineMetrics:
     """Per-chunk metrics computed while a run generates (``worldtrace generate --metrics``).
 
@@ -190,14 +204,23 @@ class OnlineMetrics:
     pairs at the end; needs the CLIP ``tower``, one forward per pixel frame). State is the previous
     chunk's last pixel frame, last latent frame and mean CLIP embedding, plus the per-frame CLIP
     embeddings for PAC ([T, P] float32: 12 MB at 256 chunks).
+
+    A continued clip (``--prefix``) gives ``reference`` (:mod:`worldtrace_cli.continuation`: the real
+    frames after the prefix) and ``prefix_chunks``: every chunk after the prefix is scored against the
+    reference frames at its pixel rows (``ref_psnr`` dB, ``ref_ssim``, ``ref_mse`` on [0, 1] pixels:
+    MIND's "lcm" group without LPIPS, :func:`~worldtrace_cli.continuation.reference_scores`), and the
+    summary's ``continuation`` gives their means over the scored chunks.
     """
 
-    def __init__(self, level: str = "fast", tower=None, truth=None):
+    def __init__(self, level: str = "fast", tower=None, truth=None, reference=None, prefix_chunks: int = 0,
+                 frames_per_chunk: int = 3):
         if level not in ("none", "fast", "all"):
             raise ValueError(f"metrics level must be none, fast or all, got {level!r}")
         if level == "all" and tower is None:
             raise ValueError("metrics level 'all' needs a CLIP tower")
         self.level, self.tower, self.truth = level, tower, truth
+        self.reference, self.prefix_chunks, self.frames_per_chunk = reference, prefix_chunks, frames_per_chunk
+        self._ref: list[dict | None] = []  # per chunk: the reference scores (means, frames), None where none
         self._gt_psnr: list[float] = []
         self._gt_ssim: list[float] = []
         self._gt_detail: list[list[float] | None] = []  # per chunk [generated, true] sums of detail()
@@ -215,6 +238,16 @@ class OnlineMetrics:
             return {}
         frames = _frames_tensor(frames)
         rec: dict = {}
+        if self.reference is not None:
+            from ..continuation import chunk_reference, reference_scores
+
+            c = len(self._ref)
+            scores = None if c < self.prefix_chunks else reference_scores(
+                frames.numpy(), chunk_reference(self.reference, c, self.frames_per_chunk))
+            self._ref.append(None if scores is None else {k: _mean(v) for k, v in scores.items()} | {
+                "frames": len(scores["psnr"])})
+            for k in ("psnr", "ssim", "mse"):
+                rec[f"ref_{k}"] = None if scores is None else self._ref[-1][k]
         if self.truth is not None:
             start, end = chunk_rows(len(self._gt_psnr))
             scores = gt_scores(frames, self.truth.frames(start, end))
@@ -246,7 +279,7 @@ class OnlineMetrics:
 
     _STATE = ("gt_psnr", "gt_ssim", "last_frame", "last_latent", "last_embed", "embeds", "ssim", "ldiff", "drift")
     # entries added after resume states existed, and what an older state stands for
-    _ADDED_STATE = {"gt_detail": lambda state: [None] * len(state["gt_psnr"])}
+    _ADDED_STATE = {"gt_detail": lambda state: [None] * len(state["gt_psnr"]), "ref": lambda state: []}
 
     def state_dict(self) -> dict:
         """The accumulators (lists of floats, tensors or None; CPU tensors) for a resume state."""
@@ -276,6 +309,8 @@ class OnlineMetrics:
         # null without ground truth (--image, a checkpoint, a random preset), as in `worldtrace metrics`
         out["gt"] = None if self.truth is None else {
             "world_seed": self.truth.world_seed, **gt_summary(self._gt_psnr, self._gt_ssim, plan, self._gt_detail)}
+        if self.reference is not None:
+            out["continuation"] = continuation_summary(self._ref, self.prefix_chunks)
         if self.level == "all":
             out["scene_drift"] = _mean(self._drift)
             out["pac"] = None
@@ -289,5 +324,5 @@ class OnlineMetrics:
         return out
 
 
-__all__ = ["PSNR_CAP_DB", "attention_summary", "SSIM_BATCH_BYTES", "SSIM_WINDOW", "OnlineMetrics", "clip_embeddings", "dead_reckon", "gt_scores", "gt_summary", "latent_diff", "pac", "pairs_from_poses",
+__all__ = ["PSNR_CAP_DB", "attention_summary", "continuation_summary", "SSIM_BATCH_BYTES", "SSIM_WINDOW", "OnlineMetrics", "clip_embeddings", "dead_reckon", "gt_scores", "gt_summary", "latent_diff", "pac", "pairs_from_poses",
            "pairs_from_waypoints", "revisit_pairs", "scene_drift", "summarise_run", "temp_ssim"]

@@ -38,6 +38,9 @@ class Run:
             ``run.scorer.truth`` at its first chunk).
         command: the argv that started the run (default ``sys.argv``); started: ``time.time()`` at
             its start (default now), for the summary's ``wall`` seconds.
+        prefix: a real video the run continues (:class:`~worldtrace_cli.continuation.Prefix`), or None:
+            :meth:`condition` encodes its frames, :meth:`start` commits them as the first chunks, and
+            the metrics score the chunks after it against its reference.
     Attributes:
         writer, decoder, scorer: the cache writer, streaming VAE decoder, OnlineMetrics (built here).
         conditioned: the backbone's prepared conditioning (:meth:`condition`); rollout, sinks, loop:
@@ -50,7 +53,7 @@ class Run:
     """
 
     def __init__(self, pipeline, cfg, plan, *, seed: int, image_label: str, world_seed: int | None = None,
-                 truth=None, command: list[str] | None = None, started: float | None = None):
+                 truth=None, command: list[str] | None = None, started: float | None = None, prefix=None):
         from ..engine.tally import fresh_progress
         from ..metrics import OnlineMetrics
 
@@ -58,7 +61,10 @@ class Run:
         self.seed, self.image_label, self.world_seed = seed, image_label, world_seed
         self.writer = pipeline.build_writer(cfg.memory)
         self.decoder = pipeline.decoder()
-        self.scorer = OnlineMetrics(cfg.metrics, pipeline.world.clip if cfg.metrics == "all" else None, truth)
+        self.prefix, self.prefix_latents = prefix, None
+        self.scorer = OnlineMetrics(cfg.metrics, pipeline.world.clip if cfg.metrics == "all" else None, truth,
+                                    None if prefix is None else prefix.reference,
+                                    0 if prefix is None else prefix.plan.chunks, pipeline.preset.frames_per_chunk)
         self.conditioned, self.cond_s, self.warnings = None, 0.0, []
         self.rollout = self.sinks = self.loop = None
         self.records: list[dict] = []
@@ -74,7 +80,12 @@ class Run:
         counted in :attr:`cond_s`, a prompt past the text encoder's 512 tokens in :attr:`warnings`."""
         t0 = time.perf_counter()
         self.conditioned = self.pipeline.condition(conditioning)
+        self._encode_prefix()
         self.cond_s += time.perf_counter() - t0
+
+    def _encode_prefix(self) -> None:
+        if self.prefix is not None and self.prefix_latents is None:  # committed by the rollout's first chunks
+            self.prefix_latents = self.pipeline.encode_prefix(self.prefix.frames)
         self.warnings += [f"prompt {p[:40]!r}...: longer than the text encoder's 512 tokens, truncated to them "
                           f"(shorten it to keep all of it)" for p in getattr(self.conditioned, "truncated", None) or []]
 
@@ -96,6 +107,8 @@ class Run:
                                              self.seed)
         if self.cfg.attention_stats:
             self.rollout.measure_attention(self.cfg.attention_queries)
+        self._encode_prefix()  # a session given a parent's conditioning encodes its own prefix here
+        self.rollout.set_prefix(self.prefix_latents)
 
     def feed(self):
         """The :class:`~worldtrace_cli.engine.feed.ConditioningFeed` over :attr:`plan` (its chunks'

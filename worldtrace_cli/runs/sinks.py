@@ -42,7 +42,12 @@ class RunSinks(RunTally):
 
         for out in outs:
             rec = out.record
-            self.video.write(out.frames)
+            if rec.get("prefix"):  # the real clip's chunks: marked in the video (not in records or metrics)
+                from ..continuation import mark_prefix_frames
+
+                self.video.write(mark_prefix_frames(out.frames))
+            else:
+                self.video.write(out.frames)
             finish_record(out, self.plan, self.scorer, self.frames_per_chunk)
             self.jsonl.write(rec)
             self.add(rec)

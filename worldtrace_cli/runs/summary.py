@@ -44,6 +44,7 @@ def run_summary(status: str, run, warnings: list | None = None) -> dict:
         "checkpoint": pipeline.world.files, "versions": versions(),
         "cache": {**writer.describe(), "kv_bytes": writer.kv_bytes(), "host_bytes": writer.host_bytes(),
                   "trained_offset": trained, "max_offset": tally.max_offset()},
+        "prefix": prefix_record(run),
         "metrics": run.scorer.summary(plan) if status == "complete" else None,
         "attention": attention_summary(tally.records, plan) if cfg.attention_stats else None,
         "warnings": list(warnings or []),
@@ -52,4 +53,15 @@ def run_summary(status: str, run, warnings: list | None = None) -> dict:
     }
 
 
-__all__ = ["run_summary"]
+def prefix_record(run) -> dict | None:
+    """``summary.json``'s ``prefix``: the real clip a run continued (source, chunks, pixel frames, the
+    reference its continuation is scored against, its sha256, what was changed), or None."""
+    prefix = getattr(run, "prefix", None)
+    if prefix is None:
+        return None
+    p = prefix.plan
+    return {"source": p.source, "chunks": p.chunks, "pixel_frames": p.frames, "reference": p.reference,
+            "reference_frames": p.reference_frames, "sha256": prefix.sha256, "notes": list(prefix.notes)}
+
+
+__all__ = ["prefix_record", "run_summary"]

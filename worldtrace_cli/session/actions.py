@@ -233,6 +233,9 @@ def replay_command(cfg, trajectory: str, preset_ref: str | None = None) -> str:
         words += ["--prompt-switch", cfg.prompt_switch]
     if cfg.prompt is not None:  # the run's prompt (LingBot-World)
         words += ["--prompt", cfg.prompt]
+    if cfg.prefix is not None:  # the real clip the session continued
+        words += ["--prefix", str(cfg.prefix)] + ([] if cfg.prefix_chunks is None else
+                                                  ["--prefix-chunks", str(cfg.prefix_chunks)])
     given, default = m.to_dict(), memory_config(m.cache, preset=preset).to_dict()
     for name, value in given.items():
         if name != "cache" and value != default.get(name):

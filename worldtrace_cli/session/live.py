@@ -45,7 +45,7 @@ class Session:
             record folder cannot be used (see :meth:`~worldtrace_cli.runs.RunFolder.prepare`).
     """
 
-    def __init__(self, pipeline, cfg, record: str | Path | None = None):
+    def __init__(self, pipeline, cfg, record: str | Path | None = None, prefix=None):
         from ..runs.run import Run
 
         if not cfg.preset.backbone.live:
@@ -58,8 +58,14 @@ class Session:
         self.plan = self.actions.plan
         self._last_record: dict | None = None
         self.truth_source = self.feed = self.folder = None
-        self.run = Run(pipeline, cfg, self.plan, seed=self._seed(), image_label=str(cfg.image) if cfg.image else
-                       "prompts" if self.takes_prompts else f"world:{cfg.world_seed}")
+        if prefix is None and cfg.prefix is not None:  # a loaded session's prefix: read again from its clip
+            from .opening import session_prefix
+
+            prefix = session_prefix(cfg)
+        self.prefix = prefix
+        label = (str(cfg.image) if cfg.image else f"prefix:{cfg.prefix}" if prefix is not None else
+                 "prompts" if self.takes_prompts else f"world:{cfg.world_seed}")
+        self.run = Run(pipeline, cfg, self.plan, seed=self._seed(), image_label=label, prefix=prefix)
         self.records = self.run.records  # the run's own list (a fork fills it in place)
         self._stack, self._closed = ExitStack(), False
         self._made_folder = False  # the record folder did not exist before this session, which holds its lock
@@ -110,7 +116,11 @@ class Session:
         if self.folder is not None and run.sinks is None:
             self.folder.prepare(self.cfg.overwrite)  # the first chunk: now the folder becomes this run's
         self.feed = ConditioningFeed(self.plan, camera=backbone.camera)  # each chunk's rows, poses or prompt
-        if self.preset.has_world and self.cfg.image is None:
+        if self.prefix is not None and self.cfg.image is None:
+            from PIL import Image
+
+            image = Image.fromarray(self.prefix.frames[0]) if backbone.start_image else None
+        elif self.preset.has_world and self.cfg.image is None:
             from PIL import Image
 
             from ..world.truth import GroundTruth
@@ -308,7 +318,7 @@ class Session:
             raise InputError("fork: the session has no chunk yet; step first")
         if self.cfg.memory.options.get("spill_dir"):
             raise InputError("fork: a writer spilling to disk (spill_dir) cannot be forked; open it without spill_dir")
-        twin = Session(self.pipeline, self.cfg)
+        twin = Session(self.pipeline, self.cfg, prefix=self.prefix)
         twin.preset_ref = self.preset_ref
         twin._replay_rows(self.actions.segments, self.plan.chunk_actions, self.run.conditioned)
         twin.run.load_parts(clone_tree(self.run.parts()), twin.plan.num_chunks)

@@ -24,7 +24,8 @@ def open(preset: str = "loopworld", cache: str | None = None, *, checkpoint: str
          dtype: str = "auto", compile: str = "none", rope_precision: str = "float32", metrics: str = "fast",
          random_weights: bool = False, weights_seed: int = 0, record: str | Path | None = None,
          overwrite: bool = False, pipeline=None, prompt_switch: str = "recache", prompt: str | None = None,
-         attention_stats: bool = False, attention_queries: int = 0, **writer_options) -> Session:
+         attention_stats: bool = False, attention_queries: int = 0, prefix: str | Path | None = None,
+         prefix_chunks: int | None = None, **writer_options) -> Session:
     """Open a live :class:`Session` (``import worldtrace_cli as wt; s = wt.open("loopworld", cache="landmark")``).
 
     Args:
@@ -45,6 +46,12 @@ def open(preset: str = "loopworld", cache: str | None = None, *, checkpoint: str
             each slot of ``record["cache"]["slots"]`` gets ``attention``, the cache ``attention``
             (:func:`~worldtrace_cli.outputs.records.most_read_slot` reads which slot a chunk read most).
             attention_queries: a seeded sample of that many query tokens per layer (0: all).
+        prefix: a real video to continue (an MP4 or a folder of frames, as ``generate --prefix``): its
+            first ``prefix_chunks`` chunks (None: all of it, whole chunks) are committed by the first
+            steps instead of generated: ``step(actions)`` for chunk c < K commits the clip's chunk c with
+            those actions (the ones it was filmed with) and returns its decoded frames and a record
+            marked ``prefix``; later steps generate. Frames after the prefix score the steps after it
+            (``ref_psnr``, ...). Its first frame is the start image unless ``image`` is given.
         writer_options: ``generate``'s memory flags as keywords: the shared ``positions``,
             ``budget``, ``summary_slots``, ``recent_slots``, and the writer's own settings
             (``landmark_threshold``, ``sink_frames``, ``top_k``, ...: the fields of its options
@@ -111,7 +118,7 @@ def open(preset: str = "loopworld", cache: str | None = None, *, checkpoint: str
                          f"{titles_where(lambda r: r.start_image)} presets do")
     if image is not None:
         load_image(image, (resolved.height, resolved.width))  # decoded now: a bad file is refused before the model
-    elif backbone.start_image and not resolved.has_world:
+    elif backbone.start_image and not resolved.has_world and prefix is None:
         raise InputError(f"preset {resolved.name}: needs a conditioning image: open(..., image=PATH)")
     try:
         from ..writer_options.checks import check_writer_specs
@@ -126,13 +133,37 @@ def open(preset: str = "loopworld", cache: str | None = None, *, checkpoint: str
                     random_weights=random_weights, weights_seed=weights_seed, world_seed=world_seed, memory=memory,
                     overwrite=overwrite, progress=False, metrics=metrics, save_every=0, rope_precision=rope_precision,
                     compile=compile, prompt_switch=prompt_switch, prompt=prompt, attention_stats=attention_stats,
-                    attention_queries=attention_queries)
+                    attention_queries=attention_queries,
+                    prefix=None if prefix is None else str(prefix) if str(prefix).startswith("truth:")
+                    else str(Path(prefix).resolve()), prefix_chunks=prefix_chunks)
+    clip = session_prefix(cfg)  # read before the model loads: a clip that does not fit is refused now
     if pipeline is None or not pipeline.serves(cfg):
         pipeline = Pipeline.from_config(cfg)
-    session = Session(pipeline, cfg, record)
+    session = Session(pipeline, cfg, record, prefix=clip)
     if isinstance(preset, (str, Path)) and Path(preset).suffix in (".yaml", ".yml") and Path(preset).is_file():
         session.preset_ref = str(Path(preset).resolve())  # a preset file: the replay command names it
     return session
 
 
-__all__ = ["open"]
+def session_prefix(cfg):
+    """The :class:`~worldtrace_cli.continuation.Prefix` of a session's ``cfg.prefix`` (None without one).
+
+    Raises:
+        InputError: ``truth:K`` (a world's truth needs every chunk's actions in advance: generate, compare
+            and loopbench run take it), or a clip that does not fit (:func:`~worldtrace_cli.continuation.plan_prefix`)."""
+    from ..continuation import load_prefix, plan_prefix
+
+    if cfg.prefix is None:
+        if cfg.prefix_chunks is not None:
+            raise InputError("open: prefix_chunks needs prefix= (the real video the session continues)")
+        return None
+    if str(cfg.prefix).startswith("truth:"):
+        raise InputError(f"open: prefix={cfg.prefix!r}: a world's true render needs every chunk's actions in advance; "
+                         f"a session takes a video (generate, compare and loopbench run take truth:K)")
+    try:
+        return load_prefix(cfg, plan_prefix(cfg, 1 << 30))
+    except InputError as exc:
+        raise InputError(f"open: {api_words(str(exc))}") from None
+
+
+__all__ = ["open", "session_prefix"]
