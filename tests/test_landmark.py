@@ -103,14 +103,17 @@ def test_scene_entries_are_landmarks_and_distances_are_reported():
     dist = {e["frame"]: e["distance"] for e in events[1:]}
     assert all(dist[f] > 0.5 for f in (5, 10)) and all(dist[f] < 0.01 for f in dist if f not in (5, 10))
     assert w.events() == []  # "since the last call"
-    assert [s.frames for s in w.slots()] == [(0,), (0,), (5,), (10,), (13,), (14,)]
-    assert [s.kind for s in w.slots()] == ["landmark"] * 4 + ["recent"] * 2
+    assert [s.frames for s in w.slots()] == [(0,), (5,), (10,), (13,), (14,)]  # 3 landmarks held, read alone
+    assert [s.kind for s in w.slots()] == ["landmark"] * 3 + ["recent"] * 2
     assert w.describe()["landmark"]["threshold"] == 0.1
 
     high = landmark_writer(landmark_threshold=2.0)  # cosine distance never exceeds 2
     commit_frames(high, frames)
     assert [e["frame"] for e in high.events() if e["landmark"]] == [0]
-    assert [s.frames for s in high.slots()][:4] == [(0,)] * 4
+    assert [s.frames for s in high.slots()] == [(0,), (13,), (14,)]  # frame 0 once, then the recent frames
+    repeat = landmark_writer(landmark_threshold=2.0, landmark_padding="repeat")  # the paper's Algorithm 1
+    commit_frames(repeat, frames)
+    assert [s.frames for s in repeat.slots()][:4] == [(0,)] * 4
 
 
 def test_descriptor_ignores_a_pan_but_not_a_new_scene():
@@ -140,9 +143,24 @@ def test_more_entries_than_slots_evict_the_oldest_and_kv_is_verbatim():
     assert positions.tolist() == [-6, -5, -4, -3, -2, -1]  # slot_rank (Def. 1)
 
 
-def test_fewer_entries_than_slots_repeat_the_oldest():
+def test_fewer_entries_than_slots_are_read_alone_by_default():
+    """Only the landmarks held are read (landmark_padding none): the paper's padding read frame 0 up to
+    four times past the trained offsets (docs/memory.md)."""
     frames = [frame_of(scene(7), i) for i in range(4)] + [frame_of(scene(8), i) for i in range(4, 9)]
     w = landmark_writer()
+    commit_frames(w, frames[:3])
+    assert [s.frames[0] for s in w.slots()] == [0, 1, 2]
+    assert w.positions().tolist() == [-3, -2, -1]  # slot_rank: the landmark beside the recent window
+    commit_frames(w, frames[3:], first_id=3)
+    assert [s.frames[0] for s in w.slots()] == [0, 4, 7, 8]
+    k, _, _ = w.read(1)
+    assert k.shape[1] == 4 * GEOM.tokens_per_frame
+    assert w.describe()["landmark"]["padding"] == "none"
+
+
+def test_fewer_entries_than_slots_repeat_the_oldest_with_the_papers_padding():
+    frames = [frame_of(scene(7), i) for i in range(4)] + [frame_of(scene(8), i) for i in range(4, 9)]
+    w = landmark_writer(landmark_padding="repeat")
     assert w.slots() == []
     commit_frames(w, frames[:3])  # frame 0 evicted: the first landmark
     assert [s.frames[0] for s in w.slots()] == [0, 0, 0, 0, 1, 2]
@@ -237,7 +255,8 @@ def test_tiny_rollout_runs_with_landmark_slots(dit, cache):
         events += out.record["cache"]["events"]
     slots = expand_slot_records(out.record["cache"]["slots"])
     kinds = [s["kind"] for s in slots]
-    assert kinds.count("landmark") == 4 - (2 if cache == "mixed:2" else 0) and kinds[-2:] == ["recent"] * 2
-    assert [s["offset"] for s in slots] == list(range(-6, 0))
+    held = min(sum(e["landmark"] for e in events), 4 - (2 if cache == "mixed:2" else 0))  # read alone: no padding
+    assert kinds.count("landmark") == held >= 1 and kinds[-2:] == ["recent"] * 2
+    assert [s["offset"] for s in slots] == list(range(-len(slots), 0))
     assert [e["frame"] for e in events] == list(range(3 * (chunks - 1) + 1))  # evicted 0..33
     assert events[0]["landmark"] and all(e["distance"] > -1e-6 for e in events[1:])

@@ -298,7 +298,7 @@ def mark_prefix_frames(frames):
     """A copy of a prefix chunk's frames (uint8 [T, H, W, 3], numpy or torch) with a ``MARK_PX`` border in
     ``MARK_RGB``: how ``video.mp4`` shows which frames are the real clip's (records, metrics and
     ``frames_sha256`` keep the unmarked frames)."""
-    out = np.array(frames, dtype=np.uint8, copy=True)
+    out = np.array(frames.numpy() if hasattr(frames, "numpy") else frames, dtype=np.uint8, copy=True)
     m = MARK_PX
     out[:, :m], out[:, -m:], out[:, :, :m], out[:, :, -m:] = MARK_RGB, MARK_RGB, MARK_RGB, MARK_RGB
     return out

@@ -67,7 +67,7 @@ def run_generation(cfg, resume: bool = False, pipeline=None) -> dict:
                       checkpoint=None if cfg.checkpoint is None else Path(cfg.checkpoint).resolve(),
                       poses=None if cfg.poses is None else Path(cfg.poses).resolve(),
                       intrinsics=None if cfg.intrinsics is None else Path(cfg.intrinsics).resolve(),
-                      prefix=None if cfg.prefix is None or str(cfg.prefix).startswith("truth:")
+                      prefix=cfg.prefix if cfg.prefix is None or str(cfg.prefix).startswith("truth:")
                       else str(Path(cfg.prefix).resolve()),
                       reference=None if cfg.reference is None else Path(cfg.reference).resolve())
     folder, traj = RunFolder(cfg.output), None
@@ -213,6 +213,14 @@ class _Generation:
             raise OutputError(f"{folder.video}: holds {have} of the run's {need} pixel frames (deleted or replaced "
                               f"while the run wrote it?); chunks.jsonl has every chunk, the video does not: "
                               f"run again with --overwrite")
+        prefix = self.inputs.prefix
+        if prefix is not None:  # the continuation alone, beside video.mp4 (the prefix marked, then the continuation)
+            from ..runs.folder import CONTINUATION
+            from .mind import write_submission_video
+
+            write_submission_video(folder.video, folder.path / CONTINUATION,
+                                   frames_for_chunks(prefix.plan.chunks, self.cfg.preset.frames_per_chunk),
+                                   self.cfg.preset.fps)
         result = self.summary("complete")
         folder.clear_state()
         return result

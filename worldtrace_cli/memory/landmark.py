@@ -4,8 +4,15 @@
 left it: if the cosine distance of their *descriptors* exceeds tau (``--landmark-threshold``,
 :attr:`~worldtrace_cli.writer_options.LandmarkOptions.landmark_threshold`) the frame is a scene entry and becomes a landmark. The
 first frame ever evicted (latent frame 0, the conditioning image's frame) is always the first
-landmark. The newest N_s landmarks are kept (oldest evicted first); while fewer than N_s exist, the
-empty slots repeat the oldest landmark (paper §3.4, Algorithm 1).
+landmark. The newest N_s landmarks are kept (oldest evicted first). While fewer than N_s exist, the
+paper fills the empty slots with the oldest landmark (§3.4, Algorithm 1: ``--landmark-padding
+repeat``); by default only the landmarks held are read (``none``). Why: the oldest landmark is latent
+frame 0, and repeated it is read up to four times at slot-rank positions -6 .. -3, offsets of 6 to 8
+latent frames from the chunk's queries where the model was trained to 5. On loopworld those copies
+took 0.54 of chunk 1's attention (sliding gives frame 0 0.06, at -3), chunk 1 came out grey with
+horizontal stripes one token row apart, and the detector froze those frames as the next landmarks,
+so the stripes lasted the run (world 8, look_back: return leg 14.77 dB against sliding's 14.85; read
+without padding 15.78 dB, no stripes; docs/memory.md).
 
 **Descriptor.** Per layer, the token mean of the canonical key's *temporal* channels
 ``[0, t_ch)`` (44 of 128 for MG2's head dim), all heads concatenated: [L, H * t_ch] float32. Why:
@@ -78,7 +85,9 @@ class LandmarkSummary(SummaryMemory):
 
     def __init__(self, n_slots: int, config: MemoryConfig):
         self.n_slots = n_slots
-        self.threshold = config.settings().landmark_threshold
+        settings = config.settings()
+        self.threshold = settings.landmark_threshold
+        self.padding = getattr(settings, "landmark_padding", "none")  # "none" | "repeat" (the paper's)
 
     def reset(self, geometry: CacheGeometry) -> None:
         super().reset(geometry)
@@ -110,11 +119,15 @@ class LandmarkSummary(SummaryMemory):
             self._kv.popleft()
 
     def _padding(self) -> int:
-        """Empty slots, filled by repeating the oldest landmark (0 before any landmark exists)."""
+        """Empty slots filled by repeating the oldest landmark: with ``landmark_padding`` ``repeat`` (the
+        paper's Algorithm 1) every empty slot once landmarks exist, with ``none`` (the default) 0."""
+        if self.padding != "repeat":
+            return 0
         return self.n_slots - len(self._ids) if self._ids else 0
 
     def slots(self) -> list[Slot]:
-        """``Slot("landmark", (frame,))`` oldest first; the oldest repeated into empty slots."""
+        """``Slot("landmark", (frame,))`` oldest first (with ``repeat`` padding, the oldest repeated into
+        empty slots): at most N_s."""
         ids = list(self._ids)
         ids = ids[:1] * self._padding() + ids
         return [Slot("landmark", (f,), "summary") for f in ids]
@@ -154,7 +167,7 @@ class LandmarkSummary(SummaryMemory):
         return out
 
     def describe(self) -> dict:
-        return {"landmark": {"threshold": self.threshold, "descriptor": DESCRIPTOR}}
+        return {"landmark": {"threshold": self.threshold, "descriptor": DESCRIPTOR, "padding": self.padding}}
 
 
 @register

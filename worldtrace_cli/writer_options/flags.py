@@ -76,6 +76,10 @@ def _tau(v) -> str | None:
         f"must be in (0, 2] (a cosine distance; 0 would make every frame a landmark), got {v}")
 
 
+def _padding(v) -> str | None:
+    return None if v in ("none", "repeat") else f"must be none or repeat, got {v!r}"
+
+
 def _ratio(v) -> str | None:
     return None if math.isfinite(v) and 0 < v <= 1 else f"must be in (0, 1] (the share of non-anchor tokens kept), got {v}"
 
@@ -91,6 +95,9 @@ _CAP_HELP = ("refuse before the KV cache (2 copies per chunk: stored frames, rot
 _SPILL_HELP = "keep evicted frames on disk here instead of host memory (very long runs)"
 _TAU_HELP = ("tau: cosine distance (0-2) between consecutive frame descriptors that marks a scene entry (default: "
              "the preset's calibrated tau, loopworld 0.0047, else the paper's 0.1; `worldtrace bench tau` calibrates it)")
+_PAD_HELP = ("while fewer landmarks than slots exist: none = read only those held (default), repeat = fill the empty "
+             "slots with the oldest landmark, the paper's Algorithm 1 (on loopworld it reads latent frame 0 several times "
+             "past the trained offsets and draws grey stripes: docs/memory.md)")
 _KEEP_HELP = "store-time compression: keep this share of each chunk's non-anchor tokens (0-1)"
 _BANK_HELP = "where the bank of past K/V lives: cpu or cuda[:i]"
 
@@ -126,6 +133,7 @@ class LandmarkOptions:
     """``landmark``: the scene-entry detector's threshold."""
 
     landmark_threshold: float = flag(LANDMARK_TAU, "float", _TAU_HELP, _tau)
+    landmark_padding: str = flag("none", "str", _PAD_HELP, _padding, metavar="none|repeat")
 
 
 @dataclass(frozen=True)
@@ -134,6 +142,7 @@ class MixedOptions:
 
     spill_dir: str | None = flag(None, "path", _SPILL_HELP)
     landmark_threshold: float = flag(LANDMARK_TAU, "float", _TAU_HELP, _tau)
+    landmark_padding: str = flag("none", "str", _PAD_HELP, _padding, metavar="none|repeat")
 
 
 @dataclass(frozen=True)
