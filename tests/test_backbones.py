@@ -228,6 +228,30 @@ def test_an_installed_package_registers_a_backbone_for_the_cli(tmp_path):
     assert not any((tmp_path / r).exists() for r in ("run2", "run3"))
 
 
+@pytest.mark.parametrize("body, kind", [("import sys\nsys.exit(0)\n", "SystemExit"),
+                                        ("raise KeyboardInterrupt\n", "KeyboardInterrupt"),
+                                        ("ROW = ['x']\n", "gives str, not a Backbone row")])
+def test_a_plugin_that_raises_anything_is_a_refusal_and_the_others_still_list(tmp_path, body, kind):
+    """A plugin whose import calls sys.exit(0) made generate exit 0 with no run; `presets --backbones`
+    with a broken plugin printed a traceback (exit 1). Now: one line naming the plugin, exit 2; the
+    backbone table lists the rest, naming the broken one in one line."""
+    import echo_backbone
+
+    mods = tmp_path / "mods"
+    mods.mkdir()
+    (mods / "bad_plugin_mod.py").write_text(body)
+    bad = _plugin_path(tmp_path, "bad_plugin", "bad_plugin_mod:ROW")
+    res = _cli("generate", "--preset", echo_backbone.PRESET, ABA, "--chunks", 1, "-o", tmp_path / "run",
+               "--no-progress", path=[bad, mods, TESTS])
+    last = res.stderr.strip().splitlines()[-1]
+    assert res.returncode == 2 and last.startswith("worldtrace: error: backbone plugin echo (bad_plugin_mod:ROW): "), res.stderr
+    assert kind in last and not (tmp_path / "run").exists()
+    res = _cli("presets", "--backbones", path=[bad, mods, TESTS])
+    assert res.returncode == 0 and "| `mg2` |" in res.stdout, res.stderr
+    assert [line for line in res.stderr.splitlines() if "bad_plugin_mod" in line] == [
+        line for line in res.stderr.splitlines() if line.strip()] and len(res.stderr.strip().splitlines()) == 1
+
+
 def test_lingbot_world_runs_live_and_generate_replays_the_session(tmp_path):
     """A LingBot-World session stepped with actions (its camera made chunk by chunk from them) writes a
     trajectory whose replay command, run as written, makes the same frames chunk for chunk."""

@@ -21,8 +21,10 @@ def list_presets(backbones):
     if backbones:
         from ..config.backbones import backbone_table, load_plugins
 
-        load_plugins()  # the installed packages' backbones too
+        broken = load_plugins(strict=False)  # the installed packages' backbones too; a broken one named, not fatal
         click.echo(backbone_table())
+        for line in broken:
+            click.echo(f"worldtrace: {line} (left out)", err=True)
         return
     for name in preset_names():
         p = load_preset(name)

@@ -186,9 +186,13 @@ def load_preset(name_or_path: str) -> Preset:
         raise InputError(f"{source}: missing keys: {', '.join(missing)}")
     from ..errors import CheckpointError
 
+    broken: list[str] = []
     if raw.get("architecture", DEFAULT_ARCHITECTURE) not in BACKBONES:
-        load_plugins()  # a backbone another installed package declares
+        broken = load_plugins(strict=False)  # a backbone another installed package declares
     if raw.get("architecture", DEFAULT_ARCHITECTURE) not in BACKBONES:
+        if broken:  # the plugin that may have declared it did not load: say which
+            more = f" (and {len(broken) - 1} more broken plugins)" if len(broken) > 1 else ""
+            raise InputError(broken[0] + more)
         raise InputError(f"{source}: architecture: must be one of {', '.join(BACKBONES)}, got {raw['architecture']!r}")
     check_preset_values(raw, source)
     try:

@@ -154,37 +154,53 @@ ENTRY_POINTS = "worldtrace.backbones"  # the entry-point group of backbones inst
 _plugins_loaded = False
 
 
-def load_plugins() -> None:
+_broken: list[str] = []  # the refusals of the plugins that failed to load (one line each)
+
+
+def load_plugins(strict: bool = True) -> list[str]:
     """Register the backbones other installed packages declare, once per process: each entry point of
     the group ``worldtrace.backbones`` names a :class:`Backbone` row, or a function returning one or a
     list of them (``[project.entry-points."worldtrace.backbones"] echo = "my_pkg.rows:ROW"``). Called
     when a preset names an architecture no built-in row has, so a broken plugin only affects its own
-    presets.
+    presets. A plugin that raises *anything* while it loads (``SystemExit`` and ``KeyboardInterrupt``
+    included: a ``sys.exit(0)`` in a plugin must not end a run as a success) is a one-line refusal
+    naming it; the other plugins still load.
 
+    Args:
+        strict: raise the first broken plugin's refusal (a run that needs a plugin's row); False: return
+            the refusals and register the rest (``worldtrace presets --backbones``).
+    Returns:
+        the broken plugins' one-line refusals (empty when every plugin loaded).
     Raises:
-        InputError: a plugin that does not import, or that gives something other than Backbone rows
-            (one line naming the entry point).
+        InputError: with ``strict``, a plugin that does not load, or that gives something other than
+            Backbone rows (one line naming the entry point).
     """
     global _plugins_loaded
-    if _plugins_loaded:
-        return
-    _plugins_loaded = True
-    from importlib.metadata import entry_points
-
     from ..errors import InputError
 
-    for ep in entry_points(group=ENTRY_POINTS):
-        try:
-            found = ep.load()
-            rows = found() if callable(found) and not isinstance(found, Backbone) else found
-            rows = [rows] if isinstance(rows, Backbone) else list(rows)
-        except Exception as exc:
-            raise InputError(f"backbone plugin {ep.name} ({ep.value}): {type(exc).__name__}: {exc}"[:300]) from None
-        for row in rows:
-            if not isinstance(row, Backbone):
-                raise InputError(f"backbone plugin {ep.name} ({ep.value}): gives {type(row).__name__}, not a Backbone row")
-            if BACKBONES.get(row.architecture) is not row:
-                register_backbone(row)
+    if not _plugins_loaded:
+        _plugins_loaded = True
+        from importlib.metadata import entry_points
+
+        for ep in entry_points(group=ENTRY_POINTS):
+            try:
+                found = ep.load()
+                rows = found() if callable(found) and not isinstance(found, Backbone) else found
+                rows = [rows] if isinstance(rows, Backbone) else list(rows)
+                bad = next((row for row in rows if not isinstance(row, Backbone)), None)
+                if bad is not None:
+                    _broken.append(f"backbone plugin {ep.name} ({ep.value}): gives {type(bad).__name__}, not a Backbone row")
+                    continue
+            except BaseException as exc:  # noqa: BLE001  (SystemExit / KeyboardInterrupt in a plugin's import too)
+                said = " ".join(str(exc).split()) or "(no message)"
+                _broken.append(f"backbone plugin {ep.name} ({ep.value}): {type(exc).__name__}: {said}"[:300])
+                continue
+            for row in rows:
+                if BACKBONES.get(row.architecture) is not row:
+                    register_backbone(row)
+    if strict and _broken:
+        raise InputError(_broken[0])
+    return list(_broken)
 
 
 def backbone_table() -> str:
@@ -210,7 +226,7 @@ def backbone(architecture: str) -> Backbone:
         KeyError: an architecture no row names (presets are checked at load: :func:`~worldtrace_cli.config.load_preset`).
     """
     if architecture not in BACKBONES:
-        load_plugins()
+        load_plugins(strict=False)
     return BACKBONES[architecture]
 
 
