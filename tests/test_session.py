@@ -5,6 +5,7 @@ shipped model, CPU), one pipeline shared by the module."""
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -236,3 +237,11 @@ def test_summary_without_a_record_folder_counts_what_was_stepped(pipeline, valid
         assert offsets and summary["cache"]["max_offset"] == max(offsets)
         s.step("forward")
         assert s.summary()["totals"]["chunks"] == 4
+        assert summary["status"] == "open" and summary["metrics"]["gt"] is not None  # it can still step
+    assert s.summary()["status"] == "complete"  # closed
+
+
+def test_open_refuses_a_pipeline_of_another_preset(pipeline):
+    with pytest.raises(InputError, match=r"^open: pipeline= is a loaded loopworld, not preset tiny"):
+        wt.open("tiny", image=Path(__file__).resolve().parents[1] / "assets" / "images" / "mg2_universal_0000.png",
+                pipeline=pipeline, device="cpu", dtype="fp32")

@@ -11,8 +11,9 @@ def run_summary(status: str, run, warnings: list | None = None) -> dict:
     session's) after it generated ``len(run.tally.records)`` chunks of ``run.plan``.
 
     Args:
-        status: ``complete`` | ``stopped`` | ``aborted`` | ``failed`` (metrics are summarised only
-            for ``complete``; a complete run's totals count ``plan.num_chunks`` chunks).
+        status: ``complete`` | ``open`` (a live session that can still step) | ``stopped`` | ``aborted`` |
+            ``failed`` (metrics are summarised only for ``complete`` and ``open``: the chunks so far; a
+            complete run's totals count ``plan.num_chunks`` chunks).
         run: what it reads: ``cfg``, ``run_dir`` (None without a folder), ``command`` / ``resumed_by``
             (argv of the run and of its resume, or None), ``pipeline``, ``writer``, ``rollout`` (None
             before the first chunk), ``scorer``, ``plan``, ``tally``, ``started`` (``time.time()``,
@@ -45,7 +46,7 @@ def run_summary(status: str, run, warnings: list | None = None) -> dict:
         "cache": {**writer.describe(), "kv_bytes": writer.kv_bytes(), "host_bytes": writer.host_bytes(),
                   "trained_offset": trained, "max_offset": tally.max_offset()},
         "prefix": prefix_record(run),
-        "metrics": run.scorer.summary(plan) if status == "complete" else None,
+        "metrics": run.scorer.summary(plan) if status in ("complete", "open") else None,
         "attention": attention_summary(tally.records, plan) if cfg.attention_stats else None,
         "warnings": list(warnings or []),
         "totals": tally.totals(done, pipeline.load_seconds, run.cond_s, cfg.overlap_decode, run.started, device,

@@ -326,16 +326,18 @@ class Session:
         return twin
 
     # -- the end ---------------------------------------------------------------------------------
-    def summary(self, status: str = "complete") -> dict:
+    def summary(self, status: str | None = None) -> dict:
         """The session as a ``summary.json`` document (schemas/summary.schema.json): with or without
         ``record=``, its ``totals`` count the chunks stepped so far (``run_dir`` is None without one).
+        ``status``: None = what the session is: ``open`` (it can still step; the metrics cover the chunks
+        so far), ``complete`` once :meth:`close` d.
 
         Raises:
             InputError: before the first :meth:`step` (there is no cache to describe yet).
         """
         if self.rollout is None:
             raise InputError("summary: the session has no chunk yet; step first")
-        return self.run.summary(status)
+        return self.run.summary(status or ("complete" if self._closed else "open"))
 
     def close(self) -> dict | None:
         """Finish the session: close the video and records, write ``summary.json`` (status

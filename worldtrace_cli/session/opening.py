@@ -137,6 +137,11 @@ def open(preset: str = "loopworld", cache: str | None = None, *, checkpoint: str
                     prefix=None if prefix is None else str(prefix) if str(prefix).startswith("truth:")
                     else str(Path(prefix).resolve()), prefix_chunks=prefix_chunks)
     clip = session_prefix(cfg)  # read before the model loads: a clip that does not fit is refused now
+    have = getattr(getattr(pipeline, "preset", None), "to_dict", None)
+    if pipeline is not None and (have is None or pipeline.preset.to_dict() != resolved.to_dict()):
+        name = getattr(getattr(pipeline, "preset", None), "name", type(pipeline).__name__)
+        raise InputError(f"open: pipeline= is a loaded {name}, not preset {resolved.name}: pass a pipeline of the "
+                         f"same preset, or none to load one")
     if pipeline is None or not pipeline.serves(cfg):
         pipeline = Pipeline.from_config(cfg)
     session = Session(pipeline, cfg, record, prefix=clip)
