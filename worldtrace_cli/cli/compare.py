@@ -80,6 +80,6 @@ def compare(trajectory, caches, preset, checkpoint, random_weights, image, seed,
                              prefix=prefix_config(prefix, prefix_chunks, reference))
         click.echo(f"worldtrace: wrote {out / 'compare.mp4'}, compare.md, compare.json", err=True)
         # stdout: one line for scripts (the table's file), or the Markdown itself with --print
-        click.echo(compare_markdown(result) if print_markdown else str(out / "compare.md"))
+        click.echo(compare_markdown(result) if print_markdown else str((out / "compare.md").resolve()))  # absolute, as generate's
 
     run_job(job)

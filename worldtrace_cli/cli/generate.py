@@ -125,7 +125,7 @@ def generate(trajectory, preset, checkpoint, prompt, prompt_switch, poses, intri
     \b
     Example (CPU, built-in tiny model):
       worldtrace generate --preset tiny --image assets/images/mg2_universal_0000.png \\
-          trajectories/aba.yaml --chunks 16 -o out/
+          trajectories/aba.yaml --chunks 16 -o out-tiny/
       worldtrace generate --preset self-forcing-tiny trajectories/prompts_aba.yaml \\
           --cache landmark --chunks 400 -o out-text/
     """

@@ -30,12 +30,11 @@ class NonEmptyPath(click.Path):
 
 def overall_progress(value) -> tuple[bool, bool]:
     """``--progress/--no-progress`` of compare and loopbench run (None when not given) as (one overall
-    bar over the runs or jobs, per-chunk bars of every run): not given, the overall bar alone when
-    stderr is a terminal; ``--progress`` both; ``--no-progress`` neither."""
-    import sys
-
+    bar over the runs or jobs, per-chunk bars of every run): not given, the overall bar alone (on stderr,
+    a terminal or not, as ``generate``'s bar: a log file shows how far a long run is); ``--progress``
+    both; ``--no-progress`` neither."""
     if value is None:
-        return sys.stderr.isatty(), False
+        return True, False
     return value, value
 
 
