@@ -45,11 +45,20 @@ def parity(folder, rope_precision, compile_mode, device, lingbot):
         click.echo("worldtrace: error: --device cuda: no CUDA device is available", err=True)
         sys.exit(2)
     if not folder.is_dir():
-        click.echo(f"worldtrace: error: {folder}: no such folder (a golden fixture folder: tests/data/fixtures)",
+        what = "is a file, not a folder" if folder.exists() else "no such folder"
+        click.echo(f"worldtrace: error: {folder}: {what} (FIXTURE_DIR is a golden fixture folder: tests/data/fixtures)",
                    err=True)
         sys.exit(2)
+    found = [name for name, present in (("Self-Forcing / LongLive", is_selfforcing_fixture(folder)),
+                                        ("LingBot-World", is_lingbot_fixture(folder)),
+                                        ("MG2", (folder / "tiny_outputs.safetensors").is_file())) if present]
     selfforcing = not lingbot and is_selfforcing_fixture(folder)
     lingbot = lingbot or (not selfforcing and is_lingbot_fixture(folder))
+    replayed = "Self-Forcing / LongLive" if selfforcing else "LingBot-World" if lingbot else "MG2"
+    if len(found) > 1:  # a folder holding two formats: say which one this replays
+        click.echo(f"worldtrace: {folder} holds {' and '.join(found)} fixture files; replaying {replayed}'s"
+                   + (" (--lingbot replays LingBot-World's)" if not lingbot and "LingBot-World" in found else ""),
+                   err=True)
     limit = bound if selfforcing else (lambda entry: TOLERANCE)
     skipped, doc = [], "docs/selfforcing.md" if selfforcing else "docs/lingbot.md"
     try:
@@ -62,6 +71,22 @@ def parity(folder, rope_precision, compile_mode, device, lingbot):
     except WorldtraceError as exc:
         click.echo(f"worldtrace: error: {exc}", err=True)
         sys.exit(2)
+    except (IndexError, KeyError, RuntimeError, ValueError, TypeError) as exc:  # a tensor that does not fit its config
+        said = " ".join(str(exc).split())[:200]
+        click.echo(f"worldtrace: error: {folder}: the fixture's files do not fit each other ({replayed} replay: "
+                   f"{type(exc).__name__}: {said})", err=True)
+        sys.exit(2)
+    from ..jobs.parity import NOT_CHECKED
+
+    unchecked = NOT_CHECKED.get(str(folder))
+    if unchecked:  # stored outputs the replay has no counterpart for: named, never counted as passed
+        import re
+        from collections import Counter
+
+        kinds = Counter(re.sub(r"(?<=[_csL])\d+(?=_|$)", "*", name) for name in unchecked)  # chunk, step, layer
+        said = ", ".join(f"{k} ({n})" if n > 1 else k for k, n in sorted(kinds.items()))
+        click.echo(f"worldtrace: not checked: {said[:600]} (stored outputs this replay does not compare: it "
+                   f"checks every call's x0 and the output latents)", err=True)
     if skipped:  # variants the replay cannot reproduce: named, never passed
         click.echo(f"worldtrace: not replayed: {'; '.join(skipped)} ({doc})", err=True)
     for name, value in diffs.items():

@@ -50,6 +50,7 @@ def load_fixture(folder: str | Path):
         raise InputError(f"{folder}: not a golden fixture folder (no tiny_config.json; e.g. tests/data/fixtures, "
                          f"described in tests/data/fixtures/FIXTURES.md)")
     cfg = DiTConfig.from_dict(read_json(folder / "tiny_config.json"), str(folder / "tiny_config.json"))
+    check_replay_size(cfg, str(folder / "tiny_config.json"))  # before any allocation
     model = CausalWanDiT(cfg).float().eval()
     weights_path = _find(folder, "tiny_weights.safetensors")
     if weights_path is None:
@@ -67,6 +68,57 @@ def load_fixture(folder: str | Path):
             inputs.update(read_state_dict(path))
     outputs = read_state_dict(folder / "tiny_outputs.safetensors")
     return model, inputs, outputs
+
+
+def check_replay_size(cfg, source: str) -> None:
+    """Refuse a fixture config whose DiT cannot fit this machine's RAM in float32 before it is built (a
+    config asking for a huge model allocated until it was killed): the weights' lower bound
+    (:func:`~worldtrace_cli.model.layout.dit_parameters_lower_bound`) against the RAM, as ``generate``
+    refuses a preset. Raises InputError naming the config and its widths."""
+    from ..model.layout import dit_parameters_lower_bound, physical_memory_bytes
+
+    need = 4 * dit_parameters_lower_bound(cfg)
+    ram = physical_memory_bytes()
+    if ram and need > ram:
+        raise InputError(f"{source}: dim {cfg.dim}, ffn_dim {cfg.ffn_dim}, {cfg.num_layers} layers: at least "
+                         f"{need / 1e9:.3g} GB of float32 weights, more than this machine's {ram / 1e9:.1f} GB of RAM "
+                         f"(a golden fixture is a tiny model)")
+
+
+def check_inputs(cfg, inputs: dict, folder: Path) -> int:
+    """The MG2 fixture inputs the replay reads, against its config (a tensor of the wrong shape was an
+    IndexError deep in the rollout): ``noise`` [1, out_dim, 3 n, h, w], ``add_noise_draws`` [n, steps - 1,
+    3, out_dim, h, w], ``cond_concat`` [1, 20, >= 3 n, h, w], ``keyboard_cond`` [1, >= 12 n - 3, kd],
+    ``visual_context`` [1, 257, clip_dim], ``denoising_timesteps`` of 3 or 4 steps. Returns n, the chunks.
+
+    Raises:
+        InputError: one line naming the tensor, its shape and the shape the config needs."""
+    def shape(name):
+        if name not in inputs:
+            raise InputError(f"{folder}: tiny_inputs.safetensors: {name}: missing")
+        return list(inputs[name].shape)
+
+    noise = shape("noise")
+    if len(noise) != 5 or noise[0] != 1 or noise[1] != cfg.out_dim or noise[2] < 3 or noise[2] % FRAMES_PER_CHUNK:
+        raise InputError(f"{folder}: tiny_inputs.safetensors: noise: shape {noise}, expected [1, {cfg.out_dim}, 3 n, h, w]")
+    n, (h, w) = noise[2] // FRAMES_PER_CHUNK, noise[3:]
+    steps = shape("denoising_timesteps")
+    if len(steps) != 1 or steps[0] not in (3, 4):
+        raise InputError(f"{folder}: tiny_inputs.safetensors: denoising_timesteps: shape {steps}, expected [3] or [4]")
+    want = {"add_noise_draws": [n, steps[0] - 1, FRAMES_PER_CHUNK, cfg.out_dim, h, w],
+            "visual_context": [1, 257, cfg.clip_dim]}
+    for name, expected in want.items():
+        if shape(name) != expected:
+            raise InputError(f"{folder}: tiny_inputs.safetensors: {name}: shape {shape(name)}, expected {expected}")
+    cond = shape("cond_concat")
+    if len(cond) != 5 or cond[1] != cfg.in_dim - cfg.out_dim or cond[2] < noise[2] or cond[3:] != [h, w]:
+        raise InputError(f"{folder}: tiny_inputs.safetensors: cond_concat: shape {cond}, expected "
+                         f"[1, {cfg.in_dim - cfg.out_dim}, >= {noise[2]}, {h}, {w}]")
+    keys = shape("keyboard_cond")
+    if len(keys) != 3 or keys[1] < 4 * FRAMES_PER_CHUNK * n - 3:
+        raise InputError(f"{folder}: tiny_inputs.safetensors: keyboard_cond: shape {keys}, expected "
+                         f"[1, >= {4 * FRAMES_PER_CHUNK * n - 3}, keyboard_dim]")
+    return n
 
 
 class _FixtureConditioning:
@@ -100,7 +152,16 @@ def replay(model: CausalWanDiT, inputs: dict, on_call=None, writer=None, device:
             return noise[:, :, chunk * FRAMES_PER_CHUNK:(chunk + 1) * FRAMES_PER_CHUNK]
         return draws[chunk, draw - 1].permute(1, 0, 2, 3)[None]  # [(b f), C, H, W] -> [1, C, F, H, W]
 
+    import sys
+
+    from tqdm import tqdm
+
+    n_chunks = noise.shape[2] // FRAMES_PER_CHUNK
+    # shown only when the replay takes over 5 s (a fixture replays in about one: a long one says how far it is)
+    bar = tqdm(total=n_chunks * len(steps), unit="call", desc="parity", file=sys.stderr, delay=5, leave=False)
+
     def on_step(chunk, step, x0):
+        bar.update()
         if on_call:
             on_call(f"call_c{chunk}_s{step}", x0.cpu())
 
@@ -109,8 +170,8 @@ def replay(model: CausalWanDiT, inputs: dict, on_call=None, writer=None, device:
                       inputs["keyboard_cond"], mouse, FlowMatchSchedule(steps), seed=0,
                       device=torch.device(device), latent_hw=tuple(noise.shape[3:]), noise=fixture_noise,
                       on_step=on_step)
-    n_chunks = noise.shape[2] // FRAMES_PER_CHUNK
-    return torch.cat([rollout.step().latents.cpu() for _ in range(n_chunks)], dim=2)
+    with bar:
+        return torch.cat([rollout.step().latents.cpu() for _ in range(n_chunks)], dim=2)
 
 
 def compare(folder: str | Path, rope_precision: str = "float64", compile_mode: str = "none",
@@ -129,15 +190,30 @@ def compare(folder: str | Path, rope_precision: str = "float64", compile_mode: s
 
 def _compare(folder, rope_precision, compile_mode, device):
     model, inputs, outputs = load_fixture(folder)
+    check_inputs(model.cfg, inputs, Path(folder))
+    if "output_latents" not in outputs:
+        raise InputError(f"{folder}: tiny_outputs.safetensors: output_latents: missing")
     model = model.to(device)
     configure_speed(model, rope_precision, compile_mode)
     diffs = {"x0": 0.0}
+    compared = {"output_latents"}
 
     def on_call(name, x0):
         ref = outputs.get(f"{name}_x0")
         if ref is not None:
+            if ref.shape != x0.shape:
+                raise InputError(f"{folder}: tiny_outputs.safetensors: {name}_x0: shape {list(ref.shape)}, the replay "
+                                 f"gives {list(x0.shape)}")
+            compared.add(f"{name}_x0")
             diffs["x0"] = max(diffs["x0"], (x0 - ref).abs().max().item())
 
     latents = replay(model, inputs, on_call, device=device)
+    if outputs["output_latents"].shape != latents.shape:
+        raise InputError(f"{folder}: tiny_outputs.safetensors: output_latents: shape {list(outputs['output_latents'].shape)}, "
+                         f"the replay gives {list(latents.shape)}")
     diffs["output_latents"] = (latents - outputs["output_latents"]).abs().max().item()
+    NOT_CHECKED[str(folder)] = sorted(set(outputs) - compared)
     return diffs
+
+
+NOT_CHECKED: dict[str, list[str]] = {}  # per replayed folder: the stored outputs the replay did not compare

@@ -24,6 +24,27 @@ _IGNORED_TOP = {"_class_name", "_diffusers_version", "text_len", "model_type", "
 _IGNORED_ACTION = {"rope_dim_list", "patch_size", "qk_norm", "qkv_bias"}
 
 
+SIZE_FIELDS = ("dim", "ffn_dim", "freq_dim", "num_heads", "num_layers", "in_dim", "out_dim")
+
+
+def check_sizes(cfg, source: str, names=SIZE_FIELDS) -> None:
+    """The widths of a DiT config: each of ``names`` it has an integer >= 1, ``dim`` divisible by
+    ``num_heads`` into an even head dim (RoPE rotates channel pairs). Shared by MG2's and the Wan-DiT
+    families' configs (a fixture config with ``num_heads: 0`` was a ZeroDivisionError).
+
+    Raises:
+        CheckpointError: one line naming ``source`` and the field."""
+    for name in names:
+        value = getattr(cfg, name, None)
+        if value is None:
+            continue
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise CheckpointError(f"{source}: {name}: must be an integer >= 1, got {value!r}")
+    if cfg.dim % cfg.num_heads or (cfg.dim // cfg.num_heads) % 2:
+        raise CheckpointError(f"{source}: dim {cfg.dim} / num_heads {cfg.num_heads}: must give an even integer head "
+                              f"dim (RoPE rotates channel pairs)")
+
+
 def _check_types(cls, values: dict[str, Any], source: str, prefix: str) -> None:
     """Each value has its field's type: a positive int (sink_size: >= 0), a positive number, a bool,
     or a tuple of ints >= 0. Raises CheckpointError naming the key."""
@@ -98,7 +119,9 @@ class DiTConfig:
         """Build from an official config.json dict.
 
         Raises:
-            CheckpointError: unknown keys (named), ``local_attn_size`` < 1, ``img_hidden_size`` != ``dim``,
+            CheckpointError: unknown keys (named), a width that is not an integer >= 1 or a ``dim`` that
+                does not split into ``num_heads`` even heads (:func:`check_sizes`), ``local_attn_size`` < 1,
+                ``img_hidden_size`` != ``dim``,
                 or a value the model code fixes that differs from MG2's (``sink_size`` 0, action
                 ``rope_theta`` 256, 8 rotated action channels, keyboard branch on).
         """
@@ -115,6 +138,7 @@ class DiTConfig:
         _check_types(cls, kwargs, source, "")
         _check_types(ActionConfig, act_kwargs, source, "action_config.")
         cfg = cls(**kwargs, action_config=ActionConfig(**act_kwargs))
+        check_sizes(cfg, source)
         if cfg.local_attn_size < 1:
             raise CheckpointError(f"{source}: local_attn_size must be >= 1 (the global-attention "
                                   f"foundation model cannot run causally, spec §2.1)")

@@ -77,8 +77,9 @@ class LingbotConfig:
         if cfg.model_type not in ("i2v", "t2v"):
             raise CheckpointError(f"{source}: model_type must be 'i2v' (LingBot-World, spec §2.1) or 't2v' "
                                   f"(Self-Forcing / LongLive, selfforcing-architecture.md §2), got {cfg.model_type!r}")
-        if cfg.dim % cfg.num_heads:
-            raise CheckpointError(f"{source}: dim {cfg.dim} is not divisible by num_heads {cfg.num_heads}")
+        from ..config import check_sizes
+
+        check_sizes(cfg, source)  # integers >= 1; dim into num_heads even heads
         return cfg
 
     def to_dict(self) -> dict[str, Any]:
