@@ -115,3 +115,84 @@ def one_line_error(result, code=2):
     lines = [ln for ln in result.output.strip().splitlines() if ln.startswith("worldtrace: error:")]
     assert len(lines) == 1 and "Traceback" not in result.output, result.output
     return lines[0]
+
+
+# -- stopping the suite: Ctrl-C (or SIGTERM) ends every process it started within seconds ---------------
+# The workers of -n auto and the processes tests start (generate runs in their own sessions, ffmpeg,
+# Chromium) do not all see a terminal's Ctrl-C, and xdist waits for its workers to finish their test: a
+# stopped suite took over 60 s and left processes behind. The controller kills its whole tree instead.
+
+
+def _descendants(root: int) -> list[int]:
+    """Every live process below ``root`` (children first), read from /proc (Linux; elsewhere none)."""
+    children: dict[int, list[int]] = {}
+    try:
+        entries = os.listdir("/proc")
+    except OSError:
+        return []
+    for name in entries:
+        if not name.isdigit():
+            continue
+        try:
+            with open(f"/proc/{name}/stat", "rb") as fh:
+                stat = fh.read().decode(errors="replace")
+            ppid = int(stat.rsplit(")", 1)[1].split()[1])
+        except (OSError, ValueError, IndexError):
+            continue
+        children.setdefault(ppid, []).append(int(name))
+    out, todo = [], list(children.get(root, []))
+    while todo:
+        pid = todo.pop()
+        out.append(pid)
+        todo += children.get(pid, [])
+    return out
+
+
+def kill_descendants(grace: float = 2.0) -> int:
+    """SIGTERM every process below this one, then SIGKILL those still alive after ``grace`` seconds.
+    Returns how many there were."""
+    import signal
+    import time
+
+    pids = _descendants(os.getpid())
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        for pid in pids:
+            try:
+                os.kill(pid, sig)
+            except OSError:
+                pass
+        if sig == signal.SIGTERM and pids:
+            deadline = time.monotonic() + grace
+            while time.monotonic() < deadline and any(os.path.exists(f"/proc/{p}") and not _zombie(p) for p in pids):
+                time.sleep(0.05)
+    return len(pids)
+
+
+def _zombie(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as fh:
+            return fh.read().decode(errors="replace").rsplit(")", 1)[1].split()[0] == "Z"
+    except OSError:
+        return True
+
+
+def pytest_configure(config):
+    """The controller (not an xdist worker): SIGTERM stops the suite as Ctrl-C does."""
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        return
+    import signal
+
+    def stop(signum, frame):
+        raise KeyboardInterrupt
+
+    try:
+        signal.signal(signal.SIGTERM, stop)
+    except ValueError:  # not the main thread
+        pass
+
+
+def pytest_keyboard_interrupt(excinfo):
+    """Ctrl-C / SIGTERM in the controller: end the workers and every process the tests started now, so
+    the suite stops in seconds instead of waiting for each worker's test."""
+    if not os.environ.get("PYTEST_XDIST_WORKER"):
+        kill_descendants()
