@@ -142,3 +142,27 @@ def test_a_session_record_folder_keeps_a_users_files(tmp_path):
         with pytest.raises(OutputError, match="resume.tmp: a folder holding cv.txt"):
             wt.open("tiny", cache="sliding", image=_image(tmp_path), record=tmp_path / "live", overwrite=overwrite)
     assert mine.read_text() == "mine"
+
+
+def test_a_read_only_output_is_refused_before_torch_loads(tmp_path):
+    """A read-only mount (root ignores mode bits, not a read-only filesystem): exit 4 from the torch-free
+    checks, for a folder on it and for one that would be made there."""
+    import subprocess
+    import sys
+
+    mnt = tmp_path / "ro"
+    mnt.mkdir()
+    if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=4m", "tmpfs", str(mnt)], capture_output=True).returncode:
+        pytest.skip("cannot mount a tmpfs here (not root, or no mount permission)")
+    try:
+        (mnt / "out").mkdir()
+        if subprocess.run(["mount", "-o", "remount,ro", str(mnt)], capture_output=True).returncode:
+            pytest.skip("cannot remount read-only here")
+        for out in (mnt / "out", mnt / "new" / "run"):
+            code = ("import sys; from worldtrace_cli.runs import RunFolder; from worldtrace_cli.errors import OutputError\n"
+                    f"try:\n    RunFolder({str(out)!r}).refuse_occupied(True)\nexcept OutputError as e:\n"
+                    "    print(e); assert 'torch' not in sys.modules; sys.exit(4)\n")
+            res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+            assert res.returncode == 4 and "is not writable (a read-only filesystem" in res.stdout, res.stdout + res.stderr
+    finally:
+        subprocess.run(["umount", str(mnt)], capture_output=True)

@@ -391,13 +391,19 @@ class RunFolder:
         reported at once; :meth:`prepare` repeats it under the lock.
 
         Raises:
-            OutputError: the path exists and is not a folder; a name a run writes is present and was not
+            OutputError: the path exists and is not a folder; the folder, or the nearest existing folder
+                above it, is not writable (``os.access``: a read-only mount refuses root as well); a name a
+                run writes is present and was not
                 written by worldtrace (:meth:`foreign`; with ``overwrite`` too: the file is named); without
                 ``overwrite``, the folder holds a finished run or an unfinished one (the message says how
                 to resume or replace it).
         """
         if self.path.exists() and not self.path.is_dir():
             raise OutputError(f"output folder {self.path} exists and is not a folder")
+        near = next((p for p in (self.path, *self.path.absolute().parents) if p.exists()), None)
+        if near is not None and not os.access(near, os.W_OK | os.X_OK):  # a read-only mount refuses root too
+            where = "output folder" if near == self.path else f"{near}, where output folder {self.path} would be made,"
+            raise OutputError(f"{where} is not writable (a read-only filesystem, or no permission)")
         foreign = self.foreign()
         if foreign:  # with --overwrite too: worldtrace replaces only what it wrote
             path, what = foreign[0]
