@@ -245,3 +245,45 @@ def test_open_refuses_a_pipeline_of_another_preset(pipeline):
     with pytest.raises(InputError, match=r"^open: pipeline= is a loaded loopworld, not preset tiny"):
         wt.open("tiny", image=Path(__file__).resolve().parents[1] / "assets" / "images" / "mg2_universal_0000.png",
                 pipeline=pipeline, device="cpu", dtype="fp32")
+
+
+_SAVER = """
+import sys
+import worldtrace_cli as wt
+s = wt.open("tiny", cache="landmark", image=sys.argv[2], device="cpu", dtype="fp32")
+s.step("forward")
+s.step("camera_l")
+print("ready", flush=True)
+while True:
+    s.save(sys.argv[1], overwrite=True)
+    print("saved", flush=True)
+"""
+
+
+@pytest.mark.parametrize("delay", [0.0, 0.15])
+def test_a_session_killed_while_saving_leaves_a_state_that_loads(tmp_path, delay):
+    """kill -9 at a random moment of ``save(overwrite=True)`` (the tensors half written, between the two
+    renames): the folder still loads (the previous or the new state) and the next save succeeds."""
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    image = Path(__file__).resolve().parents[1] / "assets" / "images" / "mg2_universal_0000.png"
+    proc = subprocess.Popen([sys.executable, "-c", _SAVER, str(tmp_path / "saved"), str(image)],
+                            stdout=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout.readline().strip() == "ready"
+        assert proc.stdout.readline().strip() == "saved"  # one complete state exists
+        time.sleep(delay)
+        proc.send_signal(signal.SIGKILL)
+        proc.wait(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    loaded = wt.load(tmp_path / "saved")
+    assert loaded.chunk == 2
+    frames, record = loaded.step("forward")
+    assert record["chunk"] == 2
+    loaded.save(tmp_path / "saved", overwrite=True)
+    loaded.close()
