@@ -172,7 +172,7 @@ def test_the_video_marks_the_prefix_and_the_records_keep_its_frames(tmp_path, cl
 
 
 def test_reference_scores_are_psnr_ssim_mse_of_the_frames_against_the_clip(clips):
-    from worldtrace_cli.continuation import reference_scores
+    from worldtrace_cli.metrics.reference import reference_scores
 
     real = clips["frames"][:12]
     noisy = np.clip(real.astype(int) + np.random.default_rng(0).integers(-20, 21, real.shape), 0, 255).astype(np.uint8)

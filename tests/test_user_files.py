@@ -122,15 +122,15 @@ def test_generate_resume_and_compare_and_loopbench_refuse_a_users_file(tmp_path,
 
 
 def test_compare_keeps_a_users_compare_json(tmp_path):
-    from worldtrace_cli.jobs.compare import _remove_own_result
+    from worldtrace_cli.runs.claims import remove_own_result
 
     path = tmp_path / "compare.json"
     path.write_text('{"mine": 1}')
     with pytest.raises(OutputError, match="compare.json: a file worldtrace did not write"):
-        _remove_own_result(path)
+        remove_own_result(path, "modes", "compare")
     assert path.read_text() == '{"mine": 1}'
     path.write_text('{"modes": []}')
-    _remove_own_result(path)
+    remove_own_result(path, "modes", "compare")
     assert not path.exists()
 
 

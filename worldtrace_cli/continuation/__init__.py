@@ -9,7 +9,7 @@ the writer with the backbone's context pass
 (:meth:`~worldtrace_cli.engine.rollout.ChunkRollout.set_prefix`), so every writer sees a real past
 exactly as it sees its own chunks; generation goes on after it. The reference is what the clip
 shows after the prefix; each generated chunk is scored against it (PSNR / SSIM / MSE, MIND's "lcm"
-group without LPIPS, :class:`ReferenceScores`).
+group without LPIPS: :mod:`worldtrace_cli.metrics.reference`).
 
 Everything here is torch-free and runs before a model loads, so a prefix that does not fit is a
 one-line :class:`~worldtrace_cli.errors.InputError`.
@@ -25,7 +25,7 @@ from pathlib import Path
 import numpy as np
 
 from ..errors import InputError
-from ..trajectory.actions import chunk_rows, frames_for_chunks
+from ..trajectory.actions import frames_for_chunks
 
 IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".webp", ".bmp")
 TRUTH = re.compile(r"^truth:(\d+)$")
@@ -294,6 +294,40 @@ def load_prefix(cfg, plan: PrefixPlan, truth=None) -> Prefix:
     return Prefix(plan, frames, reference, hashlib.sha256(frames.tobytes()).hexdigest(), notes)
 
 
+def write_reference_video(cfg, folder: Path, plan) -> Path | None:
+    """``folder/video.mp4``: the real clip a prefixed comparison continues (its prefix and the frames
+    after it, up to the run's length), laid out as the runs' videos (``compare``'s first panel); None
+    without a clip reference (no prefix, a prefix without frames after it, or ``truth:K``: the truth
+    panel shows it). Raises OutputError when it cannot be written."""
+    from ..outputs import VideoStreamWriter, atomic_path
+
+    spec = plan_prefix(cfg, plan.num_chunks)
+    if spec is None or spec.is_truth or spec.reference is None:
+        return None
+    ref = load_prefix(cfg, spec).reference
+    frames = ref.frames(0, frames_for_chunks(plan.num_chunks, plan.frames_per_chunk))
+    folder.mkdir(parents=True, exist_ok=True)
+    preset = cfg.preset
+    with atomic_path(folder / "video.mp4") as tmp, VideoStreamWriter(tmp, preset.width, preset.height, preset.fps) as video:
+        video.write(frames)
+    return folder / "video.mp4"
+
+
+def write_frames_after(run_video: Path, dest: Path, start: int, fps: float) -> int:
+    """A video's frames from pixel frame ``start`` to its end as ``dest`` (H.264, visually lossless),
+    written atomically: a prefixed run's ``continuation.mp4``, a MIND submission's predicted frames
+    (from ``mark_time``). Returns the frames written. Raises OutputError when ``run_video`` cannot be
+    read or ``dest`` written."""
+    from ..outputs import VideoStreamWriter, atomic_path, probe_video, read_video_frames
+
+    info = probe_video(run_video)
+    frames = read_video_frames(run_video, indices=range(start, info["frames"]))
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    with atomic_path(dest) as tmp, VideoStreamWriter(tmp, info["width"], info["height"], fps) as video:
+        video.write(frames)
+    return int(len(frames))
+
+
 def mark_prefix_frames(frames):
     """A copy of a prefix chunk's frames (uint8 [T, H, W, 3], numpy or torch) with a ``MARK_PX`` border in
     ``MARK_RGB``: how ``video.mp4`` shows which frames are the real clip's (records, metrics and
@@ -304,39 +338,6 @@ def mark_prefix_frames(frames):
     return out
 
 
-def reference_scores(frames, reference) -> dict | None:
-    """MIND's "lcm" scores of generated pixel frames against the real ones at the same indices, per frame:
-    ``{"psnr": [dB], "ssim": [...], "mse": [...]}``; MSE on [0, 1] pixel values (mean over pixels and
-    channels), PSNR ``10 log10(1 / MSE)`` (capped as GT-PSNR), SSIM Gaussian 11 / 1.5 on [0, 1]
-    (``pytorch_msssim``, as TempSSIM and GT-SSIM; MIND uses torchmetrics' equal definition). LPIPS is
-    not computed (it needs AlexNet weights this tool does not ship). None when ``reference`` holds
-    none of the frames.
-
-    Args:
-        frames: uint8 [T, H, W, 3]; reference: uint8 [n <= T, H, W, 3], the first n of the same frames' truth.
-    """
-    from ..metrics.scores import gt_scores
-
-    n = 0 if reference is None else int(reference.shape[0])
-    if n == 0:
-        return None
-    a = np.asarray(frames)[:n]
-    s = gt_scores(a, reference)
-    diff = (a.astype(np.float64) - np.asarray(reference, dtype=np.float64)) / 255.0
-    mse = (diff ** 2).reshape(n, -1).mean(1)
-    return {"psnr": s["psnr"], "ssim": s["ssim"], "mse": mse.tolist()}
-
-
-def chunk_reference(reference, chunk: int, frames_per_chunk: int):
-    """The reference frames of a chunk's pixel rows (fewer at the clip's end, None past it)."""
-    if reference is None:
-        return None
-    start, end = chunk_rows(chunk, frames_per_chunk)
-    if reference.num_frames is not None and start >= reference.num_frames:
-        return None
-    return reference.frames(start, end)
-
-
-__all__ = ["ClipFrames", "MARK_RGB", "Prefix", "PrefixPlan", "TruthFrames", "chunk_reference", "frame_files",
-           "load_prefix", "mark_prefix_frames", "plan_prefix", "probe_clip", "read_clip", "reference_scores",
-           "whole_chunk_frames"]
+__all__ = ["ClipFrames", "MARK_RGB", "Prefix", "PrefixPlan", "TruthFrames", "frame_files",
+           "load_prefix", "mark_prefix_frames", "plan_prefix", "probe_clip", "read_clip", "whole_chunk_frames",
+           "write_frames_after", "write_reference_video"]

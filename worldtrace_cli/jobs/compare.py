@@ -11,7 +11,6 @@ is a still: one row per mode, a few frames across the rollout. With a procedural
 
 from __future__ import annotations
 
-import json
 import logging
 import sys
 from pathlib import Path
@@ -80,24 +79,6 @@ def draw_panel(frame, label: str, hud=None, key_letters: str = ""):
     return img
 
 
-def _remove_own_result(path: Path) -> None:
-    """Remove a ``compare.json`` that a comparison wrote (a JSON object with its ``modes``); a user's
-    file under that name is refused (OutputError, exit 4), never deleted."""
-    from ..errors import OutputError
-
-    if not (path.exists() or path.is_symlink()):
-        return
-    try:
-        doc = json.loads(path.read_text())
-        ours = path.is_file() and not path.is_symlink() and isinstance(doc, dict) and "modes" in doc
-    except (OSError, ValueError, UnicodeDecodeError):
-        ours = False
-    if not ours:
-        raise OutputError(f"{path}: a file worldtrace did not write; compare writes this name and replaces only "
-                          f"what it wrote: move it away or choose another output folder")
-    path.unlink()
-
-
 def write_grid_video(videos: list[Path], labels: list[str], path: Path, fps: float, hud=None,
                      key_letters: str = "", scale: int = 1) -> dict:
     """Stream the panel videos into one grid MP4 (see :func:`grid_shape`), frame by frame.
@@ -149,26 +130,6 @@ def write_grid_video(videos: list[Path], labels: list[str], path: Path, fps: flo
         for r in readers:
             r.close()
     return {"frames": frames, "width": cols * width, "height": rows * height, "rows": rows, "columns": cols}
-
-
-def _reference_panel(cfg, folder: Path, plan, preset) -> Path | None:
-    """``folder/video.mp4``: the real clip a prefixed comparison continues (its prefix and the frames
-    after it, up to the runs' length), laid out as the runs' videos; None without a clip reference
-    (no prefix, a prefix without frames after it, or ``truth:K``: the truth panel shows it)."""
-    from ..continuation import load_prefix, plan_prefix
-    from ..outputs import VideoStreamWriter, atomic_path
-    from ..trajectory import frames_for_chunks
-
-    spec = plan_prefix(cfg, plan.num_chunks)
-    if spec is None or spec.is_truth or spec.reference is None:
-        return None
-    ref = load_prefix(cfg, spec).reference
-    frames = ref.frames(0, frames_for_chunks(plan.num_chunks, plan.frames_per_chunk))
-    folder.mkdir(parents=True, exist_ok=True)
-    path = folder / "video.mp4"
-    with atomic_path(path) as tmp, VideoStreamWriter(tmp, preset.width, preset.height, preset.fps) as video:
-        video.write(frames)
-    return path
 
 
 def _mode_record(cache: str, folder: str, summary: dict) -> dict:
@@ -345,6 +306,7 @@ def run_compare(trajectory: str | Path, caches: list[str], out_dir: str | Path, 
     from ..errors import InputError, Interrupted, OutputError
     from ..outputs import atomic_path, cache_folder, write_json_atomic
     from ..runs import RunFolder
+    from ..runs.claims import remove_own_result
     from ..trajectory import MODES, load_trajectory, plan_actions
     from tqdm import tqdm
 
@@ -380,7 +342,7 @@ def run_compare(trajectory: str | Path, caches: list[str], out_dir: str | Path, 
 
     with RunFolder(out_dir).lock("compare"):
         steps = [("run", cfg) if overwrite else next_step(cfg.output, cfg) for cfg in configs]  # refuse before running
-        _remove_own_result(out_dir / "compare.json")  # a comparison is complete only once its panels exist
+        remove_own_result(out_dir / "compare.json", "modes", "compare")  # complete only once its panels exist
         pipeline, summaries = None, []
         try:
             # a signal heard between runs, or in a run's last chunk (that run then completes), stops
@@ -405,7 +367,9 @@ def run_compare(trajectory: str | Path, caches: list[str], out_dir: str | Path, 
         except Interrupted as exc:
             raise Interrupted(f"{exc}; finish the comparison by running the same compare command again") from None
     videos, labels = [out_dir / f / "video.mp4" for f in folders], list(caches)
-    reference = _reference_panel(configs[0], out_dir / "reference", plan, preset_obj)
+    from ..continuation import write_reference_video
+
+    reference = write_reference_video(configs[0], out_dir / "reference", plan)
     if reference is not None:
         videos, labels = [reference] + videos, ["real"] + labels
     elif preset_obj.has_world and image is None:

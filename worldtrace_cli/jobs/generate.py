@@ -215,10 +215,10 @@ class _Generation:
                               f"run again with --overwrite")
         prefix = self.inputs.prefix
         if prefix is not None:  # the continuation alone, beside video.mp4 (the prefix marked, then the continuation)
+            from ..continuation import write_frames_after
             from ..runs.folder import CONTINUATION
-            from .mind import write_submission_video
 
-            write_submission_video(folder.video, folder.path / CONTINUATION,
+            write_frames_after(folder.video, folder.path / CONTINUATION,
                                    frames_for_chunks(prefix.plan.chunks, self.cfg.preset.frames_per_chunk),
                                    self.cfg.preset.fps)
         result = self.summary("complete")

@@ -160,9 +160,9 @@ def check_inputs(cfg, traj=None):
         raise OutputError(f"--spill-dir {spill}: exists and is not a folder")
     check_writer_specs([cfg.memory], cfg.preset)  # the writer's flags and sizes, torch-free
     from ..continuation import plan_prefix
-    from ..trajectory.actions import chunks_for_frames
+    from ..trajectory.actions import chunks_for_frames as covering
 
-    prefix = plan_prefix(cfg, cfg.chunks or chunks_for_frames(traj.num_frames, cfg.preset.frames_per_chunk))
+    prefix = plan_prefix(cfg, cfg.chunks or covering(traj.num_frames, cfg.preset.frames_per_chunk))
     if backbone.takes_prompts:
         check_text_options(cfg, traj)
         return traj
@@ -336,10 +336,8 @@ def prepare_inputs(cfg, traj=None) -> RunInputs:
     backbone = preset.backbone
     from ..continuation import load_prefix, plan_prefix
 
-    prefix_plan = plan_prefix(cfg, plan.num_chunks)
-    prefix = None
-    if prefix_plan is not None and not prefix_plan.is_truth:
-        prefix = load_prefix(cfg, prefix_plan)
+    prefix_plan = plan_prefix(cfg, plan.num_chunks)  # a real clip: read now, its truth:K after the truth
+    prefix = load_prefix(cfg, prefix_plan) if prefix_plan is not None and not prefix_plan.is_truth else None
     if not backbone.start_image:
         image, label, image_sha = None, "prompts" if backbone.takes_prompts else "none", None
         if traj.image is not None:
@@ -348,8 +346,7 @@ def prepare_inputs(cfg, traj=None) -> RunInputs:
     elif prefix is not None and cfg.image is None:  # a real clip: its first frame is the start image
         from PIL import Image
 
-        image, label = Image.fromarray(prefix.frames[0]), f"prefix:{prefix_plan.source}"
-        image_sha = hashlib.sha256(prefix.frames[0].tobytes()).hexdigest()
+        image, label, image_sha = Image.fromarray(prefix.frames[0]), f"prefix:{prefix_plan.source}", prefix.sha256
         if traj.image is not None:
             told.append(f"{traj.source}: image: the start image is the prefix's first frame, not the trajectory's "
                         f"image {traj.image} (pass --image to condition on another image)")

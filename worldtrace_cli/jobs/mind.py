@@ -21,20 +21,6 @@ def _split(clip, perspective: str | None, test_type: str | None) -> tuple[str, s
     return p, t
 
 
-def write_submission_video(run_video: Path, dest: Path, start: int, fps: float) -> int:
-    """The predicted frames of a run (``run_video``'s frames from pixel frame ``start``, MIND's
-    ``mark_time``, to its end) as ``dest`` (H.264, visually lossless), written atomically. Returns the
-    frames written. Raises OutputError when the run's video cannot be read or ``dest`` written."""
-    from ..outputs import VideoStreamWriter, atomic_path, probe_video, read_video_frames
-
-    info = probe_video(run_video)
-    frames = read_video_frames(run_video, indices=range(start, info["frames"]))
-    dest.parent.mkdir(parents=True, exist_ok=True)
-    with atomic_path(dest) as tmp, VideoStreamWriter(tmp, info["width"], info["height"], fps) as video:
-        video.write(frames)
-    return int(len(frames))
-
-
 def run_mind(clips: list[Path], caches: list[str], out: Path, preset: str = "loopworld", model: str = "worldtrace",
              image: Path | None = None, seed: int = 0, camera: str = "actions", eval_size: str = "mind",
              random_weights: bool = False, checkpoint: Path | None = None, device: str = "auto", dtype: str = "auto",
@@ -54,6 +40,7 @@ def run_mind(clips: list[Path], caches: list[str], out: Path, preset: str = "loo
             the errors of ``generate`` (before any model loads for the first clip's inputs).
     """
     from ..config import RunConfig, load_preset, memory_configs
+    from ..continuation import write_frames_after
     from ..continuation.mind import (mind_poses, mind_trajectory, prefix_chunks_for, read_mind_clip, result_entry,
                                      write_result)
     from ..runs.resume import next_step
@@ -112,7 +99,7 @@ def run_mind(clips: list[Path], caches: list[str], out: Path, preset: str = "loo
                 run_generation(what, resume=step == "resume", pipeline=pipeline)
             name = f"{model}-{cache.replace(':', '-')}"
             video = out / "submission" / name / p / t / clip.name / "video.mp4"
-            write_submission_video(cfg.output / "video.mp4", video, clip.mark_time, preset_obj.fps)
+            write_frames_after(cfg.output / "video.mp4", video, clip.mark_time, preset_obj.fps)
             entry = result_entry(video, clip, p, t, size)
             entries[cache].append(entry)
             lcm = entry.get("lcm") or {}
@@ -184,4 +171,4 @@ def score_submission(model_dir: Path, data_root: Path, output: Path | None = Non
     return write_result(output or model_dir.parent / f"result_{model_dir.name}.json", entries)
 
 
-__all__ = ["run_mind", "score_submission", "write_submission_video"]
+__all__ = ["run_mind", "score_submission"]

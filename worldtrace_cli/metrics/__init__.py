@@ -239,7 +239,7 @@ class OnlineMetrics:
         frames = _frames_tensor(frames)
         rec: dict = {}
         if self.reference is not None:
-            from ..continuation import chunk_reference, reference_scores
+            from .reference import chunk_reference, reference_scores
 
             c = len(self._ref)
             scores = None if c < self.prefix_chunks else reference_scores(

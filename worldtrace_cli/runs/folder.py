@@ -25,7 +25,6 @@ from __future__ import annotations
 import json
 import logging
 import os
-import shutil
 import sys
 import time
 from contextlib import contextmanager
@@ -55,77 +54,8 @@ def _reason(err: OSError) -> str:
     return err.strerror or type(err).__name__
 
 
-STATE_MARK = ".worldtrace-state"  # written first into every state folder: its files are worldtrace's
-STATE_FILES = frozenset({"state.json", "state.safetensors", STATE_MARK})  # all a state folder ever holds
-
-
-def is_state_folder(path: str | Path) -> bool:
-    """True when ``path`` is a folder worldtrace may replace or remove without losing anyone's
-    files: a real folder (not a link) that is empty, or holds nothing but a state's own files and
-    is marked as worldtrace's (:data:`STATE_MARK`, written first, so a save killed midway is
-    recognised too) or holds a ``state.json`` that reads as one (states saved before the mark). A
-    user's folder holding only a ``state.safetensors`` of their own is not one. Reads only; raises
-    nothing (an unreadable folder is not one)."""
-    path = Path(path)
-    try:
-        if not path.is_dir() or path.is_symlink():
-            return False
-        names = set(os.listdir(path))
-        if not names or (names <= STATE_FILES and STATE_MARK in names):
-            return True
-        if not names <= STATE_FILES or "state.json" not in names:
-            return False
-        doc = json.loads((path / "state.json").read_text())
-    except (OSError, ValueError):
-        return False
-    return isinstance(doc, dict) and {"meta", "parts"} <= set(doc)
-
-
-def _legacy_summary(path: Path) -> bool:
-    """A ``summary.json`` as worldtrace writes it (a JSON object with its ``status`` and ``totals``)."""
-    try:
-        doc = json.loads(path.read_text())
-    except (OSError, ValueError, UnicodeDecodeError):
-        return False
-    return isinstance(doc, dict) and "status" in doc and isinstance(doc.get("totals"), dict)
-
-
-def _legacy_records(path: Path) -> bool:
-    """A ``chunks.jsonl`` as worldtrace writes it: empty, or its first line a record with a ``chunk``."""
-    try:
-        with open(path, "rb") as fh:
-            first = fh.readline(1 << 20)
-        if not first.strip():
-            return path.stat().st_size == len(first)
-        doc = json.loads(first)
-    except (OSError, ValueError, UnicodeDecodeError):
-        return False
-    return isinstance(doc, dict) and "chunk" in doc
-
-
-def remove_state_folder(path: str | Path) -> None:
-    """Remove a state folder so that a kill at any moment leaves one :func:`is_state_folder` still
-    recognises: its files first, the mark (:data:`STATE_MARK`) last, then the folder. (``shutil.rmtree``
-    takes them in directory order: killed after the mark went, it left tensors a later save refused to
-    touch as someone else's.) Missing paths are fine; OS errors are ignored as ``rmtree``'s would be."""
-    path = Path(path)
-    try:
-        names = sorted(os.listdir(path), key=lambda n: n == STATE_MARK)  # the mark last
-    except OSError:
-        return
-    for name in names:
-        target = path / name
-        try:
-            if target.is_dir() and not target.is_symlink():
-                shutil.rmtree(target, ignore_errors=True)
-            else:
-                target.unlink()
-        except OSError:
-            pass
-    try:
-        path.rmdir()
-    except OSError:
-        pass
+from .claims import (STATE_FILES, STATE_MARK, check_writable, foreign_names, is_state_folder,  # noqa: F401
+                     read_claim, refuse_foreign, remove_state_folder, write_claim)
 
 
 class RunFolder:
@@ -204,7 +134,7 @@ class RunFolder:
         from ..outputs import concat_videos
 
         if not self.video_part.is_file() or any(p == self.video_part for p, _ in self.foreign()):
-            return False  # none, or a file of a user's under that name: left alone (prepare refuses it)
+            return False  # none, or a user's file under that name: left alone (prepare refuses it)
         if self.video_part.stat().st_size == 0:
             self.video_part.unlink()
             return False
@@ -302,11 +232,9 @@ class RunFolder:
         """Create (or reuse) the folder for a new run. Call it while holding :meth:`lock`.
 
         A folder holding a run (finished, or stopped: video, records or state) is refused unless
-        ``overwrite``, so generated chunks are never deleted by accident. With ``overwrite`` the run
-        files go, summary first (an interrupted rerun never looks finished), and any resume state.
-        Nothing worldtrace did not write is removed, with ``overwrite`` too: a file or folder at one of
-        the names a run writes that is not worldtrace's is refused (:meth:`foreign`). Then the folder
-        is claimed (:data:`MANIFEST`).
+        ``overwrite``; with it the run files go, summary first (an interrupted rerun never looks
+        finished), and any resume state; nothing worldtrace did not write (:meth:`foreign`, refused),
+        with ``overwrite`` too. Then the folder is claimed (:data:`MANIFEST`).
 
         Raises:
             OutputError: the folder cannot be created or written, or holds a run.
@@ -331,59 +259,16 @@ class RunFolder:
         return self
 
     def _claim(self) -> None:
-        """Write :data:`MANIFEST`: from now on the run files and leftovers of this folder (all absent
-        when it is written) are worldtrace's, so a later ``--overwrite`` may replace them."""
-        from ..outputs import write_json_atomic
-
-        write_json_atomic(self.path / MANIFEST, {"worldtrace_run": 1, "files": list(RUN_FILES + LEFTOVERS)})
-
-    def _claimed(self) -> set[str]:
-        try:
-            doc = json.loads((self.path / MANIFEST).read_text())
-            return set(doc["files"]) if isinstance(doc, dict) and doc.get("worldtrace_run") == 1 else set()
-        except (OSError, ValueError, KeyError, TypeError):
-            return set()
+        """Write :data:`MANIFEST` (:func:`~worldtrace_cli.runs.claims.write_claim`): from now on the run
+        files and leftovers of this folder are worldtrace's, so a later ``--overwrite`` may replace them."""
+        write_claim(self.path / MANIFEST, RUN_FILES + LEFTOVERS)
 
     def foreign(self) -> list[tuple[Path, str]]:
-        """The names a run writes (run files, resume states, ``video.part.mp4``) that are present in the
-        folder but that worldtrace cannot prove it wrote, each with why: a state name must be a state
-        folder (:func:`is_state_folder`, its mark inside); a file must be named in the folder's
-        :data:`MANIFEST` (written when the folder became a run's) or, in a folder of a version before the
-        manifest, be one of a run whose ``summary.json`` or ``chunks.jsonl`` reads as worldtrace's. Reads
-        only; raises nothing."""
-        present = [name for name in RUN_FILES + LEFTOVERS
-                   if (self.path / name).exists() or (self.path / name).is_symlink()]
-        if not present:
-            return []
-        claimed = self._claimed()
-        legacy = None
-        out = []
-        for name in present:
-            target = self.path / name
-            if name in STATE_NAMES:
-                if not is_state_folder(target):
-                    try:
-                        held = sorted(os.listdir(target))[:3] if target.is_dir() and not target.is_symlink() else []
-                    except OSError:
-                        held = []
-                    out.append((target, ("a link" if target.is_symlink() else
-                                         f"a folder holding {', '.join(held)}" if held else
-                                         "not a folder" if not target.is_dir() else "a folder of other files")
-                                + ", not a state worldtrace saved"))
-                continue
-            if target.is_symlink() or not target.is_file():
-                out.append((target, "a link" if target.is_symlink() else "a folder"))
-                continue
-            if name in claimed:
-                continue
-            if legacy is None:  # a run folder written before the manifest existed
-                legacy = ((self.summary_path.is_file() and _legacy_summary(self.summary_path))
-                          or (self.chunks.is_file() and _legacy_records(self.chunks)))
-            if legacy and (name not in (SUMMARY, CHUNKS) or
-                           (_legacy_summary(target) if name == SUMMARY else _legacy_records(target))):
-                continue
-            out.append((target, "a file worldtrace did not write"))
-        return out
+        """The names a run writes (run files, resume states, ``video.part.mp4``) present in the folder that
+        worldtrace cannot prove it wrote, each with why (:func:`~worldtrace_cli.runs.claims.foreign_names`).
+        Reads only; raises nothing."""
+        return foreign_names(self.path, RUN_FILES + LEFTOVERS, STATE_NAMES, read_claim(self.path / MANIFEST),
+                             self.summary_path, self.chunks)
 
     def refuse_occupied(self, overwrite: bool) -> None:
         """The refusals of :meth:`prepare` that read the folder without changing it (no lock, no
@@ -400,16 +285,8 @@ class RunFolder:
         """
         if self.path.exists() and not self.path.is_dir():
             raise OutputError(f"output folder {self.path} exists and is not a folder")
-        near = next((p for p in (self.path, *self.path.absolute().parents) if p.exists()), None)
-        if near is not None and not os.access(near, os.W_OK | os.X_OK):  # a read-only mount refuses root too
-            where = "output folder" if near == self.path else f"{near}, where output folder {self.path} would be made,"
-            raise OutputError(f"{where} is not writable (a read-only filesystem, or no permission)")
-        foreign = self.foreign()
-        if foreign:  # with --overwrite too: worldtrace replaces only what it wrote
-            path, what = foreign[0]
-            more = f" (and {len(foreign) - 1} more)" if len(foreign) > 1 else ""
-            raise OutputError(f"{path}: {what}{more}; a run writes this name and worldtrace replaces only what it "
-                              f"wrote: move it away or choose another output folder")
+        check_writable(self.path)  # a read-only mount refuses root too
+        refuse_foreign(self.foreign())  # with --overwrite too: worldtrace replaces only what it wrote
         if overwrite:
             return
         if self.is_complete():

@@ -59,7 +59,7 @@ class Session:
         self._last_record: dict | None = None
         self.truth_source = self.feed = self.folder = None
         if prefix is None and cfg.prefix is not None:  # a loaded session's prefix: read again from its clip
-            from .opening import session_prefix
+            from .storage import session_prefix
 
             prefix = session_prefix(cfg)
         self.prefix = prefix

@@ -136,6 +136,8 @@ def open(preset: str = "loopworld", cache: str | None = None, *, checkpoint: str
                     attention_queries=attention_queries,
                     prefix=None if prefix is None else str(prefix) if str(prefix).startswith("truth:")
                     else str(Path(prefix).resolve()), prefix_chunks=prefix_chunks)
+    from .storage import session_prefix
+
     clip = session_prefix(cfg)  # read before the model loads: a clip that does not fit is refused now
     have = getattr(getattr(pipeline, "preset", None), "to_dict", None)
     if pipeline is not None and (have is None or pipeline.preset.to_dict() != resolved.to_dict()):
@@ -150,25 +152,4 @@ def open(preset: str = "loopworld", cache: str | None = None, *, checkpoint: str
     return session
 
 
-def session_prefix(cfg):
-    """The :class:`~worldtrace_cli.continuation.Prefix` of a session's ``cfg.prefix`` (None without one).
-
-    Raises:
-        InputError: ``truth:K`` (a world's truth needs every chunk's actions in advance: generate, compare
-            and loopbench run take it), or a clip that does not fit (:func:`~worldtrace_cli.continuation.plan_prefix`)."""
-    from ..continuation import load_prefix, plan_prefix
-
-    if cfg.prefix is None:
-        if cfg.prefix_chunks is not None:
-            raise InputError("open: prefix_chunks needs prefix= (the real video the session continues)")
-        return None
-    if str(cfg.prefix).startswith("truth:"):
-        raise InputError(f"open: prefix={cfg.prefix!r}: a world's true render needs every chunk's actions in advance; "
-                         f"a session takes a video (generate, compare and loopbench run take truth:K)")
-    try:
-        return load_prefix(cfg, plan_prefix(cfg, 1 << 30))
-    except InputError as exc:
-        raise InputError(f"open: {api_words(str(exc))}") from None
-
-
-__all__ = ["open", "session_prefix"]
+__all__ = ["open"]

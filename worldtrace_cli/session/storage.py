@@ -97,4 +97,28 @@ def save_session_state(path, meta: dict, parts: dict, overwrite: bool) -> Path:
     return path
 
 
-__all__ = ["check_path", "check_record", "check_save_target", "is_session_state", "save_session_state"]
+def session_prefix(cfg):
+    """The :class:`~worldtrace_cli.continuation.Prefix` of a session's ``cfg.prefix`` (None without one).
+
+    Raises:
+        InputError: ``truth:K`` (a world's truth needs every chunk's actions in advance: generate, compare
+            and loopbench run take it), or a clip that does not fit (:func:`~worldtrace_cli.continuation.plan_prefix`)."""
+    from ..continuation import load_prefix, plan_prefix
+
+    if cfg.prefix is None:
+        if cfg.prefix_chunks is not None:
+            raise InputError("open: prefix_chunks needs prefix= (the real video the session continues)")
+        return None
+    if str(cfg.prefix).startswith("truth:"):
+        raise InputError(f"open: prefix={cfg.prefix!r}: a world's true render needs every chunk's actions in advance; "
+                         f"a session takes a video (generate, compare and loopbench run take truth:K)")
+    try:
+        return load_prefix(cfg, plan_prefix(cfg, 1 << 30))
+    except InputError as exc:
+        import re
+
+        said = re.sub(r"--([a-z][a-z-]*)", lambda m: m.group(1).replace("-", "_"), str(exc))  # the API's words
+        raise InputError(f"open: {said}") from None
+
+
+__all__ = ["session_prefix", "check_path", "check_record", "check_save_target", "is_session_state", "save_session_state"]

@@ -153,13 +153,10 @@ def load_trajectory(path: str | Path) -> Trajectory:
         raise TrajectoryError(f"{path}: not UTF-8 text ({err.reason} at byte "
                               f"{err.start})") from None
     except OSError as err:
-        hint = ""
-        if isinstance(err, FileNotFoundError):
-            shipped = Path(__file__).resolve().parents[2] / "trajectories"  # a source checkout's examples
-            near = shipped / path.name
-            hint = (f" (did you mean {near}?)" if near.is_file() else
-                    f" (the example trajectories are in {shipped}/, e.g. {shipped / 'look_around.yaml'})"
-                    if shipped.is_dir() else "")
+        shipped = Path(__file__).resolve().parents[2] / "trajectories"  # a source checkout's examples
+        hint = "" if not isinstance(err, FileNotFoundError) or not shipped.is_dir() else (
+            f" (did you mean {shipped / path.name}?)" if (shipped / path.name).is_file() else
+            f" (the example trajectories are in {shipped}/, e.g. {shipped / 'look_around.yaml'})")
         raise TrajectoryError(f"{path}: cannot read trajectory file: "
                               f"{err.strerror or err}{hint}") from None
     return parse_trajectory(text, source=str(path), base_dir=path.parent)
