@@ -92,8 +92,8 @@ def room(module: str) -> str:
 
 
 # every room, lowest first: a room imports only rooms before it (imports inside functions included)
-ROOMS = ["errors", "schemas", "writer_options", "trajectory", "outputs", "model", "config", "world", "memory",
-         "metrics", "engine", "runs", "loopbench", "train", "session", "jobs", "play", "(root)", "cli", "__main__"]
+ROOMS = ["errors", "schemas", "writer_options", "trajectory", "outputs", "model", "config", "world", "continuation",
+         "memory", "integrations", "metrics", "engine", "runs", "loopbench", "train", "session", "jobs", "play", "(root)", "cli", "__main__"]
 
 
 def room_graph(g: dict[str, set[str]]) -> dict[str, set[str]]:
