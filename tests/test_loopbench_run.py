@@ -191,6 +191,7 @@ def test_interrupted_job_resumes_from_its_state_and_stops_the_sweep(tmp_path, fa
     (job / "summary.json").unlink()
     (job / "resume").mkdir()  # a state saved on SIGTERM; its config is what resume_config returns
     (job / "resume" / "state.json").write_text("{}")
+    (job / "resume" / ".worldtrace-state").write_bytes(b"")  # the mark every saved state carries
     monkeypatch.setattr(run, "resume_config", lambda folder: RunConfig.from_dict(saved))
     fake_generate.clear()
     assert lb("run", *args, "-o", out).exit_code == 0
