@@ -304,3 +304,151 @@ def test_checkpoint_folder_takes_the_release_pth_or_an_hf_text_encoder_folder(tm
     assert checkpoint_paths(preset, tmp_path)["text_encoder"] == tmp_path / "text_encoder"
     (tmp_path / "models_t5_umt5-xxl-enc-bf16.pth").write_bytes(b"")
     assert checkpoint_paths(preset, tmp_path)["text_encoder"] == tmp_path / "models_t5_umt5-xxl-enc-bf16.pth"
+
+
+# -- LingBot-World v2 1.3B (issue 66): the preset, its checkpoint folder, every writer and face on its tiny ---------
+V2 = "lingbot-v2-1.3b"
+V2_TINY = "lingbot-v2-1.3b-tiny"
+IMAGE = ROOT / "assets" / "images" / "mg2_universal_0000.png"
+
+
+def test_the_1_3b_preset_has_the_release_sizes_and_its_users_cache():
+    """The sizes of the preset's header (dim 1536, ffn 8960, 30 layers, in_dim 36; 12 heads of 128 assumed) build
+    the module tree whose parameter count is the release's reported 1,709,502,016; the cache is window 18 / sink 6
+    (sink, 14 past slots); the config.json shipped for assembling a folder describes the same model; the tiny
+    variant keeps the head dim, the sampler and the cache."""
+    from worldtrace_cli.model.lingbot.config import LingbotConfig
+    from worldtrace_cli.model.lingbot.dit import LingbotDiT
+    from worldtrace_cli.model.weights import read_json
+
+    preset, tiny, fast = load_preset(V2), load_preset(V2_TINY), load_preset("lingbot-fast")
+    d = preset.dit
+    assert (d.dim, d.ffn_dim, d.num_heads, d.head_dim, d.num_layers, d.in_dim, d.model_type) == \
+        (1536, 8960, 12, 128, 30, 36, "i2v")
+    with torch.device("meta"):
+        assert sum(p.numel() for p in LingbotDiT(d).parameters()) == 1_709_502_016
+    assert default_cache(preset) == default_cache(tiny) == default_cache(fast)
+    assert default_cache(preset) == {"cache": "sink", "budget": 14, "sink_frames": 6, "positions": "actual"}
+    assert (preset.height, preset.width, preset.fps, preset.frames_per_chunk) == (464, 832, 16, 4)
+    assert preset.denoising_steps == tiny.denoising_steps == fast.denoising_steps
+    assert preset.files == fast.files and preset.weights == "checkpoint" and tiny.weights == "random"
+    shipped = ROOT / "worldtrace_cli" / "model" / "configs" / "lingbot_v2_1.3b_dit" / "config.json"
+    assert LingbotConfig.from_dict(read_json(shipped)) == preset.dit
+    assert tiny.dit.head_dim == 128 and tiny.dit.ffn_dim / tiny.dit.dim == 6 and "12 heads assumed" in preset.description
+
+
+def test_the_1_3b_checkpoint_layout_refusals_are_one_line(tmp_path, monkeypatch):
+    """As for the 14B: no folder, an empty one, the release as downloaded (shards at its root, its index as
+    model.safetensors.index.json, no config.json), a transformers/ without config.json, and one whose
+    config.json describes another model: each one line naming what is missing or wrong (exit 3 for files)."""
+    from worldtrace_cli.model import layout
+
+    monkeypatch.setattr(layout, "physical_memory_bytes", lambda: 2**40)  # reach the file checks on any machine
+    line = one_line_error(invoke("generate", "--preset", V2, ABA, "-o", tmp_path / "a"))
+    assert f"preset {V2} needs --checkpoint DIR" in line
+    missing = ("missing transformers, Wan2.1_VAE.pth, models_t5_umt5-xxl-enc-bf16.pth (or text_encoder/), "
+               "google/umt5-xxl")
+    assert missing in one_line_error(invoke("generate", "--preset", V2, ABA, "--checkpoint", tmp_path, "-o",
+                                            tmp_path / "b"), 3)
+    release = tmp_path / "release"  # robbyant/lingbot-world-v2-1.3b-causal-fast as it is downloaded
+    release.mkdir()
+    shutil.copy(DATA / "tiny_weights.safetensors", release / "model-00001-of-00001.safetensors")
+    (release / "model.safetensors.index.json").write_text(json.dumps(
+        {"weight_map": {"patch_embedding.weight": "model-00001-of-00001.safetensors"}}))
+    assert missing in one_line_error(invoke("generate", "--preset", V2, ABA, "--checkpoint", release, "-o",
+                                            tmp_path / "c"), 3)
+    folder = tmp_path / "assembled"
+    (folder / "transformers").mkdir(parents=True)
+    shutil.copy(DATA / "tiny_weights.safetensors", folder / "transformers")
+    (folder / "Wan2.1_VAE.pth").write_bytes(b"")
+    (folder / "text_encoder").mkdir()
+    (folder / "google" / "umt5-xxl").mkdir(parents=True)
+    line = one_line_error(invoke("generate", "--preset", V2, ABA, "--checkpoint", folder, "-o", tmp_path / "d"), 3)
+    assert "transformers/config.json: file not found" in line
+    shutil.copy(DATA / "tiny_config.json", folder / "transformers" / "config.json")
+    line = one_line_error(invoke("generate", "--preset", V2, ABA, "--checkpoint", folder, "-o", tmp_path / "e"), 3)
+    assert f"transformers/config.json: does not describe preset {V2}'s model" in line
+
+
+@pytest.mark.slow
+def test_every_writer_and_face_runs_on_the_1_3b_tiny(tmp_path, one_thread, valid):
+    """generate (its own cache), compare over every registered writer, a loopbench cell and a live session on
+    lingbot-v2-1.3b-tiny: each completes with the 1.3B's chunk layout (13 + 16 pixel frames)."""
+    import worldtrace_cli as wt
+    from worldtrace_cli.memory import example_specs
+
+    skip_without_ffmpeg()
+    result = invoke("generate", "--no-progress", "--preset", V2_TINY, ABA, "--chunks", "2", "-o", tmp_path / "g")
+    assert result.exit_code == 0, result.output
+    summary = json.loads((tmp_path / "g" / "summary.json").read_text())
+    assert summary["cache"]["cache"] == "sink" and summary["totals"]["pixel_frames"] == 29
+    valid(summary, "summary")
+    specs = example_specs()  # one runnable spec per registered writer (mixed:2)
+    result = invoke("compare", ABA, "--preset", V2_TINY, "--caches", ",".join(specs), "--chunks", "2",
+                    "--no-progress", "-o", tmp_path / "c")
+    assert result.exit_code == 0, result.output
+    runs = {s["config"]["memory"]["cache"]: s for s in
+            (json.loads(p.read_text()) for p in (tmp_path / "c").rglob("summary.json"))}
+    assert set(runs) == set(specs)
+    assert all(s["status"] == "complete" and s["totals"]["latent_frames"] == 8 for s in runs.values())
+    result = invoke("loopbench", "run", "--preset", V2_TINY, "--configs", "aba", "--caches", "landmark",
+                    "--images", IMAGE, "--seeds", "0", "--chunks", "2", "--threads", "1", "-o", tmp_path / "lb")
+    assert result.exit_code == 0, result.output
+    with wt.open(V2_TINY, image=IMAGE, prompt="a plaza", cache="field", device="cpu") as s:
+        records = [s.step(a).record for a in ("forward", "camera_l")]
+    assert [r["pixel_frames"] for r in records] == [[0, 13], [13, 29]]
+
+
+def _card_between(name: str, chunks: int) -> float:
+    """GB of a card (the margin of generate's check included) that holds ``name``'s run with fp8 weights and not
+    in bf16, by the plan a CPU run with --device-gb makes (bf16, a random-weights run's text encoder)."""
+    from worldtrace_cli.config import memory_config
+    from worldtrace_cli.engine.memory_plan import plan_memory
+    from worldtrace_cli.jobs.bench_memory import HEADROOM, RESERVE_GB
+
+    preset = load_preset(name)
+    memory = memory_config(preset=preset, **default_cache(preset))
+    need = [plan_memory(preset, memory, "text", w, torch.bfloat16, chunks, False).peak / 1e9 * HEADROOM + RESERVE_GB
+            for w in ("auto", "fp8")]
+    assert need[1] < need[0]
+    return (need[0] + need[1]) / 2
+
+
+@pytest.mark.slow
+def test_weights_dtype_fit_chooses_fp8_only_when_bf16_does_not_fit_the_card(tmp_path, one_thread):
+    """Issue 66 part 3 on a CPU, through the plan: ``--device-gb`` names a card this machine lacks; with
+    ``--weights-dtype fit`` a card between the fp8 and the bf16 plan takes fp8 (one log line says so, the run
+    goes on here with it and summary.json's config records it), a larger one keeps auto (the run's dtype), a
+    card nothing fits is refused naming what would, and without a card fit is auto."""
+    skip_without_ffmpeg()
+    card = _card_between(V2_TINY, 2)
+    base = ["generate", "--no-progress", "--preset", V2_TINY, ABA, "--chunks", "2", "--offload", "text",
+            "--weights-dtype", "fit"]
+    result = invoke(*base, "--device-gb", f"{card:.6f}", "-o", tmp_path / "fp8")
+    assert result.exit_code == 0, result.output
+    chose = [ln for ln in result.output.splitlines() if "GPU memory: chose" in ln]
+    assert len(chose) == 1 and "--offload text --weights-dtype fp8" in chose[0] and "(--device-gb)" in chose[0], chose
+    assert "--offload text" in chose[0].split("(")[-1] and "does not fit" in chose[0]  # why: the bf16 plan's miss
+    config = json.loads((tmp_path / "fp8" / "summary.json").read_text())["config"]
+    assert (config["weights_dtype"], config["offload"]) == ("fp8", "text")
+    result = invoke(*base, "--device-gb", "80", "-o", tmp_path / "bf16")
+    assert result.exit_code == 0, result.output
+    assert json.loads((tmp_path / "bf16" / "summary.json").read_text())["config"]["weights_dtype"] == "auto"
+    line = one_line_error(invoke(*base[:-4], "--weights-dtype", "fit", "--device-gb", "1.0", "-o", tmp_path / "none"))
+    assert "GPU memory: the plan of" in line and "a 1 GB card (--device-gb) has 1.0 GB" in line, line
+    assert not (tmp_path / "none").exists()
+    from pathlib import Path as P
+
+    from worldtrace_cli.jobs.bench_memory import fit_run
+
+    cfg = RunConfig(preset=load_preset(V2_TINY), trajectory=P("t"), output=P("o"), weights_dtype="fit", offload="auto")
+    assert (fit_run(cfg, 2).weights_dtype, fit_run(cfg, 2).offload) == ("auto", "text")  # no card: nothing to plan
+
+
+def test_bench_memory_says_which_sizes_the_1_3b_plan_assumes():
+    """The full-size plan names the sizes it planned and the preset's note on the one not in the release's shapes."""
+    result = invoke("bench", "memory", "--preset", V2, "--random-weights", "--chunks", "2", "--json")
+    assert result.exit_code == 0, result.output
+    model = json.loads(result.output[result.output.index("{"):])["model"]
+    assert model["dit"] == {"dim": 1536, "ffn_dim": 8960, "num_heads": 12, "num_layers": 30, "in_dim": 36}
+    assert model["dit_parameters"] == 1_709_502_016 and "12 heads assumed" in model["description"]

@@ -9,6 +9,7 @@
 #   bash benchmarks/gpu/on-device.sh attention        # --attention-stats' cost at full size: off, all queries, 512 (<= 5 min)
 #   bash benchmarks/gpu/on-device.sh memory           # issue 45: the memory plan beside measured peaks, LingBot bf16/fp8,
 #                                                     # MG2's writers at budget 6 in a fresh process (<= 9.5 min)
+#   bash benchmarks/gpu/on-device.sh lingbot-1.3b     # issue 66: the 1.3B's 16 GB run, measured beside its plan (<= 9 min)
 #   bash benchmarks/gpu/on-device.sh train all        # instead of fast: GPU-encoded clips + batched DiT training (<= 4.5 min)
 #   bash benchmarks/gpu/on-device.sh train precisions # s per batched training step in float32, tf32, bf16 (<= 4.7 min)
 # Longer steps, for a session with more device time:
@@ -28,10 +29,12 @@ python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upg
 export PYTHONPATH="/tmp/site:$PWD" PYTHONUNBUFFERED=1
 OUT="${OUT:-/tmp/out}"; mkdir -p "$OUT"
 DEVICE="${DEVICE:-cuda}" PRESET="${PRESET:-mg2-universal}" CHUNKS="${CHUNKS:-64,256,512}"
-step() {  # step SECONDS CMD...: run CMD time-boxed, say how it ended (a step that hangs cannot eat the session)
+step() {  # step SECONDS CMD...: run CMD time-boxed, say how it ended (a step that hangs cannot eat the session);
+  # the == lines go to stderr, so that a step's stdout redirected to a file (bench memory --json > plan.json) is
+  # the command's alone (the logs take both: 2>&1)
   local limit=$1; shift; local t0=$SECONDS
-  echo "== $* (limit ${limit} s)"; timeout "$limit" "$@"; local rc=$?
-  echo "== rc $rc after $((SECONDS - t0)) s$([ $rc = 124 ] && echo ': TIMED OUT')"
+  echo "== $* (limit ${limit} s)" >&2; timeout "$limit" "$@"; local rc=$?
+  echo "== rc $rc after $((SECONDS - t0)) s$([ $rc = 124 ] && echo ': TIMED OUT')" >&2
 }
 half() {  # half SRC DST: a float16 copy of a weights file; over 15 MiB as DST-partK-of-N parts (files coming
   # back are limited to 16 MiB; join them here with benchmarks/gpu/weights.py join)
@@ -137,6 +140,31 @@ case "${1:-check}" in
         --caches sliding,field --budget 6 --chunks 16 --repeats 1 --warmup 4 \
         -o "$OUT" --name "speed-$PRESET-writers-b6-host-register" 2>&1 | tail -3 | tee -a "$OUT/memory.log"
     python3 benchmarks/gpu/plan_vs_measured.py "$OUT" 2>&1 | tee -a "$OUT/memory.log"
+    ;;
+  lingbot-1.3b)
+    # Issue 66 in one call (<= 530 s of steps): LingBot-World v2 1.3B at full size (464x832, random weights, eager) as a
+    # 16 GB card runs it. For each LB13_VARIANTS offload:weights, its plan (bench memory, --random-weights: the
+    # one-layer random umT5, as the run) beside bench speed's measured peak (torch.cuda.max_memory_allocated from
+    # the rollout's start) and s/chunk: text:auto with the default sink and the memory writers (8 chunks after 2
+    # warm-up, 2 interleaved repeats: ratios to sliding), blocks:auto (what a checkpoint run takes on 16 GB: umT5-XXL's
+    # 11.4 GB visit to the GPU makes its text phase the peak); then what a checkpoint run would choose on 16 GB
+    # (the plans of bench memory --offload auto with umT5-XXL) and plan_vs_measured.py. The H200 is not capped at
+    # 16 GB: the measured peaks say whether the run stays within it. Back (7 files): gpu.txt, lb13.log,
+    # plan-lb13-*.json, speed-lb13-*.json, choice-lb13-16gb.json.
+    P="${LB13_PRESET:-lingbot-v2-1.3b}"
+    for variant in ${LB13_VARIANTS:-text:auto blocks:auto}; do
+      o="${variant%%:*}" w="${variant##*:}" caches=sink repeats=1
+      [ "$variant" = text:auto ] && { caches="sink,sliding,field,landmark"; repeats=2; }
+      step 60 python3 -m worldtrace_cli bench memory --preset "$P" --random-weights --offload "$o" --weights-dtype "$w" \
+          --chunks 8 --json > "$OUT/plan-lb13-$o-$w.json" 2>> "$OUT/lb13.log"
+      step "$([ "$variant" = text:auto ] && echo 200 || echo 150)" python3 -m worldtrace_cli bench speed --preset "$P" \
+          --random-weights --device "$DEVICE" --caches "$caches" --chunks 8 --warmup 2 --repeats "$repeats" \
+          --offload "$o" --weights-dtype "$w" -o "$OUT" --name "speed-lb13-$o-$w" 2>&1 | tail -4 | tee -a "$OUT/lb13.log"
+    done
+    step 60 python3 -m worldtrace_cli bench memory --preset "$P" --device-gb 16 --offload auto --chunks 64 --json \
+        > "$OUT/choice-lb13-16gb.json" 2>> "$OUT/lb13.log"
+    rm -f "$OUT"/speed-lb13-*.md  # the JSON has the rows; at most 8 files come back
+    python3 benchmarks/gpu/plan_vs_measured.py "$OUT" 2>&1 | tee -a "$OUT/lb13.log"
     ;;
   check)
     python3 -m pytest -q -m gpu tests -p no:logging -rfE --ignore=tests/test_schemas.py 2>&1 | tee "$OUT/gpu-tests.log"

@@ -173,7 +173,7 @@ def bench_memory(preset, cache, budget, chunks, offload, weights_dtype, dtype, d
     from ..config import default_cache, load_preset, memory_config
     from ..engine.base import DTYPES
     from ..errors import InputError
-    from ..jobs.bench_memory import device_memory_gb, fits, memory_markdown, memory_plans
+    from ..jobs.bench_memory import device_memory_gb, fits, memory_markdown, memory_plans, model_summary
     from ..jobs.inputs import check_writers
     from ..writer_options import MemoryConfig, settings_for
 
@@ -204,10 +204,15 @@ def bench_memory(preset, cache, budget, chunks, offload, weights_dtype, dtype, d
             logging.getLogger("worldtrace").warning(
                 f"--cache {memory.cache}: {chunks} chunks keep {stored:.1f} GB of KV cache; generate stops such a "
                 f"run at its --max-cache-gb {cap:g} unless given --max-cache-gb {math.ceil(2 * stored)} or more")
+        model = model_summary(resolved)  # the sizes planned (a preset may assume one: its description says)
         if as_json:
-            click.echo(json.dumps({"device": name, "device_gb": gb, "plans": [
+            click.echo(json.dumps({"device": name, "device_gb": gb, "model": model, "plans": [
                 {**p.to_dict(), "fits": None if gb is None else fits(p, gb)} for p in plans]}, indent=1))
         else:
+            dit = model["dit"]
+            click.echo(f"model: {model['preset']} at {model['resolution']}, DiT dim {dit['dim']}, ffn {dit['ffn_dim']}, "
+                       f"{dit['num_heads']} heads, {dit['num_layers']} layers, {model['dit_parameters'] / 1e9:.2f} B "
+                       f"parameters ({model['description']})")
             click.echo(memory_markdown(plans, gb, name))
 
     run_job(job)

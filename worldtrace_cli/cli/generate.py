@@ -85,9 +85,16 @@ def command_line(ctx, drop: tuple[str, ...] = ()) -> list[str]:
 @speed_options
 @attention_options
 @prefix_options
-@click.option("--weights-dtype", type=click.Choice(["auto", "fp8"]), default="auto", show_default=True,
+@click.option("--weights-dtype", type=click.Choice(["auto", "fp8", "fit"]), default="auto", show_default=True,
               help="DiT weight storage: auto = --dtype; fp8 = float8 (e4m3) storage computed in --dtype through "
-                   "diffusers' layerwise casting: half bf16's weight memory (loopworld: GT-PSNR within 0.05 dB).")
+                   "diffusers' layerwise casting: half bf16's weight memory (loopworld: GT-PSNR within 0.05 dB); "
+                   "fit = auto when the run's memory plan fits the card, else fp8 when that does (logged, and "
+                   "summary.json's config says which; docs/gpu-memory.md).")
+@click.option("--device-gb", type=click.FloatRange(0, 1e6, min_open=True), default=None, expose_value=False,
+              callback=lambda ctx, param, value: _plan_for_card(ctx, value), metavar="N",
+              help="Plan GPU memory for a card of N GB instead of this machine's GPU (without one: as if it had "
+                   "it): --offload auto and --weights-dtype fit choose for that card and log why, the run goes on "
+                   "here with that choice, and a run that would not fit there is refused (exit 2).")
 @click.option("--offload", type=click.Choice(["auto", "text", "blocks"]), default="auto", show_default=True,
               help="GPU memory: text = the text encoder (LingBot, Self-Forcing) on the GPU only to encode a prompt; "
                    "blocks = also the DiT's blocks in host memory, each brought to the GPU for its forward (diffusers' "
@@ -179,6 +186,19 @@ def generate(trajectory, preset, checkpoint, prompt, prompt_switch, poses, intri
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(code)
+
+
+def _plan_for_card(ctx, device_gb: float | None) -> None:
+    """``--device-gb``: the memory check of this command's runs plans for a card of ``device_gb`` GB
+    (:func:`~worldtrace_cli.jobs.bench_memory.planned_card`, for as long as the command runs). Raises
+    click.BadParameter: NaN."""
+    if device_gb is None:
+        return
+    if device_gb != device_gb:
+        raise click.BadParameter(f"must be a number of GB, got {device_gb}")
+    from ..jobs.bench_memory import planned_card
+
+    ctx.with_resource(planned_card(device_gb))
 
 
 def _refuse_launch(nproc_per_node: int | None, world: int, fsdp: bool, split_heads: bool) -> None:

@@ -26,7 +26,8 @@ def list_presets(backbones):
         for line in broken:
             click.echo(f"worldtrace: {line} (left out)", err=True)
         return
+    width = max(18, *(len(n) + 1 for n in preset_names()))
     for name in preset_names():
         p = load_preset(name)
         size = f"{p.height}x{p.width}"
-        click.echo(f"{name:18s} {p.mode:10s} {size:8s} {p.backbone.title:24s} {p.weights:10s} {p.description}")
+        click.echo(f"{name:{width}s} {p.mode:10s} {size:8s} {p.backbone.title:24s} {p.weights:10s} {p.description}")
