@@ -168,14 +168,16 @@ def test_landmark_remembers_the_start_of_an_aba_loop_better_than_sliding(tmp_pat
 
 
 def test_landmark_needs_tau_calibrated_for_the_model(tmp_path, one_thread):
-    """Landmark at the paper's tau 0.1 on look_back (world 7, noise seed 0): this model's detector
-    distances are far below 0.1, so only one frame per rollout becomes a landmark, the summary slots
-    hold copies of the start view and the return to B is drawn wrong. At the preset's own tau
+    """Landmark as the paper sets it (tau 0.1, empty slots padded with the oldest landmark) on look_back
+    (world 7, noise seed 0): this model's detector distances are far below 0.1, so only one frame per
+    rollout becomes a landmark, the summary slots hold copies of the start view and the return to B is
+    drawn wrong. At the preset's own tau
     0.0047 (the 90 % quantile of this model's logged distances, `worldtrace bench tau`), the default
     when --landmark-threshold is not given, it detects several scene entries and the return leg is
     far closer to the truth (LoopBench: +2.5 dB, 8 of 8 worlds, p < 0.001; this run +2.7 dB)."""
     look_back = ROOT / "trajectories" / "look_back.yaml"
-    paper = return_psnr(tmp_path / "paper", look_back, "landmark", 14, 7, "--landmark-threshold", 0.1)
+    paper = return_psnr(tmp_path / "paper", look_back, "landmark", 14, 7, "--landmark-threshold", 0.1,
+                        "--landmark-padding", "repeat")
     calibrated = return_psnr(tmp_path / "calibrated", look_back, "landmark", 14, 7)
     summary = json.loads((tmp_path / "calibrated" / "landmark" / "summary.json").read_text())
     assert summary["config"]["memory"]["landmark_threshold"] == 0.0047

@@ -28,14 +28,14 @@ class ConstantConditioning:
 
 
 def make_rollout(dit, chunks, seed=0, keyboard=None, cache="sliding", schedule=FlowMatchSchedule(), noise=None,
-                 on_step=None, context_noise=0):
+                 on_step=None, context_noise=0, **options):
     rows = 12 * chunks - 3
     gen = torch.Generator().manual_seed(11)
     if keyboard is None:
         keyboard = (torch.rand(1, rows, 4, generator=gen) > 0.5).float()
     mouse = torch.zeros(1, rows, 2)
     ctx = torch.randn(1, 257, 1280, generator=gen)
-    writer = build_writer(MemoryConfig.of(cache=cache), dit.cfg.local_attn_size - 3)
+    writer = build_writer(MemoryConfig.of(cache=cache, **options), dit.cfg.local_attn_size - 3)
     return Rollout(dit, writer, ConstantConditioning(), ctx, keyboard, mouse, schedule, seed,
                    torch.device("cpu"), LATENT_HW, noise=noise, on_step=on_step, context_noise=context_noise)
 
@@ -173,10 +173,12 @@ def test_bf16_model_follows_the_fp32_model(dit):
 
 
 def test_records_state_each_slots_role_and_largest_offset_against_the_trained_one(dit):
-    """WorldTrace's default 6 past slots + 3 current frames read at offsets up to 8 (MG2 trained to 5);
-    MG2's own sliding cache stays within 5. Roles separate summary slots from recent ones."""
-    for cache, roles, largest in (("landmark", ["summary"] * 4 + ["recent"] * 2, 8), ("sliding", ["recent"] * 3, 5)):
-        rollout = make_rollout(dit, 3, cache=cache)
+    """WorldTrace's 6 past slots (landmark's every slot filled: the paper's padding) + 3 current frames read
+    at offsets up to 8 (MG2 trained to 5); MG2's own sliding cache stays within 5. Roles separate summary
+    slots from recent ones."""
+    for cache, roles, largest, options in (("landmark", ["summary"] * 4 + ["recent"] * 2, 8, {"landmark_padding": "repeat"}),
+                                           ("sliding", ["recent"] * 3, 5, {})):
+        rollout = make_rollout(dit, 3, cache=cache, **options)
         for _ in range(3):
             rec = rollout.step().record["cache"]
         assert [s["role"] for s in expand_slot_records(rec["slots"])] == roles
