@@ -105,8 +105,8 @@ def test_images_poses_pose_retrieval_and_action_files_are_refused_before_loading
     line = one_line_error(invoke("generate", "--preset", "self-forcing-tiny", ROOT / "trajectories" / "aba.yaml",
                                  "-o", tmp_path / "o"))
     assert "mode 'universal' does not match preset self-forcing-tiny (mode 'text')" in line
-    assert line.endswith("mode universal runs on preset lingbot-fast, lingbot-tiny, loopworld, loopworld-euler, "
-                         "mg2-universal, tiny")
+    assert line.endswith("mode universal runs on preset lingbot-fast, lingbot-tiny, lingbot-v2-1.3b, "
+                         "lingbot-v2-1.3b-tiny, loopworld, loopworld-euler, mg2-universal, tiny")
     assert not (tmp_path / "o").exists()
 
 
