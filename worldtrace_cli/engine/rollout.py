@@ -237,14 +237,15 @@ class ChunkRollout:
         with timer.phase("cache"):
             read = begin_chunk(self.writer, start, self.geometry.num_layers)  # before this chunk's commit
         inputs, cond = self.chunk_inputs(read, start, f, request)
+        given = c < self.prefix_chunks  # a real video's chunk: committed as it is, not generated
         probe = None
-        if self.attention_queries is not None:  # measured at the last denoising step (docs/attention.md)
+        if self.attention_queries is not None and not given:  # measured at the last denoising step (docs/attention.md)
             probe = AttentionProbe(read.tokens, self.attention_queries, self.seed, c, self.geometry.head_group)
         draw = self.chunk_draw = noise_draws(self.seed, c, (1, self.latent_channels, f, *self.latent_hw), self.noise)
-        given = c < self.prefix_chunks  # a real video's chunk: committed as it is, not generated
-        x = draw(0).to(self.device)
-        if given:
-            x0, probe = self.prefix[:, :, start:start + f].to(self.device), None
+        if given:  # no noise drawn: the clip's latents are the chunk's x0
+            x0 = self.prefix[:, :, start:start + f].to(self.device)
+        else:
+            x = draw(0).to(self.device)
         with timer.phase("denoise"):
             for s in range(0 if given else self.num_steps):
                 inputs.attention = probe if s == self.num_steps - 1 else None

@@ -41,7 +41,7 @@ def run_mind(clips: list[Path], caches: list[str], out: Path, preset: str = "loo
     """
     from ..config import RunConfig, load_preset, memory_configs
     from ..continuation import write_frames_after
-    from ..continuation.mind import (mind_poses, mind_trajectory, prefix_chunks_for, read_mind_clip, result_entry,
+    from ..continuation.mind import (EVAL_SIZE, mind_poses, mind_trajectory, prefix_chunks_for, read_mind_clip, result_entry,
                                      write_result)
     from ..runs.resume import next_step
     from ..trajectory.actions import chunks_for_frames
@@ -58,9 +58,6 @@ def run_mind(clips: list[Path], caches: list[str], out: Path, preset: str = "loo
     if len(set(names)) != len(names):
         raise InputError(f"two clips share a name ({', '.join(names)}): a submission names a clip by its folder")
     memories = memory_configs(caches, preset_obj, **(memory or {}))
-    size = None
-    from ..continuation.mind import EVAL_SIZE
-
     size = EVAL_SIZE if eval_size == "mind" else (preset_obj.height, preset_obj.width)
     fpc = preset_obj.frames_per_chunk
     pipeline, results, rows = None, [], []
