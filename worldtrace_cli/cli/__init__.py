@@ -14,6 +14,7 @@ from click.exceptions import NoArgsIsHelpError
 
 from .. import __version__
 from . import bench, compare, generate, loopbench, metrics, mind, parity, play, presets, train, world
+from ..errors import InputError
 from .common import EchoHandler
 
 
@@ -97,6 +98,47 @@ def _leaf_commands(group: click.Group):
         else:
             yield command
 
+
+#: Commands that split their work across torchrun's processes (generate with --fsdp / --split-heads,
+#: its own check; loopbench run, a shard of the job list per process). Every other command refuses a
+#: launch of more than one process: N copies would race for one output folder or print N times.
+TORCHRUN_COMMANDS = frozenset({"generate", "loopbench run"})
+
+
+def _refuse_torchrun(command: click.Command, name: str) -> None:
+    """Wrap ``command``'s callback: launched by torchrun as WORLD_SIZE > 1 processes, it exits 2 with
+    one line naming the commands that do run there (process 0 says it, the others stay quiet); torch is
+    not imported. Outside torchrun (or WORLD_SIZE 1) the command runs as before."""
+    callback = command.callback
+
+    def guarded(*args, **kwargs):
+        import os
+        import sys
+
+        world, rank = os.environ.get("WORLD_SIZE", "1"), os.environ.get("RANK", "0")
+        if world.strip() not in ("", "0", "1"):
+            if rank.strip() in ("", "0"):
+                click.echo(f"worldtrace: error: worldtrace {name} does not split across processes: launched by "
+                           f"torchrun as WORLD_SIZE={world} processes its copies would race for one output; run it "
+                           f"without torchrun (under torchrun: generate --fsdp / --split-heads, loopbench run)",
+                           err=True)
+            sys.exit(InputError.exit_code)
+        return callback(*args, **kwargs)
+
+    command.callback = guarded
+
+
+def _leaf_names(group: click.Group, prefix: str = ""):
+    for name, command in group.commands.items():
+        if isinstance(command, click.Group):
+            yield from _leaf_names(command, f"{prefix}{name} ")
+        else:
+            yield f"{prefix}{name}", command
+
+
+for _name, _command in _leaf_names(main):
+    if _name not in TORCHRUN_COMMANDS:
+        _refuse_torchrun(_command, _name)
 
 for _command in _leaf_commands(main):  # -v after the command too, where users put it
     if not any("-v" in p.opts for p in _command.params):
