@@ -11,7 +11,8 @@ import click
 
 from .common import run_job
 from .options import (NonEmptyPath, attention_config, attention_options, device_options, int_list, name_list,
-                      preset_option, speed_options)
+                      preset_option, speed_options, writer_flag_help)
+from .shared_options import MODEL_CACHE, option
 
 
 def _finite(ctx, param, value):
@@ -75,12 +76,12 @@ def bench():
 @click.option("--routes", default="ABA,ABCA", show_default=True, callback=_routes,
               help="Loops of scene letters; the return query is in the last scene.")
 @click.option("--legs", default="2,8,32", show_default=True, callback=int_list(1), help="Chunks per leg of the loop.")
-@click.option("--seed", type=int, default=0, show_default=True)
+@option("--seed", type=int, default=0, show_default=True, note="the synthetic scene keys and their noise")
 @click.option("--landmark-threshold", type=click.FloatRange(0, 2, min_open=True), default=0.1, show_default=True,
-              help="tau of the landmark detector (a cosine distance, 0-2).")
-@click.option("-o", "--output", type=NonEmptyPath(path_type=Path), default=Path("bench-results"), show_default=True,
-              help="Folder for the results.")
-@click.option("--name", default="mechanism", show_default=True, help="File stem of the results.")
+              help=writer_flag_help("landmark_threshold"))
+@option("-o", "--output", type=NonEmptyPath(path_type=Path), default=Path("bench-results"), show_default=True,
+        note=": the results' folder")
+@option("--name", default="mechanism", show_default=True)
 def bench_mechanism(writers, schemes, routes, legs, seed, landmark_threshold, output, name):
     """Attention mismatch ||alpha_hat P - alpha||_1 and scene-A recall mass of every writer x scheme
     on synthetic scene keys (paper App. B), computed with the real RoPE code."""
@@ -103,9 +104,9 @@ def bench_mechanism(writers, schemes, routes, legs, seed, landmark_threshold, ou
               help="View change (degrees per latent frame) that counts as a scene entry (ground-truth runs).")
 @click.option("--rate", type=click.FloatRange(0, 1, min_open=True, max_open=True), default=0.1, show_default=True,
               help="Landmark share of frames for the suggestion without ground truth.")
-@click.option("-o", "--output", type=NonEmptyPath(path_type=Path), default=Path("bench-results"), show_default=True,
-              help="Folder for tau.json and tau.md.")
-@click.option("--print", "show", is_flag=True, help="Print the Markdown on stdout instead of tau.md's path.")
+@option("-o", "--output", type=NonEmptyPath(path_type=Path), default=Path("bench-results"), show_default=True,
+        note=": the folder of tau.json and tau.md")
+@option("--print", "show", is_flag=True, note="the Markdown (tau.md)")
 def bench_tau(run_dirs, min_change, rate, output, show):
     """Suggest the landmark threshold tau from the detector distances that landmark runs logged
     (RUN_DIRS: run folders of --cache landmark; for loopworld runs, against the true view changes)."""
@@ -138,24 +139,21 @@ def bench_tau(run_dirs, min_change, rate, output, show):
 
 @bench.command("memory")
 @preset_option("tiny", note="planned at its full size")
-@click.option("--cache", default=None, metavar="WRITER", callback=_writers,
-              help="KV-cache writer (default: the preset's own cache with its settings).")
-@click.option("--budget", type=click.IntRange(0), default=None, help="Past latent-frame slots (default: the writer's).")
-@click.option("--chunks", type=click.IntRange(1), default=64, show_default=True,
-              help="The run's length (a growing cache such as full is planned at this many chunks).")
-@click.option("--offload", type=click.Choice(["none", "text", "blocks", "auto"]), default="text", show_default=True,
-              help="none = the text encoder stays on the GPU; text = umT5 visits the GPU only to encode a prompt "
-                   "(what runs do); blocks = also the DiT's blocks in host memory, two at a time on the GPU; "
-                   "auto = the first of text, text+fp8, blocks, blocks+fp8 that fits --device-gb.")
-@click.option("--weights-dtype", type=click.Choice(["auto", "fp8"]), default="auto", show_default=True,
-              help="DiT weight storage (generate's flag): fp8 = float8 Linear weights.")
-@click.option("--dtype", type=click.Choice(["bf16", "fp32"]), default=None,
-              help="Compute dtype (default: bf16, a GPU run's; fp32 for the tiny presets, which run on CPU).")
-@click.option("--device-gb", type=click.FloatRange(0, 1e6, min_open=True), default=None, callback=_finite,
-              help="GPU memory to plan for, in GB (default: this machine's GPU, if any).")
-@click.option("--random-weights", is_flag=True,
-              help="Plan a --random-weights run (LingBot / Self-Forcing: the tiny random umT5, not umT5-XXL).")
-@click.option("--json", "as_json", is_flag=True, help="Print the plans as JSON on stdout instead of a table.")
+@option("--cache", default=None, metavar="WRITER", callback=_writers, default_text=MODEL_CACHE + ", with its settings")
+@option("--budget", type=click.IntRange(0), default=None)
+@option("--chunks", type=click.IntRange(1), default=64, show_default=True,
+        note="; a growing cache such as full is planned at this many chunks")
+@option("--offload", type=click.Choice(["none", "text", "blocks", "auto"]), default="text", show_default=True,
+        note="; none = the text encoder stays on the GPU; auto = the first of text, text+fp8, blocks, blocks+fp8 "
+             "that fits --device-gb")
+@option("--weights-dtype", type=click.Choice(["auto", "fp8"]), default="auto", show_default=True)
+@option("--dtype", type=click.Choice(["bf16", "fp32"]), default=None,
+        default_text="bf16, a GPU run's; fp32 for the tiny presets, which run on CPU")
+@option("--device-gb", type=click.FloatRange(0, 1e6, min_open=True), default=None, callback=_finite,
+        default_text="this machine's GPU, if any")
+@option("--random-weights", is_flag=True,
+        note="; planned as such a run (LingBot / Self-Forcing: the tiny random umT5, not umT5-XXL)")
+@option("--json", "as_json", is_flag=True, note="the plans (instead of a table)")
 def bench_memory(preset, cache, budget, chunks, offload, weights_dtype, dtype, device_gb, random_weights, as_json):
     """Peak GPU memory of a run, per phase (load, text encoding, denoise, context pass, decode), in GB:
     the real modules run at the real shapes without memory (PyTorch's FakeTensorMode and MemTracker),
@@ -220,31 +218,27 @@ def bench_memory(preset, cache, budget, chunks, offload, weights_dtype, dtype, d
 
 @bench.command("speed")
 @preset_option("tiny", note="random weights at its full size")
-@click.option("--random-weights", is_flag=True, help="Accepted for clarity: the speed bench always uses random weights.")
-@click.option("--caches", "--cache", "caches", default="sliding,field,landmark", show_default=True, callback=_writers,
-              help="Comma-separated writers.")
-@click.option("--chunks", default="8,16", show_default=True, callback=int_list(1),
-              help="Comma-separated chunk counts: one rollout per writer to the largest, snapshots at each.")
+@option("--random-weights", is_flag=True, note="; the speed bench always uses them (the flag is accepted for clarity)")
+@option("--caches", "--cache", "caches", default="sliding,field,landmark", show_default=True, callback=_writers)
+@option("--chunks", default="8,16", show_default=True, callback=int_list(1),
+        note=", comma-separated: one rollout per writer to the largest, snapshots at each")
 @device_options
-@click.option("--image", type=click.Path(path_type=Path), default=None,
-              help="Conditioning image (default: a gradient; text-to-video presets take a fixed prompt instead).")
-@click.option("--warmup", type=click.IntRange(0), default=1, show_default=True,
-              help="Chunks excluded from the timings (3 or more with --compile: compilation and CUDA-graph recording).")
+@option("--image", type=click.Path(path_type=Path), default=None,
+        default_text="a gradient; text-to-video presets take a fixed prompt instead")
+@option("--warmup", type=click.IntRange(0), default=1, show_default=True,
+        note="chunks left out of the timings (3 or more with --compile: compilation and CUDA-graph recording)")
 @click.option("--no-decode", is_flag=True, help="Skip the VAE decode (DiT and cache only).")
 @speed_options
 @attention_options
-@click.option("--budget", type=click.IntRange(0), default=None,
-              help="Past latent-frame slots of every writer (default: each writer's own: sliding 3, WorldTrace 6). "
-                   "Use 6 to compare writers at one cache size.")
+@option("--budget", type=click.IntRange(0), default=None,
+        note="; one value for every writer: 6 compares them at one cache size")
 @click.option("--repeats", type=click.IntRange(1), default=1, show_default=True,
               help="Run the writers in turn this many times; the summary takes medians.")
-@click.option("--weights-dtype", type=click.Choice(["auto", "fp8"]), default="auto", show_default=True,
-              help="DiT weight storage: auto = --dtype; fp8 = float8 storage, computed in --dtype (generate's flag).")
-@click.option("--offload", type=click.Choice(["text", "blocks"]), default="text", show_default=True,
-              help="blocks = the DiT's blocks in host memory, each on the GPU for its forward (generate's flag).")
-@click.option("-o", "--output", type=NonEmptyPath(path_type=Path), default=Path("bench-results"), show_default=True,
-              help="Folder for the results (JSON and Markdown; files of the same --name are replaced).")
-@click.option("--name", default=None, help="File stem of the results (default: speed-<preset>-<device>).")
+@option("--weights-dtype", type=click.Choice(["auto", "fp8"]), default="auto", show_default=True)
+@option("--offload", type=click.Choice(["text", "blocks"]), default="text", show_default=True)
+@option("-o", "--output", type=NonEmptyPath(path_type=Path), default=Path("bench-results"), show_default=True,
+        note=": the results' folder (JSON and Markdown; files of the same --name are replaced)")
+@option("--name", default=None, default_text="speed-<preset>-<device>")
 def bench_speed(preset, random_weights, caches, chunks, device, dtype, image, warmup, no_decode, rope_precision,
                 compile_mode, overlap_decode, attention_stats, attention_queries, budget, repeats, weights_dtype, offload,
                 output, name):

@@ -7,37 +7,33 @@ from pathlib import Path
 import click
 
 from .common import run_job
-from .options import (CHUNKS, SEED, NonEmptyPath, attention_config, attention_options, cache_help, checkpoint_option,
+from .options import (CHUNKS, SEED, NonEmptyPath, attention_config, attention_options, checkpoint_option,
                       device_options, memory_options, name_list, overall_progress, prefix_config, prefix_options,
                       preset_option, speed_config, speed_options)
+from .shared_options import option
 
 
 @click.command("compare")
 @click.argument("trajectory", type=click.Path(path_type=Path))
-@click.option("--cache", "--caches", "caches", default="sliding,field,landmark", show_default=True, metavar="W1,W2,...",
-              callback=name_list,
-              help=cache_help("Comma-separated cache writers to compare, each as --cache of generate: "))
+@option("--cache", "--caches", "caches", default="sliding,field,landmark", show_default=True, metavar="W1,W2,...",
+        callback=name_list, note=" to compare")
 @preset_option(note="default: as generate's")
 @checkpoint_option
-@click.option("--image", type=click.Path(path_type=Path), default=None,
-              help="Conditioning image shared by every mode (default: the trajectory's).")
-@click.option("--seed", type=SEED, default=None,
-              help="Noise seed shared by every mode (default: the trajectory's, else 0).")
-@click.option("--world-seed", type=SEED, default=0, show_default=True,
-              help="loopworld: the procedural world every mode walks (the truth is the video's first panel).")
-@click.option("--chunks", type=CHUNKS, default=None, help="Chunks to generate (default: the trajectory's length).")
+@option("--image", type=click.Path(path_type=Path), default=None, note=", shared by every mode",
+        default_text="the trajectory's")
+@option("--seed", type=SEED, default=None, note="the noise, shared by every mode", default_text="the trajectory's, else 0")
+@option("--world-seed", type=SEED, default=0, show_default=True,
+        note="; every mode walks it (the truth is the video's first panel)")
+@option("--chunks", type=CHUNKS, default=None, default_text="the trajectory's length")
 @click.option("--hud/--no-hud", default=True, show_default=True,
               help="Overlay the pressed keys and the mouse direction of every pixel frame.")
-@click.option("--metrics", type=click.Choice(["fast", "all"]), default="all", show_default=True,
-              help="fast = TempSSIM + LatentDiff; all = + Scene Drift and PAC.")
+@option("--metrics", type=click.Choice(["fast", "all"]), default="all", show_default=True)
 @device_options
-@click.option("-o", "--output", type=NonEmptyPath(path_type=Path), default=None, metavar="DIR",
-              help="Output folder (default: runs/compare-<trajectory>).")
-@click.option("--overwrite", is_flag=True, help="Replace a comparison or runs already in DIR.")
-@click.option("--progress/--no-progress", default=None,
-              help="Default: one overall progress bar (runs done) on stderr when it is a terminal; --progress adds "
-                   "every run's per-chunk bar; --no-progress shows none.")
-@click.option("--print", "print_markdown", is_flag=True, help="Print compare.md on stdout instead of its path.")
+@option("-o", "--output", type=NonEmptyPath(path_type=Path), default=None, metavar="DIR",
+        note=": compare.md, compare.mp4 and one run folder per writer", default_text="runs/compare-<trajectory>")
+@option("--overwrite", is_flag=True, note=" (a comparison or its runs)")
+@option("--progress/--no-progress", default=None)
+@option("--print", "print_markdown", is_flag=True, note="compare.md")
 @click.option("--scale", type=click.IntRange(1, 8), default=1, show_default=True,
               help="Upscale the panels of compare.mp4 / compare.png by this integer factor (nearest "
                    "neighbour), e.g. 3 for the 176x96 loopworld and tiny models.")

@@ -12,9 +12,10 @@ import click
 from ..config import memory_config
 from .common import run_job
 from ..config.backbones import titles_where
-from .options import (CHUNKS, SEED, NonEmptyPath, attention_config, attention_options, cache_help, checkpoint_option,
-                      device_options, memory_options, prefix_config, prefix_options, preset_option, prompt_help,
+from .options import (CHUNKS, SEED, NonEmptyPath, attention_config, attention_options, checkpoint_option,
+                      device_options, memory_options, prefix_config, prefix_options, preset_option,
                       speed_config, speed_options)
+from .shared_options import MODEL_CACHE, option
 
 
 def command_line(ctx, drop: tuple[str, ...] = ()) -> list[str]:
@@ -42,8 +43,8 @@ def command_line(ctx, drop: tuple[str, ...] = ()) -> list[str]:
 @preset_option(note="default: mg2-<trajectory mode> with --checkpoint, else loopworld (universal) or tiny-<mode>; "
                     "prompt segments (mode: text): self-forcing-tiny")
 @checkpoint_option
-@click.option("--prompt", default=None, help=prompt_help("(overrides the trajectory's top-level `prompt`; "
-                                                          "text-to-video segments with their own prompt keep it)"))
+@option("--prompt", default=None, note=" (overrides the trajectory's top-level `prompt`; text-to-video segments with "
+                                       "their own prompt keep it)")
 @click.option("--prompt-switch", type=click.Choice(["recache", "recache-keep-sink", "plain"]), default="recache",
               show_default=True,
               help=f"{titles_where(lambda r: r.takes_prompts)} presets, at a prompt switch: recache = LongLive's K/V re-cache of the window "
@@ -56,50 +57,36 @@ def command_line(ctx, drop: tuple[str, ...] = ()) -> list[str]:
 @click.option("--intrinsics", type=click.Path(path_type=Path), default=None, metavar="NPY",
               help=f"{titles_where(lambda r: r.camera_files)} presets: intrinsics.npy [N, 4] (fx, fy, cx, cy at "
                    "480x832; row 0 used).")
-@click.option("--image", type=click.Path(path_type=Path), default=None,
-              help="Conditioning image (any format PIL reads; overrides the trajectory's `image`). With "
-                   "loopworld the start image is the world's own view unless this is given.")
-@click.option("--world-seed", type=SEED, default=0, show_default=True,
-              help="loopworld: the procedural world to walk (its start view conditions the model, its renders "
-                   "are the ground truth); refused by presets without a world.")
-@click.option("--chunks", type=CHUNKS, default=None,
-              help="Chunks to generate (3 latent frames = 12 pixel frames each); repeats the last segment "
-                   "or truncates the trajectory. Default: the trajectory's length.")
-@click.option("--seed", type=SEED, default=None,
-              help="Noise seed >= 0 (default: the trajectory's seed, else 0).")
-@click.option("-o", "--output", type=NonEmptyPath(path_type=Path), default=None, metavar="DIR",
-              help="Run folder (default: runs/<trajectory>-<cache>).")
-@click.option("--overwrite", is_flag=True, help="Replace a run (finished or not) already in the output folder.")
-@click.option("--cache", default=None, metavar="WRITER",
-              help=cache_help("KV-cache writer: ", " Default: the model's own cache (MG2: sliding; LingBot: sink "
-                                                   "of 6 in a window of 18 latent frames; Self-Forcing: full, its "
-                                                   "global cache; LongLive: sink of 3 in a window of 12).", about=True))
+@option("--image", type=click.Path(path_type=Path), default=None, default_text="the trajectory's `image`",
+        note="; with loopworld the start image is the world's own view unless this is given")
+@option("--world-seed", type=SEED, default=0, show_default=True,
+        note="; its start view conditions the model; refused by presets without a world")
+@option("--chunks", type=CHUNKS, default=None, default_text="the trajectory's length",
+        note="; repeats the last segment or truncates the trajectory")
+@option("--seed", type=SEED, default=None, note="the noise, >= 0", default_text="the trajectory's seed, else 0")
+@option("-o", "--output", type=NonEmptyPath(path_type=Path), default=None, metavar="DIR", note=": the run folder",
+        default_text="runs/<trajectory>-<cache>")
+@option("--overwrite", is_flag=True, note=" (a run, finished or not)")
+@option("--cache", default=None, metavar="WRITER", default_text=MODEL_CACHE)
 @memory_options
 @device_options
-@click.option("--metrics", type=click.Choice(["none", "fast", "all"]), default="fast", show_default=True,
-              help="Per-chunk metrics: fast = TempSSIM + LatentDiff; all = + CLIP Scene Drift and PAC "
-                   "(one CLIP forward per pixel frame).")
+@option("--metrics", type=click.Choice(["none", "fast", "all"]), default="fast", show_default=True)
 @click.option("--hash-checkpoint", is_flag=True, help="sha256 whole checkpoint files (default: first MiB).")
-@click.option("--save-every", type=int, default=16, show_default=True,
-              help="Save a resume state before the first chunk and every N chunks (0: only on Ctrl-C/SIGTERM).")
+@option("--save-every", type=int, default=16, show_default=True,
+        note="chunks, and before the first chunk (0: only on Ctrl-C/SIGTERM)")
 @speed_options
 @attention_options
 @prefix_options
-@click.option("--weights-dtype", type=click.Choice(["auto", "fp8", "fit"]), default="auto", show_default=True,
-              help="DiT weight storage: auto = --dtype; fp8 = float8 (e4m3) storage computed in --dtype through "
-                   "diffusers' layerwise casting: half bf16's weight memory (loopworld: GT-PSNR within 0.05 dB); "
-                   "fit = auto when the run's memory plan fits the card, else fp8 when that does (logged, and "
-                   "summary.json's config says which; docs/gpu-memory.md).")
-@click.option("--device-gb", type=click.FloatRange(0, 1e6, min_open=True), default=None, expose_value=False,
-              callback=lambda ctx, param, value: _plan_for_card(ctx, value), metavar="N",
-              help="Plan GPU memory for a card of N GB instead of this machine's GPU (without one: as if it had "
-                   "it): --offload auto and --weights-dtype fit choose for that card and log why, the run goes on "
-                   "here with that choice, and a run that would not fit there is refused (exit 2).")
-@click.option("--offload", type=click.Choice(["auto", "text", "blocks"]), default="auto", show_default=True,
-              help="GPU memory: text = the text encoder (LingBot, Self-Forcing) on the GPU only to encode a prompt; "
-                   "blocks = also the DiT's blocks in host memory, each brought to the GPU for its forward (diffusers' "
-                   "group offloading: slower, a fraction of the weights' memory); auto = text when the run's memory "
-                   "plan fits the card, else blocks (docs/gpu-memory.md).")
+@option("--weights-dtype", type=click.Choice(["auto", "fp8", "fit"]), default="auto", show_default=True,
+        note="; fit = auto when the run's memory plan fits the card, else fp8 when that does (logged, and "
+             "summary.json's config says which)")
+@option("--device-gb", type=click.FloatRange(0, 1e6, min_open=True), default=None, expose_value=False,
+        callback=lambda ctx, param, value: _plan_for_card(ctx, value), metavar="N",
+        default_text="this machine's GPU; without one, as if it had it",
+        note=": --offload auto and --weights-dtype fit choose for that card and log why, the run goes on here with "
+             "that choice, and a run that would not fit there is refused (exit 2)")
+@option("--offload", type=click.Choice(["auto", "text", "blocks"]), default="auto", show_default=True,
+        note="; auto = text when the run's memory plan fits the card, else blocks")
 @click.option("--fsdp", is_flag=True,
               help="Under torchrun --nproc-per-node N: the DiT's weights sharded across the N processes with FSDP2 "
                    "(1/N of them each; one GPU per process, gloo on a CPU); process 0 writes the run. Not with "

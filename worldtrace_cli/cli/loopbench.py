@@ -12,9 +12,10 @@ import click
 
 from ..loopbench.configs import CONFIGS
 from .common import run_job
-from .options import (CHUNKS, NonEmptyPath, attention_config, attention_options, cache_help, checkpoint_option,
+from .options import (CHUNKS, NonEmptyPath, attention_config, attention_options, checkpoint_option,
                       device_options, memory_options, name_list, overall_progress, preset_option, speed_config,
                       speed_options)
+from .shared_options import option
 
 _DEFAULT_CONFIGS = ",".join(n for n, c in CONFIGS.items() if c.tier in (1, 2, 3, 4))
 # the default sweep is quick (18 jobs on loopworld, minutes on a CPU); --full is the paper's (1,440 jobs, hours)
@@ -46,9 +47,7 @@ def loopbench():
               callback=name_list,
               help="Comma-separated LoopBench configurations (e.g. aba,abca,aba_n64) or trajectory .yaml files. "
                    f"Known: {', '.join(CONFIGS)}.")
-@click.option("--caches", "--cache", "caches", default="sliding,field,landmark", show_default=True,
-              callback=name_list,
-              help=cache_help("Comma-separated cache writers, each as --cache of generate: "))
+@option("--caches", "--cache", "caches", default="sliding,field,landmark", show_default=True, callback=name_list)
 @click.option("--images", default=None, metavar="DIR|A.png,B.png",
               help="Conditioning images (one scene each): every image in a folder, or a comma list.")
 @click.option("--prompts", type=click.Path(path_type=Path), default=None, metavar="FILE",
@@ -58,28 +57,24 @@ def loopbench():
 @click.option("--worlds", default=None, metavar="0-7|0,3,5",
               help="Procedural worlds as scenes (loopworld; default 0-1, --full 0-7, when no --images is given).")
 @click.option("--seeds", default=None, show_default="0 (--full: 0,42,123,456,789)", help="Comma-separated noise seeds.")
-@click.option("--chunks", type=CHUNKS, default=None,
-              help="Override every rollout's length in chunks (smoke tests; truncation can remove the revisit, "
-                   "and then PAC). Default: each configuration's own N.")
-@click.option("--metrics", type=click.Choice(["fast", "all"]), default="all", show_default=True,
-              help="fast = TempSSIM + LatentDiff; all = + Scene Drift and PAC (needed for the report's PAC).")
+@option("--chunks", type=CHUNKS, default=None, default_text="each configuration's own N",
+        note=" of every rollout (smoke tests; truncation can remove the revisit, and then PAC)")
+@option("--metrics", type=click.Choice(["fast", "all"]), default="all", show_default=True,
+        note="; the report's PAC needs all")
 @click.option("--shard", default=None, metavar="I/N",
               help="Run only shard I of N of the sorted job list (0-based; combines with torchrun's RANK/WORLD_SIZE).")
 @device_options
 @checkpoint_option
-@click.option("--progress/--no-progress", default=None,
-              help="Default: one overall progress bar (jobs done) on stderr when it is a terminal, and one log "
-                   "line per job; --progress adds every job's per-chunk bar; --no-progress shows none.")
+@option("--progress/--no-progress", default=None, note=", and one log line per job")
 @memory_options
 @speed_options
 @attention_options
-@click.option("--prefix", "prefixes", default=None, metavar="MODES",
-              help="Comma-separated: free (a rollout from the start image, the default), truth:K (loopworld: the "
-                   "first K chunks of the world's true render committed to the cache, the rest generated), or a "
-                   "video every job continues. Each job runs in every mode; prefixed jobs go to "
-                   "DIR/<config>@<mode>/ and are reported as <writer>@<mode> beside the free ones (docs/continue.md).")
-@click.option("-o", "--output", type=NonEmptyPath(path_type=Path), required=True, metavar="DIR",
-              help="Sweep folder: DIR/<config>/<cache>/<image>/seed<N>/ per job, DIR/failures.jsonl.")
+@option("--prefix", "prefixes", default=None, metavar="MODES",
+        note=". Comma-separated modes: free (a rollout from the start image, the default), truth:K or a video every "
+             "job continues; each job runs in every mode, prefixed jobs in DIR/<config>@<mode>/, reported as "
+             "<writer>@<mode> beside the free ones")
+@option("-o", "--output", type=NonEmptyPath(path_type=Path), required=True, metavar="DIR",
+        note=": the sweep folder, DIR/<config>/<cache>/<image>/seed<N>/ per job, DIR/failures.jsonl")
 def run_cmd(preset, full, configs, caches, images, prompts, worlds, seeds, chunks, metrics, shard, device, dtype, checkpoint,
             random_weights, progress, rope_precision, compile_mode, overlap_decode, attention_stats, attention_queries,
             prefixes, output, **memory):
@@ -164,10 +159,9 @@ def run_cmd(preset, full, configs, caches, images, prompts, worlds, seeds, chunk
 
 @loopbench.command("report")
 @click.argument("sweep_dir", type=click.Path(path_type=Path), metavar="DIR")
-@click.option("-o", "--output", type=NonEmptyPath(path_type=Path), default=None, metavar="DEST",
-              help="Folder for the report (default: DIR).")
-@click.option("--print", "print_markdown", is_flag=True,
-              help="Print report.md on stdout instead of its path.")
+@option("-o", "--output", type=NonEmptyPath(path_type=Path), default=None, metavar="DEST",
+        note=": the report's folder", default_text="DIR")
+@option("--print", "print_markdown", is_flag=True, note="report.md")
 def report_cmd(sweep_dir, output, print_markdown):
     """Aggregate the complete runs of a sweep folder DIR into report.md / .csv / .json and plots.
 

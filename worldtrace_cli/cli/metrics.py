@@ -9,22 +9,21 @@ import click
 from ..schemas import versioned
 from .common import run_job
 from .options import NonEmptyPath
+from .shared_options import option
 
 
 @click.command("metrics")
 @click.argument("run_dir", type=click.Path(path_type=Path))
-@click.option("--level", "--metrics", "level", type=click.Choice(["fast", "all"]), default="all", show_default=True,
-              help="fast = TempSSIM (and GT-PSNR/SSIM for loopworld runs); all = + CLIP Scene Drift and PAC "
-                   "(builds the run's CLIP tower). --metrics is the same option, as generate, compare and "
-                   "loopbench name it.")
+@option("--level", "--metrics", "level", type=click.Choice(["fast", "all"]), default="all", show_default=True,
+        note="; --level is the same option")
 @click.option("--trajectory", type=click.Path(path_type=Path), default=None,
               help="Trajectory for revisit pairing (default: the one in summary.json). Ground truth always "
                    "follows the run's own trajectory; this one stands in only when that file is gone.")
-@click.option("--device", type=click.Choice(["auto", "cuda", "cpu"]), default="auto", show_default=True,
-              help="Where the CLIP tower runs for --level all (auto = cuda when available).")
-@click.option("-o", "--output", type=NonEmptyPath(path_type=Path), default=None,
-              help="Write the JSON here (default: RUN_DIR/metrics.json); its path is printed on stdout.")
-@click.option("--json", "print_json", is_flag=True, help="Print the JSON on stdout instead of the file's path.")
+@option("--device", type=click.Choice(["auto", "cuda", "cpu"]), default="auto", show_default=True,
+        note=" (the CLIP tower of --level all)")
+@option("-o", "--output", type=NonEmptyPath(path_type=Path), default=None,
+        note=": the JSON file, its path printed on stdout", default_text="RUN_DIR/metrics.json")
+@option("--json", "print_json", is_flag=True, note="the metrics (instead of the file's path)")
 def metrics_cmd(run_dir, level, trajectory, device, output, print_json):
     """Compute metrics afterwards from a finished or interrupted RUN_DIR (video.mp4 + chunks.jsonl).
 

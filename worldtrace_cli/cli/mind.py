@@ -10,6 +10,7 @@ import click
 
 from .common import run_job
 from .options import NonEmptyPath, device_options, memory_options, name_list, preset_option
+from .shared_options import option
 
 EVAL = click.Choice(["mind", "preset"])
 
@@ -36,25 +37,23 @@ def mind() -> None:
 @mind.command("run")
 @click.argument("clips", nargs=-1, required=True, type=click.Path(path_type=Path), metavar="CLIP...")
 @preset_option(default="loopworld", note="a universal-mode preset: MG2 universal, loopworld, tiny, LingBot-World")
-@click.option("--cache", "caches", default="sliding,field,landmark", show_default=True, metavar="W1,W2,...",
-              callback=name_list, help="Cache writers, each continuing every clip (one submission model each).")
+@option("--cache", "caches", default="sliding,field,landmark", show_default=True, metavar="W1,W2,...",
+        callback=name_list, note="s, comma-separated, each continuing every clip (one submission model each)")
 @click.option("--model", default="worldtrace", show_default=True,
               help="The submission's model name: <model>-<writer> per writer.")
-@click.option("--image", type=click.Path(path_type=Path), default=None,
-              help="Conditioning image (default: the clip's first frame).")
-@click.option("--seed", type=int, default=0, show_default=True, help="Noise seed.")
+@option("--image", type=click.Path(path_type=Path), default=None, default_text="the clip's first frame")
+@option("--seed", type=int, default=0, show_default=True, note="the noise")
 @click.option("--camera", type=click.Choice(["actions", "actor", "camera"]), default="actions", show_default=True,
               help="LingBot-World presets: drive the camera by the clip's action flags, or by its actor_* / "
                    "camera_* poses written as --poses (Unreal axes and centimetres assumed: MIND documents neither).")
-@click.option("--eval-size", type=EVAL, default="mind", show_default=True,
-              help="Score at MIND's 1280x720 (its evaluator's resize) or at the preset's own size.")
-@click.option("--random-weights", is_flag=True, help="Random DiT weights (a checkpoint preset without its folder).")
-@click.option("--checkpoint", type=click.Path(path_type=Path), default=None, help="The preset's checkpoint folder.")
+@option("--eval-size", type=EVAL, default="mind", show_default=True, note="; preset = the preset's own size")
+@option("--random-weights", is_flag=True)
+@option("--checkpoint", type=click.Path(path_type=Path), default=None)
 @device_options
 @memory_options
-@click.option("--overwrite", is_flag=True, help="Replace runs and submission videos already in OUT.")
-@click.option("-o", "--output", type=NonEmptyPath(path_type=Path), required=True, metavar="OUT",
-              help="OUT/runs/... (run folders), OUT/submission/<model>/..., OUT/result_<model>.json, OUT/mind.md.")
+@option("--overwrite", is_flag=True, note=" (runs and submission videos)")
+@option("-o", "--output", type=NonEmptyPath(path_type=Path), required=True, metavar="OUT",
+        note=": OUT/runs/... (run folders), OUT/submission/<model>/..., OUT/result_<model>.json, OUT/mind.md")
 def run_cmd(clips, preset, caches, model, image, seed, camera, eval_size, random_weights, checkpoint, device, dtype,
             overwrite, output, **memory):
     """Continue MIND clips (CLIP: a clip folder) with each writer; write the submission and results.
@@ -80,12 +79,12 @@ def run_cmd(clips, preset, caches, model, image, seed, camera, eval_size, random
 
 @mind.command("score")
 @click.argument("submission", type=click.Path(path_type=Path), metavar="MODEL_DIR")
-@click.option("--data", "data_root", type=click.Path(path_type=Path), required=True, metavar="MIND_DATA",
-              help="MIND's data root: MIND_DATA/<1st_data|3rd_data>/test/<mem_test|action_space_test>/<clip>/.")
-@click.option("--eval-size", type=click.Choice(["mind", "native"]), default="mind", show_default=True,
-              help="MIND's 1280x720, or the submitted videos' own size.")
-@click.option("-o", "--output", type=NonEmptyPath(path_type=Path), default=None, metavar="FILE",
-              help="The result file (default: result_<model>.json beside MODEL_DIR).")
+@option("--data", "data_root", type=click.Path(path_type=Path), required=True, metavar="MIND_DATA",
+        note=": MIND's root, MIND_DATA/<1st_data|3rd_data>/test/<mem_test|action_space_test>/<clip>/")
+@option("--eval-size", type=click.Choice(["mind", "native"]), default="mind", show_default=True,
+        note="; native = the submitted videos' own size")
+@option("-o", "--output", type=NonEmptyPath(path_type=Path), default=None, metavar="FILE", note=": the result file",
+        default_text="result_<model>.json beside MODEL_DIR")
 def score_cmd(submission, data_root, eval_size, output):
     """Score a submission (MODEL_DIR/<perspective>/<test>/<clip>/video.mp4, any tool's) against MIND's
     data as MIND's evaluator does (the lcm group), into MIND's result file. Prints its path."""
@@ -120,12 +119,12 @@ def show_cmd(result):
 
 @mind.command("clip")
 @click.argument("trajectory", type=click.Path(path_type=Path))
-@click.option("--world-seed", type=int, default=0, show_default=True, help="loopworld's world to render.")
+@option("--world-seed", type=int, default=0, show_default=True, note="; the clip is its render")
 @click.option("--mark-chunks", type=click.IntRange(1), required=True, metavar="K",
               help="mark_time at the end of the first K chunks (4F-3 + 4F(K-1) frames: 9, 21, 33, 45 ...).")
-@click.option("--chunks", type=click.IntRange(1), default=None, help="The clip's length in chunks (default: the trajectory's).")
-@click.option("-o", "--output", type=NonEmptyPath(path_type=Path), required=True, metavar="CLIP_DIR",
-              help="The clip folder (video.mp4 + action.json).")
+@option("--chunks", type=click.IntRange(1), default=None, default_text="the trajectory's length")
+@option("-o", "--output", type=NonEmptyPath(path_type=Path), required=True, metavar="CLIP_DIR",
+        note=": the clip folder (video.mp4 + action.json)")
 def clip_cmd(trajectory, world_seed, mark_chunks, chunks, output):
     """Render a clip in MIND's format from loopworld's true render along TRAJECTORY (universal mode; its
     actions become MIND's flags and poses), for tests and demos with a known truth."""

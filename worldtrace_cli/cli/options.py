@@ -6,8 +6,8 @@ from pathlib import Path
 
 import click
 
-from ..config.backbones import BACKBONES, titles_where
 from ..writer_options import POSITION_SCHEMES
+from .shared_options import option
 
 
 class _SeedRange(click.IntRange):
@@ -38,34 +38,20 @@ def overall_progress(value) -> tuple[bool, bool]:
     return value, value
 
 
-def preset_option(default: str | None = None, note: str = ""):
+def preset_option(default: str | None = None, note: str = "", param: str | None = None, **attrs):
     """``--preset NAME|FILE``, one help text for every command (``note``: what this command does with it,
-    or its default when ``default`` is None)."""
-    from ..config import preset_names
-
-    text = (f"Model preset: a built-in name ({', '.join(preset_names())}; `worldtrace presets` describes "
-            "them with their backbone and weights) or a preset YAML file" + (f"; {note}" if note else "") + ".")
-    return click.option("--preset", default=default, show_default=default is not None, metavar="NAME|FILE",
-                        help=text)
+    or its default when ``default`` is None; ``param``: the parameter's name when not ``preset``)."""
+    if not attrs.get("required"):
+        attrs.update(default=default, show_default=default is not None)
+    return option("--preset", *([param] if param else []), metavar="NAME|FILE", note=f"; {note}" if note else "",
+                  **attrs)
 
 
 def checkpoint_option(command):
     """``--checkpoint DIR`` and ``--random-weights``, one help text for every command, from the backbone
     registry (each backbone's folder)."""
-    from pathlib import Path
-
-    folders = "; ".join(f"{row.title}: {row.checkpoint_folder}" for row in BACKBONES.values())
-    command = click.option("--random-weights", is_flag=True,
-                           help="Run a checkpoint preset at full size with seeded random weights (no folder).")(command)
-    return click.option("--checkpoint", type=click.Path(path_type=Path), default=None, metavar="DIR",
-                        help=f"The weights folder of a checkpoint preset ({folders}); presets with random or "
-                             f"bundled weights take none. Its files are checked before anything loads.")(command)
-
-
-def prompt_help(note: str = "") -> str:
-    """``--prompt``'s help, from the backbone registry (who takes a prompt)."""
-    return (f"{titles_where(lambda r: r.run_prompt or r.takes_prompts)} presets: the text prompt"
-            + (f" {note}" if note else "") + ".")
+    command = option("--random-weights", is_flag=True)(command)
+    return option("--checkpoint", type=click.Path(path_type=Path), default=None, metavar="DIR")(command)
 
 
 SEED = _SeedRange(0, 2**63 - 1)  # noise seeds (torch generators take 64-bit seeds)
@@ -89,15 +75,11 @@ def device_options(command):
     """``--device auto|cuda|cpu``, ``--dtype auto|bf16|fp32`` (parameters ``device``, ``dtype``) and
     ``--threads N`` (applied at parse time, no parameter), the same for every command that runs the
     model (:func:`~worldtrace_cli.engine.pipeline.resolve_device`, :func:`~worldtrace_cli.engine.pipeline.resolve_dtype`)."""
-    command = click.option("--threads", type=click.IntRange(1, 1024), default=None, expose_value=False,
-                           callback=_set_threads, is_eager=True,
-                           help="CPU threads for torch (default: torch's, one per core). On a shared or busy "
-                                "machine fewer threads can be much faster: a 2-core machine running two "
-                                "processes ran 5x slower with the default than with --threads 1.")(command)
-    command = click.option("--dtype", type=click.Choice(["auto", "bf16", "fp32"]), default="auto", show_default=True,
-                           help="auto = bf16 on cuda, fp32 on cpu.")(command)
-    return click.option("--device", type=click.Choice(["auto", "cuda", "cpu"]), default="auto", show_default=True,
-                        help="auto = cuda when available, else cpu (loopbench under torchrun: the LOCAL_RANK GPU).")(command)
+    command = option("--threads", type=click.IntRange(1, 1024), default=None, expose_value=False,
+                     callback=_set_threads, is_eager=True, default_text="torch's")(command)
+    command = option("--dtype", type=click.Choice(["auto", "bf16", "fp32"]), default="auto", show_default=True)(command)
+    return option("--device", type=click.Choice(["auto", "cuda", "cpu"]), default="auto", show_default=True,
+                  note=" (loopbench under torchrun: the LOCAL_RANK GPU)")(command)
 
 
 def speed_options(command):
@@ -105,21 +87,15 @@ def speed_options(command):
     ``--rope-precision``, ``--compile``, ``--overlap-decode`` -> parameters ``rope_precision``,
     ``compile_mode``, ``overlap_decode``); :func:`speed_config` turns them into RunConfig fields."""
     options = [
-        click.option("--rope-precision", type=click.Choice(["float32", "float64"]), default="float32",
-                     show_default=True,
-                     help="dtype of the RoPE tables and rotation; float64 is MG2's own arithmetic (both replay "
-                          "the official fixtures within 4e-6)."),
-        click.option("--compile", "compile_mode", type=click.Choice(["none", "default", "reduce-overhead",
-                                                                     "max-autotune"]),
-                     default="none", show_default=True,
-                     help="torch.compile the DiT blocks (the first chunk of a process pays tens of seconds of "
-                          "compilation); reduce-overhead and max-autotune add CUDA graphs on a GPU."),
+        option("--rope-precision", type=click.Choice(["float32", "float64"]), default="float32", show_default=True),
+        option("--compile", "compile_mode", type=click.Choice(["none", "default", "reduce-overhead", "max-autotune"]),
+               default="none", show_default=True),
         click.option("--overlap-decode", is_flag=True,
                      help="Decode each chunk while the next one is generated (side CUDA stream; worker thread "
                           "on CPU, where it does not pay)."),
     ]
-    for option in reversed(options):
-        command = option(command)
+    for add in reversed(options):
+        command = add(command)
     return command
 
 
@@ -132,14 +108,9 @@ def attention_options(command):
     """``--attention-stats`` and ``--attention-queries N`` of generate, compare and loopbench run
     (parameters ``attention_stats``, ``attention_queries``); :func:`attention_config` turns them into
     RunConfig fields."""
-    command = click.option("--attention-queries", type=click.IntRange(1), default=None, metavar="N",
-                           help="With --attention-stats: measure a seeded sample of N query tokens per layer "
-                                "instead of all of them (faster on full-size models; the record says so).")(command)
-    return click.option("--attention-stats", is_flag=True,
-                        help="Measure each chunk's attention per cache slot (the share of the softmax mass of its "
-                             "last denoising step on each slot and on the chunk itself, per layer): in "
-                             "chunks.jsonl, cache_timeline.png, summary.json's recall attention on return legs. "
-                             "Exact, without the attention matrix; frames unchanged (docs/attention.md).")(command)
+    command = option("--attention-queries", type=click.IntRange(1), default=None, metavar="N")(command)
+    return option("--attention-stats", is_flag=True,
+                  note=": in chunks.jsonl, cache_timeline.png, summary.json's recall attention on return legs")(command)
 
 
 def attention_config(attention_stats: bool, attention_queries: int | None) -> dict:
@@ -162,12 +133,8 @@ def prefix_options(command):
     command = click.option("--prefix-chunks", type=click.IntRange(1), default=None, metavar="K",
                            help="With --prefix: commit only the clip's first K chunks (4F-3 + 4F(K-1) pixel "
                                 "frames: 9, 21, 33 ... for MG2); the frames after them score the continuation.")(command)
-    return click.option("--prefix", default=None, metavar="VIDEO",
-                        help="Continue a real video: its chunks (an MP4 or a folder of frames, resized to the "
-                             "preset; truth:K = loopworld's true render of the first K chunks) are encoded by "
-                             "the VAE and committed to the cache through the writer instead of generated; "
-                             "generation goes on after them. --chunks counts them too. Its first frame is "
-                             "the start image unless --image is given (docs/continue.md).")(command)
+    return option("--prefix", default=None, metavar="VIDEO",
+                  note=". Its first frame is the start image unless --image is given")(command)
 
 
 def prefix_config(prefix: str | None, prefix_chunks: int | None, reference: Path | None) -> dict:
@@ -241,15 +208,14 @@ def _flag_check(writer_flag):
     return callback
 
 
-def cache_help(prefix: str, suffix: str = "", about: bool = False) -> str:
-    """``--cache``'s help: ``prefix``, every runnable writer spec from the registry (a writer added
-    there appears here; with ``about``, each with its row's one line), ``suffix``."""
-    from ..writer_options import WRITER_OPTIONS, writer_specs
+def writer_flag_help(name: str) -> str:
+    """The help of writer setting ``name`` (``landmark_threshold``): the writers that read it, its own text and
+    default, from the registry (one text wherever the flag is offered)."""
+    from ..writer_options import writer_flags
 
-    if about:
-        specs = [f"{spec}: {WRITER_OPTIONS[spec.split(':')[0]].about}" for spec in writer_specs()]
-        return f"{prefix}{'; '.join(specs)} (docs/memory.md).{suffix}"
-    return f"{prefix}{', '.join(writer_specs())} (docs/memory.md).{suffix}"
+    writer_flag, writers = writer_flags()[name]
+    default = "" if "default" in writer_flag.help else _writer_default(name, writers)
+    return f"{', '.join(writers)}: {writer_flag.help}{default}."
 
 
 def memory_options(command):
@@ -268,19 +234,16 @@ def memory_options(command):
     options = [
         click.option("--positions", type=click.Choice(POSITION_SCHEMES),
                      default=None, help="Position scheme override (default: the writer's)."),
-        click.option("--budget", type=click.IntRange(0), default=None,
-                     help="Past latent-frame slots the cache holds = summary + recent (default: the writer's; "
-                          "sliding: MG2's own 3, gta_drive 1; WorldTrace writers and memrope: the model's window, 6, gta_drive 4)."),
+        option("--budget", type=click.IntRange(0), default=None),
         click.option("--summary-slots", type=click.IntRange(0), default=None,
                      help="N_s summary slots (WorldTrace writers; default window - 2: 4, gta_drive 2)."),
         click.option("--recent-slots", type=click.IntRange(1), default=None, help="N_r verbatim recent slots (default 2)."),
     ]
     types = {"int": int, "float": float, "str": str, "path": click.Path(path_type=Path)}
     for name, (writer_flag, writers) in writer_flags().items():
-        default = "" if "default" in writer_flag.help else _writer_default(name, writers)
         options.append(click.option(writer_flag.option, name, type=types[writer_flag.kind], default=None,
                                     metavar=writer_flag.metavar, callback=_flag_check(writer_flag),
-                                    help=f"{', '.join(writers)}: {writer_flag.help}{default}."))
-    for option in reversed(options):
-        command = option(command)
+                                    help=writer_flag_help(name)))
+    for add in reversed(options):
+        command = add(command)
     return command

@@ -10,8 +10,8 @@ from pathlib import Path
 import click
 
 from .common import run_job
-from .options import (SEED, cache_help, checkpoint_option, device_options, memory_options, preset_option,
-                      prompt_help)
+from .options import SEED, checkpoint_option, device_options, memory_options, preset_option
+from .shared_options import MODEL_CACHE, option
 
 log = logging.getLogger("worldtrace")
 
@@ -65,22 +65,18 @@ def check_port(host: str, port: int) -> None:
 @click.command("play")
 @preset_option("loopworld", note="of a backbone that runs live (loopworld walks a world with ground truth; "
                                  "LingBot-World: the keys drive its camera; text-to-video: a prompt box)")
-@click.option("--cache", default=None, metavar="WRITER",
-              help=cache_help("The first writer (the page switches writers and opens a second one beside it): ",
-                              " Default: the model's own cache (MG2: sliding)."))
+@option("--cache", default=None, metavar="WRITER", default_text=MODEL_CACHE,
+        note=" the page starts with (it switches writers and opens a second one beside it)")
 @checkpoint_option
-@click.option("--image", type=click.Path(path_type=Path), default=None,
-              help="Conditioning image (loopworld: its world's start view unless given, then without ground truth).")
-@click.option("--world-seed", type=SEED, default=0, show_default=True, help="loopworld: the world to walk.")
-@click.option("--seed", type=SEED, default=0, show_default=True, help="Noise seed.")
+@option("--image", type=click.Path(path_type=Path), default=None,
+        note="; loopworld starts from its world's view unless this is given, then without ground truth")
+@option("--world-seed", type=SEED, default=0, show_default=True)
+@option("--seed", type=SEED, default=0, show_default=True, note="the noise")
 @memory_options
 @device_options
-@click.option("--compile", "compile_mode", type=click.Choice(["none", "default", "reduce-overhead", "max-autotune"]),
-              default="none", show_default=True,
-              help="torch.compile the DiT blocks (on a GPU: reduce-overhead is the fast path; the first chunk "
-                   "pays the compilation).")
-@click.option("--metrics", type=click.Choice(["none", "fast", "all"]), default="fast", show_default=True,
-              help="Per-chunk metrics (fast: TempSSIM, LatentDiff and GT-PSNR on loopworld).")
+@option("--compile", "compile_mode", type=click.Choice(["none", "default", "reduce-overhead", "max-autotune"]),
+        default="none", show_default=True, note=" (on a GPU reduce-overhead is the fast path)")
+@option("--metrics", type=click.Choice(["none", "fast", "all"]), default="fast", show_default=True)
 @click.option("--host", default="127.0.0.1", show_default=True,
               help="Address to bind. Anything but the loopback exposes the model to your network.")
 @click.option("--port", type=click.IntRange(0, 65535), default=8000, show_default=True,
@@ -91,13 +87,10 @@ def check_port(host: str, port: int) -> None:
               help="Where every session is recorded as a run folder (video.mp4, chunks.jsonl, summary.json, "
                    "trajectory.yaml that worldtrace generate replays).")
 @click.option("--no-record", is_flag=True, help="Do not record sessions (nothing is written; save is off).")
-@click.option("--prompt", default=None,
-              help=prompt_help("of every session (LingBot-World: its prompt, the keys drive the camera)"))
-@click.option("--attention-stats/--no-attention-stats", default=True, show_default=True,
-              help="Measure each chunk's attention per cache slot (the cache panel's shares; recorded in "
-                   "chunks.jsonl); --no-attention-stats leaves it out (docs/attention.md; its cost: docs/performance.md).")
-@click.option("--attention-queries", type=click.IntRange(1), default=None, metavar="N",
-              help="With --attention-stats: a seeded sample of N query tokens per layer instead of all of them.")
+@option("--prompt", default=None, note=" of every session (LingBot-World: its prompt, the keys drive the camera)")
+@option("--attention-stats/--no-attention-stats", default=True, show_default=True,
+        note=": the cache panel's shares, recorded in chunks.jsonl; --no-attention-stats leaves it out")
+@option("--attention-queries", type=click.IntRange(1), default=None, metavar="N")
 @click.option("--start-running", is_flag=True,
               help="The world runs as soon as a page opens (idle chunks until a key is held). By default it "
                    "waits for the first key or drag, so a recording starts with what you did.")

@@ -9,6 +9,7 @@ import click
 
 from .common import run_job
 from .options import SEED, NonEmptyPath, preset_option
+from .shared_options import option
 
 
 def _settings(steps, minutes, lr, warmup, seed, threads, save_every, log_every, ema=0.0):
@@ -38,28 +39,28 @@ class _StopFlag:
 def loop_options(default_steps: int, default_lr: float):
     """Options every trainer takes: budget, schedule, seed, threads, output folder."""
     def wrap(command):
-        for option in reversed([
-            click.option("-o", "--output", type=NonEmptyPath(path_type=Path), required=True, metavar="DIR",
-                         help="Training folder (created; rerun the same command to continue a stopped run)."),
+        for add in reversed([
+            option("-o", "--output", type=NonEmptyPath(path_type=Path), required=True, metavar="DIR",
+                   note=": the training folder (created; rerun the same command to continue a stopped run)"),
             click.option("--steps", type=click.IntRange(1), default=default_steps, show_default=True,
                          help="Optimiser steps in all."),
             click.option("--minutes", type=click.FloatRange(0), default=0.0, show_default=True,
                          help="Stop this invocation after this many minutes (0: no limit); rerun to continue."),
             click.option("--lr", type=click.FloatRange(0, min_open=True), default=default_lr, show_default=True,
                          help="Peak learning rate (AdamW; warm-up then cosine to lr/10)."),
-            click.option("--warmup", type=click.IntRange(0), default=100, show_default=True),
-            click.option("--seed", type=SEED, default=0, show_default=True, help="Seeds data and noise."),
-            click.option("--threads", type=click.IntRange(1), default=1, show_default=True,
-                         help="torch CPU threads (1 is fastest on a busy 2-core machine)."),
-            click.option("--save-every", type=click.IntRange(1), default=250, show_default=True,
-                         help="Steps between saved training states."),
+            option("--warmup", type=click.IntRange(0), default=100, show_default=True,
+                   note="optimiser steps of linear learning-rate warm-up before the cosine"),
+            option("--seed", type=SEED, default=0, show_default=True, note="the data and the noise"),
+            option("--threads", type=click.IntRange(1), default=1, show_default=True),
+            option("--save-every", type=click.IntRange(1), default=250, show_default=True,
+                   note="optimiser steps (the training state)"),
             click.option("--log-every", type=click.IntRange(1), default=25, show_default=True,
                          help="Steps between lines of DIR/loss.jsonl (mean loss of the window, learning rate, "
                               "seconds since this invocation started; 1 times every step)."),
             click.option("--no-progress/--progress", "no_progress", default=False,
                          help="No progress bar (default: --progress, on stderr)."),
         ]):
-            command = option(command)
+            command = add(command)
         return command
     return wrap
 
@@ -84,11 +85,11 @@ def train():
 
 @train.command("vae")
 @loop_options(default_steps=2000, default_lr=1e-3)
-@click.option("--batch", type=click.IntRange(1), default=4, show_default=True, help="Clips per clip step.")
+@option("--batch", type=click.IntRange(1), default=4, show_default=True)
 @click.option("--clip-frames", type=click.IntRange(5), default=9, show_default=True,
               help="Pixel frames per clip (1 + 4k): 9 for the first stage, 33 for the long-video stage.")
-@click.option("--init", type=click.Path(exists=True, dir_okay=False, path_type=Path), default=None,
-              help="Start from an earlier stage's vae.safetensors.")
+@option("--init", type=click.Path(exists=True, dir_okay=False, path_type=Path), default=None,
+        note=" (an earlier stage's vae.safetensors)")
 @click.option("--decoder-only", is_flag=True,
               help="Train only the decoder of --init: its latents stay bit-identical, so encoded clips and a "
                    "DiT trained on them stay valid (sharper pictures from the same latents).")
@@ -114,13 +115,12 @@ def train_vae_cmd(output, steps, minutes, lr, warmup, seed, threads, save_every,
 
 
 @train.command("encode")
-@click.option("--vae", "vae_weights", type=click.Path(exists=True, dir_okay=False, path_type=Path), required=True,
-              help="The trained VAE (DIR/vae.safetensors of `train vae`).")
-@click.option("-o", "--output", type=NonEmptyPath(path_type=Path), required=True, metavar="DIR",
-              help="Data folder (shards clips-NNNNN.safetensors; rerun to continue or to add shards).")
+@option("--vae", "vae_weights", type=click.Path(exists=True, dir_okay=False, path_type=Path), required=True)
+@option("-o", "--output", type=NonEmptyPath(path_type=Path), required=True, metavar="DIR",
+        note=": the data folder (shards clips-NNNNN.safetensors; rerun to continue or to add shards)")
 @click.option("--shards", type=click.IntRange(1), default=100, show_default=True, help="Shards of 32 clips wanted.")
-@click.option("--seed", type=SEED, default=0, show_default=True,
-              help="Seed of the rendered worlds, trajectories and clip layout (shards of another seed are other clips).")
+@option("--seed", type=SEED, default=0, show_default=True,
+        note="the rendered worlds, trajectories and clip layout (shards of another seed are other clips)")
 @click.option("--late", type=click.FloatRange(0, 1), default=0.7, show_default=True,
               help="Share of clips taken far into a rollout (constant conditioning) rather than at its start.")
 @click.option("--loop", type=click.FloatRange(0, 1), default=0.85, show_default=True,
@@ -135,10 +135,9 @@ def train_vae_cmd(output, steps, minutes, lr, warmup, seed, threads, save_every,
               help="The worlds' style: procedural = the textured city (loopworld's); towers = 2x2-cell towers in "
                    "solid colours with a heading-tinted sky and a sun, drawn for a small model (docs/loopworld.md; "
                    "docs/loopworld.md).")
-@click.option("--threads", type=click.IntRange(1), default=1, show_default=True,
-              help="CPU threads for torch (1 is fastest beside other work on a small machine).")
-@click.option("--device", type=click.Choice(["auto", "cuda", "cpu"]), default="cpu", show_default=True,
-              help="Where the VAE encodes (auto: CUDA when available); frames are rendered on the CPU.")
+@option("--threads", type=click.IntRange(1), default=1, show_default=True)
+@option("--device", type=click.Choice(["auto", "cuda", "cpu"]), default="cpu", show_default=True,
+        note=" (the VAE; frames are rendered on the CPU)")
 @click.option("--workers", type=click.IntRange(0, 128), default=0, show_default=True,
               help="Processes that render shards while this one encodes them, a shard's clips batched per VAE "
                    "call off the CPU (the same clips): for a GPU, e.g. --device cuda --workers 12 beside `train "
@@ -164,18 +163,18 @@ def train_encode_cmd(vae_weights, output, shards, seed, late, loop, max_angle, v
 
 
 @train.command("dit")
-@click.option("--data", type=click.Path(exists=True, file_okay=False, path_type=Path), required=True,
-              help="Data folder of `train encode` (re-scanned for new shards while training).")
+@option("--data", type=click.Path(exists=True, file_okay=False, path_type=Path), required=True,
+        note=" of `train encode` (re-scanned for new shards while training)")
 @preset_option("loopworld", note="its DiT configuration is trained")
 @loop_options(default_steps=4000, default_lr=1e-3)
-@click.option("--batch", type=click.IntRange(1), default=4, show_default=True, help="Clips per optimiser step.")
+@option("--batch", type=click.IntRange(1), default=4, show_default=True)
 @click.option("--return-weight", type=click.FloatRange(1), default=3.0, show_default=True,
               help="Loss weight of the latent frame where a loop returns to its first pose.")
 @click.option("--start-share", type=click.FloatRange(0, 1), default=None,
               help="Probability that a clip from a rollout's start trains its chunk 0 (the start image's "
                    "chunk) rather than chunk 1 or 2. Default 1/6 (the first 3,965 steps of the shipped DiT; its last 1,900 used 0.5).")
-@click.option("--init", type=click.Path(exists=True, dir_okay=False, path_type=Path), default=None,
-              help="Start from these DiT weights (an earlier run's dit.safetensors) instead of random ones.")
+@option("--init", type=click.Path(exists=True, dir_okay=False, path_type=Path), default=None,
+        note=" (an earlier run's dit.safetensors)")
 @click.option("--self-context", type=click.FloatRange(0, 1), default=0.0, show_default=True,
               help="Probability that a clip's context chunks are the model's own samples (the product's sampler) "
                    "instead of the clean latents, so it learns to continue from its own output (exposure bias); "
@@ -184,19 +183,18 @@ def train_encode_cmd(vae_weights, output, shards, seed, late, loop, max_angle, v
               help="Largest noise level (sigma) of the context chunks: each clip's context passes read its context "
                    "latents noised to sigma ~ U(0, this) at timestep 1000 sigma, so the model learns to read imperfect "
                    "context (noise augmentation against drift, as GameNGen); sample with the preset's context_noise.")
-@click.option("--ema", type=click.FloatRange(0, 1, max_open=True), default=0.0, show_default=True,
-              help="Also keep a moving average of the weights with this decay (e.g. 0.999), written to "
-                   "DIR/dit-ema.safetensors beside the weights (0: none).")
-@click.option("--device", type=click.Choice(["auto", "cuda", "cpu"]), default="cpu", show_default=True,
-              help="Where the DiT trains (auto: CUDA when available). A run may be continued on another device.")
+@option("--ema", type=click.FloatRange(0, 1, max_open=True), default=0.0, show_default=True,
+        note=": also kept, with this decay (e.g. 0.999; 0: none)")
+@option("--device", type=click.Choice(["auto", "cuda", "cpu"]), default="cpu", show_default=True,
+        note=" (the DiT trains; a run may be continued on another device)")
 @click.option("--batched", is_flag=True,
               help="Run a step's --batch clips together, one DiT call per chunk for the clips that share a target "
                    "chunk, instead of one clip at a time (same loss, another random stream): 15-20 % faster per "
                    "clip on a CPU; on a GPU use it with a large --batch (e.g. 512: a step is dispatch-bound there).")
-@click.option("--compile", "compile_mode", type=click.Choice(["none", "default"]), default="none", show_default=True,
-              help="torch.compile the DiT blocks' pure parts for training (symbolic batch sizes): the same losses with "
-                   "less than half the ATen calls per step, for GPUs, where each is a kernel launch; the first step "
-                   "compiles for minutes (6.5 on 2 CPU cores for loopworld).")
+@option("--compile", "compile_mode", type=click.Choice(["none", "default"]), default="none", show_default=True,
+        note=" (their pure parts for training, symbolic batch sizes: the same losses with less than half the ATen "
+             "calls per step, for GPUs, where each is a kernel launch; loopworld's first step compiles for 6.5 "
+             "minutes on 2 CPU cores)")
 @click.option("--precision", type=click.Choice(["float32", "tf32", "bf16"]), default="float32", show_default=True,
               help="Arithmetic of the training steps: float32 (IEEE, the same losses on CPU and GPU); tf32 (CUDA "
                    "only: float32 matrix products on TF32 tensor cores); bf16 (mixed precision: forward passes under "
@@ -230,26 +228,25 @@ def train_dit_cmd(data, preset, output, steps, minutes, lr, warmup, seed, thread
 
 @train.command("eval")
 @click.argument("dit_dir", type=click.Path(exists=True, file_okay=False, path_type=Path))
-@click.option("--vae", "vae_weights", type=click.Path(exists=True, dir_okay=False, path_type=Path), required=True,
-              help="The VAE weights (vae.safetensors of `train vae`) that encode the held-out clips.")
+@option("--vae", "vae_weights", type=click.Path(exists=True, dir_okay=False, path_type=Path), required=True,
+        note=" that encodes the held-out clips")
 @preset_option(note="its DiT configuration; default: the one DIT_DIR/settings.json names (needed for a folder "
                     "holding only dit.safetensors, e.g. weights trained elsewhere)")
-@click.option("--data", type=click.Path(file_okay=False, path_type=Path), default=None, metavar="DIR",
-              help="Folder where the held-out clips are cached (default: the run's data folder, else DIT_DIR); "
-                   "its late conditioning is computed from --vae when it has none.")
+@option("--data", type=click.Path(file_okay=False, path_type=Path), default=None, metavar="DIR",
+        note=" where the held-out clips are cached (its late conditioning is computed from --vae when it has none)",
+        default_text="the run's data folder, else DIT_DIR")
 @click.option("--clips", type=click.IntRange(2), default=64, show_default=True, help="Held-out loop clips.")
 @click.option("--rollouts", type=click.IntRange(0), default=8, show_default=True,
               help="Held-out random walks for the drift test (0: skip it).")
 @click.option("--rollout-chunks", type=click.IntRange(2), default=8, show_default=True,
               help="Chunks per drift-test walk.")
-@click.option("--ema", "use_ema", is_flag=True, help="Test the weights' moving average (DIR/dit-ema.safetensors).")
+@option("--ema", "use_ema", is_flag=True, note=": tested instead of the weights")
 @click.option("--pictures", type=click.Path(dir_okay=False, path_type=Path), default=None, metavar="PNG",
               help="Also write the first 2 drift-test walks as a picture: truth, teacher-forced, free rollout.")
-@click.option("--threads", type=click.IntRange(1), default=1, show_default=True,
-              help="CPU threads for torch (1 is fastest beside other work on a small machine).")
-@click.option("-o", "--output", type=click.Path(dir_okay=False, path_type=Path), default=None, metavar="JSON",
-              help="Where the results go (default: DIT_DIR/eval.json); its path is printed on stdout.")
-@click.option("--print", "show", is_flag=True, help="Print the JSON on stdout instead of the file's path.")
+@option("--threads", type=click.IntRange(1), default=1, show_default=True)
+@option("-o", "--output", type=click.Path(dir_okay=False, path_type=Path), default=None, metavar="JSON",
+        note=": the JSON file, its path printed on stdout", default_text="DIT_DIR/eval.json")
+@option("--print", "show", is_flag=True, note="the JSON (eval.json)")
 def train_eval_cmd(dit_dir, vae_weights, preset, data, clips, rollouts, rollout_chunks, use_ema, pictures, threads,
                    output, show):
     """Memory and drift tests of a DiT folder (writes eval.json and prints its path; held-out clips are
@@ -309,17 +306,17 @@ def train_eval_cmd(dit_dir, vae_weights, preset, data, clips, rollouts, rollout_
 
 
 @train.command("grow")
-@click.option("--preset", "target", required=True, metavar="NAME|FILE",
-              help="Preset of the grown DiT: the source's DiT with more blocks (num_layers; action_config.blocks "
-                   "may list the new ones).")
+@preset_option(param="target", required=True,
+               note="the grown DiT's: the source's DiT with more blocks (num_layers; action_config.blocks may list "
+                    "the new ones)")
 @click.option("--from", "source", default="loopworld", show_default=True, metavar="NAME|FILE",
               help="Preset of the DiT that is grown.")
-@click.option("--dit", "dit_file", type=click.Path(exists=True, dir_okay=False, path_type=Path), default=None,
-              help="The DiT to grow (a dit.safetensors of `train dit`; default: the --from preset's bundled weights).")
-@click.option("-o", "--output", type=NonEmptyPath(dir_okay=False, path_type=Path), required=True,
-              help="Grown DiT weights (float32 safetensors) for `train dit --preset PRESET --init FILE`.")
-@click.option("--seed", type=SEED, default=0, show_default=True,
-              help="Seeds the weights of action modules that no old block provides.")
+@option("--dit", "dit_file", type=click.Path(exists=True, dir_okay=False, path_type=Path), default=None,
+        note=" to grow", default_text="the --from preset's bundled weights")
+@option("-o", "--output", type=NonEmptyPath(dir_okay=False, path_type=Path), required=True,
+        note=": the grown DiT weights (float32 safetensors) for `train dit --preset PRESET --init FILE`")
+@option("--seed", type=SEED, default=0, show_default=True,
+        note="the weights of action modules that no old block provides")
 def train_grow_cmd(target, source, dit_file, output, seed):
     """Grow a trained DiT deeper without changing its outputs: old blocks keep their order, each new
     block copies the old block before it with its residual-output projections zeroed (identity at
@@ -337,12 +334,10 @@ def train_grow_cmd(target, source, dit_file, output, seed):
 
 
 @train.command("export")
-@click.option("--dit", "dit_weights", type=click.Path(exists=True, dir_okay=False, path_type=Path), required=True,
-              help="DIR/dit.safetensors of `train dit`.")
-@click.option("--vae", "vae_weights", type=click.Path(exists=True, dir_okay=False, path_type=Path), required=True,
-              help="DIR/vae.safetensors of `train vae`.")
-@click.option("-o", "--output", type=NonEmptyPath(dir_okay=False, path_type=Path), required=True,
-              help="Bundle file (the loopworld preset reads worldtrace_cli/presets/loopworld.safetensors).")
+@option("--dit", "dit_weights", type=click.Path(exists=True, dir_okay=False, path_type=Path), required=True)
+@option("--vae", "vae_weights", type=click.Path(exists=True, dir_okay=False, path_type=Path), required=True)
+@option("-o", "--output", type=NonEmptyPath(dir_okay=False, path_type=Path), required=True,
+        note=": the bundle file (the loopworld preset reads worldtrace_cli/presets/loopworld.safetensors)")
 @click.option("--dit-format", type=click.Choice(["float16", "int8"]), default="float16", show_default=True,
               help="How the DiT is stored. int8: its matrices as int8 with one float32 scale per output row "
                    "(about half float16's bytes; read back as floats: on a 3x loopworld DiT the GT-PSNR of 4 "

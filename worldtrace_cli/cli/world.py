@@ -8,6 +8,7 @@ import click
 
 from .common import run_job
 from .options import SEED, NonEmptyPath, preset_option
+from .shared_options import option
 
 
 @click.group("world")
@@ -17,12 +18,12 @@ def world():
 
 @world.command("render")
 @click.argument("trajectory", type=click.Path(path_type=Path))
-@click.option("--world-seed", type=SEED, default=0, show_default=True, help="Which world.")
-@click.option("--chunks", type=click.IntRange(1, 100_000), default=None,
-              help="Chunks to cover (default: the trajectory's length), as `generate --chunks`.")
+@option("--world-seed", type=SEED, default=0, show_default=True)
+@option("--chunks", type=click.IntRange(1, 100_000), default=None, default_text="the trajectory's length",
+        note="; the render covers them, as `generate --chunks` does")
 @preset_option("loopworld", note="the frame size and fps come from it")
-@click.option("-o", "--output", type=NonEmptyPath(path_type=Path), required=True, metavar="DIR",
-              help="Folder for video.mp4 and poses.json (created; existing files are replaced).")
+@option("-o", "--output", type=NonEmptyPath(path_type=Path), required=True, metavar="DIR",
+        note=": the folder of video.mp4 and poses.json (created; existing files are replaced)")
 @click.option("--no-progress/--progress", "no_progress", default=False, help="No progress bar (default: --progress, on stderr).")
 def render_cmd(trajectory, world_seed, chunks, preset, output, no_progress):
     """Render the true frames of TRAJECTORY: DIR/video.mp4 (one frame per action row, as `generate`
