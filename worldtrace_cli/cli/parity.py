@@ -8,14 +8,15 @@ from pathlib import Path
 
 import click
 
+from .shared_options import option
+
 
 @click.command("parity")
 @click.argument("folder", metavar="FIXTURE_DIR", type=click.Path(path_type=Path))
-@click.option("--rope-precision", type=click.Choice(["float32", "float64"]), default="float64", show_default=True,
-              help="dtype of the RoPE tables and rotation (float64 is MG2's own arithmetic).")
-@click.option("--compile", "compile_mode", type=click.Choice(["none", "default", "reduce-overhead", "max-autotune"]),
-              default="none", show_default=True, help="torch.compile the DiT blocks, as generate does.")
-@click.option("--device", type=click.Choice(["cpu", "cuda"]), default="cpu", show_default=True)
+@option("--rope-precision", type=click.Choice(["float32", "float64"]), default="float64", show_default=True)
+@option("--compile", "compile_mode", type=click.Choice(["none", "default", "reduce-overhead", "max-autotune"]),
+        default="none", show_default=True, note=" (as generate does)")
+@option("--device", type=click.Choice(["cpu", "cuda"]), default="cpu", show_default=True)
 @click.option("--lingbot", is_flag=True,
               help="FIXTURE_DIR holds LingBot-World fixtures (the official folder, or tests/data/lingbot); "
                    "detected from its files when not given.")
