@@ -1,4 +1,4 @@
-"""One help text per option name (issue 68): every command that takes ``--seed`` (``--output``,
+"""One help text per option name: every command that takes ``--seed`` (``--output``,
 ``--chunks``, ...) says the same of it. :data:`HELP` holds the one text, a template; :func:`option` is
 ``click.option`` with that text, the command's own default (``{default}``) and note (``{note}``)
 filled in. tests/test_cli_help.py walks every command and fails when one option name carries two
