@@ -83,3 +83,41 @@ def test_a_folder_holding_two_formats_says_which_it_replays(tmp_path):
     first = res.stderr.strip().splitlines()[0]
     assert "holds LingBot-World and MG2 fixture files; replaying LingBot-World's" in first, res.stderr[-2000:]
     assert res.returncode == 2 and "Traceback" not in res.stderr  # the LingBot replay finds no fixture of its own
+
+
+SELFFORCING = ROOT.parent / "shared" / "reference" / "selfforcing" / "fixtures"
+
+
+@pytest.mark.skipif(not SELFFORCING.is_dir(), reason="../shared/reference/selfforcing/fixtures not present")
+def test_selfforcing_outputs_the_replay_does_not_compare_are_named(tmp_path):
+    folder = tmp_path / "sf"
+    folder.mkdir()
+    for name in ("tiny_config.json", "tiny_inputs.safetensors", "tiny_weights.safetensors"):
+        shutil.copy(SELFFORCING / name, folder / name)
+    shutil.copytree(SELFFORCING / "sf_global", folder / "sf_global")
+    outputs = load_file(folder / "sf_global" / "tiny_outputs.safetensors")
+    outputs["extra_probe"] = torch.zeros(3)
+    save_file(outputs, str(folder / "sf_global" / "tiny_outputs.safetensors"))
+    res = _parity(folder)
+    line = next(ln for ln in res.stderr.splitlines() if ln.startswith("worldtrace: not checked:"))
+    assert res.returncode == 0, res.stderr[-2000:]
+    assert "extra_probe" in line and "call_c*_s*_flow_pred (" in line and "the last chunk's KV cache" in line
+    assert "call_c*_s*_x0" not in line and "add_noise_draws" not in line  # compared ones are not named
+    assert "kv_after_c*_L*_k" not in line and "kv_after_c*_L*_v" not in line  # its one cache snapshot is compared
+
+
+def test_lingbot_outputs_the_replay_does_not_compare_are_named(tmp_path):
+    """The fixture's reader names what the replay will not compare (the CLI prints it as the test above shows)."""
+    from worldtrace_cli.jobs.parity import NOT_CHECKED
+    from worldtrace_cli.jobs.parity_lingbot import load_lingbot_fixture
+
+    folder = tmp_path / "lb"
+    shutil.copytree(ROOT / "tests" / "data" / "lingbot", folder)
+    data = load_file(folder / "tiny_data.safetensors")
+    data["main/extra_probe"] = torch.zeros(3)
+    save_file(data, str(folder / "tiny_data.safetensors"))
+    _, variants = load_lingbot_fixture(folder)
+    named = NOT_CHECKED[str(folder)]
+    assert "main/extra_probe" in named
+    compared = {f"{v}/{k}" for v, (_, _, want) in variants.items() for k in want}
+    assert compared and not compared & set(named)  # x0 per call and output latents are compared, not named

@@ -84,10 +84,15 @@ def parity(folder, rope_precision, compile_mode, device, lingbot):
         import re
         from collections import Counter
 
-        kinds = Counter(re.sub(r"(?<=[_csL])\d+(?=_|$)", "*", name) for name in unchecked)  # chunk, step, layer
-        said = ", ".join(f"{k} ({n})" if n > 1 else k for k, n in sorted(kinds.items()))
-        click.echo(f"worldtrace: not checked: {said[:600]} (stored outputs this replay does not compare: it "
-                   f"checks every call's x0 and the output latents)", err=True)
+        # one kind per chunk / step / layer number, over every variant folder ("main/...": the name after it)
+        kinds = Counter(re.sub(r"(?<=[_csL])\d+(?=_|$)", "*", name.rsplit("/", 1)[-1]) for name in unchecked)
+        named = [f"{k} ({n})" if n > 1 else k for k, n in sorted(kinds.items())]
+        shown = [k for i, k in enumerate(named) if len(", ".join(named[:i + 1])) <= 600]
+        said = ", ".join(shown) + (f" and {len(named) - len(shown)} more kinds" if len(shown) < len(named) else "")
+        checks = ("every call's x0, the output latents and the last chunk's KV cache" if selfforcing
+                  else "every call's x0 and the output latents")
+        click.echo(f"worldtrace: not checked: {said} (stored outputs this replay does not compare: it "
+                   f"checks {checks})", err=True)
     if skipped:  # variants the replay cannot reproduce: named, never passed
         click.echo(f"worldtrace: not replayed: {'; '.join(skipped)} ({doc})", err=True)
     for name, value in diffs.items():

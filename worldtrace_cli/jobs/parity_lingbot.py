@@ -88,6 +88,8 @@ def load_lingbot_fixture(folder: str | Path, skipped: list | None = None) -> tup
         variants = {name: (w, s, {k.split("/", 1)[1]: v for k, v in data.items() if k.startswith(name + "/")
                                   and (k.endswith("_x0") or k.endswith("/output_latents"))})
                     for name, (w, s) in LINGBOT_VARIANTS.items()}
+        _not_checked(folder, sorted(k for k in data if k not in inputs and not k.endswith("_x0")
+                                    and not k.endswith("/output_latents")))
         return inputs, variants
     raw = read_state_dict(_need(folder / "tiny_inputs.safetensors"))
     run = read_state_dict(_need(folder / "tiny_run_inputs.safetensors"))
@@ -97,7 +99,7 @@ def load_lingbot_fixture(folder: str | Path, skipped: list | None = None) -> tup
               "intrinsics": torch.from_numpy(intrinsics), "noise": run["noise"],
               "add_noise_draws": run["add_noise_draws"]}
     variants, skipped = {}, [] if skipped is None else skipped
-    frame_nums = set()
+    frame_nums, unchecked = set(), []
     for sub in sorted(p for p in folder.iterdir() if (p / "run_config.json").is_file()):
         try:
             settings, why = variant_settings(json.loads((sub / "run_config.json").read_text()))
@@ -113,6 +115,7 @@ def load_lingbot_fixture(folder: str | Path, skipped: list | None = None) -> tup
         wanted = {k[len("call_"):]: v for k, v in out.items() if k.startswith("call_c") and k.endswith("_x0")}
         wanted["output_latents"] = out["output_latents"]
         variants[sub.name] = (settings[0], settings[1], wanted)
+        unchecked += [f"{sub.name}/{k}" for k in sorted(out) if k != "output_latents" and f"{k[len('call_'):]}" not in wanted]
         frame_nums.add(settings[2])
     if len(frame_nums) > 1:  # one set of inputs (noise, poses) for every variant
         raise InputError(f"{folder}: variants request different frame counts ({sorted(frame_nums)}); one folder's "
@@ -121,7 +124,16 @@ def load_lingbot_fixture(folder: str | Path, skipped: list | None = None) -> tup
         raise InputError(f"{folder}: no replayable variant folder with run_config.json"
                          f"{'; not replayed: ' + '; '.join(skipped) if skipped else ''}"[:400])
     inputs["frame_num"] = frame_nums.pop()
+    _not_checked(folder, unchecked)
     return inputs, variants
+
+
+def _not_checked(folder: Path, names: list[str]) -> None:
+    """Name the stored outputs the replay does not compare (``parity`` prints them as "not checked",
+    never as passed): :data:`~worldtrace_cli.jobs.parity.NOT_CHECKED`."""
+    from .parity import NOT_CHECKED
+
+    NOT_CHECKED[str(folder)] = names
 
 
 def replay_variant(model, inputs: dict, local_attn_size: int, sink_size: int, device: str = "cpu",

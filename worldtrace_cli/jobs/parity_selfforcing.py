@@ -209,7 +209,7 @@ def compare_selfforcing(folder: str | Path, device: str = "cpu") -> tuple[dict[s
     folder = Path(folder)
     base = load_fixture_dit(folder, device)
     inputs = read_state_dict(_need(folder / "tiny_inputs.safetensors"))
-    diffs, skipped = {}, []
+    diffs, skipped, unchecked = {}, [], []
     for sub in sorted(p for p in folder.iterdir() if (p / "run_config.json").is_file()):
         try:
             cfg = json.loads((sub / "run_config.json").read_text())
@@ -250,6 +250,15 @@ def compare_selfforcing(folder: str | Path, device: str = "cpu") -> tuple[dict[s
         rotated = memory["positions"] == "actual"
         diffs[f"{sub.name}/cache" + ("" if rotated else "_values")] = cache_diff(done[0], outputs, n, cfg.get("sink_size", 0),
                                                                                  rotated)
+        layers = done[0].geometry.num_layers
+        compared = {"add_noise_draws", "output_latents", *(f"call_{k}" for k in want)}
+        for prefix in [f"kv_after_c{n - 1}"] + ([f"kv_after_recache_before_c{switch}"] if switch is not None else []):
+            compared |= {f"{prefix}_L{layer}_{part}" for layer in range(layers)
+                         for part in (("k", "v", "local_end") if rotated or "recache" in prefix else ("v", "local_end"))}
+        unchecked += [f"{sub.name}/{k}" for k in sorted(set(outputs) - compared)]
+    from .parity import NOT_CHECKED
+
+    NOT_CHECKED[str(folder)] = unchecked  # named by `parity` as not checked, never counted as passed
     if not diffs:
         raise InputError(f"{folder}: no replayable variant (a folder with run_config.json and tiny_outputs.safetensors"
                          f"{'; not replayed: ' + '; '.join(skipped) if skipped else ''})"[:400])
