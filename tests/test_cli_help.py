@@ -80,3 +80,21 @@ def test_the_readme_is_a_front_page():
     """README.md stays short (issue 68: <= 250 lines); detail goes to docs/."""
     lines = (ROOT / "README.md").read_text().splitlines()
     assert len(lines) <= 250, len(lines)
+
+
+def test_every_help_example_is_a_line_of_its_own():
+    """A docstring's ``\\`` at a line's end joins two example lines into one (a string continuation,
+    not the shell's): no example line of any command's help holds two commands or a run of spaces
+    before an option (the continued line's indent)."""
+    import re
+
+    from worldtrace_cli.cli import main
+
+    joined = {}
+    for path, command in commands(main):
+        ctx = click.Context(command, info_name=f"worldtrace {path}")
+        for line in command.get_help(ctx).splitlines():
+            if line.strip().startswith(("worldtrace ", "torchrun ")) and (
+                    line.count("worldtrace ") > 1 or re.search(r"\S {4,}--?[a-z]", line)):
+                joined[path] = line.strip()
+    assert not joined, joined

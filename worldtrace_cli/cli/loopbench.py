@@ -99,7 +99,7 @@ def run_cmd(preset, full, configs, caches, images, prompts, worlds, seeds, chunk
       worldtrace loopbench run --preset self-forcing-tiny -o lb-text/       # A -> B -> A prompt loops
       worldtrace loopbench run --configs aba,ababa,aba_long,pan_360 --worlds 0-7 --caches sliding,landmark \\
           --attention-stats -o lb-recall/                                   # + recall attention
-      worldtrace loopbench run --configs trajectories/look_back.yaml --worlds 8-15 --caches sliding,field,landmark \
+      worldtrace loopbench run --configs trajectories/look_back.yaml --worlds 8-15 --caches sliding,field,landmark \\
           --prefix free,truth:4 -o lb-prefix/                                # a real first visit
       worldtrace loopbench report lb/
     """
