@@ -3,7 +3,8 @@
 ``generate``, ``compare`` and ``loopbench run`` call :func:`check_weights_source` with the other input
 checks, before torch is imported, so a wrong ``--checkpoint`` (or none) is a one-line error at once
 instead of after the model starts loading; the loaders call the same functions again
-(:func:`resolve_checkpoint_files` for MG2, :func:`lingbot_checkpoint_paths` for LingBot-World).
+(:func:`resolve_checkpoint_files` for MG2, :func:`lingbot_checkpoint_paths` for LingBot-World,
+:func:`diffusers_checkpoint_paths` for a text-to-video preset given a diffusers Wan DiT folder).
 """
 
 from __future__ import annotations
@@ -11,9 +12,13 @@ from __future__ import annotations
 from pathlib import Path
 
 from ..errors import CheckpointError, InputError
+from .diffusers_folder import check_diffusers_dit, diffusers_dit_folder
 
 LINGBOT_OPTIONAL_ROLES = ("clip",)  # LingBot has no image encoder; the CLIP file only feeds --metrics all
 LINGBOT_ALTERNATIVES = {"text_encoder": "text_encoder"}  # role -> path used when the preset's file is absent
+# a diffusers pipeline folder's own files for the roles besides the DiT (Wan2.1-T2V-1.3B-Diffusers' layout)
+DIFFUSERS_ALTERNATIVES = {"vae": "vae/diffusion_pytorch_model.safetensors", "text_encoder": "text_encoder",
+                          "tokenizer": "tokenizer"}
 
 
 def resolve_checkpoint_files(files: dict[str, str], folder: str | Path, preset_name: str) -> dict[str, Path]:
@@ -68,7 +73,13 @@ def check_weights_source(preset, checkpoint, random_weights: bool) -> None:
     if preset.weights == "bundled" and checkpoint is not None:
         raise InputError(f"--checkpoint: preset {preset.name} ships its own weights ({preset.bundle}); "
                          f"drop --checkpoint, or choose an mg2-* preset")
-    if preset.weights != "checkpoint" or random_weights:
+    if random_weights:
+        return
+    if checkpoint is not None and takes_diffusers_dit(preset):
+        if diffusers_dit_folder(checkpoint) is not None or preset.weights == "random":
+            diffusers_checkpoint_paths(preset, checkpoint)  # config, shards, tensor names and shapes
+            return
+    if preset.weights != "checkpoint":
         return
     if checkpoint is None:
         needed = ", ".join(v for k, v in preset.files.items() if k not in LINGBOT_OPTIONAL_ROLES)
@@ -78,6 +89,51 @@ def check_weights_source(preset, checkpoint, random_weights: bool) -> None:
         lingbot_checkpoint_paths(preset, checkpoint)
     else:
         resolve_checkpoint_files(preset.files, checkpoint, preset.name)
+
+
+def takes_diffusers_dit(preset) -> bool:
+    """Whether ``--checkpoint`` may be a diffusers Wan DiT folder for ``preset``: its backbone's DiT is a
+    causal Wan 2.1 text-to-video one (``dit_model_type: t2v``: Self-Forcing, LongLive)."""
+    return getattr(preset.backbone, "dit_model_type", None) == "t2v"
+
+
+def diffusers_checkpoint_paths(preset, folder: str | Path) -> dict:
+    """The roles of a text-to-video preset whose ``--checkpoint`` holds its DiT in diffusers' format:
+    ``dit`` -> the checked :class:`~worldtrace_cli.model.diffusers_folder.DiffusersDiT` (``folder`` itself or
+    ``folder/transformer``: config, shards, every tensor's name and shape, torch-free), and each other file
+    the preset reads (``vae``, ``text_encoder``, ``tokenizer``, ``lora``; ``clip`` optional) at its
+    path in ``folder``, else a pipeline folder's own (``vae/diffusion_pytorch_model.safetensors``,
+    ``text_encoder/``, ``tokenizer/``). A preset with random weights takes its DiT alone from the folder.
+
+    Raises:
+        CheckpointError: not a folder, not a diffusers DiT folder (for a preset with random weights),
+            the DiT refused (:func:`~worldtrace_cli.model.diffusers_folder.check_diffusers_dit`: one line
+            naming the file and field, shard or tensor), or the other files missing (one line).
+    """
+    folder = Path(folder)
+    if not folder.is_dir():
+        raise CheckpointError(f"--checkpoint {folder}: not a folder")
+    dit_folder = diffusers_dit_folder(folder)
+    if dit_folder is None:
+        raise CheckpointError(f"--checkpoint {folder}: not a diffusers Wan DiT folder (transformer/config.json, or "
+                              f"config.json beside diffusion_pytorch_model*.safetensors); preset {preset.name} has "
+                              f"random weights and takes only its DiT from --checkpoint")
+    paths: dict = {"dit": check_diffusers_dit(dit_folder, preset.dit, preset.name)}
+    missing = []
+    for role, rel in preset.files.items():
+        if role == "dit":
+            continue
+        path = folder / rel
+        if not path.exists() and role in DIFFUSERS_ALTERNATIVES and (folder / DIFFUSERS_ALTERNATIVES[role]).exists():
+            path = folder / DIFFUSERS_ALTERNATIVES[role]
+        if path.exists():
+            paths[role] = path
+        elif role not in LINGBOT_OPTIONAL_ROLES:
+            missing.append(rel + (f" (or {DIFFUSERS_ALTERNATIVES[role]})" if role in DIFFUSERS_ALTERNATIVES else ""))
+    if missing:
+        raise CheckpointError(f"--checkpoint {folder}: the DiT is {dit_folder.relative_to(folder.parent)} (diffusers), "
+                              f"but missing {', '.join(missing)} (preset {preset.name} reads them too)")
+    return paths
 
 
 GPU_MEMORY_BOUND = 192 * 2**30  # bytes: the largest single GPU's memory today (192 GB class); a bound, not a query
