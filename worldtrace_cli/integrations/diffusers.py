@@ -127,8 +127,9 @@ class WorldTraceSelfAttentionHook(ModelHook):
             k = torch.cat([rotate_channels(k[..., :t], c_t, s_t), spatial], dim=-1)
         past_k, past_v = state.past(self.layer, k.dtype)
         b = q.shape[0]
-        keys = torch.cat([past_k.expand(b, -1, -1, -1), k], dim=1)
-        values = torch.cat([past_v.expand(b, -1, -1, -1), v], dim=1)
+        skip = getattr(state, "query_only_tokens", 0)  # the external-past mode's re-cache call (diffusers_external)
+        keys = torch.cat([past_k.expand(b, -1, -1, -1), k[:, skip:]], dim=1)
+        values = torch.cat([past_v.expand(b, -1, -1, -1), v[:, skip:]], dim=1)
         state.observe(self.layer, q, k_canon, v, keys)
         extra = {"parallel_config": None} if _PARALLEL else {}
         out = dispatch_attention_fn(q, keys, values, attn_mask=None, dropout_p=0.0, is_causal=False,
@@ -183,8 +184,8 @@ def apply_worldtrace_kv_cache(transformer: WanTransformer3DModel, config: WorldT
             raise ValueError(f"blocks[{i}].attn1: processor {type(block.attn1.processor).__name__}; the hook "
                              f"reproduces WanAttnProcessor (set_attn_processor(WanAttnProcessor()) first)")
     attn = blocks[0].attn1
-    rope = TemporalRope.from_table(transformer.rope.freqs_cos, transformer.rope.freqs_sin, transformer.rope.t_dim,
-                                   config.rope_theta)
+    rope = TemporalRope.from_table(transformer.rope.freqs_cos, transformer.rope.freqs_sin,
+                                   _temporal_channels(transformer.rope), config.rope_theta)
     proj = transformer.condition_embedder.timesteps_proj
     if config.official_timesteps and (not proj.flip_sin_to_cos or proj.downscale_freq_shift != 0
                                       or getattr(proj, "scale", 1) != 1):
@@ -198,6 +199,13 @@ def apply_worldtrace_kv_cache(transformer: WanTransformer3DModel, config: WorldT
     registry.register_hook(WorldTraceTransformerHook(state), HOOK_NAME)
     _invalidate(registry)
     return state
+
+
+def _temporal_channels(rope) -> int:
+    """The temporal RoPE channels of a ``WanRotaryPosEmbed``: its ``t_dim`` (diffusers 0.42), else what
+    0.35's constructor computes without keeping it (head_dim - 2 * 2 * (head_dim // 6): 44 of 128)."""
+    t_dim = getattr(rope, "t_dim", None)
+    return int(t_dim) if t_dim is not None else rope.attention_head_dim - 4 * (rope.attention_head_dim // 6)
 
 
 def _invalidate(registry) -> None:
