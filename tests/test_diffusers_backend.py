@@ -6,6 +6,8 @@ The real diffusers package, no mocks; small grids and few chunks so each test ta
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 import torch
 
@@ -15,6 +17,7 @@ from worldtrace_cli.integrations.diffusers_backend import DiffusersWanDiT, diffu
 from worldtrace_cli.memory import MemoryConfig, build_writer
 from worldtrace_cli.model.lingbot.world import random_dit
 
+ROOT = Path(__file__).resolve().parents[1]
 HW, F, WINDOW = (4, 8), 3, 6  # latent grid 4 x 8 = 8 tokens per frame, chunks of 3, window 6
 TOL = 1e-5  # the brief's bound in float32; measured: 0.0 (the same arithmetic, in the same order)
 
@@ -126,6 +129,25 @@ def test_a_longlive_prompt_switch_recaches_the_same_on_diffusers(switch_at):
     assert [cache_view(r) for r in ra] == [cache_view(r) for r in rb]
 
 
+def test_a_restored_rollout_on_diffusers_continues_exactly(pair):
+    """What --resume (and a session's save / load) does: the writer's and the rollout's state_dict restored
+    into a fresh writer and rollout; chunk 2 then equals the uninterrupted run's."""
+    _, ddit = pair
+    whole, _, _ = rollout(ddit, "landmark", {}, 3)
+    writer = build_writer(MemoryConfig.of("landmark"), WINDOW - F, WINDOW)
+    first = TextRollout(ddit, writer, TEXT, 0, torch.device("cpu"), HW, trained_offset=WINDOW - 1)
+    first.step(), first.step()
+    saved, state = writer.state_dict(), first.state.state_dict()
+    again = build_writer(MemoryConfig.of("landmark"), WINDOW - F, WINDOW)
+    x0s = {}
+    second = TextRollout(ddit, again, TEXT, 0, torch.device("cpu"), HW, trained_offset=WINDOW - 1,
+                         on_step=lambda c, s, x0: x0s.__setitem__((c, s), x0.clone()))
+    again.load_state_dict(saved)
+    second.restore(state, 2)
+    second.step()
+    assert deviation(x0s, {k: v for k, v in whole.items() if k[0] == 2}) <= TOL
+
+
 def test_external_past_mode_and_the_own_writer_mode_exclude_each_other():
     from worldtrace_cli.integrations import WorldTraceKVCacheConfig
     from worldtrace_cli.integrations.diffusers import apply_worldtrace_kv_cache, remove_worldtrace_kv_cache
@@ -146,3 +168,51 @@ def test_external_past_mode_and_the_own_writer_mode_exclude_each_other():
         apply_external_past(transformer)
     assert torch.equal(transformer(x, t, text, return_dict=False)[0], plain)  # an empty cache: bit for bit
     remove_worldtrace_kv_cache(transformer)
+
+
+# --------------------------------------------------------------------------- the CLI: generate --backend
+
+
+def test_generate_backend_diffusers_makes_the_native_runs_frames(tmp_path):
+    """`generate --preset self-forcing-tiny --backend diffusers --chunks 2`: each chunk's latents statistics and
+    metrics equal the native run's within float rounding (measured: the decoded frames' sha256 are equal), the
+    backend is in summary.json's config, and a run compared with another backend names the difference."""
+    import json
+    from dataclasses import replace
+
+    from conftest import invoke
+    from worldtrace_cli.config import RunConfig
+    from worldtrace_cli.runs.resume import differences
+
+    preset = tmp_path / "small.yaml"  # self-forcing-tiny at 32 x 64 pixels: a 2 x 4 latent grid, quick to decode
+    preset.write_text("description: self-forcing-tiny, smaller\nextends: self-forcing-tiny\nheight: 32\nwidth: 64\n")
+    runs = {}
+    for backend in ("native", "diffusers"):
+        res = invoke("generate", "--preset", preset, ROOT / "trajectories" / "prompts_aba.yaml",
+                     "--chunks", 2, "--backend", backend, "--no-progress", "-o", tmp_path / backend)
+        assert res.exit_code == 0, res.output
+        runs[backend] = [json.loads(line) for line in (tmp_path / backend / "chunks.jsonl").read_text().splitlines()]
+    for a, b in zip(runs["native"], runs["diffusers"], strict=True):
+        for key in ("latents", "metrics"):
+            assert a[key].keys() == b[key].keys()
+            assert all(abs(a[key][k] - b[key][k]) <= 1e-5 for k in a[key]), (a[key], b[key])
+        assert a["cache"]["slots"] == b["cache"]["slots"]
+    config = json.loads((tmp_path / "diffusers" / "summary.json").read_text())["config"]
+    assert config["backend"] == "diffusers"
+    saved = RunConfig.from_dict(config)
+    assert differences(config, replace(saved, backend="native")) == ["backend 'diffusers' (now 'native')"]
+    assert RunConfig.from_dict({k: v for k, v in config.items() if k != "backend"}).backend == "native"  # older runs
+
+
+@pytest.mark.parametrize("args,says", [
+    (("--preset", "tiny"), "--backend diffusers: preset tiny's DiT is not a Wan 2.1 t2v model"),
+    (("--preset", "self-forcing-tiny", "--compile", "default"), "--backend diffusers with --compile default"),
+    (("--preset", "self-forcing-tiny", "--rope-precision", "float64"), "with --rope-precision float64"),
+])
+def test_generate_backend_diffusers_refusals_are_one_line_before_loading(tmp_path, args, says):
+    from conftest import invoke, one_line_error
+
+    trajectory = ROOT / "trajectories" / ("prompts_aba.yaml" if "self-forcing-tiny" in args else "aba.yaml")
+    line = one_line_error(invoke("generate", trajectory, *args, "--backend", "diffusers", "-o", tmp_path / "o"))
+    assert says in line
+    assert not (tmp_path / "o").exists()

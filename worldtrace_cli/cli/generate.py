@@ -75,6 +75,9 @@ def command_line(ctx, drop: tuple[str, ...] = ()) -> list[str]:
 @option("--save-every", type=int, default=16, show_default=True,
         note="chunks, and before the first chunk (0: only on Ctrl-C/SIGTERM)")
 @speed_options
+@option("--backend", type=click.Choice(["native", "diffusers"]), default="native", show_default=True,
+        note=": text-to-video (t2v) presets only; not with --compile, --rope-precision float64, fp8 weights, block "
+             "offloading, --fsdp or --split-heads yet")
 @attention_options
 @prefix_options
 @option("--weights-dtype", type=click.Choice(["auto", "fp8", "fit"]), default="auto", show_default=True,
@@ -109,7 +112,7 @@ def command_line(ctx, drop: tuple[str, ...] = ()) -> list[str]:
 def generate(trajectory, preset, checkpoint, prompt, prompt_switch, poses, intrinsics, random_weights, image, world_seed, chunks, seed,
              output, overwrite, cache, device, dtype, metrics, hash_checkpoint, save_every, rope_precision,
              compile_mode, overlap_decode, attention_stats, attention_queries, prefix, prefix_chunks, reference,
-             weights_dtype, offload, fsdp, split_heads, nproc_per_node, resume_dir, no_progress, **memory):
+             weights_dtype, offload, backend, fsdp, split_heads, nproc_per_node, resume_dir, no_progress, **memory):
     """Generate a video from TRAJECTORY (a YAML file of actions, or of prompt segments for the
     text-to-video presets; see trajectories/README.md).
 
@@ -263,7 +266,10 @@ def _run_config(ctx, memory: dict):
     out = p["output"] or Path("runs") / f"{trajectory.stem}-{cache_folder(options['cache'])}"
     same = ("trajectory", "image", "chunks", "world_seed", "prompt", "poses", "intrinsics", "prompt_switch",
             "weights_dtype", "offload", "seed", "device", "dtype", "checkpoint", "random_weights", "overwrite",
-            "hash_checkpoint", "metrics", "save_every")
+            "hash_checkpoint", "metrics", "save_every", "backend")
+    if p["backend"] != "native" and (p["fsdp"] or p["split_heads"]):
+        raise InputError(f"--backend {p['backend']} with {'--fsdp' if p['fsdp'] else '--split-heads'}: not wired yet; "
+                         f"run one process")
     return RunConfig(preset=resolved, output=out, memory=memory_config(preset=resolved, **options),
                      progress=not p["no_progress"], **{k: p[k] for k in same},
                      **speed_config(p["rope_precision"], p["compile_mode"], p["overlap_decode"]),

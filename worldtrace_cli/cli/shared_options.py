@@ -16,6 +16,9 @@ HELP = {
     "--attention-stats": "Measure each chunk's attention per cache slot (the share of the softmax mass of its last "
                          "denoising step on each slot and on the chunk itself, per layer){note}. Exact, without the "
                          "attention matrix; frames unchanged (docs/attention.md; its cost: docs/performance.md).",
+    "--backend": "The DiT's implementation: native = worldtrace's own; diffusers = diffusers' WanTransformer3DModel "
+                 "in the same chunk loop (records, metrics, resume, attention stats; frames within float rounding "
+                 "of native's){note} (docs/diffusers.md).",
     "--batch": "Clips per optimiser step.",
     "--budget": "Past latent-frame slots the cache holds = summary + recent (default: the writer's; sliding: MG2's "
                 "own 3, gta_drive 1; WorldTrace writers and memrope: the model's window, 6, gta_drive 4){note}.",

@@ -28,7 +28,9 @@ _FILE_ROLES = ("dit", "vae", "clip", "text_encoder", "tokenizer", "lora")  # lor
 PRESET_DEFAULTS_ONLY = ("landmark_threshold",)
 # Preset keys added after runs and training folders were recorded, with the value those were made with
 # RunConfig fields added after runs were recorded, and the value older runs were made with
-RUN_ADDED = {"attention_stats": False, "attention_queries": 0}
+RUN_ADDED = {"attention_stats": False, "attention_queries": 0, "backend": "native"}
+# generate --backend: worldtrace's own DiT, or diffusers' WanTransformer3DModel in the same loop (t2v presets)
+BACKENDS = ("native", "diffusers")
 PRESET_ADDED = {"architecture": DEFAULT_ARCHITECTURE, "sampler": "renoise", "context_noise": 0}
 
 
@@ -270,6 +272,11 @@ class RunConfig:
             chunks committed to the cache instead of generated; prefix_chunks: take only its first K
             chunks (the rest scores the continuation); reference: the frames that follow the prefix,
             from another file (:mod:`worldtrace_cli.continuation`, docs/continue.md).
+        backend: ``native`` (worldtrace's DiT) or ``diffusers`` (diffusers' ``WanTransformer3DModel`` in the
+            same chunk loop, :mod:`worldtrace_cli.integrations.diffusers_backend`; ``t2v`` presets only).
+    Raises:
+        InputError: an unknown ``backend``, or ``diffusers`` with a preset whose DiT is not ``t2v`` or
+            settings the backend does not take (:meth:`check_backend`).
     """
 
     preset: Preset
@@ -304,6 +311,26 @@ class RunConfig:
     prefix: str | None = None
     prefix_chunks: int | None = None
     reference: Path | None = None
+    backend: str = "native"
+
+    def __post_init__(self):
+        self.check_backend()
+
+    def check_backend(self) -> None:
+        """Refuse, before anything loads, a ``--backend`` this run cannot take (InputError, exit 2)."""
+        if self.backend not in BACKENDS:
+            raise InputError(f"--backend: must be one of {', '.join(BACKENDS)}, got {self.backend!r}")
+        if self.backend == "native":
+            return
+        if getattr(self.preset.dit, "model_type", None) != "t2v":
+            raise InputError(f"--backend {self.backend}: preset {self.preset.name}'s DiT is not a Wan 2.1 t2v model; "
+                             f"it runs the text-to-video presets (Self-Forcing, LongLive)")
+        for flag, value, default in (("--compile", self.compile, "none"), ("--rope-precision", self.rope_precision,
+                                     "float32"), ("--weights-dtype", self.weights_dtype, ("auto", "fit")),
+                                     ("--offload", self.offload, ("auto", "text"))):
+            if value not in ((default,) if isinstance(default, str) else default):
+                raise InputError(f"--backend {self.backend} with {flag} {value}: not wired yet (diffusers' float32 "
+                                 f"RoPE tables, its own compile / casting / offloading APIs); run without {flag}")
 
     def to_dict(self) -> dict[str, Any]:
         """Plain data (``summary.json``'s ``config``, resume states): the preset's dict and the memory

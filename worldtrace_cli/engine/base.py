@@ -107,6 +107,7 @@ class ModelKey:
     hash_checkpoint: bool
     weights_dtype: str = "auto"
     offload: str = "text"
+    backend: str = "native"  # generate --backend (the text pipeline's DiT: worldtrace's or diffusers')
 
     @classmethod
     def of(cls, cfg) -> "ModelKey":
@@ -117,7 +118,8 @@ class ModelKey:
         return cls(json.dumps(cfg.preset.to_dict(), sort_keys=True, default=str),
                    None if cfg.checkpoint is None else str(cfg.checkpoint), bool(cfg.random_weights),
                    cfg.weights_seed, str(device), str(resolve_dtype(cfg.dtype, device)), cfg.rope_precision,
-                   cfg.compile, bool(cfg.hash_checkpoint), cfg.weights_dtype, cfg.offload)
+                   cfg.compile, bool(cfg.hash_checkpoint), cfg.weights_dtype, cfg.offload,
+                   getattr(cfg, "backend", "native"))
 
 
 def check_speed(rope_precision: str, compile_mode: str) -> None:

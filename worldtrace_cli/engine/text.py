@@ -95,9 +95,14 @@ class TextPipeline(PipelineBase):
         check_speed(rope_precision, compile_mode)
         if not all(1 <= t <= 1000 for t in preset.denoising_steps):
             raise InputError(f"preset {preset.name}: denoising_steps {list(preset.denoising_steps)}: each in [1, 1000]")
-        return cls._loaded(preset, lambda dev, dt: load_selfforcing_world(preset, checkpoint, random_weights,
+        pipe = cls._loaded(preset, lambda dev, dt: load_selfforcing_world(preset, checkpoint, random_weights,
                                                                           weights_seed, dev, dt, hash_checkpoint),
                            device, dtype, rope_precision, compile_mode, key)
+        if key is not None and key.backend == "diffusers":  # --backend diffusers: the DiT's weights on diffusers'
+            from ..integrations.diffusers_backend import diffusers_dit_from
+
+            pipe.world.dit = diffusers_dit_from(pipe.world.dit)
+        return pipe
 
     @torch.no_grad()
     def condition(self, request: RunConditioning) -> TextConditioned:
