@@ -148,6 +148,26 @@ def test_a_restored_rollout_on_diffusers_continues_exactly(pair):
     assert deviation(x0s, {k: v for k, v in whole.items() if k[0] == 2}) <= TOL
 
 
+def test_diffusers_own_offloading_casting_and_attention_backend_apply_to_the_backend(pair):
+    """diffusers' settings on the wrapped transformer, as its documentation applies them: block-level group
+    offloading (on a CPU the hooks run and nothing moves) and the ``native`` attention backend give the
+    same x0 (0.0); float8 layerwise casting runs (the patch embedding stays in the compute dtype), its
+    rounding moving x0 by a few percent of its range."""
+    base, _, _ = rollout(pair[0], "sliding", {}, 2)
+    offloaded = diffusers_dit_from(tiny_dit())
+    offloaded.transformer.enable_group_offload(onload_device=torch.device("cpu"), offload_device=torch.device("cpu"),
+                                               offload_type="block_level", num_blocks_per_group=1)
+    offloaded.transformer.set_attention_backend("native")
+    assert deviation(base, rollout(offloaded, "sliding", {}, 2)[0]) <= TOL
+    cast = diffusers_dit_from(tiny_dit())
+    cast.transformer.enable_layerwise_casting(storage_dtype=torch.float8_e4m3fn, compute_dtype=torch.float32)
+    assert cast.patch_embedding.weight.dtype == torch.float32
+    assert cast.transformer.blocks[0].attn1.to_q.weight.dtype == torch.float8_e4m3fn
+    fp8 = rollout(cast, "sliding", {}, 2)[0]
+    span = max(v.abs().max().item() for v in base.values())
+    assert 0 < deviation(base, fp8) < 0.1 * span
+
+
 def test_external_past_mode_and_the_own_writer_mode_exclude_each_other():
     from worldtrace_cli.integrations import WorldTraceKVCacheConfig
     from worldtrace_cli.integrations.diffusers import apply_worldtrace_kv_cache, remove_worldtrace_kv_cache
