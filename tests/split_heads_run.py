@@ -19,7 +19,7 @@ import torch
 from worldtrace_cli.config import RunConfig, load_preset, memory_config
 from worldtrace_cli.engine import shard
 from worldtrace_cli.engine.pipeline import Pipeline
-from worldtrace_cli.jobs.generate import new_run, run_conditioning
+from worldtrace_cli.jobs.generate import new_run
 from worldtrace_cli.jobs.inputs import prepare_inputs
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -40,9 +40,7 @@ def main(preset_name: str, caches: str, out: str, split: bool) -> None:
             inputs = prepare_inputs(cfg)
             pipeline = pipeline if pipeline is not None and pipeline.serves(cfg) else Pipeline.from_config(cfg)
             run = new_run(pipeline, cfg, inputs)
-            run.condition(run_conditioning(cfg, inputs))
-            run.start()
-            rollout, feed = run.rollout, run.feed()
+            rollout, feed = run.rollout, run.feed
             if shard.rank():  # as generate's other processes: each chunk process 0 makes
                 shard.follow(rollout, feed)
                 continue

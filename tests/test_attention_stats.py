@@ -75,15 +75,13 @@ def _generate_rollout(cfg):
     """``generate``'s rollout of ``cfg`` (attention measured as it asks) and ``feed(chunk)``: that chunk's
     request from the trajectory (None where the rollout feeds itself)."""
     from worldtrace_cli.engine.pipeline import Pipeline
-    from worldtrace_cli.jobs.generate import new_run, run_conditioning
+    from worldtrace_cli.jobs.generate import new_run
     from worldtrace_cli.jobs.inputs import prepare_inputs
 
     inputs = prepare_inputs(cfg)
     pipeline = Pipeline.from_config(cfg)
     run = new_run(pipeline, cfg, inputs)
-    run.condition(run_conditioning(cfg, inputs))
-    run.start()
-    feed = run.feed()
+    feed = run.feed
     return run.rollout, (lambda c: None) if feed is None else feed.request
 
 

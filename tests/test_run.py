@@ -32,21 +32,17 @@ def made(tmp_path_factory):
     return cfg, prepare_inputs(cfg), pipeline, shas
 
 
-def _run(made):
-    from worldtrace_cli.jobs.generate import new_run, run_conditioning
+def _run(made, **options):
+    from worldtrace_cli.jobs.generate import new_run
 
     cfg, inputs, pipeline, _ = made
-    run = new_run(pipeline, cfg, inputs)
-    run.condition(run_conditioning(cfg, inputs))
-    run.start()
-    run.open_loop()
-    return run
+    return new_run(pipeline, cfg, inputs, **options)  # whole when built
 
 
 def test_a_run_fed_by_hand_makes_generates_frames_and_a_valid_summary(made, valid):
     cfg, inputs, _, shas = made
     run = _run(made)
-    feed = run.feed()
+    feed = run.feed
     assert feed is not None  # MG2 is fed a request per chunk
     got = [out.record["frames_sha256"] for c in range(3) for out in run.advance(feed.request(c))]
     run.close()
@@ -59,17 +55,17 @@ def test_a_run_fed_by_hand_makes_generates_frames_and_a_valid_summary(made, vali
 
 
 def test_a_runs_parts_continue_it_exactly(made):
+    from worldtrace_cli.runs.run import Restored
     from worldtrace_cli.session.parts import clone_tree
 
     *_, shas = made
     first = _run(made)
-    feed = first.feed()
+    feed = first.feed
     for c in range(2):
         first.advance(feed.request(c))
-    second = _run(made)  # a fresh run given the first one's parts after chunk 2
-    second.load_parts(clone_tree(first.parts()), 2)
-    second.records[:] = first.records
-    feed = second.feed()
+    # a fresh run given the first one's parts after chunk 2
+    second = _run(made, restored=Restored(clone_tree(first.parts()), 2), records=list(first.records))
+    feed = second.feed
     later = [out.record["frames_sha256"] for out in second.advance(feed.request(2))]
     assert later == shas[2:]
     assert len(second.records) == 3 and second.tally.max_offset() is not None

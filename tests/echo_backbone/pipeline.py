@@ -13,6 +13,8 @@ GREY = (128, 128, 128)  # the start frame every Echo run is conditioned on (uint
 class EchoPipeline(MG2Pipeline):
     """:class:`~worldtrace_cli.engine.mg2.MG2Pipeline` whose :meth:`condition` takes no image."""
 
+    reads = MG2Pipeline.reads - {"image"}  # what its row declares (engine/base.py:check_row)
+
     def condition(self, request: RunConditioning):
         """Encode a flat grey frame of the preset's size for ``request.num_chunks`` chunks (the row takes
         no start image, so ``request.image`` is always None here)."""

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 import platform
+from abc import ABC, abstractmethod
 from dataclasses import dataclass
 
 import torch
@@ -91,6 +92,28 @@ class RunConditioning:
     camera: object = None
     switch: str = "recache"
 
+    @classmethod
+    def of(cls, cfg, num_chunks: int, *, image=None, prompt: str | None = None, prompts: list | None = None,
+           camera=None) -> "RunConditioning":
+        """The one builder of a run's conditioning (``generate``, sessions and ``bench speed`` alike): what
+        ``cfg``'s backbone row says it takes, the rest dropped.
+
+        Args:
+            cfg: the run's :class:`~worldtrace_cli.config.RunConfig` (its preset's backbone row, its
+                ``prompt`` and ``prompt_switch``).
+            num_chunks: the chunks the conditioning covers.
+            image: the PIL start image, or None (passed on as given: a backbone that takes none refuses one).
+            prompt: the run's prompt (``run_prompt`` rows); None: ``cfg.prompt``. Its own field, never read
+                off the camera files.
+            prompts: every chunk's prompt (prompt-segment rows), or None.
+            camera: the camera files (``camera_files`` rows:
+                :class:`~worldtrace_cli.model.lingbot.inputs.LingbotInputs`), or None.
+        """
+        row = cfg.preset.backbone
+        prompt = cfg.prompt if prompt is None else prompt
+        return cls(num_chunks, image, prompt if row.run_prompt else None, prompts if row.takes_prompts else None,
+                   camera if row.camera_files else None, cfg.prompt_switch)
+
 
 @dataclass(frozen=True)
 class ModelKey:
@@ -138,14 +161,56 @@ def check_speed(rope_precision: str, compile_mode: str) -> None:
         raise InputError(f"--compile: must be one of {', '.join(COMPILE_MODES)}, got {compile_mode!r}")
 
 
-class PipelineBase:
-    """A preset's networks loaded once on one device and dtype, with fixed speed settings.
+READS = ("image", "prompt", "prompts", "camera_files", "clip", "text", "poses")  # what a pipeline class may read
 
-    Subclasses (one per backbone, each named by its registry row: :mod:`~worldtrace_cli.config.backbones`)
-    implement :meth:`from_preset`, ``condition(request: RunConditioning)``, ``rollout`` and
-    ``latent_poses``. Attributes: ``preset``, ``world`` (the loaded networks), ``device``, ``dtype``,
+
+def expected_reads(row) -> frozenset:
+    """What a pipeline class must declare it reads (:attr:`PipelineBase.reads`) to serve the backbone
+    ``row`` (:class:`~worldtrace_cli.config.backbones.Backbone`): ``image`` iff ``start_image``, ``prompt``
+    iff ``run_prompt`` without prompt segments (a segment backbone folds ``--prompt`` into its
+    ``prompts``), ``prompts`` iff prompt segments, ``camera_files`` iff ``camera_files``, ``clip`` iff
+    ``clip_conditioning``, ``text`` iff ``text_encoder``; ``poses`` (``latent_poses`` gives camera poses)
+    whenever the row says ``camera`` (a row may leave out a camera its class has: it then runs no pose writer)."""
+    wanted = {"image": row.start_image, "prompt": row.run_prompt and not row.takes_prompts,
+              "prompts": row.takes_prompts, "camera_files": row.camera_files, "clip": row.clip_conditioning,
+              "text": row.text_encoder, "poses": row.camera}
+    return frozenset(name for name, on in wanted.items() if on)
+
+
+def check_row(row, cls) -> None:
+    """Refuse a registry row whose capability flags disagree with its pipeline class.
+
+    Raises:
+        TypeError: ``cls`` is not a concrete :class:`PipelineBase` (an abstract method left), or its
+            :attr:`~PipelineBase.reads` differ from :func:`expected_reads` (``poses``: the class may have
+            them when the row leaves them out). The message names the row and the difference.
+    """
+    import inspect
+
+    if not (isinstance(cls, type) and issubclass(cls, PipelineBase)) or inspect.isabstract(cls):
+        missing = sorted(getattr(cls, "__abstractmethods__", ())) or ["PipelineBase"]
+        raise TypeError(f"backbone {row.architecture!r}: {getattr(cls, '__name__', cls)} is not a whole PipelineBase "
+                        f"(missing: {', '.join(missing)})")
+    want, have = expected_reads(row), frozenset(cls.reads)
+    if not row.camera:
+        have = have - {"poses"}
+    if want != have:
+        raise TypeError(f"backbone {row.architecture!r}: its row says {sorted(want)}, {cls.__name__}.reads "
+                        f"{sorted(have)} (docs/architecture.md, section 1b)")
+
+
+class PipelineBase(ABC):
+    """A preset's networks loaded once on one device and dtype, with fixed speed settings: the declared
+    interface every backbone's pipeline implements (one class per backbone, each named by its registry
+    row: :mod:`~worldtrace_cli.config.backbones`; :func:`check_row` holds a row to its class).
+
+    Abstract: :meth:`from_preset`, :meth:`condition`, :meth:`plan_conditioning`, :meth:`rollout`,
+    :meth:`latent_poses`. Declared: :attr:`reads`, what :meth:`condition` and the rollout read (names
+    in :data:`READS`). Attributes: ``preset``, ``world`` (the loaded networks), ``device``, ``dtype``,
     ``rope_precision``, ``compile_mode``, ``key`` (:class:`ModelKey`), ``load_seconds``.
     """
+
+    reads: frozenset = frozenset()
 
     def __init__(self, preset, world, device: torch.device, dtype: torch.dtype, rope_precision: str,
                  compile_mode: str, key: ModelKey | None = None, load_seconds: float = 0.0):
@@ -154,11 +219,34 @@ class PipelineBase:
         self.key, self.load_seconds = key, load_seconds
 
     @classmethod
+    @abstractmethod
     def from_preset(cls, preset, checkpoint=None, random_weights: bool = False, weights_seed: int = 0,
                     device: str = "auto", dtype: str = "auto", rope_precision: str = "float32",
                     compile_mode: str = "none", hash_checkpoint: bool = False, key: ModelKey | None = None):
-        """Load ``preset``'s networks (subclasses)."""
-        raise NotImplementedError
+        """Load ``preset``'s networks (the subclass's loader) and return the pipeline."""
+
+    @abstractmethod
+    def condition(self, request: RunConditioning):
+        """The backbone's prepared conditioning of one run from ``request`` (what :attr:`reads` names).
+
+        Raises:
+            InputError: an input the backbone needs and did not get, or one it refuses."""
+
+    @abstractmethod
+    def plan_conditioning(self, text_rows: int = 512):
+        """What :meth:`condition` returns at the run's shapes, without computing it (the memory plan)."""
+
+    @abstractmethod
+    def rollout(self, writer, conditioned, keyboard=None, mouse=None, seed: int = 0, noise=None, on_step=None,
+                rows: int | None = None):
+        """A fresh :class:`~worldtrace_cli.engine.rollout.ChunkRollout` of ``conditioned`` through ``writer``
+        (reset). ``keyboard`` [1, R, kd] / ``mouse`` [1, R, 2]: a whole run's rows, from which it feeds itself
+        (its own :class:`~worldtrace_cli.engine.feed.ConditioningFeed`); None: each step is given its
+        request. ``rows``: the run's pixel frames when fed per chunk (a camera track's length)."""
+
+    @abstractmethod
+    def latent_poses(self, keyboard, mouse):
+        """float64 [N, 4, 4] camera-to-world pose of every latent frame the actions reach, or None (no camera)."""
 
     @classmethod
     def _loaded(cls, preset, load_world, device: str, dtype: str, rope_precision: str, compile_mode: str,
@@ -250,11 +338,13 @@ class PipelineBase:
         """The model's own past slots: window - frames per chunk (:attr:`Preset.default_budget`)."""
         return self.preset.default_budget
 
-    def feeds_itself(self, conditioned) -> bool:
-        """True when a rollout of ``conditioned`` must be built from its whole run and step without requests
-        (LingBot-World's explicit poses, normalised over the whole trajectory); False (the default): it is
-        fed chunk by chunk (:class:`~worldtrace_cli.engine.feed.ConditioningFeed`)."""
-        return False
+    def feed(self, plan, conditioned):
+        """The one feed of a run of ``conditioned`` over ``plan`` (an ActionPlan, which may grow): a
+        :class:`~worldtrace_cli.engine.feed.ConditioningFeed` whose requests carry the camera's poses when
+        the backbone has a camera (its row's ``camera``)."""
+        from .feed import ConditioningFeed
+
+        return ConditioningFeed(plan, camera=self.preset.backbone.camera)
 
     @torch.no_grad()
     def encode_prefix(self, frames) -> torch.Tensor:
@@ -302,4 +392,4 @@ class PipelineBase:
         return build_writer(memory, self.default_budget, self.window)
 
 
-__all__ = ["DTYPES", "ModelKey", "PipelineBase", "RunConditioning", "check_speed", "resolve_device", "resolve_dtype", "versions"]
+__all__ = ["DTYPES", "READS", "ModelKey", "PipelineBase", "RunConditioning", "check_row", "check_speed", "expected_reads", "resolve_device", "resolve_dtype", "versions"]

@@ -28,7 +28,8 @@ class ChunkRequest:
         first_row: the absolute pixel-frame index of ``keyboard[0]``.
         poses: float64 [N, 4, 4] camera-to-world pose of every latent frame up to the chunk's last (the
             motion model's, :class:`~worldtrace_cli.world.motion.PoseTrack`), or None (no camera).
-        prompt: the chunk's prompt (prompt segments), else None; previous_prompt: the chunk before's.
+        prompt: the chunk's prompt (prompt segments), else None; previous_prompt: the chunk before's
+            (:attr:`switches` is the one test of a prompt switch).
     """
 
     chunk: int
@@ -39,12 +40,22 @@ class ChunkRequest:
     prompt: str | None = None
     previous_prompt: str | None = None
 
+    @property
+    def switches(self) -> bool:
+        """True when the chunk's prompt is not the chunk before's (a prompt switch; never at chunk 0 or
+        without prompts)."""
+        return self.chunk > 0 and self.prompt is not None and self.prompt != self.previous_prompt
+
 
 ROWS_BACK = 12  # rows an MG2 latent frame reads before its own (the action module's window, MG2 spec §8)
 
 
 class ConditioningFeed:
     """One :class:`ChunkRequest` per chunk from an ActionPlan that may grow between calls (a session's).
+
+    The one way a rollout is fed: ``generate``, sessions and ``bench speed`` build one over their plan
+    (:meth:`~worldtrace_cli.engine.base.PipelineBase.feed`); a rollout built from a whole run's inputs (a
+    fixture replay) holds one made by :meth:`whole`.
 
     Args:
         plan: the :class:`~worldtrace_cli.trajectory.actions.ActionPlan` (its rows, prompts).
@@ -55,8 +66,17 @@ class ConditioningFeed:
     def __init__(self, plan, camera: bool = True):
         from ..world.motion import PoseTrack
 
-        self.plan = plan
+        self.plan, self._whole = plan, None
         self.track = PoseTrack(plan.mode) if camera and plan.mode != "text" else None
+
+    @classmethod
+    def whole(cls, keyboard=None, mouse=None, poses=None, prompts: list | None = None) -> "ConditioningFeed":
+        """A feed of a whole run's inputs as given (a fixture replay's): every request holds all the rows
+        from row 0 (keyboard float32 [R, kd], mouse [R, 2] or None), all the ``poses`` (float64 [N, 4, 4],
+        or None) and chunk c's prompt ``prompts[min(c, len - 1)]`` (or None)."""
+        feed = cls.__new__(cls)
+        feed.plan, feed.track, feed._whole = None, None, (keyboard, mouse, poses, prompts)
+        return feed
 
     def request(self, chunk: int) -> ChunkRequest:
         """Chunk ``chunk``'s request (the plan must hold its rows).
@@ -66,6 +86,13 @@ class ConditioningFeed:
         """
         from ..trajectory.actions import chunk_rows
 
+        if self._whole is not None:
+            keyboard, mouse, poses, prompts = self._whole
+            if prompts is None:
+                return ChunkRequest(chunk, keyboard, mouse, 0, poses)
+            last = len(prompts) - 1
+            return ChunkRequest(chunk, keyboard, mouse, 0, poses, prompts[min(chunk, last)],
+                                prompts[min(chunk - 1, last)] if chunk else None)
         plan = self.plan
         if chunk >= plan.num_chunks:
             raise ValueError(f"chunk {chunk}: the plan holds {plan.num_chunks} chunks")

@@ -37,8 +37,11 @@ class LingbotPipeline(PipelineBase):
     """A LingBot preset's DiT, VAE, umT5 encoder (and optional CLIP tower for metrics), loaded once.
 
     ``world`` is a :class:`~worldtrace_cli.model.lingbot.world.LingbotWorld`; other attributes as
-    :class:`~worldtrace_cli.engine.base.PipelineBase`.
+    :class:`~worldtrace_cli.engine.base.PipelineBase`. It reads a start image, the run's prompt (umT5)
+    and camera files, and gives camera poses.
     """
+
+    reads = frozenset({"image", "prompt", "camera_files", "text", "poses"})
 
     @classmethod
     def from_preset(cls, preset, checkpoint=None, random_weights: bool = False, weights_seed: int = 0,
@@ -67,7 +70,7 @@ class LingbotPipeline(PipelineBase):
     @torch.no_grad()
     def condition(self, request: RunConditioning) -> LingbotConditioned:
         """Encode ``request.image`` (squashed to the preset's size, spec §10.2) and ``request.prompt``
-        (umT5) for a rollout of ``request.num_chunks`` chunks; ``request.camera`` (LingbotInputs: poses,
+        (umT5; "" for none: the camera files' own prompt field is not read) for a rollout of ``request.num_chunks`` chunks; ``request.camera`` (LingbotInputs: poses,
         intrinsics) goes with them.
 
         Raises:
@@ -81,9 +84,7 @@ class LingbotPipeline(PipelineBase):
 
         if request.image is None:
             raise InputError(f"preset {self.preset.name}: {self.preset.backbone.title} needs a start image")
-        inputs = request.camera or LingbotInputs()
-        if request.prompt is not None:
-            inputs = replace(inputs, prompt=request.prompt)
+        inputs = replace(request.camera or LingbotInputs(), prompt=request.prompt or "")  # the prompt: its own field
         image = preprocess_image(request.image, self.preset.height, self.preset.width).to(self.device, self.dtype)
         latents = encode_conditioning_latents(self.world.vae, image, request.num_chunks * self.frames_per_chunk)
         text = self.world.text.encode(inputs.prompt)
@@ -122,7 +123,7 @@ class LingbotPipeline(PipelineBase):
         return LingbotConditioned(latents, torch.empty(text_rows, 4096), LingbotInputs())
 
     def rollout(self, writer, conditioned: LingbotConditioned, keyboard: torch.Tensor | None = None,
-                mouse: torch.Tensor | None = None, seed: int = 0, noise=None, on_step=None):
+                mouse: torch.Tensor | None = None, seed: int = 0, noise=None, on_step=None, rows: int | None = None):
         """A fresh :class:`~worldtrace_cli.engine.lingbot_rollout.LingbotRollout` through ``writer`` (reset).
 
         Args:
@@ -130,12 +131,14 @@ class LingbotPipeline(PipelineBase):
                 itself (its camera: the explicit poses, else the actions' by the motion model); None:
                 each chunk's poses come with its request (a live session); mouse: [1, R, 2] or None.
             seed: noise seed (chunk c draws from ``chunk_generator(seed, c)``).
+            rows: the run's pixel frames when fed per chunk (explicit poses: the track's rows, normalised
+                over them); a whole run's ``keyboard`` gives its own.
         """
         from ..model.lingbot.camera import CameraTrack
         from .lingbot_rollout import LingbotRollout
         from ..model.lingbot.sampler import CausalFastSchedule
 
-        rows = None if keyboard is None else keyboard.shape[1]
+        rows = keyboard.shape[1] if keyboard is not None else rows
         camera = self.camera(rows or 0, conditioned.inputs)
         if isinstance(camera, CameraTrack):
             poses = torch.from_numpy(camera.latent_poses)
@@ -155,6 +158,10 @@ class LingbotPipeline(PipelineBase):
         track.extend_to(keyboard[0].cpu(), None if mouse is None else mouse[0].cpu(), keyboard.shape[1])
         return track.latent_c2w(1 + (keyboard.shape[1] - 1) // 4).clone()
 
-    def feeds_itself(self, conditioned: LingbotConditioned) -> bool:
-        """True when explicit poses drive the camera: the rollout then feeds itself (no requests' poses)."""
-        return conditioned.inputs.poses is not None
+    def feed(self, plan, conditioned: LingbotConditioned):
+        """The run's :class:`~worldtrace_cli.engine.feed.ConditioningFeed`: with explicit poses (camera files,
+        the rollout's own track) its requests carry no poses; else (or ``conditioned`` None: not conditioned
+        yet, a session's, which takes no camera files) the actions' poses so far."""
+        from .feed import ConditioningFeed
+
+        return ConditioningFeed(plan, camera=conditioned is None or conditioned.inputs.poses is None)

@@ -24,7 +24,7 @@ from ..memory import CacheWriter
 from ..model.lingbot.config import TRAINED_WINDOW
 from ..model.lingbot.dit import LingbotChunk
 from ..model.lingbot.sampler import CausalFastSchedule, add_noise, flow_to_x0
-from .feed import ChunkRequest
+from .feed import ChunkRequest, ConditioningFeed
 from .rollout import ChunkRollout
 
 
@@ -64,24 +64,16 @@ class LingbotRollout(ChunkRollout):
 
         self.conditioning, self.text_context, self.camera = conditioning, text_context, camera
         self.track = camera if isinstance(camera, CameraTrack) else None  # whole-run poses: fed by themselves
-        self._poses = poses
         self.timesteps = schedule.timesteps()
         self.x0_sigmas, self.noise_sigmas = schedule.x0_sigmas(), schedule.add_noise_sigmas()
         self._setup(dit, writer, seed, device, latent_hw, frames_per_chunk, window - 1,
                     dit.patch_embedding.weight.dtype, len(self.timesteps), noise, on_step, poses)
+        if self.track is not None or poses is not None:  # a whole run's camera: it feeds itself
+            self.feed = ConditioningFeed.whole(poses=None if self.track is not None else poses)
 
     # the 14B DiT's rotated past for all 40 layers would take 22.2 GB at the default cache: one layer's
     # buffer, re-filled per call, takes 0.55 GB (docs/gpu-memory.md; CacheView.shared_buffer: the same values)
     shared_kv_buffer = True
-
-    def own_request(self, chunk: int) -> ChunkRequest:
-        """A rollout built with a whole run's camera feeds itself: explicit poses (a :class:`CameraTrack`,
-        whose poses the writer has) or the whole run's poses given to the constructor."""
-        if self.track is not None:
-            return ChunkRequest(chunk)
-        if self._poses is None:
-            return super().own_request(chunk)
-        return ChunkRequest(chunk, poses=self._poses)
 
     def check_chunk(self, chunk: int, frame_start: int, request: ChunkRequest) -> None:
         covered = self.track.num_frames if self.track is not None else \
@@ -100,8 +92,8 @@ class LingbotRollout(ChunkRollout):
                               shared_buffer=self.shared_kv_buffer)
         return inputs, self.conditioning.cond_concat(frame_start, frames).to(self.device)
 
-    def flow(self, x, step, inputs, cond):
-        return self._dit(x, self.timesteps[step], cond, inputs)
+    def flow(self, x, step, inputs, cond, probe=None):
+        return self.call_dit(x, self.timesteps[step], cond, inputs, probe=probe)
 
     def to_x0(self, x, flow, step):
         return flow_to_x0(x, flow, self.x0_sigmas[step])
@@ -109,6 +101,6 @@ class LingbotRollout(ChunkRollout):
     def renoise(self, x0, flow, step, draw):
         return add_noise(x0, draw().to(self.device), self.noise_sigmas[step])
 
-    def context(self, x0, inputs, cond):
-        _, committed = self._dit(x0, 0.0, cond, inputs, commit=True)
+    def context(self, x0, inputs, cond, draw=None):
+        _, committed = self.call_dit(x0, 0.0, cond, inputs, commit=True)
         return committed

@@ -34,10 +34,13 @@ class ChunkLoop:
             (:func:`~worldtrace_cli.engine.tally.fresh_progress`; None: a new one).
         gate: called before each chunk (a sharded run's process 0 tells the others it makes one:
             :func:`~worldtrace_cli.engine.shard.announce`), or None.
+        keep: finish and keep the records (False: ``bench speed``, its sinks off: the outputs are only
+            returned, their records as the rollout and decoder left them).
+        Without a ``decoder`` (None) chunks are not decoded (``frames`` None; ``keep`` must be False).
     """
 
     def __init__(self, rollout, decoder, device, scorer, plan, overlap: bool = False, sinks=None, records=None,
-                 gate=None, progress: dict | None = None):
+                 gate=None, progress: dict | None = None, keep: bool = True):
         from .decode import DecodePipeline
 
         from .tally import RunTally, fresh_progress
@@ -47,8 +50,12 @@ class ChunkLoop:
         self.tally = sinks if sinks is not None else RunTally(plan, [] if records is None else records,
                                                                fresh_progress() if progress is None else progress,
                                                                plan.frames_per_chunk)
-        self.records = self.tally.records
-        self.decode = DecodePipeline(decoder, device, overlap)  # after any decoder restore (its docstring)
+        self.records, self.keep = self.tally.records, keep
+        self.last = None  # the latest chunk made (its ChunkOutput; decoded or not yet)
+        if decoder is None and keep:
+            raise ValueError("a chunk loop that keeps its records decodes its chunks")
+        # after any decoder restore (its docstring)
+        self.decode = None if decoder is None else DecodePipeline(decoder, device, overlap)
 
     def advance(self, request=None) -> list:
         """Generate the next chunk from its ``request`` (:class:`~worldtrace_cli.engine.feed.ChunkRequest`:
@@ -63,19 +70,21 @@ class ChunkLoop:
         try:
             if self.gate is not None:
                 self.gate()
-            out = self.rollout.step(request)
+            out = self.last = self.rollout.step(request)
         except KeyboardInterrupt:  # a second Ctrl-C: abort now, without waiting for a decode
             raise
         except BaseException:
             self.drain()
             raise
-        return self._finish(self.decode.submit(out))
+        return self._finish([out] if self.decode is None else self.decode.submit(out))
 
     def flush(self) -> list:
         """Wait for every chunk still decoding; returns them, written."""
-        return self._finish(self.decode.flush())
+        return self._finish([] if self.decode is None else self.decode.flush())
 
     def _finish(self, ready: list) -> list:
+        if not self.keep:
+            return ready
         if self.sinks is not None:
             self.sinks.write(ready)
         else:
@@ -95,7 +104,7 @@ class ChunkLoop:
         a closing error is logged, not raised (it must not hide the real one)."""
         if self.sinks is not None:
             self.sinks.close(self.decode, failing)
-        else:
+        elif self.decode is not None:
             self.decode.close()
 
 

@@ -30,8 +30,11 @@ class MG2Pipeline(PipelineBase):
     """An MG2 preset's DiT, VAE and CLIP tower loaded once, with fixed speed settings.
 
     ``world`` is a :class:`~worldtrace_cli.model.checkpoint.WorldModel`; other attributes as
-    :class:`~worldtrace_cli.engine.base.PipelineBase`.
+    :class:`~worldtrace_cli.engine.base.PipelineBase`. It reads a start image, the CLIP tokens its DiT is
+    conditioned on, and gives camera poses.
     """
+
+    reads = frozenset({"image", "clip", "poses"})
 
     @classmethod
     def from_preset(cls, preset, checkpoint=None, random_weights: bool = False, weights_seed: int = 0,
@@ -80,13 +83,13 @@ class MG2Pipeline(PipelineBase):
         return Conditioned(latents, torch.empty(1, 257, self.world.clip.hidden_size))  # float32, as build_conditioning
 
     def rollout(self, writer, conditioned: Conditioned, keyboard: torch.Tensor | None = None,
-                mouse: torch.Tensor | None = None, seed: int = 0, noise=None, on_step=None):
+                mouse: torch.Tensor | None = None, seed: int = 0, noise=None, on_step=None, rows: int | None = None):
         """A fresh :class:`~worldtrace_cli.engine.rollout.Rollout` of this model through ``writer`` (reset).
 
         Args:
             keyboard: [1, R, keyboard_dim] action rows (pixel frames) of a whole run, which then feeds
                 itself; None: each chunk's rows come with its request (``step(request)``); mouse: [1, R, 2] or None.
-            seed: noise seed (chunk c draws from ``chunk_generator(seed, c)``).
+            seed: noise seed (chunk c draws from ``chunk_generator(seed, c)``). rows: unused (no camera track).
         """
         from ..model.sampler import FlowMatchSchedule
         from .rollout import Rollout

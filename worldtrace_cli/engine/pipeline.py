@@ -34,8 +34,20 @@ class Pipeline:
 
 
 def pipeline_class(preset) -> type:
-    """The pipeline class of ``preset``'s backbone (its registry row: :mod:`~worldtrace_cli.config.backbones`)."""
-    return preset.backbone.load("pipeline")
+    """The pipeline class of ``preset``'s backbone (its registry row: :mod:`~worldtrace_cli.config.backbones`),
+    held to the row (:func:`~worldtrace_cli.engine.base.check_row`).
+
+    Raises:
+        InputError: a row whose capability flags disagree with its class (one line naming both)."""
+    from ..errors import InputError
+    from .base import check_row
+
+    cls = preset.backbone.load("pipeline")
+    try:
+        check_row(preset.backbone, cls)
+    except TypeError as exc:
+        raise InputError(str(exc)) from None
+    return cls
 
 
 __all__ = ["ModelKey", "Pipeline", "PipelineBase", "pipeline_class", "resolve_device", "resolve_dtype", "versions"]

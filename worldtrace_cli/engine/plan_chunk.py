@@ -89,8 +89,7 @@ def _fill(rollout, writer, limit: int, tracker) -> dict:
         writer.commit([(torch.empty(shape, dtype=g.dtype), torch.empty(shape, dtype=g.dtype)) for _ in range(g.num_layers)],
                       list(range(c * f, c * f + f)))
         grew = writer.host_bytes() - host
-        rollout.chunk = c + 1
-        rollout.finish_chunk(torch.empty(1, rollout.latent_channels, f, *rollout.latent_hw))  # what it keeps
+        rollout.skip(torch.empty(1, rollout.latent_channels, f, *rollout.latent_hw))  # counted; what it keeps
     return {"settled": False, "host_per_chunk": grew}
 
 
@@ -194,7 +193,7 @@ def _phases_at(plan, preset, memory, networks: tuple, offset: int, dtype, limit:
     out["denoise"] = tracked_peak(tracker) + offset
     with tracker:
         x0 = rollout.to_x0(x, flow, 0)
-        committed = rollout.context(x0, inputs, cond)
+        committed = rollout.context(x0, inputs, cond, lambda: torch.empty(x0.shape))  # a noised pass's draw
         writer.commit(committed, list(range(start, start + f)))  # the writer's copies while the chunk's are alive
     out["context"] = tracked_peak(tracker) + offset
     del committed, inputs, cond, flow, read

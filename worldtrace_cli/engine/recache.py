@@ -64,12 +64,11 @@ def recache(rollout, start: int, rows: torch.Tensor, mode: str) -> dict:
     prompt's text ``rows`` [L, 4096]; returns the event for the chunk's record
     (``{"type": "prompt_recache", "frames": [r0, start], "query_only", "rewritten", "sink_rewritten"}``).
 
-    ``rollout``: a :class:`~worldtrace_cli.engine.text_rollout.TextRollout` (its ``state.history``
-    [1, C, n, h, w] holds the last clean latent frames, ``recache_window`` W).
+    ``rollout``: a :class:`~worldtrace_cli.engine.text_rollout.TextRollout`, through its public parts only:
+    ``writer``, ``geometry``, ``recache_window`` W, ``history`` [1, C, n, h, w] (the last clean latent
+    frames) and ``recache_pass`` (the one DiT call).
     """
-    from ..model.lingbot.dit import LingbotChunk
-
-    writer, history = rollout.writer, rollout.state.history
+    writer, history = rollout.writer, rollout.history
     n_summary = getattr(writer, "n_summary", 0)
     n_r = min(rollout.recache_window, start, history.shape[2])
     r0 = start - n_r
@@ -82,12 +81,8 @@ def recache(rollout, start: int, rows: torch.Tensor, mode: str) -> dict:
     writer.begin_chunk(r0)
     past = past_before(writer, rollout.geometry.num_layers, r0)  # r0 = 0: nothing (LongLive's early switch)
     x0 = history[:, :, history.shape[2] - (start - r0):]
-    rollout.state.cross_kv = None  # the call reads the new prompt
-    inputs = LingbotChunk(rollout=rollout.state, past=past, text_context=rows,
-                          temporal_freq_scale=writer.temporal_frequency_scale(),
-                          query_only_tokens=query_only * rollout.geometry.tokens_per_frame)
-    _, committed = rollout._dit(x0, 0.0, None, inputs, commit=True)
     t = rollout.geometry.tokens_per_frame
+    committed = rollout.recache_pass(x0, past, rows, query_only * t)
     kept = [(k[:, query_only * t:], v[:, query_only * t:]) for k, v in committed]
     summary_frames = {f for s in writer.slots() if s.role == "summary" for f in s.frames}
     rewritten = writer.rewrite(kept, list(range(r0 + query_only, start)), summary=early and mode == "recache")

@@ -29,7 +29,7 @@ from ..memory import CacheGeometry, CacheWriter
 from ..model.attention_stats import AttentionProbe
 from ..model.dit import ChunkInputs
 from .cache_read import CacheRead, WriterPast, begin_chunk, noise_draws, read_past  # noqa: F401  (re-exported)
-from .feed import ChunkRequest
+from .feed import ChunkRequest, ConditioningFeed
 from ..model.sampler import NUM_TRAIN_TIMESTEPS, FlowMatchSchedule, add_noise, flow_to_x0, next_x
 from .record import chunk_record
 
@@ -75,8 +75,10 @@ class ChunkRollout:
     :class:`~worldtrace_cli.memory.CacheGeometry`), ``state`` (the DiT's rollout state: action or
     camera caches), ``chunk`` (chunks generated), ``seed``, ``noise``, ``on_step``, ``device``,
     ``dtype``, ``latent_hw``, ``frames_per_chunk``, ``latent_channels``, ``num_steps`` (denoising
-    calls per chunk); ``chunk_draw`` (set by :meth:`step`: the chunk's ``draw(i)`` of Gaussian noise,
-    :func:`noise_draws`, for a context pass that noises its input).
+    calls per chunk), ``feed`` (a rollout built from a whole run's inputs: its own
+    :class:`~worldtrace_cli.engine.feed.ConditioningFeed`, else None). Nothing of a chunk is kept on the
+    rollout between its hooks: the step hands each hook what it needs (the request, the attention probe,
+    the noise draw).
     """
 
     def _setup(self, dit, writer: CacheWriter, seed: int, device: torch.device, latent_hw: tuple[int, int],
@@ -102,6 +104,24 @@ class ChunkRollout:
         self.chunk = 0
         self.attention_queries: int | None = None  # None: no attention stats (measure_attention)
         self.prefix: torch.Tensor | None = None  # a real video's latents, committed instead of generated (set_prefix)
+        self.feed = None  # a whole run's own ConditioningFeed (the subclass sets it), for step() without a request
+
+    def restore(self, state: dict, next_chunk: int) -> None:
+        """Continue from a saved run: the rollout state's :meth:`state_dict` (action or camera caches, a
+        text rollout's history) and the next chunk to make (a resume state, a saved or forked session).
+
+        Raises:
+            KeyError / ValueError / TypeError: a state that does not fit; ValueError: a negative chunk."""
+        if next_chunk < 0:
+            raise ValueError(f"next chunk must be >= 0, got {next_chunk}")
+        self.state.load_state_dict(state)
+        self.chunk = int(next_chunk)
+
+    def skip(self, x0: torch.Tensor) -> None:
+        """Count a chunk whose K/V were committed to the writer outside :meth:`step` (the memory plan's
+        fill), its clean latents ``x0`` [1, C, F, h, w] seen by :meth:`finish_chunk`."""
+        self.chunk += 1
+        self.finish_chunk(x0)
 
     def set_prefix(self, latents: torch.Tensor | None) -> None:
         """Continue a real video: the chunks its ``latents`` cover are not generated but committed as
@@ -145,14 +165,6 @@ class ChunkRollout:
         self.attention_queries = int(queries)
 
     # -- the backbone's hooks ---------------------------------------------------------------------
-    def own_request(self, chunk: int) -> ChunkRequest:
-        """The request of chunk ``chunk`` when :meth:`step` is given none: a rollout built from a whole
-        run's inputs (a fixture replay, a benchmark) feeds itself from them. Default: none given.
-
-        Raises:
-            ValueError: the rollout was built without a run's inputs (a live one is fed by its caller)."""
-        raise ValueError(f"chunk {chunk}: this rollout is fed chunk by chunk: step(request)")
-
     def check_chunk(self, chunk: int, frame_start: int, request: ChunkRequest) -> None:
         """Refuse a chunk the backbone cannot make (RunError); default: any."""
 
@@ -173,8 +185,10 @@ class ChunkRollout:
         ``request`` (its action rows, camera or prompt)."""
         raise NotImplementedError
 
-    def flow(self, x: torch.Tensor, step: int, inputs, cond: torch.Tensor) -> torch.Tensor:
-        """The DiT's flow prediction for noisy latents ``x`` [1, C, F, h, w] at denoising ``step``."""
+    def flow(self, x: torch.Tensor, step: int, inputs, cond: torch.Tensor, probe=None) -> torch.Tensor:
+        """The DiT's flow prediction for noisy latents ``x`` [1, C, F, h, w] at denoising ``step``;
+        ``probe``: the chunk's :class:`~worldtrace_cli.model.attention_stats.AttentionProbe` at its last
+        step when attention is measured (hand it to :meth:`call_dit`), else None."""
         raise NotImplementedError
 
     def to_x0(self, x: torch.Tensor, flow: torch.Tensor, step: int) -> torch.Tensor:
@@ -186,15 +200,20 @@ class ChunkRollout:
         drawn only by samplers that use it)."""
         raise NotImplementedError
 
-    def context(self, x0: torch.Tensor, inputs, cond: torch.Tensor):
-        """The context pass at t = 0 over the clean latents: the per-layer canonical K/V to commit."""
+    def context(self, x0: torch.Tensor, inputs, cond: torch.Tensor, draw=None):
+        """The context pass at t = 0 over the clean latents: the per-layer canonical K/V to commit.
+        ``draw()``: the chunk's next Gaussian draw after its denoising draws (a context pass that
+        noises its input), or None (the memory plan: none needed)."""
         raise NotImplementedError
 
-    def _dit(self, *args, **kwargs):
-        """One DiT call; a torch.compile failure (no C++ compiler, no Triton, an Inductor bug) becomes
+    def call_dit(self, x, t, cond, inputs, *, commit: bool = False, probe=None):
+        """One DiT call on the chunk's ``inputs`` (``probe``: the attention probe it measures, only for
+        this call); a torch.compile failure (no C++ compiler, no Triton, an Inductor bug) becomes
         a one-line RunError naming --compile instead of a long traceback (details at debug level)."""
+        if probe is not None:
+            inputs.attention = probe  # the DiT's interface (model/chunk.py:CacheView); this call only
         try:
-            return self.dit(*args, **kwargs)
+            return self.dit(x, t, cond, inputs, commit=commit) if commit else self.dit(x, t, cond, inputs)
         except Exception as exc:
             mode = getattr(self.dit, "compile_mode", "none")
             from torch._dynamo.exc import TorchDynamoException
@@ -206,6 +225,9 @@ class ChunkRollout:
             reason = lines[0] if lines else type(exc).__name__
             raise RunError(f"chunk {self.chunk}: --compile {mode} failed ({reason[:300]}); run without --compile, "
                            f"or give torch a working compiler (a C++ compiler on CPU, Triton on CUDA)") from None
+        finally:
+            if probe is not None:
+                inputs.attention = None
 
     @torch.no_grad()
     def step(self, request: ChunkRequest | None = None) -> ChunkOutput:
@@ -213,20 +235,23 @@ class ChunkRollout:
 
         Args:
             request: the chunk's conditioning (:class:`~worldtrace_cli.engine.feed.ChunkRequest`: its
-                action rows, the camera poses so far, its prompt); None: the rollout's own run's
-                (:meth:`own_request`).
+                index, action rows, the camera poses so far, its prompt); None: the next request of the
+                rollout's own :attr:`feed` (one built from a whole run's inputs: a fixture replay).
         Returns:
             :class:`ChunkOutput` with the clean latents [1, C, F, h, w] float32 and the chunk's record.
         Raises:
             RunError: a chunk the backbone cannot make, non-finite latents (names the chunk), or a
                 failed torch.compile; nothing of this chunk is committed.
-            ValueError: a request for another chunk.
+            ValueError: a request for another chunk, or none for a rollout without its own feed.
         """
-        c, f = self.chunk, self.frames_per_chunk
+        if request is None:
+            if self.feed is None:
+                raise ValueError(f"chunk {self.chunk}: this rollout is fed chunk by chunk: step(request)")
+            request = self.feed.request(self.chunk)
+        c, f = request.chunk, self.frames_per_chunk
         start = c * f
-        request = self.own_request(c) if request is None else request
-        if request.chunk != c:
-            raise ValueError(f"a request for chunk {request.chunk}, but the rollout is at chunk {c}")
+        if c != self.chunk:
+            raise ValueError(f"a request for chunk {c}, but the rollout is at chunk {self.chunk}")
         self.check_chunk(c, start, request)
         if request.poses is not None:  # the camera so far: the pose writers read the chunk's and the past's
             self.writer.set_poses(request.poses)
@@ -241,15 +266,14 @@ class ChunkRollout:
         probe = None
         if self.attention_queries is not None and not given:  # measured at the last denoising step (docs/attention.md)
             probe = AttentionProbe(read.tokens, self.attention_queries, self.seed, c, self.geometry.head_group)
-        draw = self.chunk_draw = noise_draws(self.seed, c, (1, self.latent_channels, f, *self.latent_hw), self.noise)
+        draw = noise_draws(self.seed, c, (1, self.latent_channels, f, *self.latent_hw), self.noise)
         if given:  # no noise drawn: the clip's latents are the chunk's x0
             x0 = self.prefix[:, :, start:start + f].to(self.device)
         else:
             x = draw(0).to(self.device)
         with timer.phase("denoise"):
             for s in range(0 if given else self.num_steps):
-                inputs.attention = probe if s == self.num_steps - 1 else None
-                flow = self.flow(x, s, inputs, cond)
+                flow = self.flow(x, s, inputs, cond, probe if s == self.num_steps - 1 else None)
                 x0 = self.to_x0(x, flow, s)
                 if self.on_step is not None:
                     self.on_step(c, s, x0)
@@ -257,9 +281,8 @@ class ChunkRollout:
                     x = self.renoise(x0, flow, s, lambda: draw(s + 1))
         if not torch.isfinite(x0).all():
             raise RunError(f"chunk {c}: the denoised latents contain NaN or inf")
-        inputs.attention = None
         with timer.phase("context"):
-            committed = self.context(x0, inputs, cond)
+            committed = self.context(x0, inputs, cond, lambda: draw(self.num_steps))
         with timer.phase("cache"):
             self.writer.commit(committed, list(range(start, start + f)))
         del inputs
@@ -283,7 +306,8 @@ class Rollout(ChunkRollout):
         writer: the self-attention cache writer (reset here).
         conditioning: object with ``cond_concat(start, count) -> [1,20,count,h,w]`` (image latents + mask).
         visual_context: [1, 257, clip_dim] CLIP tokens.
-        keyboard: [1, R, kd] action rows (pixel frames) of a whole run, which feeds itself (:meth:`own_request`),
+        keyboard: [1, R, kd] action rows (pixel frames) of a whole run, which then feeds itself (its
+            :attr:`feed`: :meth:`~worldtrace_cli.engine.feed.ConditioningFeed.whole`),
             or None: each :meth:`step` is given its chunk's rows (a live session); mouse: [1, R, 2] or None.
         schedule: the sampler's :class:`FlowMatchSchedule`.
         seed: noise seed; chunk c draws from ``chunk_generator(seed, c)`` (CPU, then moved).
@@ -305,19 +329,13 @@ class Rollout(ChunkRollout):
         dtype = next(dit.parameters()).dtype
         self.conditioning = conditioning
         self.visual_context = visual_context.to(device, dtype)
-        self._run = None if keyboard is None else (keyboard[0], None if mouse is None else mouse[0], poses)
         self.timesteps, self.sigmas = schedule.timesteps(), schedule.sigmas()
         self.sampler = schedule.sampler
         self.context_noise = context_noise
         self._setup(dit, writer, seed, device, latent_hw, frames_per_chunk, dit.cfg.local_attn_size - 1, dtype,
                     len(self.timesteps), noise, on_step, poses)
-
-    def own_request(self, chunk: int) -> ChunkRequest:
-        """The whole run's rows (and poses) given to the constructor, for chunk ``chunk``."""
-        if self._run is None:
-            return super().own_request(chunk)
-        keyboard, mouse, poses = self._run
-        return ChunkRequest(chunk, keyboard, mouse, 0, poses)
+        if keyboard is not None:
+            self.feed = ConditioningFeed.whole(keyboard[0], None if mouse is None else mouse[0], poses)
 
     def chunk_inputs(self, read: "CacheRead", frame_start: int, frames: int, request: ChunkRequest):
         mouse = None if request.mouse is None else request.mouse[None].to(self.device, self.dtype)
@@ -327,9 +345,9 @@ class Rollout(ChunkRollout):
                              temporal_freq_scale=read.freq_scale)
         return inputs, self.conditioning.cond_concat(frame_start, frames).to(self.device, self.dtype)
 
-    def flow(self, x, step, inputs, cond):
+    def flow(self, x, step, inputs, cond, probe=None):
         t = self.timesteps[step].expand(1, self.frames_per_chunk).to(self.device)
-        return self._dit(x, t, cond, inputs).float()
+        return self.call_dit(x, t, cond, inputs, probe=probe).float()
 
     def to_x0(self, x, flow, step):
         return flow_to_x0(x, flow, self.sigmas[step])
@@ -337,13 +355,17 @@ class Rollout(ChunkRollout):
     def renoise(self, x0, flow, step, draw):
         return next_x(x0, flow, self.sigmas[step + 1], self.sampler, draw)
 
-    def context(self, x0, inputs, cond):
+    def context(self, x0, inputs, cond, draw=None):
         """The context pass (MG2 spec §10 step 4) at timestep ``context_noise``: over ``x0`` itself at 0
-        (MG2's configs), else over ``x0`` noised to sigma = ``context_noise`` / 1000 with the chunk's
-        next Gaussian draw (after its denoising draws), as ``train dit --context-noise`` trains."""
+        (MG2's configs), else over ``x0`` noised to sigma = ``context_noise`` / 1000 with ``draw()``, the
+        chunk's next Gaussian draw (after its denoising draws), as ``train dit --context-noise`` trains.
+
+        Raises:
+            ValueError: a ``context_noise`` pass given no ``draw``."""
         t = torch.full((1, self.frames_per_chunk), float(self.context_noise), device=self.device)
         if self.context_noise:
-            eps = self.chunk_draw(self.num_steps).to(x0.device, x0.dtype)
-            x0 = add_noise(x0, eps, self.context_noise / NUM_TRAIN_TIMESTEPS)
-        _, committed = self._dit(x0, t, cond, inputs, commit=True)
+            if draw is None:
+                raise ValueError(f"context_noise {self.context_noise}: the context pass needs the chunk's noise draw")
+            x0 = add_noise(x0, draw().to(x0.device, x0.dtype), self.context_noise / NUM_TRAIN_TIMESTEPS)
+        _, committed = self.call_dit(x0, t, cond, inputs, commit=True)
         return committed

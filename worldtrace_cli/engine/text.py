@@ -76,7 +76,10 @@ def encode_prompts(pipeline, prompts: list[str]) -> tuple[list, list]:
 
 class TextPipeline(PipelineBase):
     """A ``selfforcing`` preset's DiT (``t2v``), Wan2.1 VAE and umT5 encoder (CLIP tower only for
-    ``--metrics all``), loaded once. ``world`` is a :class:`~worldtrace_cli.model.lingbot.world.LingbotWorld`."""
+    ``--metrics all``), loaded once. ``world`` is a :class:`~worldtrace_cli.model.lingbot.world.LingbotWorld`.
+    It reads every chunk's prompt (umT5); no image, no camera."""
+
+    reads = frozenset({"prompts", "text"})
 
     @classmethod
     def from_preset(cls, preset, checkpoint=None, random_weights: bool = False, weights_seed: int = 0,
@@ -98,10 +101,8 @@ class TextPipeline(PipelineBase):
         pipe = cls._loaded(preset, lambda dev, dt: load_selfforcing_world(preset, checkpoint, random_weights,
                                                                           weights_seed, dev, dt, hash_checkpoint),
                            device, dtype, rope_precision, compile_mode, key)
-        if key is not None and key.backend == "diffusers":  # --backend diffusers: the DiT's weights on diffusers'
-            from ..integrations.diffusers_backend import diffusers_dit_from
-
-            pipe.world.dit = diffusers_dit_from(pipe.world.dit)
+        if key is not None and key.backend != "native":  # --backend diffusers: the row's drop-in for the loaded DiT
+            pipe.world.dit = preset.backbone.load_backend(key.backend)(pipe.world.dit)
         return pipe
 
     @torch.no_grad()
@@ -141,12 +142,12 @@ class TextPipeline(PipelineBase):
         return TextConditioned(["plan"], [torch.empty(text_rows, 4096)], [], "recache")
 
     def rollout(self, writer, conditioned: TextConditioned, keyboard=None, mouse=None, seed: int = 0, noise=None,
-                on_step=None):
+                on_step=None, rows: int | None = None):
         """A fresh :class:`~worldtrace_cli.engine.text_rollout.TextRollout` through ``writer`` (reset): it
         feeds itself the conditioned prompts, or takes each chunk's with its request (``step(request)``).
 
         Args:
-            keyboard, mouse: ignored (a text plan's rows are empty: [1, R, 0] and None).
+            keyboard, mouse, rows: ignored (a text plan's rows are empty: [1, R, 0] and None).
             seed: noise seed (chunk c draws from ``chunk_generator(seed, c)``).
         """
         from .text_rollout import TextRollout

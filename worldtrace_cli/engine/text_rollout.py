@@ -19,7 +19,7 @@ from ..memory import CacheWriter
 from ..model.lingbot.dit import LingbotChunk, LingbotRolloutState
 from ..model.lingbot.sampler import add_noise, flow_to_x0
 from ..model.selfforcing.sampler import SelfForcingSchedule
-from .feed import ChunkRequest
+from .feed import ChunkRequest, ConditioningFeed
 from .rollout import ChunkRollout
 
 FRAMES_PER_CHUNK = 3  # num_frame_per_block of every released Self-Forcing / LongLive v1.0 config
@@ -84,7 +84,6 @@ class TextRollout(ChunkRollout):
             if not len(text_context) or prompts is None or len(prompts) != len(text_context):
                 raise ValueError("TextRollout: one text context per chunk needs one prompt per chunk")
         self.text_context, self.prompts, self._encode, self.on_recache = text_context, prompts, encode, on_recache
-        self._rows = None  # the rows the state's cross K/V were made from
         self.timesteps, self.sigmas = schedule.timesteps(), schedule.sigmas()
         from .recache import SWITCH_MODES
 
@@ -94,16 +93,27 @@ class TextRollout(ChunkRollout):
         self._setup(dit, writer, seed, device, latent_hw, frames_per_chunk, trained_offset,
                     dit.patch_embedding.weight.dtype, len(self.timesteps), noise, on_step)
         self.state = TextRolloutState()
+        if text_context is not None:  # a whole run's prompts (or one context): it feeds itself
+            self.feed = ConditioningFeed.whole(prompts=None if isinstance(text_context, torch.Tensor) else prompts)
 
-    def own_request(self, chunk: int) -> ChunkRequest:
-        """The run's own prompts (a list of contexts), or no prompt: the one context of every chunk."""
-        if isinstance(self.text_context, torch.Tensor):
-            return ChunkRequest(chunk)
-        if self.text_context is None:
-            return super().own_request(chunk)
-        last = len(self.prompts) - 1
-        return ChunkRequest(chunk, prompt=self.prompts[min(chunk, last)],
-                            previous_prompt=self.prompts[min(chunk - 1, last)] if chunk else None)
+    @property
+    def history(self) -> torch.Tensor | None:
+        """The clean latents of the last ``recache_window`` latent frames [1, C, n, h, w] float32 (None
+        before the first chunk): what a prompt switch re-caches."""
+        return self.state.history
+
+    def recache_pass(self, x0: torch.Tensor, past: list, rows: torch.Tensor, query_only_tokens: int):
+        """The re-cache's one DiT call (:func:`~worldtrace_cli.engine.recache.recache`): at t = 0 over the
+        clean latents ``x0`` [1, C, n, h, w], reading ``past`` (a :class:`~worldtrace_cli.model.chunk.LayerPast`
+        per layer) and the new prompt's text ``rows`` [L, 4096] (its text K/V made anew, kept for the
+        chunks after), the first ``query_only_tokens`` tokens only querying. Returns every layer's
+        canonical ``(k, v)``."""
+        self.state.cross_kv = None  # the call reads the new prompt
+        inputs = LingbotChunk(rollout=self.state, past=past, text_context=rows,
+                              temporal_freq_scale=self.writer.temporal_frequency_scale(),
+                              query_only_tokens=query_only_tokens)
+        _, committed = self.call_dit(x0, 0.0, None, inputs, commit=True)
+        return committed
 
     def prompt_rows(self, request: ChunkRequest) -> torch.Tensor:
         """The text rows of ``request``'s chunk: [L, 4096] float32 (its prompt's, encoded once)."""
@@ -118,22 +128,24 @@ class TextRollout(ChunkRollout):
         return self._encode(request.prompt)
 
     def prepare_chunk(self, chunk: int, frame_start: int, timer, request: ChunkRequest) -> list[dict]:
-        """At a prompt switch (this chunk's prompt is not the previous chunk's), re-cache the window
-        under the new prompt (:func:`~worldtrace_cli.engine.recache.recache`) unless ``plain``."""
+        """At a prompt switch (:attr:`~worldtrace_cli.engine.feed.ChunkRequest.switches`, the one test),
+        re-cache the window under the new prompt (:func:`~worldtrace_cli.engine.recache.recache`, which
+        also makes the new prompt's text K/V) unless ``plain``; a switch not re-cached drops the old
+        prompt's text K/V (the DiT makes the new prompt's at the chunk's first call)."""
         from .recache import can_recache, recache
 
-        if chunk == 0 or request.prompt is None or request.prompt == request.previous_prompt:
+        if not request.switches:
             return []
         rows = self.prompt_rows(request)
-        if self.switch == "plain" or self.state.history is None:
-            return [{"type": "prompt_switch", "recache": False}]
-        if not can_recache(self.writer):
-            return [{"type": "prompt_switch", "recache": False,
-                     "reason": f"{self.writer.name} cannot rewrite its frames (CacheWriter.rewrite)"}]
-        with timer.phase("context"):  # the re-cache is a context pass over the window
-            event = recache(self, frame_start, rows, self.switch)
-        self._rows = rows
-        if self.on_recache is not None:
+        event = {"type": "prompt_switch", "recache": False}
+        if self.switch != "plain" and self.state.history is not None and not can_recache(self.writer):
+            event["reason"] = f"{self.writer.name} cannot rewrite its frames (CacheWriter.rewrite)"
+        elif self.switch != "plain" and self.state.history is not None:
+            with timer.phase("context"):  # the re-cache is a context pass over the window
+                event = recache(self, frame_start, rows, self.switch)
+        if event["type"] == "prompt_switch":
+            self.state.cross_kv = None
+        if event["type"] == "prompt_recache" and self.on_recache is not None:
             self.on_recache(self)
         return [event]
 
@@ -147,14 +159,12 @@ class TextRollout(ChunkRollout):
 
     def chunk_inputs(self, read, frame_start: int, frames: int, request: ChunkRequest):
         rows = self.prompt_rows(request)
-        if rows is not self._rows:  # a prompt switch: the DiT re-projects the text K/V of every block
-            self.state.cross_kv, self._rows = None, rows
         inputs = LingbotChunk(rollout=self.state, past=read.past, text_context=rows,
                               temporal_freq_scale=read.freq_scale)
         return inputs, None
 
-    def flow(self, x, step, inputs, cond):
-        return self._dit(x, self.timesteps[step], cond, inputs)
+    def flow(self, x, step, inputs, cond, probe=None):
+        return self.call_dit(x, self.timesteps[step], cond, inputs, probe=probe)
 
     def to_x0(self, x, flow, step):
         return flow_to_x0(x, flow, self.sigmas[step])
@@ -162,8 +172,8 @@ class TextRollout(ChunkRollout):
     def renoise(self, x0, flow, step, draw):
         return add_noise(x0, draw().to(self.device), self.sigmas[step + 1])
 
-    def context(self, x0, inputs, cond):
-        _, committed = self._dit(x0, 0.0, cond, inputs, commit=True)
+    def context(self, x0, inputs, cond, draw=None):
+        _, committed = self.call_dit(x0, 0.0, cond, inputs, commit=True)
         return committed
 
 

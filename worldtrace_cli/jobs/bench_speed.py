@@ -55,11 +55,14 @@ def speed_benchmark(preset_name: str = "tiny", caches: tuple[str, ...] = ("slidi
     import platform
     import time
 
+    from dataclasses import replace
+
     from ..config import load_preset
     from ..trajectory.images import load_image
     from ..engine.pipeline import Pipeline
-    from ..engine.decode import DecodePipeline
     from ..engine.record import process_rss_bytes
+    from ..runs.run import Run
+    from ..trajectory.actions import ActionPlan
     from ..engine.tally import critical_path_seconds
     from ..trajectory import MODES, chunk_rows, frames_for_chunks
 
@@ -71,9 +74,10 @@ def speed_benchmark(preset_name: str = "tiny", caches: tuple[str, ...] = ("slidi
     from ..config import RunConfig
 
     # as generate loads it: fp8 storage and block offloading (docs/gpu-memory.md) through the one loader
-    pipe = Pipeline.from_config(RunConfig(preset=preset, trajectory=Path("-"), output=Path("-"), random_weights=True,
-                                          weights_seed=seed, device=device, dtype=dtype, rope_precision=rope_precision,
-                                          compile=compile_mode, weights_dtype=weights_dtype, offload=offload))
+    cfg = RunConfig(preset=preset, trajectory=Path("-"), output=Path("-"), random_weights=True, weights_seed=seed,
+                    device=device, dtype=dtype, rope_precision=rope_precision, compile=compile_mode,
+                    weights_dtype=weights_dtype, offload=offload)
+    pipe = Pipeline.from_config(cfg)
     dev, dt = pipe.device, pipe.dtype
     n_max = max(chunk_counts)
     backbone = preset.backbone
@@ -95,14 +99,16 @@ def speed_benchmark(preset_name: str = "tiny", caches: tuple[str, ...] = ("slidi
         ramp = torch.linspace(0, 255, preset.width).to(torch.uint8).expand(preset.height, -1)
         start_image = Image.fromarray(torch.stack([ramp] * 3, dim=-1).numpy())
     prompt = "a red lighthouse on a rocky cliff above a calm sea"  # a text-to-video model: one prompt, every chunk
-    conditioned = pipe.condition(RunConditioning(n_max, start_image, prompt if backbone.run_prompt else None,
-                                                 [prompt] * n_max if backbone.takes_prompts else None))
+    conditioned = pipe.condition(RunConditioning.of(cfg, n_max, image=start_image, prompt=prompt, prompts=[prompt] * n_max))
     fpc, spec = preset.frames_per_chunk, MODES[preset.mode]  # the mode's actions (LingBot: they move the camera)
     rows_n = frames_for_chunks(n_max, fpc)
-    keyboard = torch.zeros(1, rows_n, spec.keyboard_dim)
+    keyboard = torch.zeros(rows_n, spec.keyboard_dim)
     if spec.keyboard_dim:  # (text-to-video: no keys)
         keyboard[..., 0] = 1.0  # hold the first key (forward / jump) the whole time
-    mouse = torch.zeros(1, rows_n, 2) if spec.mouse else None
+    mouse = torch.zeros(rows_n, 2) if spec.mouse else None
+    # the run's plan, fed as generate's is (one ConditioningFeed); its names are not written (sinks off)
+    plan = ActionPlan(preset.mode, n_max, keyboard, mouse, [""] * n_max, [], [], fpc,
+                      [prompt] * n_max if backbone.takes_prompts else None)
     from ..config import default_cache
 
     own = default_cache(preset)
@@ -116,17 +122,18 @@ def speed_benchmark(preset_name: str = "tiny", caches: tuple[str, ...] = ("slidi
         # the preset's own cache with its settings (LongLive's sink of 3, LingBot's of 6; MG2 sliding), the preset's tau
         memory = {**own, **({} if budget is None else {"budget": budget})} if own["cache"] == cache else \
             {"cache": cache, "budget": budget}
-        writer = pipe.build_writer(memory_config(preset=preset, **memory))
         sync()
         if dev.type == "cuda":
             torch.cuda.reset_peak_memory_stats(dev)
-        rollout = pipe.rollout(writer, conditioned, keyboard, mouse, seed)
-        if attention_stats:
-            rollout.measure_attention(attention_queries)
+        # generate's Run with its sinks off: no folder, records neither finished nor kept, decode as asked
+        run = Run(pipe, replace(cfg, memory=memory_config(preset=preset, **memory), attention_stats=attention_stats,
+                                attention_queries=attention_queries, metrics="none"),
+                  plan, seed=seed, image_label="bench", conditioned=conditioned, overlap=overlap_decode,
+                  decode=decode, keep=False)
+        writer = run.writer
         t_reserve = time.perf_counter()  # as generate does, before its clock starts (docs/gpu-memory.md); timed on its own
         reserved = writer.reserve_host(n_max * preset.frames_per_chunk)
         reserve = (time.perf_counter() - t_reserve, reserved)
-        pipeline = DecodePipeline(pipe.decoder(), dev, overlap_decode) if decode else None
         timings: list[dict] = []
         out_rows = []
         frames = 0
@@ -140,14 +147,14 @@ def speed_benchmark(preset_name: str = "tiny", caches: tuple[str, ...] = ("slidi
                     sync()
                     wall_start = time.perf_counter()
                     warmup = (wall_start - run_start) if warmup_chunks else None
-                out = rollout.step()
+                done = run.advance(run.feed.request(c))
+                out = run.loop.last
                 if c == 0 and warmup_chunks:  # within the warm-up: its synchronisation is not timed
                     sync()
                     first_chunk = time.perf_counter() - run_start
-                done = pipeline.submit(out) if pipeline else [out]
                 n = c + 1
-                if n in chunk_counts and pipeline:
-                    done += pipeline.flush()
+                if n in chunk_counts and decode:
+                    done += run.flush()
                 for d in done:
                     timings.append(d.record["timings_s"])
                     if d.record["chunk"] >= warmup_chunks:
@@ -175,8 +182,7 @@ def speed_benchmark(preset_name: str = "tiny", caches: tuple[str, ...] = ("slidi
                     "host_bytes": writer.host_bytes(),
                 })
         finally:
-            if pipeline:
-                pipeline.close()
+            run.close()
         return out_rows
 
     rows = [row for repeat in range(repeats) for cache in caches for row in measure(cache, repeat)]

@@ -23,7 +23,7 @@ from pathlib import Path
 
 from ..errors import Aborted, Interrupted, OutputError
 from ..runs import RunFolder
-from ..runs.resume import restore_run_state, save_run_state
+from ..runs.resume import load_run_state, save_run_state
 from ..outputs.video import ffmpeg_exe
 from .inputs import RunInputs, check_inputs, prepare_inputs
 from .offsets import offset_warning
@@ -96,9 +96,10 @@ def run_generation(cfg, resume: bool = False, pipeline=None) -> dict:
 
 class _Generation:
     """One ``generate`` run: a :class:`~worldtrace_cli.runs.run.Run` fed by its trajectory, with the
-    job's policy around it. Built in order: the model (loaded unless a shared one serves the run), the
-    run (writer, conditioning, rollout, decoder, metrics), a restored resume state (``resume``), the
-    run folder's sinks. :meth:`chunks` drives the run chunk by chunk from the trajectory's feed, saving
+    job's policy around it: the model (loaded unless a shared one serves the run), a resume state read
+    (``resume``), then the whole run in one constructor (writer, conditioning, rollout, the restored
+    state, decoder, metrics, the run folder's sinks, the chunk loop: :func:`new_run`). :meth:`chunks`
+    drives the run chunk by chunk from the trajectory's feed (``run.feed``), saving
     resume states; :meth:`fail` and :meth:`finish` close it with its ``summary.json``.
     """
 
@@ -116,41 +117,38 @@ class _Generation:
             with stage(f"loading {preset.name}"):
                 pipeline = Pipeline.from_config(cfg)
         self.pipeline = pipeline
-        self.run = run = new_run(pipeline, cfg, inputs, started=started)
-        # the wall clock splits into phases only for one whole run in this process that loaded its
-        # own model (a shared model loaded before it started)
-        run.account = loaded_here and not resume
-        with stage(f"conditioning on {inputs.image_label if inputs.image_label != 'none' else 'the trajectory'}",
-                   logging.INFO if loaded_here else logging.DEBUG):
-            run.condition(run_conditioning(cfg, inputs))
-        if pipeline.device.type == "cuda":
-            torch.cuda.reset_peak_memory_stats(pipeline.device)
-        run.start()
-        self.feed = run.feed()
         # --fsdp, --split-heads: process 0 tells the others before each chunk that it makes one (engine/shard.py)
-        self.gate = shard.announcer() if shard.active() else None
+        gate = shard.announcer() if shard.active() else None
         # process 0 holds the whole cache unless the heads are split across the processes
         self.resumable = shard.head_split()[0] == 1
-        self.start = 0
+        self.start, restored, records = 0, None, None
         if resume:
-            self.start = restore_run_state(folder, run, inputs.hashes)
-            run.resumed_by = sys.argv
+            restored = load_run_state(folder, inputs.hashes)
+            self.start = restored.next_chunk
             folder.summary_path.unlink(missing_ok=True)
             layout = lambda n: frames_for_chunks(n, preset.frames_per_chunk)  # noqa: E731
-            run.records[:] = folder.truncate(self.start, layout)  # the chunks after the saved one are regenerated
+            records = folder.truncate(self.start, layout)  # the chunks after the saved one are regenerated
+        peaks = (lambda: torch.cuda.reset_peak_memory_stats(pipeline.device)) if pipeline.device.type == "cuda" else None
+        # the wall clock splits into phases only for one whole run in this process that loaded its
+        # own model (a shared model loaded before it started)
+        with stage(f"conditioning on {inputs.image_label if inputs.image_label != 'none' else 'the trajectory'}",
+                   logging.INFO if loaded_here else logging.DEBUG):
+            self.run = run = new_run(pipeline, cfg, inputs, started=started, restored=restored, records=records,
+                                     folder=folder, start=self.start, show=cfg.progress, overlap=cfg.overlap_decode,
+                                     gate=gate, resumed_by=sys.argv if resume else None,
+                                     account=loaded_here and not resume, on_conditioned=peaks)
+        if resume:
             log.info(f"resuming {folder.path} at chunk {self.start} of {plan.num_chunks}")
         t0 = time.perf_counter()  # a host store page-locked now, not on the generating thread (docs/gpu-memory.md)
         reserved = run.writer.reserve_host((plan.num_chunks - self.start) * preset.frames_per_chunk)
         if reserved:
             log.info(f"host store: {reserved / 1e9:.1f} GB page-locked ahead in {time.perf_counter() - t0:.1f} s")
-        run.record_into(folder, self.start, cfg.progress)
 
     def chunks(self, stop: StopFlag) -> int | None:
         """Generate every chunk from the start one through the run's chunk loop (built after any
         decoder restore), saving a resume state before the first chunk, every ``save_every`` chunks
         and when a signal asks to stop. Returns the chunk the run stopped after, or None when every chunk was generated."""
         cfg, plan, run = self.cfg, self.inputs.plan, self.run
-        run.open_loop(overlap=cfg.overlap_decode, gate=self.gate)
         if self.start == 0 and cfg.save_every and self.resumable and plan.num_chunks > 1:
             # a state before the first chunk: a run killed before its first save resumes (from chunk 0)
             # instead of refusing as one with chunks and no state
@@ -158,7 +156,7 @@ class _Generation:
         for c in range(self.start, plan.num_chunks):
             # generated (fed the chunk's actions, camera or prompt), decoded (one chunk behind with overlap),
             # written; on a failure the chunks decoded before it are written first
-            run.advance(None if self.feed is None else self.feed.request(c))
+            run.advance(run.feed.request(c))
             last = c == plan.num_chunks - 1
             signalled = stop.signal is not None  # read once: a signal arriving now counts next chunk
             save = not last and (signalled or (cfg.save_every and (c + 1) % cfg.save_every == 0)) and self.resumable
@@ -226,27 +224,28 @@ class _Generation:
         return result
 
 
-def new_run(pipeline, cfg, inputs: RunInputs, started: float | None = None):
-    """The :class:`~worldtrace_cli.runs.run.Run` of ``cfg`` on ``pipeline`` from its checked inputs (their
-    seed, start label, ground truth and the warnings the inputs gave)."""
+def new_run(pipeline, cfg, inputs: RunInputs, **options):
+    """The whole :class:`~worldtrace_cli.runs.run.Run` of ``cfg`` on ``pipeline`` from its checked inputs:
+    conditioned on :func:`run_conditioning`, with their seed, start label, ground truth, prefix and the
+    warnings the inputs gave; ``options``: the Run's other keywords (``restored``, ``folder``, ``overlap``, ...).
+
+    Raises:
+        InputError: what the pipeline's conditioning refuses, a restored state that does not fit."""
     from ..runs.run import Run
 
     truth = inputs.truth
-    run = Run(pipeline, cfg, inputs.plan, seed=inputs.seed, image_label=inputs.image_label,
-              world_seed=None if truth is None else truth.world_seed, truth=truth, started=started,
-              prefix=inputs.prefix)
-    run.warnings += inputs.warnings
-    return run
+    return Run(pipeline, cfg, inputs.plan, seed=inputs.seed, image_label=inputs.image_label,
+               conditioning=run_conditioning(cfg, inputs), world_seed=None if truth is None else truth.world_seed,
+               truth=truth, prefix=inputs.prefix, warnings=inputs.warnings, **options)
 
 
 def run_conditioning(cfg, inputs: RunInputs):
-    """The run's :class:`~worldtrace_cli.engine.base.RunConditioning` (its start image, prompt, every
-    chunk's prompt, camera files and ``--prompt-switch``; each backbone reads what it takes)."""
+    """The run's :class:`~worldtrace_cli.engine.base.RunConditioning` (:meth:`~worldtrace_cli.engine.base.RunConditioning.of`:
+    its start image, its prompt, every chunk's prompt, camera files and ``--prompt-switch``, as its row takes them)."""
     from ..engine.base import RunConditioning
 
-    camera = inputs.camera
-    return RunConditioning(inputs.plan.num_chunks, inputs.image, None if camera is None else camera.prompt,
-                           inputs.prompts, camera, cfg.prompt_switch)
+    return RunConditioning.of(cfg, inputs.plan.num_chunks, image=inputs.image, prompt=inputs.prompt,
+                              prompts=inputs.prompts, camera=inputs.camera)
 
 
 def follow_generation(cfg) -> int:
@@ -261,11 +260,9 @@ def follow_generation(cfg) -> int:
     inputs = prepare_inputs(cfg)
     cfg = fit_run(cfg, inputs.plan.num_chunks)  # the offload process 0 chose: the same decision, made once
     run = new_run(Pipeline.from_config(cfg), cfg, inputs)
-    run.condition(run_conditioning(cfg, inputs))
-    run.start()
     # its host store page-locked ahead too (its share of the host: pinned.affordable), or process 0 waits for it
     run.writer.reserve_host(inputs.plan.num_chunks * cfg.preset.frames_per_chunk)
-    return shard.follow(run.rollout, run.feed())
+    return shard.follow(run.rollout, run.feed)
 
 
 def _generate(cfg, inputs: RunInputs, folder: RunFolder, resume: bool, pipeline, started: float) -> dict:

@@ -40,7 +40,7 @@ class RunInputs:
         warnings: what the run should be told about its inputs, with what to do (recorded in
             ``summary.json``'s ``warnings``; logged once per process by :func:`warn_once`).
         prefix: the real video the run continues (:class:`~worldtrace_cli.continuation.Prefix`: its
-            frames, reference, sha256), else None.
+            frames, reference, sha256), else None. prompt: the run's prompt (``--prompt``, else the trajectory's).
     """
 
     plan: object
@@ -53,6 +53,7 @@ class RunInputs:
     warnings: list = field(default_factory=list)
     prompts: list | None = None
     prefix: object = None
+    prompt: str | None = None
 
 
 _SAID: set[str] = set()
@@ -382,8 +383,7 @@ def prepare_inputs(cfg, traj=None) -> RunInputs:
             fit = (len(camera.poses) + 3) // (4 * preset.frames_per_chunk)
             raise InputError(f"{poses}: {len(camera.poses)} poses, {plan.num_chunks} chunks need one per pixel frame "
                              f"({plan.num_frames}): " + (f"use --chunks {fit} or fewer" if fit else "too few for one chunk"))
-        hashes.update({f"{name}_sha256": sha256_file(path) for name, path in (("poses", poses),
-                                                                              ("intrinsics", intrinsics)) if path})
+        hashes.update({f"{n}_sha256": sha256_file(p) for n, p in (("poses", poses), ("intrinsics", intrinsics)) if p})
     prompts = None
     if backbone.takes_prompts:  # the plan carries the resolved prompts: records name each chunk's
         from ..trajectory.prompts import prompt_label
@@ -397,4 +397,4 @@ def prepare_inputs(cfg, traj=None) -> RunInputs:
         told += prefix.notes
     for text in told:
         warn_once(text.split(":", 1)[0] + ": start image", text)
-    return RunInputs(plan, image, label, truth, seed, hashes, camera, told, prompts, prefix)
+    return RunInputs(plan, image, label, truth, seed, hashes, camera, told, prompts, prefix, camera_file_paths(cfg, traj)[0])

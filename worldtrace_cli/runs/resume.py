@@ -39,18 +39,20 @@ def save_run_state(folder: RunFolder, run, inputs: dict) -> None:
     save_state(folder.state, meta, parts)
 
 
-def restore_run_state(folder: RunFolder, run, inputs: dict) -> int:
-    """Load the saved state into ``run``'s fresh parts (a :class:`~worldtrace_cli.runs.run.Run` whose
-    rollout was built: :meth:`~worldtrace_cli.runs.run.Run.load_parts`), its progress and original
-    command line (``run.command``, when saved) and ``run.resumed_at``.
+def load_run_state(folder: RunFolder, inputs: dict):
+    """The saved state of ``folder``'s run, to build the resumed :class:`~worldtrace_cli.runs.run.Run` from
+    (its ``restored``): the parts (every tensor back on the device it was saved from: host stores stay
+    on the host), the next chunk, progress and original command line.
 
     Returns:
-        the next chunk.
+        a :class:`~worldtrace_cli.runs.run.Restored` (a state that does not fit the run becomes an
+        InputError saying to start again when the run is built).
     Raises:
         InputError: no or an unreadable state, one whose tensors fail the sha256 recorded in
             ``state.json``, one from another version, or a trajectory / image changed since the run
             started (each message says to start again with ``--overwrite``).
     """
+    from .run import Restored
     from .state import load_state, unpack
 
     meta, parts, tensors = load_state(folder.state, remedy="start again with --overwrite")
@@ -61,17 +63,18 @@ def restore_run_state(folder: RunFolder, run, inputs: dict) -> int:
     if meta.get("inputs") != inputs:
         raise InputError(f"{folder.path}: the trajectory or image changed since the run started; resume would "
                          f"not continue the same video (use --overwrite to start again)")
+
+    def refuse(exc):
+        return InputError(f"{folder.path}: resume state does not fit this run ({type(exc).__name__}: {exc}); "
+                          f"start again with --overwrite")
+
     try:
-        # every tensor returns to the device it was saved from: host stores stay on the host
-        run.load_parts({name: unpack(parts[name], tensors, "cpu" if name == "metrics" else None)
-                        for name in ("writer", "action_caches", "decoder", "metrics")}, int(meta["next_chunk"]))
+        state = {name: unpack(parts[name], tensors, "cpu" if name == "metrics" else None)
+                 for name in ("writer", "action_caches", "decoder", "metrics")}
+        return Restored(state, int(meta["next_chunk"]), unpack(parts["progress"], tensors),
+                        list(meta.get("command") or []), refuse)
     except (KeyError, ValueError, TypeError) as exc:
-        raise InputError(f"{folder.path}: resume state does not fit this run ({type(exc).__name__}: {exc}); "
-                         f"start again with --overwrite") from None
-    run.progress = unpack(parts["progress"], tensors)
-    run.command = list(meta.get("command") or []) or run.command
-    run.resumed_at = run.rollout.chunk
-    return run.rollout.chunk
+        raise refuse(exc) from None
 
 
 def resume_config(run_dir: str | Path):

@@ -46,8 +46,6 @@ class Session:
     """
 
     def __init__(self, pipeline, cfg, record: str | Path | None = None, prefix=None):
-        from ..runs.run import Run
-
         if not cfg.preset.backbone.live:
             raise InputError(f"preset {cfg.preset.name}: {cfg.preset.backbone.title} does not run live yet; it runs "
                              f"with worldtrace generate")
@@ -63,10 +61,10 @@ class Session:
 
             prefix = session_prefix(cfg)
         self.prefix = prefix
-        label = (str(cfg.image) if cfg.image else f"prefix:{cfg.prefix}" if prefix is not None else
-                 "prompts" if self.takes_prompts else f"world:{cfg.world_seed}")
-        self.run = Run(pipeline, cfg, self.plan, seed=self._seed(), image_label=label, prefix=prefix)
-        self.records = self.run.records  # the run's own list (a fork fills it in place)
+        self.label = (str(cfg.image) if cfg.image else f"prefix:{cfg.prefix}" if prefix is not None else
+                      "prompts" if self.takes_prompts else f"world:{cfg.world_seed}")
+        self.run = None  # the whole Run, built at the first chunk (loopworld's start view waits for its first row)
+        self.records: list[dict] = []  # the run's own list (a fork's starts as its parent's copy)
         self._stack, self._closed = ExitStack(), False
         self._made_folder = False  # the record folder did not exist before this session, which holds its lock
         if record is not None:
@@ -90,7 +88,7 @@ class Session:
             except BaseException:
                 self._release_folder()
                 raise
-            self.cfg = self.run.cfg = replace(cfg, output=self.folder.path, trajectory=self.folder.path / "trajectory.yaml")
+            self.cfg = replace(cfg, output=self.folder.path, trajectory=self.folder.path / "trajectory.yaml")
 
     @property
     def chunk(self) -> int:
@@ -106,16 +104,18 @@ class Session:
         return self.actions.rows_next()
 
     # -- the chunk loop -------------------------------------------------------------------------
-    def _start(self, conditioned=None) -> None:
-        """Condition the run (or take a parent's ``conditioned``) and build its rollout and chunk loop at
-        the first chunk (loopworld's start view waits for its first row)."""
+    def _start(self, conditioned=None, restored=None) -> None:
+        """Build the session's whole :class:`~worldtrace_cli.runs.run.Run` at the first chunk: conditioned
+        (or given a parent's ``conditioned``), its rollout, a ``restored`` state (a loaded or forked
+        session), the record folder's sinks and its chunk loop (loopworld's start view waits for its
+        first row)."""
         from ..engine.base import RunConditioning
-        from ..engine.feed import ConditioningFeed
+        from ..runs.run import Run
 
-        run, backbone, image = self.run, self.preset.backbone, None
-        if self.folder is not None and run.sinks is None:
+        backbone, image, truth = self.preset.backbone, None, None
+        if self.folder is not None:
             self.folder.prepare(self.cfg.overwrite)  # the first chunk: now the folder becomes this run's
-        self.feed = ConditioningFeed(self.plan, camera=backbone.camera)  # each chunk's rows, poses or prompt
+        self.feed = self.pipeline.feed(self.plan, conditioned)  # each chunk's rows, poses or prompt
         if self.prefix is not None and self.cfg.image is None:
             from PIL import Image
 
@@ -125,28 +125,24 @@ class Session:
 
             from ..world.truth import GroundTruth
 
-            self.truth_source = MemoTruth(GroundTruth(self.cfg.world_seed, self.plan, self.preset.height,
-                                                       self.preset.width, self.preset.world, track=self.feed.track))
-            run.scorer.truth, run.world_seed = self.truth_source, self.cfg.world_seed
-            image = Image.fromarray(self.truth_source.start_image())
+            self.truth_source = truth = MemoTruth(GroundTruth(self.cfg.world_seed, self.plan, self.preset.height,
+                                                               self.preset.width, self.preset.world, track=self.feed.track))
+            image = Image.fromarray(truth.start_image())
         elif backbone.start_image:
             from ..trajectory.images import load_image
 
             image = load_image(self.cfg.image, (self.preset.height, self.preset.width))
-        if conditioned is not None:
-            run.conditioned = conditioned
-        elif run.conditioned is None:  # the most a run reads (causal: the same first frames as generate's)
-            run.condition(RunConditioning(CONDITION_CHUNKS, image, self.cfg.prompt if backbone.run_prompt else None,
-                                          None, None, self.cfg.prompt_switch))
-        run.start()
-        if self.folder is not None:
-            run.record_into(self.folder)
-        run.open_loop()
+        # the most a run reads (causal: the same first frames as generate's)
+        conditioning = RunConditioning.of(self.cfg, CONDITION_CHUNKS, image=image) if conditioned is None else None
+        self.run = Run(self.pipeline, self.cfg, self.plan, seed=self._seed(), image_label=self.label,
+                       conditioning=conditioning, conditioned=conditioned, truth=truth,
+                       world_seed=None if truth is None else self.cfg.world_seed, feed=self.feed, prefix=self.prefix,
+                       restored=restored, records=self.records, folder=self.folder)
 
     @property
     def rollout(self):
         """The run's :class:`~worldtrace_cli.engine.rollout.ChunkRollout` (None before the first chunk)."""
-        return self.run.rollout
+        return None if self.run is None else self.run.rollout
 
     def _seed(self) -> int:
         return 0 if self.cfg.seed is None else int(self.cfg.seed)
@@ -276,6 +272,7 @@ class Session:
         """
         from ..config import RunConfig
         from ..engine.pipeline import Pipeline
+        from ..runs.run import Restored
         from ..runs.state import load_state, unpack
 
         from .storage import check_path
@@ -288,21 +285,25 @@ class Session:
             pipeline = Pipeline.from_config(cfg)
         session = cls(pipeline, cfg)
         session.preset_ref = meta.get("preset_ref", cfg.preset.name)
-        session._replay_rows(meta["segments"], meta["chunk_actions"])
+        def refuse(exc):
+            session.close()
+            return InputError(f"{path}: session state does not fit ({type(exc).__name__}: {exc})")
+
         try:
             state = {name: unpack(tree, tensors) for name, tree in parts.items()}
-            session.run.load_parts(state, session.plan.num_chunks)
         except (KeyError, ValueError, TypeError) as exc:
-            session.close()
-            raise InputError(f"{path}: session state does not fit ({type(exc).__name__}: {exc})") from None
+            raise refuse(exc) from None
+        session._replay_rows(meta["segments"], meta["chunk_actions"], Restored(state, len(meta["segments"]),
+                                                                               refuse=refuse))
         session._last_record = meta["last_record"]
         return session
 
-    def _replay_rows(self, segments: list[list[dict]], names: list[str], conditioned=None) -> None:
-        """Rebuild the plan from saved per-chunk segments (no generation), then the run's rollout."""
+    def _replay_rows(self, segments: list[list[dict]], names: list[str], restored, conditioned=None) -> None:
+        """Rebuild the plan from saved per-chunk segments (no generation), then the whole run from the
+        ``restored`` state (:class:`~worldtrace_cli.runs.run.Restored`)."""
         for segs, name in zip(segments, names):
             self.actions.append_saved(segs, name)
-        self._start(conditioned)
+        self._start(conditioned, restored)
 
     def fork(self) -> "Session":
         """An independent copy of this session at this chunk: the same model (shared, read-only),
@@ -318,11 +319,13 @@ class Session:
             raise InputError("fork: the session has no chunk yet; step first")
         if self.cfg.memory.options.get("spill_dir"):
             raise InputError("fork: a writer spilling to disk (spill_dir) cannot be forked; open it without spill_dir")
+        from ..runs.run import Restored
+
         twin = Session(self.pipeline, self.cfg, prefix=self.prefix)
         twin.preset_ref = self.preset_ref
-        twin._replay_rows(self.actions.segments, self.plan.chunk_actions, self.run.conditioned)
-        twin.run.load_parts(clone_tree(self.run.parts()), twin.plan.num_chunks)
-        twin.records[:], twin._last_record = self.records, self._last_record  # in place: its chunk loop appends to it
+        twin.records[:], twin._last_record = self.records, self._last_record  # its run appends to this copy
+        twin._replay_rows(self.actions.segments, self.plan.chunk_actions,
+                          Restored(clone_tree(self.run.parts()), self.chunk), self.run.conditioned)
         return twin
 
     # -- the end ---------------------------------------------------------------------------------
@@ -335,7 +338,7 @@ class Session:
         Raises:
             InputError: before the first :meth:`step` (there is no cache to describe yet).
         """
-        if self.rollout is None:
+        if self.run is None:
             raise InputError("summary: the session has no chunk yet; step first")
         return self.run.summary(status or ("complete" if self._closed else "open"))
 
@@ -348,8 +351,9 @@ class Session:
         self._closed = True
         result = None
         try:
-            self.run.close(failing=False)
-            if self.run.sinks is not None:
+            if self.run is not None:
+                self.run.close(failing=False)
+            if self.run is not None and self.run.sinks is not None:
                 from ..outputs.files import write_json_atomic
 
                 result = self.summary("complete")
@@ -361,7 +365,7 @@ class Session:
     def _release_folder(self) -> None:
         """Release the record folder's lock; a folder this session made and never wrote a chunk
         into (closed before its first step) is removed, so it leaves nothing behind."""
-        if self.folder is None or not self._made_folder or self.run.sinks is not None:
+        if self.folder is None or not self._made_folder or (self.run is not None and self.run.sinks is not None):
             self._stack.close()
             return
         from ..runs.folder import LOCK
