@@ -225,7 +225,8 @@ def test_generate_backend_diffusers_makes_the_native_runs_frames(tmp_path):
 
 
 @pytest.mark.parametrize("args,says", [
-    (("--preset", "tiny"), "--backend diffusers: preset tiny's DiT is not a Wan 2.1 t2v model"),
+    (("--preset", "tiny"), "--backend diffusers: preset tiny (Matrix-Game-2.0) runs --backend native; diffusers "
+                               "runs the Self-Forcing / LongLive presets"),
     (("--preset", "self-forcing-tiny", "--compile", "default"), "--backend diffusers with --compile default"),
     (("--preset", "self-forcing-tiny", "--rope-precision", "float64"), "with --rope-precision float64"),
 ])

@@ -272,11 +272,13 @@ class RunConfig:
             chunks committed to the cache instead of generated; prefix_chunks: take only its first K
             chunks (the rest scores the continuation); reference: the frames that follow the prefix,
             from another file (:mod:`worldtrace_cli.continuation`, docs/continue.md).
-        backend: ``native`` (worldtrace's DiT) or ``diffusers`` (diffusers' ``WanTransformer3DModel`` in the
-            same chunk loop, :mod:`worldtrace_cli.integrations.diffusers_backend`; ``t2v`` presets only).
+        backend: ``native`` (worldtrace's DiT) or one of the backbone row's ``dit_backends``: ``diffusers``
+            (diffusers' ``WanTransformer3DModel`` in the same chunk loop,
+            :mod:`worldtrace_cli.integrations.diffusers_backend`; Self-Forcing / LongLive presets).
     Raises:
-        InputError: an unknown ``backend``, or ``diffusers`` with a preset whose DiT is not ``t2v`` or
-            settings the backend does not take (:meth:`check_backend`).
+        InputError: an unknown ``backend``, one the preset's backbone row does not list
+            (:attr:`~worldtrace_cli.config.backbones.Backbone.backends`), or settings it does not take
+            (:meth:`check_backend`).
     """
 
     preset: Preset
@@ -322,9 +324,11 @@ class RunConfig:
             raise InputError(f"--backend: must be one of {', '.join(BACKENDS)}, got {self.backend!r}")
         if self.backend == "native":
             return
-        if getattr(self.preset.dit, "model_type", None) != "t2v":
-            raise InputError(f"--backend {self.backend}: preset {self.preset.name}'s DiT is not a Wan 2.1 t2v model; "
-                             f"it runs the text-to-video presets (Self-Forcing, LongLive)")
+        row = self.preset.backbone
+        if self.backend not in row.backends:
+            runs_it = ", ".join(b.title for b in BACKBONES.values() if self.backend in b.backends)
+            raise InputError(f"--backend {self.backend}: preset {self.preset.name} ({row.title}) runs --backend "
+                             f"{' | '.join(row.backends)}; {self.backend} runs the {runs_it} presets")
         for flag, value, default in (("--compile", self.compile, "none"), ("--rope-precision", self.rope_precision,
                                      "float32"), ("--weights-dtype", self.weights_dtype, ("auto", "fit")),
                                      ("--offload", self.offload, ("auto", "text"))):

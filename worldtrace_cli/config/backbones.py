@@ -49,6 +49,9 @@ class Backbone:
             the model has its own and presets may not set them.
         dit_model_type: the ``model_type`` its presets' DiT must have (``i2v``, ``t2v``), or None.
         chunk_frames: latent frames per chunk its presets must use, or 0 (any).
+        dit_backends: ``(name, "module:function")`` pairs: the DiT implementations besides ``native`` that
+            ``generate --backend NAME`` runs, each function turning the loaded DiT into that
+            implementation's drop-in (:meth:`load_backend`; Self-Forcing / LongLive: ``diffusers``).
     """
 
     architecture: str
@@ -71,6 +74,7 @@ class Backbone:
     preset_sampler: bool = False
     dit_model_type: str | None = None
     chunk_frames: int = 0
+    dit_backends: tuple[tuple[str, str], ...] = ()
 
     @property
     def takes_actions(self) -> bool:
@@ -85,6 +89,18 @@ class Backbone:
     def load(self, what: str = "pipeline"):
         """The class named by ``what`` (``pipeline``, ``dit_config``, ``dit``), imported now."""
         return load_object(getattr(self, what))
+
+    @property
+    def backends(self) -> tuple[str, ...]:
+        """The ``--backend`` values its presets take: ``native`` (worldtrace's own DiT), then :attr:`dit_backends`'."""
+        return ("native", *(name for name, _ in self.dit_backends))
+
+    def load_backend(self, name: str):
+        """The function of :attr:`dit_backends` named ``name`` (``loaded DiT -> its drop-in``), imported now.
+
+        Raises:
+            KeyError: a backend this row does not have."""
+        return load_object(dict(self.dit_backends)[name])
 
 
 def load_object(path: str):
@@ -139,7 +155,8 @@ for _row in (
              "prompt", ("text",), start_image=False, run_prompt=True, camera_files=False, camera=False,
              text_encoder=True, clip_conditioning=False, live=True, official_cache=_official_memory,
              checkpoint_folder="the Self-Forcing or LongLive repository root", global_window=21,
-             dit_model_type="t2v", chunk_frames=3),
+             dit_model_type="t2v", chunk_frames=3,
+             dit_backends=(("diffusers", "worldtrace_cli.integrations.diffusers_backend:diffusers_dit_from"),)),
 ):
     register_backbone(_row)
 
