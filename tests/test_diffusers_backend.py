@@ -237,3 +237,26 @@ def test_generate_backend_diffusers_refusals_are_one_line_before_loading(tmp_pat
     line = one_line_error(invoke("generate", trajectory, *args, "--backend", "diffusers", "-o", tmp_path / "o"))
     assert says in line
     assert not (tmp_path / "o").exists()
+
+
+def test_a_session_on_the_diffusers_backend_makes_the_native_sessions_frames_and_replays_with_it(tmp_path):
+    """``wt.open(..., backend="diffusers")``: the same prompts give the native session's frames, its replay
+    command names the backend, and a saved session loads on the backend it ran on."""
+    import worldtrace_cli as wt
+
+    preset = tmp_path / "small.yaml"
+    preset.write_text("description: self-forcing-tiny, smaller\nextends: self-forcing-tiny\nheight: 32\nwidth: 64\n")
+    shas = {}
+    for backend in ("native", "diffusers"):
+        with wt.open(str(preset), cache="sliding", device="cpu", backend=backend) as s:
+            shas[backend] = [s.step(prompt=p).record["frames_sha256"] for p in ("a red room", "a blue sea")]
+            if backend == "diffusers":
+                assert "--backend diffusers" in s.replay_command("t.yaml")
+                assert type(s.pipeline.world.dit).__name__ == "DiffusersWanDiT"
+                s.save(tmp_path / "saved")
+    assert shas["diffusers"] == shas["native"]
+    loaded = wt.load(tmp_path / "saved")
+    try:
+        assert loaded.cfg.backend == "diffusers" and type(loaded.pipeline.world.dit).__name__ == "DiffusersWanDiT"
+    finally:
+        loaded.close()

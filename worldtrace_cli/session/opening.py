@@ -25,7 +25,7 @@ def open(preset: str = "loopworld", cache: str | None = None, *, checkpoint: str
          random_weights: bool = False, weights_seed: int = 0, record: str | Path | None = None,
          overwrite: bool = False, pipeline=None, prompt_switch: str = "recache", prompt: str | None = None,
          attention_stats: bool = False, attention_queries: int = 0, prefix: str | Path | None = None,
-         prefix_chunks: int | None = None, **writer_options) -> Session:
+         prefix_chunks: int | None = None, backend: str = "native", **writer_options) -> Session:
     """Open a live :class:`Session` (``import worldtrace_cli as wt; s = wt.open("loopworld", cache="landmark")``).
 
     Args:
@@ -52,6 +52,9 @@ def open(preset: str = "loopworld", cache: str | None = None, *, checkpoint: str
             those actions (the ones it was filmed with) and returns its decoded frames and a record
             marked ``prefix``; later steps generate. Frames after the prefix score the steps after it
             (``ref_psnr``, ...). Its first frame is the start image unless ``image`` is given.
+        backend: the DiT's implementation, as ``generate --backend``: ``native`` (worldtrace's) or, for the
+            Self-Forcing / LongLive presets, ``diffusers`` (diffusers' ``WanTransformer3DModel`` in the same
+            loop: docs/diffusers.md); a shared ``pipeline`` must have been loaded with the same one.
         writer_options: ``generate``'s memory flags as keywords: the shared ``positions``,
             ``budget``, ``summary_slots``, ``recent_slots``, and the writer's own settings
             (``landmark_threshold``, ``sink_frames``, ``top_k``, ...: the fields of its options
@@ -135,7 +138,7 @@ def open(preset: str = "loopworld", cache: str | None = None, *, checkpoint: str
                     compile=compile, prompt_switch=prompt_switch, prompt=prompt, attention_stats=attention_stats,
                     attention_queries=attention_queries,
                     prefix=None if prefix is None else str(prefix) if str(prefix).startswith("truth:")
-                    else str(Path(prefix).resolve()), prefix_chunks=prefix_chunks)
+                    else str(Path(prefix).resolve()), prefix_chunks=prefix_chunks, backend=backend)
     from .storage import session_prefix
 
     clip = session_prefix(cfg)  # read before the model loads: a clip that does not fit is refused now
