@@ -260,3 +260,30 @@ def test_a_session_on_the_diffusers_backend_makes_the_native_sessions_frames_and
         assert loaded.cfg.backend == "diffusers" and type(loaded.pipeline.world.dit).__name__ == "DiffusersWanDiT"
     finally:
         loaded.close()
+
+
+def test_compare_and_loopbench_take_the_backend(tmp_path):
+    """``compare --backend diffusers`` runs every writer on diffusers' transformer (each run's summary says
+    so, its frames the native compare's); ``loopbench run --backend diffusers`` on a preset whose DiT is
+    not t2v is one line before any job."""
+    import json
+
+    from conftest import invoke, one_line_error
+
+    preset = tmp_path / "small.yaml"
+    preset.write_text("description: self-forcing-tiny, smaller\nextends: self-forcing-tiny\nheight: 32\nwidth: 64\n")
+    shas = {}
+    for backend in ("native", "diffusers"):
+        res = invoke("compare", "--preset", preset, ROOT / "trajectories" / "prompts_aba.yaml", "--caches",
+                     "sliding,field", "--chunks", 1, "--metrics", "fast", "--backend", backend, "--no-progress",
+                     "-o", tmp_path / backend)
+        assert res.exit_code == 0, res.output
+        for cache in ("sliding", "field"):
+            run = tmp_path / backend / cache
+            assert json.loads((run / "summary.json").read_text())["config"]["backend"] == backend
+            shas[backend, cache] = [json.loads(line)["frames_sha256"] for line in
+                                    (run / "chunks.jsonl").read_text().splitlines()]
+    assert all(shas["diffusers", c] == shas["native", c] for c in ("sliding", "field"))
+    line = one_line_error(invoke("loopbench", "run", "--configs", "aba_short", "--caches", "sliding", "--worlds", "8",
+                                 "--chunks", 1, "--backend", "diffusers", "-o", tmp_path / "lb"))
+    assert "--backend diffusers: preset loopworld" in line and not (tmp_path / "lb").exists()

@@ -9,7 +9,7 @@ import click
 from .common import run_job
 from .options import (CHUNKS, SEED, NonEmptyPath, attention_config, attention_options, checkpoint_option,
                       device_options, memory_options, name_list, overall_progress, prefix_config, prefix_options,
-                      preset_option, speed_config, speed_options)
+                      preset_option, speed_config, speed_options, backend_option)
 from .shared_options import option
 
 
@@ -39,11 +39,12 @@ from .shared_options import option
                    "neighbour), e.g. 3 for the 176x96 loopworld and tiny models.")
 @memory_options
 @speed_options
+@backend_option
 @attention_options
 @prefix_options
 def compare(trajectory, caches, preset, checkpoint, random_weights, image, seed, world_seed, chunks, hud, metrics,
             device, dtype, output, overwrite, progress, print_markdown, scale, rope_precision, compile_mode, overlap_decode,
-            attention_stats, attention_queries, prefix, prefix_chunks, reference, **memory):
+            backend, attention_stats, attention_queries, prefix, prefix_chunks, reference, **memory):
     """Run TRAJECTORY through several cache writers and show them side by side.
 
     Each writer runs with the same image, seed and actions into DIR/<cache>/ (a normal run folder);
@@ -71,7 +72,7 @@ def compare(trajectory, caches, preset, checkpoint, random_weights, image, seed,
         overall, per_chunk = overall_progress(progress)
         result = run_compare(trajectory, caches, out, preset, image,
                              seed, chunks, hud, metrics, device, dtype, checkpoint, random_weights, overwrite,
-                             per_chunk, speed_config(rope_precision, compile_mode, overlap_decode), world_seed,
+                             per_chunk, speed_config(rope_precision, compile_mode, overlap_decode, backend), world_seed,
                              memory, scale, overall=overall, attention=attention,
                              prefix=prefix_config(prefix, prefix_chunks, reference))
         click.echo(f"worldtrace: wrote {out / 'compare.mp4'}, compare.md, compare.json", err=True)

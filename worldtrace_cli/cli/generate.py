@@ -14,7 +14,7 @@ from .common import run_job
 from ..config.backbones import titles_where
 from .options import (CHUNKS, SEED, NonEmptyPath, attention_config, attention_options, checkpoint_option,
                       device_options, memory_options, prefix_config, prefix_options, preset_option,
-                      speed_config, speed_options)
+                      speed_config, speed_options, backend_option)
 from .shared_options import MODEL_CACHE, option
 
 
@@ -75,9 +75,7 @@ def command_line(ctx, drop: tuple[str, ...] = ()) -> list[str]:
 @option("--save-every", type=int, default=16, show_default=True,
         note="chunks, and before the first chunk (0: only on Ctrl-C/SIGTERM)")
 @speed_options
-@option("--backend", type=click.Choice(["native", "diffusers"]), default="native", show_default=True,
-        note=": text-to-video (t2v) presets only; not with --compile, --rope-precision float64, fp8 weights, block "
-             "offloading, --fsdp or --split-heads yet")
+@backend_option
 @attention_options
 @prefix_options
 @option("--weights-dtype", type=click.Choice(["auto", "fp8", "fit"]), default="auto", show_default=True,
@@ -266,13 +264,13 @@ def _run_config(ctx, memory: dict):
     out = p["output"] or Path("runs") / f"{trajectory.stem}-{cache_folder(options['cache'])}"
     same = ("trajectory", "image", "chunks", "world_seed", "prompt", "poses", "intrinsics", "prompt_switch",
             "weights_dtype", "offload", "seed", "device", "dtype", "checkpoint", "random_weights", "overwrite",
-            "hash_checkpoint", "metrics", "save_every", "backend")
+            "hash_checkpoint", "metrics", "save_every")
     if p["backend"] != "native" and (p["fsdp"] or p["split_heads"]):
         raise InputError(f"--backend {p['backend']} with {'--fsdp' if p['fsdp'] else '--split-heads'}: not wired yet; "
                          f"run one process")
     return RunConfig(preset=resolved, output=out, memory=memory_config(preset=resolved, **options),
                      progress=not p["no_progress"], **{k: p[k] for k in same},
-                     **speed_config(p["rope_precision"], p["compile_mode"], p["overlap_decode"]),
+                     **speed_config(p["rope_precision"], p["compile_mode"], p["overlap_decode"], p["backend"]),
                      **attention_config(p["attention_stats"], p["attention_queries"]),
                      **prefix_config(p["prefix"], p["prefix_chunks"], p["reference"]))
 

@@ -14,7 +14,7 @@ from ..loopbench.configs import CONFIGS
 from .common import run_job
 from .options import (CHUNKS, NonEmptyPath, attention_config, attention_options, checkpoint_option,
                       device_options, memory_options, name_list, overall_progress, preset_option, speed_config,
-                      speed_options)
+                      speed_options, backend_option)
 from .shared_options import option
 
 _DEFAULT_CONFIGS = ",".join(n for n, c in CONFIGS.items() if c.tier in (1, 2, 3, 4))
@@ -68,6 +68,7 @@ def loopbench():
 @option("--progress/--no-progress", default=None, note=", and one log line per job")
 @memory_options
 @speed_options
+@backend_option
 @attention_options
 @option("--prefix", "prefixes", default=None, metavar="MODES",
         note=". Comma-separated modes: free (a rollout from the start image, the default), truth:K or a video every "
@@ -76,8 +77,8 @@ def loopbench():
 @option("-o", "--output", type=NonEmptyPath(path_type=Path), required=True, metavar="DIR",
         note=": the sweep folder, DIR/<config>/<cache>/<image>/seed<N>/ per job, DIR/failures.jsonl")
 def run_cmd(preset, full, configs, caches, images, prompts, worlds, seeds, chunks, metrics, shard, device, dtype, checkpoint,
-            random_weights, progress, rope_precision, compile_mode, overlap_decode, attention_stats, attention_queries,
-            prefixes, output, **memory):
+            random_weights, progress, rope_precision, compile_mode, overlap_decode, backend, attention_stats,
+            attention_queries, prefixes, output, **memory):
     """Generate a LoopBench sweep: every configuration x writer x image x seed. By default a quick
     one (aba, abca, pan_90 x sliding, field, landmark x worlds 0-1 x seed 0: 18 jobs); --full runs
     the paper's (1,440 jobs).
@@ -107,12 +108,13 @@ def run_cmd(preset, full, configs, caches, images, prompts, worlds, seeds, chunk
     attention = attention_config(attention_stats, attention_queries)
 
     def job():
-        from ..config import load_preset
+        from ..config import check_backend, load_preset
         from ..errors import InputError, OutputError, RunError
         from ..jobs.loopbench import run_jobs
         from ..loopbench import plan
 
         resolved = load_preset(preset)
+        check_backend(resolved, backend, compile_mode, rope_precision)  # before any job: every job would fail
         world_preset, by_prompts = resolved.has_world, resolved.backbone.takes_prompts
         if by_prompts:  # LoopBench for prompts: prompt loops x prompt scenes
             if images is not None or worlds is not None:
@@ -146,7 +148,7 @@ def run_cmd(preset, full, configs, caches, images, prompts, worlds, seeds, chunk
         counts = run_jobs(mine, output, preset=preset, device=env_device if device == "auto" and env_device
                           else device, dtype=dtype, metrics=metrics, chunks=chunks, checkpoint=checkpoint,
                           random_weights=random_weights, progress=per_chunk, overall=overall,
-                          speed=speed_config(rope_precision, compile_mode, overlap_decode), memory=memory,
+                          speed=speed_config(rope_precision, compile_mode, overlap_decode, backend), memory=memory,
                           attention=attention)
         click.echo(f"worldtrace: loopbench shard {index}/{count}: {counts.done} done, {counts.skipped} skipped, "
                    f"{counts.failed} failed", err=True)

@@ -99,9 +99,19 @@ def speed_options(command):
     return command
 
 
-def speed_config(rope_precision: str, compile_mode: str, overlap_decode: bool) -> dict:
-    """:func:`speed_options` values as RunConfig keyword arguments."""
-    return {"rope_precision": rope_precision, "compile": compile_mode, "overlap_decode": overlap_decode}
+def speed_config(rope_precision: str, compile_mode: str, overlap_decode: bool, backend: str = "native") -> dict:
+    """:func:`speed_options` values (and :func:`backend_option`'s) as RunConfig keyword arguments."""
+    return {"rope_precision": rope_precision, "compile": compile_mode, "overlap_decode": overlap_decode,
+            "backend": backend}
+
+
+def backend_option(command):
+    """``--backend native|diffusers`` of generate, compare and loopbench run (parameter ``backend``;
+    :func:`speed_config` passes it on): the DiT's implementation, worldtrace's own or diffusers'
+    ``WanTransformer3DModel`` in the same chunk loop (the backbone row's ``dit_backends``)."""
+    return option("--backend", type=click.Choice(["native", "diffusers"]), default="native", show_default=True,
+                  note=": text-to-video (t2v) presets only; not with --compile, --rope-precision float64, fp8 "
+                       "weights, block offloading, --fsdp or --split-heads yet")(command)
 
 
 def attention_options(command):

@@ -16,7 +16,7 @@ import yaml
 from ..errors import InputError
 from ..writer_options import LANDMARK_TAU, MemoryConfig  # noqa: F401  (re-exported: RunConfig.memory's type)
 from .backbones import BACKBONES, DEFAULT_ARCHITECTURE, Backbone, backbone, load_plugins, register_backbone  # noqa: F401  (re-exported)
-from .rules import check_family, check_preset_values
+from .rules import BACKENDS, check_backend, check_family, check_preset_values  # noqa: F401  (re-exported)
 
 MODES = ("universal", "gta_drive", "templerun", "text")  # text: prompt segments (the selfforcing architecture)
 _PRESET_KEYS = {"description", "mode", "height", "width", "fps", "denoising_steps", "timestep_shift",
@@ -29,8 +29,6 @@ PRESET_DEFAULTS_ONLY = ("landmark_threshold",)
 # Preset keys added after runs and training folders were recorded, with the value those were made with
 # RunConfig fields added after runs were recorded, and the value older runs were made with
 RUN_ADDED = {"attention_stats": False, "attention_queries": 0, "backend": "native"}
-# generate --backend: worldtrace's own DiT, or diffusers' WanTransformer3DModel in the same loop (t2v presets)
-BACKENDS = ("native", "diffusers")
 PRESET_ADDED = {"architecture": DEFAULT_ARCHITECTURE, "sampler": "renoise", "context_noise": 0}
 
 
@@ -319,22 +317,8 @@ class RunConfig:
         self.check_backend()
 
     def check_backend(self) -> None:
-        """Refuse, before anything loads, a ``--backend`` this run cannot take (InputError, exit 2)."""
-        if self.backend not in BACKENDS:
-            raise InputError(f"--backend: must be one of {', '.join(BACKENDS)}, got {self.backend!r}")
-        if self.backend == "native":
-            return
-        row = self.preset.backbone
-        if self.backend not in row.backends:
-            runs_it = ", ".join(b.title for b in BACKBONES.values() if self.backend in b.backends)
-            raise InputError(f"--backend {self.backend}: preset {self.preset.name} ({row.title}) runs --backend "
-                             f"{' | '.join(row.backends)}; {self.backend} runs the {runs_it} presets")
-        for flag, value, default in (("--compile", self.compile, "none"), ("--rope-precision", self.rope_precision,
-                                     "float32"), ("--weights-dtype", self.weights_dtype, ("auto", "fit")),
-                                     ("--offload", self.offload, ("auto", "text"))):
-            if value not in ((default,) if isinstance(default, str) else default):
-                raise InputError(f"--backend {self.backend} with {flag} {value}: not wired yet (diffusers' float32 "
-                                 f"RoPE tables, its own compile / casting / offloading APIs); run without {flag}")
+        """Refuse, before anything loads, a ``--backend`` this run cannot take (:func:`check_backend`)."""
+        check_backend(self.preset, self.backend, self.compile, self.rope_precision, self.weights_dtype, self.offload)
 
     def to_dict(self) -> dict[str, Any]:
         """Plain data (``summary.json``'s ``config``, resume states): the preset's dict and the memory

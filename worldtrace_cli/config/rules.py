@@ -6,6 +6,10 @@ from __future__ import annotations
 
 from ..errors import InputError
 from ..model.config import SAMPLERS
+from .backbones import BACKBONES
+
+# generate --backend: worldtrace's own DiT, or diffusers' WanTransformer3DModel in the same loop (t2v presets)
+BACKENDS = ("native", "diffusers")
 
 def check_preset_values(raw: dict, source: str) -> None:
     """Types and ranges of a preset's scalar keys (a wrong type must not surface as a traceback when
@@ -58,4 +62,33 @@ def check_family(raw: dict, dit, source: str, row) -> None:
         raise InputError(f"{source}: frames_per_chunk: {row.title} chunks are {row.chunk_frames} latent frames")
 
 
-__all__ = ["check_family", "check_preset_values"]
+
+
+def check_backend(preset, backend: str, compile: str = "none", rope_precision: str = "float32",
+                  weights_dtype: str = "auto", offload: str = "auto") -> None:
+    """Refuse a ``--backend`` a run of ``preset`` (a :class:`Preset`) cannot take, before anything loads:
+    one its backbone row does not list (:attr:`~worldtrace_cli.config.backbones.Backbone.backends`), or
+    settings the backend does not take yet (``--compile``, ``--rope-precision float64``, fp8 weights,
+    block offloading). Called by :class:`RunConfig` and by ``loopbench run`` before its first job.
+
+    Raises:
+        InputError: one line naming the flag (exit 2).
+    """
+    if backend not in BACKENDS:
+        raise InputError(f"--backend: must be one of {', '.join(BACKENDS)}, got {backend!r}")
+    if backend == "native":
+        return
+    row = preset.backbone
+    if backend not in row.backends:
+        runs_it = ", ".join(b.title for b in BACKBONES.values() if backend in b.backends)
+        raise InputError(f"--backend {backend}: preset {preset.name} ({row.title}) runs --backend "
+                         f"{' | '.join(row.backends)}; {backend} runs the {runs_it} presets")
+    for flag, value, default in (("--compile", compile, "none"), ("--rope-precision", rope_precision, "float32"),
+                                 ("--weights-dtype", weights_dtype, ("auto", "fit")),
+                                 ("--offload", offload, ("auto", "text"))):
+        if value not in ((default,) if isinstance(default, str) else default):
+            raise InputError(f"--backend {backend} with {flag} {value}: not wired yet (diffusers' float32 "
+                             f"RoPE tables, its own compile / casting / offloading APIs); run without {flag}")
+
+
+__all__ = ["BACKENDS", "check_backend", "check_family", "check_preset_values"]
