@@ -154,7 +154,8 @@ for _row in (
              "worldtrace_cli.model.lingbot.config:LingbotConfig", "worldtrace_cli.model.lingbot.dit:LingbotDiT",
              "prompt", ("text",), start_image=False, run_prompt=True, camera_files=False, camera=False,
              text_encoder=True, clip_conditioning=False, live=True, official_cache=_official_memory,
-             checkpoint_folder="the Self-Forcing or LongLive repository root", global_window=21,
+             checkpoint_folder="the Self-Forcing or LongLive repository root, or a diffusers Wan T2V folder",
+             global_window=21,
              dit_model_type="t2v", chunk_frames=3,
              dit_backends=(("diffusers", "worldtrace_cli.integrations.diffusers_backend:diffusers_dit_from"),)),
 ):

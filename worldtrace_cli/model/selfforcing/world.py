@@ -111,7 +111,8 @@ def load_selfforcing_world(preset, checkpoint: str | Path | None, random_weights
         return world
     if checkpoint is None:
         raise InputError(f"preset {preset.name} needs --checkpoint DIR (the Self-Forcing or LongLive repository root holding "
-                         f"{', '.join(preset.files.values())}) or --random-weights")
+                         f"{', '.join(preset.files.values())}, or a diffusers Wan T2V folder: docs/diffusers.md) "
+                         f"or --random-weights")
     paths = diffusers_checkpoint_paths(preset, checkpoint) if diffusers else checkpoint_paths(preset, checkpoint)
     dit = load_selfforcing_dit(paths["dit"], preset.dit, dtype, device, paths.get("lora"))
     vae = build_wan_vae(preset.vae, paths["vae"], device=device, dtype=dtype)
