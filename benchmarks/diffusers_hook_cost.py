@@ -33,6 +33,7 @@ from worldtrace_cli.integrations.diffusers import apply_worldtrace_kv_cache, com
 SIZES = {  # name: (layers, width, heads, latent h, latent w); head dim 128 as Wan 2.1
     "tiny": (2, 256, 2, 4, 8),
     "small": (4, 512, 4, 16, 16),
+    "1.3b": (30, 1536, 12, 60, 104),  # Wan2.1-T2V-1.3B at 480x832 (the GPU runbook's; too slow for a CPU)
 }
 
 
@@ -90,13 +91,14 @@ class PlainSlidingProcessor:
         return attn.to_out[1](attn.to_out[0](out.flatten(2, 3).type_as(q)))
 
 
-def build(size: str) -> tuple[WanTransformer3DModel, tuple[int, int]]:
+def build(size: str, device: str = "cpu", dtype: torch.dtype = torch.float32
+          ) -> tuple[WanTransformer3DModel, tuple[int, int]]:
     layers, width, heads, h, w = SIZES[size]
     torch.manual_seed(0)
     model = WanTransformer3DModel(patch_size=(1, 2, 2), num_attention_heads=heads, attention_head_dim=width // heads,
-                                  in_channels=16, out_channels=16, text_dim=4096, freq_dim=256, ffn_dim=2 * width,
-                                  num_layers=layers).eval()
-    return model, (h, w)
+                                  in_channels=16, out_channels=16, text_dim=4096, freq_dim=256,
+                                  ffn_dim=(8960 if size == "1.3b" else 2 * width), num_layers=layers).eval()
+    return model.to(device=device, dtype=dtype), (h, w)
 
 
 @torch.no_grad()
@@ -105,23 +107,30 @@ def run_loop(transformer, text, chunks: int, hw, mark) -> tuple[tuple[float, flo
     CPU seconds (this process, one thread) are what a shared machine's other load disturbs least."""
     sigmas = [1.0, 0.9375, 0.8333333, 0.625]
     gen = torch.Generator().manual_seed(0)
+    device, dtype = text.device, text.dtype
     out = []
+    sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
+    sync()
     start, cpu = time.perf_counter(), time.process_time()
     for _ in range(chunks):
-        x = torch.randn(1, 16, 3, *hw, generator=gen)
+        x = torch.randn(1, 16, 3, *hw, generator=gen).to(device, dtype)
         for step, sigma in enumerate(sigmas):
-            flow = transformer(x, torch.tensor([1000.0 * sigma]), text, return_dict=False)[0]
+            flow = transformer(x, torch.tensor([1000.0 * sigma], device=device), text, return_dict=False)[0]
             x0 = x - sigma * flow
             if step + 1 < len(sigmas):
-                x = (1 - sigmas[step + 1]) * x0 + sigmas[step + 1] * torch.randn(x0.shape, generator=gen)
-        mark(lambda: transformer(x0, torch.zeros(1), text, return_dict=False))
-        out.append(x0)
+                x = (1 - sigmas[step + 1]) * x0 + sigmas[step + 1] * torch.randn(x0.shape, generator=gen).to(device, dtype)
+        mark(lambda: transformer(x0, torch.zeros(1, device=device), text, return_dict=False))
+        out.append(x0.float().cpu())
+    sync()
     return ((time.perf_counter() - start) / chunks, (time.process_time() - cpu) / chunks), out
 
 
-def measure(size: str, writers: list[str], chunks: int, repeats: int, window: int) -> dict:
-    transformer, hw = build(size)
-    text = torch.randn(1, 512, 4096, generator=torch.Generator().manual_seed(1))
+def measure(size: str, writers: list[str], chunks: int, repeats: int, window: int, device: str = "cpu",
+            dtype: torch.dtype = torch.float32) -> dict:
+    """Seconds per chunk of every loop, interleaved ``repeats`` times; on CUDA the ratios are of wall seconds
+    (synchronised at each loop's ends), on a CPU of this process's CPU seconds."""
+    transformer, hw = build(size, device, dtype)
+    text = torch.randn(1, 512, 4096, generator=torch.Generator().manual_seed(1)).to(device, dtype)
     budget = window - 3
     blocks = list(transformer.blocks)
 
@@ -168,15 +177,20 @@ def measure(size: str, writers: list[str], chunks: int, repeats: int, window: in
             times[name].append(cpu)
             walls[name].append(wall)
             outputs[name] = latents
+    cpus = times
+    if device != "cpu":  # a GPU's figure is its wall time: the CPU only launches kernels
+        times = walls
     base = statistics.median(times["plain sliding"])
     same = max((a - b).abs().max().item() for a, b in zip(outputs["plain sliding"], outputs["hook sliding"])) \
         if "hook sliding" in outputs else None
     layers, width, heads, h, w = SIZES[size]
-    return {"size": size, "layers": layers, "width": width, "heads": heads, "latent": [h, w],
+    return {"size": size, "device": device, "dtype": str(dtype).replace("torch.", ""),
+            "timer": "CPU s" if device == "cpu" else "wall s (synchronised)", "layers": layers, "width": width, "heads": heads, "latent": [h, w],
             "tokens_per_frame": (h // 2) * (w // 2), "chunks": chunks, "repeats": repeats, "window": window,
             "budget_sliding": budget, "hook_sliding_vs_plain_max_abs_diff": same,
-            "rows": [{"config": name, "cpu_s_per_chunk": statistics.median(ts), "min_cpu_s_per_chunk": min(ts),
-                      "wall_s_per_chunk": statistics.median(walls[name]), "all_cpu_s_per_chunk": ts,
+            "rows": [{"config": name, "s_per_chunk": statistics.median(ts), "min_s_per_chunk": min(ts),
+                      "cpu_s_per_chunk": statistics.median(cpus[name]), "all_cpu_s_per_chunk": cpus[name],
+                      "wall_s_per_chunk": statistics.median(walls[name]),
                       "ratio_vs_plain_sliding": statistics.median(ts) / base,
                       "min_ratio_vs_plain_sliding": min(ts) / min(times["plain sliding"])}
                      for name, ts in times.items()]}
@@ -197,10 +211,11 @@ def markdown(result: dict) -> str:
              f"128), latent {result['latent'][0]}x{result['latent'][1]} = {result['tokens_per_frame']} tokens per frame, "
              f"text 512 rows, {result['chunks']} chunks x 5 calls, window {result['window']}, {result['repeats']} "
              f"interleaved repeats", "",
-             "| loop | CPU s / chunk (median) | x plain sliding (median) | x plain sliding (min) | wall s / chunk |",
+             f"| loop | {result.get('timer', 'CPU s')} / chunk (median) | x plain sliding (median) | x plain sliding (min) "
+             f"| wall s / chunk |",
              "| --- | --- | --- | --- | --- |"]
     for row in result["rows"]:
-        lines.append(f"| {row['config']} | {row['cpu_s_per_chunk']:.4f} | {row['ratio_vs_plain_sliding']:.3f} | "
+        lines.append(f"| {row['config']} | {row.get('s_per_chunk', row['cpu_s_per_chunk']):.4f} | {row['ratio_vs_plain_sliding']:.3f} | "
                      f"{row['min_ratio_vs_plain_sliding']:.3f} | {row['wall_s_per_chunk']:.4f} |")
     if result["hook_sliding_vs_plain_max_abs_diff"] is not None:
         lines += ["", f"hook `sliding` vs plain sliding, latents: max |diff| = "
@@ -215,12 +230,20 @@ def main(argv=None):
     parser.add_argument("--chunks", type=int, default=12)
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--window", type=int, default=6)
+    parser.add_argument("--device", default="cpu", help="cpu, or cuda (the GPU runbook's: wall seconds, bf16)")
+    parser.add_argument("--dtype", choices=["auto", "float32", "bfloat16"], default="auto",
+                        help="auto = bfloat16 on cuda, float32 on a CPU")
     parser.add_argument("-o", "--output", type=Path, default=None, help="folder for results.json and results.md")
     args = parser.parse_args(argv)
-    results = [measure(s, args.writers.split(","), args.chunks, args.repeats, args.window) for s in args.sizes.split(",")]
+    dtype = getattr(torch, args.dtype) if args.dtype != "auto" else (
+        torch.float32 if args.device == "cpu" else torch.bfloat16)
+    results = [measure(s, args.writers.split(","), args.chunks, args.repeats, args.window, args.device, dtype)
+               for s in args.sizes.split(",")]
     import diffusers
 
-    meta = {"device": f"CPU: {cpu_name()}, {torch.get_num_threads()} torch thread(s)", "torch": torch.__version__,
+    where = (f"CPU: {cpu_name()}, {torch.get_num_threads()} torch thread(s)" if args.device == "cpu"
+             else f"GPU: {torch.cuda.get_device_name(torch.device(args.device))}")
+    meta = {"device": where, "torch": torch.__version__,
             "diffusers": diffusers.__version__, "python": platform.python_version(),
             "command": "OMP_NUM_THREADS=1 python benchmarks/diffusers_hook_cost.py "
             + " ".join(sys.argv[1:] if argv is None else argv)}

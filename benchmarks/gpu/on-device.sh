@@ -5,7 +5,8 @@
 #                                                     # <= 9.3 min with the max-autotune test, which never finished)
 #   FAST_EXTRA="--budget 6" bash benchmarks/gpu/on-device.sh fast  # compiled + CUDA graphs + overlapped decode (<= 4.8 min)
 #   bash benchmarks/gpu/on-device.sh max              # the max-autotune GPU test alone (MAX_LIMIT s, default 130)
-#   bash benchmarks/gpu/on-device.sh text             # Self-Forcing / LongLive fast path: sink and memory writers (<= 5 min)
+#   bash benchmarks/gpu/on-device.sh text             # Self-Forcing / LongLive fast path: sink and memory writers, and
+#                                                     # the diffusers hook's cost at the 1.3B's size (<= 8.5 min)
 #   bash benchmarks/gpu/on-device.sh attention        # --attention-stats' cost at full size: off, all queries, 512 (<= 5 min)
 #   bash benchmarks/gpu/on-device.sh memory           # issue 45: the memory plan beside measured peaks, LingBot bf16/fp8,
 #                                                     # MG2's writers at budget 6 in a fresh process (<= 9.5 min)
@@ -101,6 +102,11 @@ case "${1:-check}" in
     step 280 python3 -m worldtrace_cli bench speed --preset "${TEXT_PRESET:-longlive}" --random-weights --device "$DEVICE" \
         --caches sink,landmark,field,sliding --chunks "${QUICK_CHUNKS:-16}" --repeats 2 --warmup 4 \
         --compile reduce-overhead --overlap-decode -o "$OUT" --name "speed-text-fast" 2>&1 | tee "$OUT/speed-text.log"
+    # Issue 65 part 6: the diffusers hook's cost at full size (Wan2.1-T2V-1.3B's shapes, 480x832, bf16, random weights)
+    # against the same diffusers loop with a plain sliding window, per writer: wall seconds per chunk, the ratio
+    step 200 python3 benchmarks/diffusers_hook_cost.py --device "$DEVICE" --sizes "${HOOK_SIZES:-1.3b}" \
+        --writers sliding,field,landmark --chunks "${HOOK_CHUNKS:-6}" --repeats 2 -o "$OUT/diffusers-hook" \
+        2>&1 | tail -12 | tee "$OUT/diffusers-hook.log"
     ;;
   attention)
     # Issue 57: what --attention-stats costs at full size (MG2, eager, budget 6): sliding and landmark without it,
