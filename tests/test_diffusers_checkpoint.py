@@ -116,14 +116,17 @@ def _shas(run: Path) -> list[str]:
 def test_generate_with_a_diffusers_folder_gives_the_frames_of_the_same_weights(folders, tmp_path):
     """self-forcing-tiny's own DiT (seed 0) saved by diffusers, sharded, as a pipeline folder's
     ``transformer/``: ``generate --checkpoint`` writes the frames of the preset's own run, chunk for chunk;
-    another DiT (seed 5, one file, the model folder itself) writes other frames; the summary names the shards."""
+    another DiT (seed 5, one file, the model folder itself) writes other frames; the summary names the shards;
+    the folder on ``--backend diffusers`` writes the same frames."""
     pipeline, single = folders
     args = ("generate", "--preset", "self-forcing-tiny", PROMPT, "--prompt", "a red lighthouse", "--chunks", "2",
             "--device", "cpu", "--dtype", "fp32")
-    for out, extra in (("own", ()), ("folder", ("--checkpoint", pipeline)), ("other", ("--checkpoint", single))):
+    for out, extra in (("own", ()), ("folder", ("--checkpoint", pipeline)), ("other", ("--checkpoint", single)),
+                       ("on-diffusers", ("--checkpoint", pipeline, "--backend", "diffusers"))):
         result = invoke(*args, *extra, "-o", tmp_path / out)
         assert result.exit_code == 0, result.output
     assert _shas(tmp_path / "folder") == _shas(tmp_path / "own") and len(_shas(tmp_path / "own")) == 2
+    assert _shas(tmp_path / "on-diffusers") == _shas(tmp_path / "own")  # the folder on both backends
     assert _shas(tmp_path / "other")[0] != _shas(tmp_path / "own")[0]
     files = json.loads((tmp_path / "folder" / "summary.json").read_text())["checkpoint"]
     assert [f["role"] for f in files] == ["dit"] * SHARDS
