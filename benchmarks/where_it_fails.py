@@ -78,11 +78,11 @@ def with_true_context(rollout, truth: torch.Tensor | None, chunks: int):
     """
     commit = rollout.context
 
-    def context(x0, inputs, cond):
+    def context(x0, inputs, cond, draw=None):
         c, f = rollout.chunk, rollout.frames_per_chunk  # the chunk being made (step() counts it after the commit)
         if c < chunks:
             x0 = truth[:, :, c * f:(c + 1) * f].to(x0.device, x0.dtype)
-        return commit(x0, inputs, cond)
+        return commit(x0, inputs, cond, draw)
 
     rollout.context = context
     return rollout
