@@ -9,6 +9,7 @@ the missing / unexpected keys and wrong shapes.
 from __future__ import annotations
 
 import hashlib
+import json
 import pickle
 from pathlib import Path
 
@@ -96,11 +97,17 @@ def check_state_dict(model: nn.Module, sd: dict[str, torch.Tensor], source: str)
 
 
 def read_json(path: str | Path) -> dict:
-    """Read a JSON object; errors name the file and line (CheckpointError:
-    :func:`~worldtrace_cli.model.diffusers_folder.read_json_object`, the torch-free reader)."""
-    from .diffusers_folder import read_json_object
-
-    return read_json_object(Path(path))
+    """Read a JSON object; errors name the file and line."""
+    path = Path(path)
+    try:
+        data = json.loads(path.read_text())
+    except FileNotFoundError:
+        raise CheckpointError(f"{path}: file not found") from None
+    except json.JSONDecodeError as exc:
+        raise CheckpointError(f"{path}:{exc.lineno}: invalid JSON: {exc.msg}") from None
+    if not isinstance(data, dict):
+        raise CheckpointError(f"{path}: expected a JSON object")
+    return data
 
 
 def file_identity(path: str | Path, full_hash: bool = False) -> dict:
