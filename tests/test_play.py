@@ -294,9 +294,12 @@ def test_a_browser_walks_and_the_cache_panel_follows(server, tmp_path):
         wait_for(lambda: status() == "paused", "the pause")
         ActionChains(driver).key_down("w").perform()
         time.sleep(6)
+        resumed = time.monotonic()
         ActionChains(driver).send_keys(" ").perform()
         wait_for(lambda: driver.find_element(By.ID, "latency").text not in ("-", ""), "the first chunk's latency")
-        assert float(driver.find_element(By.ID, "latency").text) < 6.0
+        shown = time.monotonic() - resumed  # at least the latency the page counts, if it leaves the pause out
+        # (counted with the pause it would be 6 s more; a loaded machine's slow chunk moves both alike)
+        assert float(driver.find_element(By.ID, "latency").text) <= shown + 0.5, shown
         assert chunk() >= 0
         canvas_sum = "const c = document.getElementById('gen0'); const d = c.getContext('2d')" \
                      ".getImageData(0, 0, c.width, c.height).data; let s = 0; for (const v of d) s += v; return s;"
