@@ -231,7 +231,7 @@ def replay_command(cfg, trajectory: str, preset_ref: str | None = None) -> str:
         words += ["--world-seed", str(cfg.world_seed)]
     if cfg.prompt_switch != "recache":  # a text session's switches replay as they ran
         words += ["--prompt-switch", cfg.prompt_switch]
-    if getattr(cfg, "backend", "native") != "native":  # the DiT's implementation the session ran on
+    if cfg.backend != "native":  # the DiT's implementation the session ran on
         words += ["--backend", cfg.backend]
     if cfg.prompt is not None:  # the run's prompt (LingBot-World)
         words += ["--prompt", cfg.prompt]
