@@ -212,15 +212,22 @@ def test_writers_choose_over_every_head_when_the_heads_are_split(tmp_path):
 @pytest.mark.slow
 @pytest.mark.parametrize("mode", ["--split-heads", "--fsdp"])
 def test_a_run_process_0_refuses_ends_every_process(mode, tmp_path):
-    """Process 0 refuses an output folder holding a finished run (one line, exit 2) while the others
+    """Process 0 refuses an output folder holding a finished run (one line, exit 4) while the others
     load: they must not wait in a collective of their own (the head split once scattered the weights
-    from process 0, and this hung until the timeout)."""
+    from process 0, and this hung until the timeout). Process 0 starts late here (a loaded machine's
+    order): process 1, refusing first, once exited at once and torchrun ended process 0 before its line
+    (CI, 2026-12-02)."""
     out = tmp_path / "done"
     first = invoke("generate", "--preset", "tiny", "trajectories/aba.yaml", "--image", IMAGE, "--chunks", "1",
                    "--metrics", "none", "--no-progress", "-o", out)
     assert first.exit_code == 0, first.output
-    run = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "-m",
-                          "worldtrace_cli", "generate", "--preset", "tiny", "trajectories/aba.yaml", "--image", IMAGE,
+    late = tmp_path / "late_process_0.py"
+    late.write_text("import os, runpy, sys, time\n"
+                    "if os.environ['RANK'] == '0':\n    time.sleep(3)\n"
+                    "sys.argv = ['worldtrace'] + sys.argv[1:]\n"
+                    "runpy.run_module('worldtrace_cli', run_name='__main__')\n")
+    run = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", str(late),
+                          "generate", "--preset", "tiny", "trajectories/aba.yaml", "--image", IMAGE,
                           "--chunks", "2", "--metrics", "none", "--no-progress", mode, "-o", str(out)],
                          capture_output=True, text=True, timeout=120, env={**os.environ, "OMP_NUM_THREADS": "1"})
     assert run.returncode != 0
