@@ -218,3 +218,21 @@ def test_a_growing_cache_is_planned_past_generates_cap_and_the_cap_is_named():
             assert not refused
         except RunError:
             assert refused
+
+
+def test_the_conditioning_measured_once_gives_the_figures_measured_each_time():
+    """plan_memory measures the conditioning's peaks once per process for the same shapes (bench memory's
+    --offload auto walk, the fit table): a plan that reuses them equals one that measures them, in every
+    mode, and a conditioning of other shapes (fewer frames to encode) is measured anew."""
+    from worldtrace_cli.engine import memory_plan
+
+    preset = load_preset("lingbot-tiny")  # a text encoder and a start image
+    memory = memory_config(preset=preset, **default_cache(preset))
+    for mode in (("text", "auto"), ("none", "fp8")):  # umT5 visiting the GPU, and kept there
+        memory_plan._CONDITIONING_PEAKS.clear()
+        measured = plan_memory(preset, memory, *mode, torch.float32, chunks=4, checkpoint_text=False)
+        assert len(memory_plan._CONDITIONING_PEAKS) == 1
+        reused = plan_memory(preset, memory, *mode, torch.float32, chunks=4, checkpoint_text=False)
+        assert reused.phases == measured.phases and reused.parts == measured.parts, mode
+    plan_memory(preset, memory, "text", "auto", torch.float32, chunks=1, checkpoint_text=False)
+    assert len(memory_plan._CONDITIONING_PEAKS) == 2  # one latent frame to encode: its own peaks

@@ -204,30 +204,57 @@ def plan_memory(preset, memory, offload: str = "text", weights_dtype: str = "aut
     return plan
 
 
+# the conditioning's tracked peaks by what they depend on (:func:`_conditioning_peaks`): a pure function of the
+# preset's shapes, the networks' sizes and the dtype, measured once per process (bench memory --offload auto,
+# generate's --weights-dtype fit and the fit table plan one preset in several modes and writers)
+_CONDITIONING_PEAKS: dict[tuple, tuple[int, int]] = {}
+
+
 def _text_phase(preset, vae, clip, text, resident: int, offload: str, chunks: int) -> int:
     """Peak of the conditioning: umT5 on a 512-token prompt, MG2's CLIP tower and the VAE encoding the
     start image (their own code paths: :func:`~worldtrace_cli.model.vae.encode_conditioning_latents`)."""
-    from ..model.vae import encode_conditioning_latents
-
-    tracker = peak_tracker()
+    text_peak, image_peak = _conditioning_peaks(preset, vae, clip, text, chunks)
     peak = 0
     if text is not None:
+        # the encoder visits the GPU for the call (offload text / blocks) or lives there (none, in resident)
+        peak = text_peak + resident - module_bytes(text) * (offload == "none")
+    if not preset.backbone.start_image:
+        return peak
+    own = module_bytes(vae) + (0 if clip is None else module_bytes(clip))
+    return max(peak, image_peak - own + resident)
+
+
+def _conditioning_peaks(preset, vae, clip, text, chunks: int) -> tuple[int, int]:
+    """(tracked peak bytes of the text encoder's call, of the start image's encoding: the VAE and MG2's CLIP
+    tower), 0 where the preset has no such input; measured under the fake mode once per process for the same
+    shapes (:data:`_CONDITIONING_PEAKS`; the bytes do not depend on the writer, the offload or the DiT)."""
+    from ..model.vae import CONDITIONING_ENCODE_LATENT_FRAMES, encode_conditioning_latents
+
+    frames = chunks * preset.frames_per_chunk
+    sizes = tuple(None if m is None else (type(m).__name__, module_bytes(m), str(next(m.parameters()).dtype))
+                  for m in (vae, clip, text))
+    key = (preset.height, preset.width, preset.backbone.start_image, min(frames, CONDITIONING_ENCODE_LATENT_FRAMES),
+           sizes)
+    if key in _CONDITIONING_PEAKS:
+        return _CONDITIONING_PEAKS[key]
+    text_peak = image_peak = 0
+    if text is not None:
+        tracker = peak_tracker()
         tracker.track_external(text)
         with tracker:
             text(input_ids=torch.zeros(1, 512, dtype=torch.long), attention_mask=torch.ones(1, 512, dtype=torch.long))
-        # the encoder visits the GPU for the call (offload text / blocks) or lives there (none, in resident)
-        peak = tracked_peak(tracker) + resident - module_bytes(text) * (offload == "none")
-    if not preset.backbone.start_image:
-        return peak
-    image = torch.empty(1, 3, preset.height, preset.width)
-    tracker = peak_tracker()
-    tracker.track_external(vae, *([clip] if clip is not None else []))
-    with tracker:
-        encode_conditioning_latents(vae, image.to(next(vae.parameters()).dtype), chunks * preset.frames_per_chunk)
-        if clip is not None:
-            clip.conditioning_tokens(image.to(next(clip.parameters()).dtype))
-    own = module_bytes(vae) + (0 if clip is None else module_bytes(clip))
-    return max(peak, tracked_peak(tracker) - own + resident)
+        text_peak = tracked_peak(tracker)
+    if preset.backbone.start_image:
+        image = torch.empty(1, 3, preset.height, preset.width)
+        tracker = peak_tracker()
+        tracker.track_external(vae, *([clip] if clip is not None else []))
+        with tracker:
+            encode_conditioning_latents(vae, image.to(next(vae.parameters()).dtype), frames)
+            if clip is not None:
+                clip.conditioning_tokens(image.to(next(clip.parameters()).dtype))
+        image_peak = tracked_peak(tracker)
+    _CONDITIONING_PEAKS[key] = (text_peak, image_peak)
+    return text_peak, image_peak
 
 
 __all__ = ["GB", "MemoryPlan", "OFFLOADS", "PHASES", "PREFETCHED_BLOCKS", "UMT5_XXL", "module_bytes", "peak_tracker",
