@@ -32,22 +32,21 @@ def tiny():
 def test_derived_rows_are_the_planned_rows(fit_table, tiny, one_thread):
     """A writer's row in another mode = its bf16 chunk phases + what the mode changed in the own cache's, the
     load and text phases the own cache's: to the byte (GB to 3 decimals), for a writer planned through its own
-    commits (full, which grows) and one planned as a window of its slots (landmark), in the two modes farthest
-    from bf16 (blocks + fp8; umT5 kept on the GPU + fp8)."""
+    commits (full, which grows) and one planned as a window of its slots (landmark), each in one of the two modes
+    farthest from bf16 (full: blocks + fp8; landmark: umT5 kept on the GPU + fp8)."""
     configs, refused = fit_table.writer_configs(tiny)
     memory = dict(configs)
     assert not refused and fit_table.OWN in memory and {"field", "full", "landmark", "mixed:2"} <= set(memory)
     own = {m: fit_table.plan_row(tiny, fit_table.OWN, memory[fit_table.OWN], *m.split("/"), chunks=8)
            for m in ("text/auto", "blocks/fp8", "none/fp8")}
     models = set()
-    for writer in ("full", "landmark"):
+    for writer, mode in (("full", "blocks/fp8"), ("landmark", "none/fp8")):
         base = fit_table.plan_row(tiny, writer, memory[writer], "text", "auto", chunks=8)
         models.add(base["cache_model"])
-        for mode in ("blocks/fp8", "none/fp8"):
-            planned = fit_table.plan_row(tiny, writer, memory[writer], *mode.split("/"), chunks=8)
-            derived = fit_table.derive_row(base, own[mode], own["text/auto"])
-            assert derived["phases_gb"] == pytest.approx(planned["phases_gb"], abs=0.0015), (writer, mode)
-            assert derived["peak_phase"] == planned["peak_phase"] and derived["mode"] == mode
+        planned = fit_table.plan_row(tiny, writer, memory[writer], *mode.split("/"), chunks=8)
+        derived = fit_table.derive_row(base, own[mode], own["text/auto"])
+        assert derived["phases_gb"] == pytest.approx(planned["phases_gb"], abs=0.0015), (writer, mode)
+        assert derived["peak_phase"] == planned["peak_phase"] and derived["mode"] == mode
     assert models == {"writer", "slots"}
     with pytest.raises(ValueError, match="text/auto"):
         fit_table.derive_row(own["blocks/fp8"], own["blocks/fp8"], own["text/auto"])

@@ -372,10 +372,12 @@ def test_the_1_3b_checkpoint_layout_refusals_are_one_line(tmp_path, monkeypatch)
 
 @pytest.mark.slow
 def test_every_writer_and_face_runs_on_the_1_3b_tiny(tmp_path, one_thread, valid):
-    """generate (its own cache), compare over every registered writer, a loopbench cell and a live session on
-    lingbot-v2-1.3b-tiny: each completes with the 1.3B's chunk layout (13 + 16 pixel frames)."""
+    """generate (its own cache), compare over a writer of each way to hold the past, a loopbench cell and a
+    live session on lingbot-v2-1.3b-tiny: each completes with the 1.3B's chunk layout (13 + 16 pixel frames).
+    Every registered writer runs through compare on MG2's tiny (test_cli.py); the writers read the layout
+    (frames per chunk, tokens per frame) from the one cache geometry, so here one of each kind: a window
+    (sliding), a growing cache (full), summary slots (field), landmarks, compressed slots (worldkv), a mix."""
     import worldtrace_cli as wt
-    from worldtrace_cli.memory import example_specs
 
     skip_without_ffmpeg()
     result = invoke("generate", "--no-progress", "--preset", V2_TINY, ABA, "--chunks", "2", "-o", tmp_path / "g")
@@ -383,7 +385,7 @@ def test_every_writer_and_face_runs_on_the_1_3b_tiny(tmp_path, one_thread, valid
     summary = json.loads((tmp_path / "g" / "summary.json").read_text())
     assert summary["cache"]["cache"] == "sink" and summary["totals"]["pixel_frames"] == 29
     valid(summary, "summary")
-    specs = example_specs()  # one runnable spec per registered writer (mixed:2)
+    specs = ["sliding", "full", "field", "landmark", "worldkv", "mixed:2"]
     result = invoke("compare", ABA, "--preset", V2_TINY, "--caches", ",".join(specs), "--chunks", "2",
                     "--no-progress", "-o", tmp_path / "c")
     assert result.exit_code == 0, result.output
