@@ -85,15 +85,27 @@ def check_torchrun(run, outputs) -> None:
 
 
 def split_run(tmp_path, preset, caches, processes):
-    out = tmp_path / f"{preset}-{processes}.pt"
-    script = [os.path.join(os.path.dirname(__file__), "split_heads_run.py"), preset, ",".join(caches), str(out)]
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    cmd = ([sys.executable, *script] if processes == 1 else
-           [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(processes), *script, "--split"])
-    run = subprocess.run(cmd, capture_output=True, text=True, timeout=300, env=env)
-    check_torchrun(run, [out])
+    """tests/split_heads_run.py's results: with one process in this one (the same function, no process
+    start), with more under torchrun."""
+    import importlib.util
+
     import torch
 
+    out = tmp_path / f"{preset}-{processes}.pt"
+    script = [os.path.join(os.path.dirname(__file__), "split_heads_run.py"), preset, ",".join(caches), str(out)]
+    if processes == 1:
+        spec = importlib.util.spec_from_file_location("split_heads_run", script[0])
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+        threads = torch.get_num_threads()
+        try:
+            module.main(preset, ",".join(caches), str(out), False)
+        finally:
+            torch.set_num_threads(threads)
+        return torch.load(out)
+    run = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(processes), *script,
+                          "--split"], capture_output=True, text=True, timeout=300, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    check_torchrun(run, [out])
     return torch.load(out)
 
 

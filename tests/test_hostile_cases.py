@@ -89,17 +89,6 @@ def test_the_memory_plan_takes_the_same_time_at_any_length(cache, chunks, monkey
         assert long.slots == 3 * (chunks - 1) and long.peak > 100 * filled.peak
 
 
-def test_the_lingbot_plans_are_unchanged():
-    """The figures docs/gpu-memory.md quotes: 68.7 GB by default, 33.2 GB with blocks + fp8 (within 1 %)."""
-    from worldtrace_cli.config import default_cache, load_preset, memory_config
-    from worldtrace_cli.engine.memory_plan import plan_memory
-
-    preset = load_preset("lingbot-fast")
-    memory = memory_config(preset=preset, **default_cache(preset))
-    assert plan_memory(preset, memory, chunks=64).peak / 1e9 == pytest.approx(68.7, rel=0.01)
-    assert plan_memory(preset, memory, "blocks", "fp8", chunks=64).peak / 1e9 == pytest.approx(33.2, rel=0.01)
-
-
 @pytest.mark.parametrize("preset, cache", [("longlive-tiny", None), ("self-forcing-tiny", None), ("tiny", "landmark"),
                                            ("tiny", "full")])
 def test_the_offset_advice_when_followed_runs_and_removes_the_warning(preset, cache, tmp_path):
