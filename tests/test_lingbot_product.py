@@ -433,16 +433,16 @@ def test_weights_dtype_fit_chooses_fp8_only_when_bf16_does_not_fit_the_card(tmp_
     assert "--offload text" in chose[0].split("(")[-1] and "does not fit" in chose[0]  # why: the bf16 plan's miss
     config = json.loads((tmp_path / "fp8" / "summary.json").read_text())["config"]
     assert (config["weights_dtype"], config["offload"]) == ("fp8", "text")
-    result = invoke(*base, "--device-gb", "80", "-o", tmp_path / "bf16")
-    assert result.exit_code == 0, result.output
-    assert json.loads((tmp_path / "bf16" / "summary.json").read_text())["config"]["weights_dtype"] == "auto"
     line = one_line_error(invoke(*base[:-4], "--weights-dtype", "fit", "--device-gb", "1.0", "-o", tmp_path / "none"))
     assert "GPU memory: the plan of" in line and "a 1 GB card (--device-gb) has 1.0 GB" in line, line
     assert not (tmp_path / "none").exists()
     from pathlib import Path as P
 
-    from worldtrace_cli.jobs.bench_memory import fit_run
+    from worldtrace_cli.jobs.bench_memory import fit_run, planned_card
 
+    cfg = RunConfig(preset=load_preset(V2_TINY), trajectory=P("t"), output=P("o"), weights_dtype="fit", offload="text")
+    with planned_card(80):  # generate --device-gb 80 makes this choice before the weights load (the run above)
+        assert fit_run(cfg, 2).weights_dtype == "auto"
     cfg = RunConfig(preset=load_preset(V2_TINY), trajectory=P("t"), output=P("o"), weights_dtype="fit", offload="auto")
     assert (fit_run(cfg, 2).weights_dtype, fit_run(cfg, 2).offload) == ("auto", "text")  # no card: nothing to plan
 
