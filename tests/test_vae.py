@@ -207,6 +207,31 @@ def test_mkldnn_conv_path_matches_pytorch_default():
     assert (fast - plain).abs().max() <= 1e-4
 
 
+def test_the_cpu_rms_norm_is_diffusers_norm_to_float_rounding():
+    """The VAE's RMS norms take a sum of squares on the CPU (F.normalize's strided reduction was a third of a
+    tiny run): every norm is switched, and each gives diffusers' own result in float32 and bfloat16."""
+    from diffusers.models.autoencoders.autoencoder_kl_wan import WanRMS_norm
+
+    from worldtrace_cli.model.vae import _CpuRMSNorm
+
+    vae = build_wan_vae("tiny", seed=7)
+    assert any(type(m) is _CpuRMSNorm for m in vae.modules())
+    assert not any(type(m) is WanRMS_norm for m in vae.modules())
+    torch.manual_seed(5)
+    for channel_first, shape in ((True, (1, 8, 3, 12, 22)), (False, (1, 40, 8))):
+        norm = WanRMS_norm(shape[1 if channel_first else -1], channel_first=channel_first, images=False)
+        torch.nn.init.normal_(norm.gamma)
+        x = torch.randn(*shape) * 3
+        x[..., 0] = 0  # an all-zero vector: the eps floor, not a division by zero
+        for dtype in (torch.float32, torch.bfloat16):
+            ref = norm.to(dtype)(x.to(dtype))
+            norm.__class__ = _CpuRMSNorm
+            ours = norm(x.to(dtype))
+            norm.__class__ = WanRMS_norm
+            assert ours.dtype == ref.dtype and torch.isfinite(ours).all()
+            assert (ours.float() - ref.float()).abs().max() <= (1e-5 if dtype == torch.float32 else 2e-2), dtype
+
+
 def test_conditioning_latents_are_constant_after_the_receptive_field(tiny_vae):
     torch.manual_seed(4)
     image = torch.rand(1, 3, 16, 16) * 2 - 1
