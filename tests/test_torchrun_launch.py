@@ -50,11 +50,18 @@ def test_every_other_command_refuses_and_help_still_answers(tmp_path):
 @pytest.mark.skipif(shutil.which("torchrun") is None and not (Path(sys.executable).parent / "torchrun").exists(),
                     reason="torchrun not installed")
 def test_a_real_torchrun_launch_of_compare_writes_nothing(tmp_path):
+    """Process 0 starts late here (a loaded machine's order): process 1, refusing first, once exited at once
+    and torchrun ended process 0 before its line."""
     torchrun = str(Path(sys.executable).parent / "torchrun") if (Path(sys.executable).parent / "torchrun").exists() \
         else shutil.which("torchrun")
     out = tmp_path / "c"
     env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK")}
-    done = subprocess.run([torchrun, "--nproc-per-node", "2", "-m", "worldtrace_cli", "compare", "--preset", "tiny", ABA,
+    late = tmp_path / "late_process_0.py"
+    late.write_text("import os, runpy, sys, time\n"
+                    "if os.environ['RANK'] == '0':\n    time.sleep(3)\n"
+                    "sys.argv = ['worldtrace'] + sys.argv[1:]\n"
+                    "runpy.run_module('worldtrace_cli', run_name='__main__')\n")
+    done = subprocess.run([torchrun, "--nproc-per-node", "2", str(late), "compare", "--preset", "tiny", ABA,
                            "--chunks", "1", "-o", str(out)], capture_output=True, text=True, env=env, timeout=300,
                           cwd=tmp_path)
     assert done.returncode != 0  # torchrun reports any process's non-zero exit as its own exit 1

@@ -122,6 +122,10 @@ def _refuse_torchrun(command: click.Command, name: str) -> None:
                            f"torchrun as WORLD_SIZE={world} processes its copies would race for one output; run it "
                            f"without torchrun (under torchrun: generate --fsdp / --split-heads, loopbench run)",
                            err=True)
+            else:  # process 0 says it: it exits first, before torchrun ends the others (engine/launch.py)
+                from ..engine.launch import wait_for_process_0
+
+                wait_for_process_0()
             sys.exit(InputError.exit_code)
         return callback(*args, **kwargs)
 

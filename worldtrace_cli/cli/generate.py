@@ -154,14 +154,14 @@ def generate(trajectory, preset, checkpoint, prompt, prompt_switch, poses, intri
     # every process meets alike (the inputs), leave their own failures' line for --nproc-per-node's launcher
     # and, once in the process group, end without Python's teardown (gloo's threads aborted it: exit 134)
     from ..engine import shard
-    from ..engine.launch import ERRORS_ENV, note_failure
+    from ..engine.launch import ERRORS_ENV, note_failure, wait_for_process_0
 
     def quiet(line: str, code: int) -> bool:
         note_failure(line, code)
         if not shard.active():
             # a refusal before the process group (the inputs, the folder) is process 0's too: let it say it
             # first; exiting before it made torchrun end process 0 before its line (CI, a loaded machine)
-            _wait_for_process_0()
+            wait_for_process_0()
             return True
         if os.environ.get(ERRORS_ENV):
             return True
@@ -179,20 +179,6 @@ def generate(trajectory, preset, checkpoint, prompt, prompt_switch, poses, intri
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(code)
-
-
-PROCESS_0_WAIT_S = 30.0  # how long a process other than 0 holds back its refusal (seconds)
-
-
-def _wait_for_process_0(seconds: float = PROCESS_0_WAIT_S) -> None:
-    """In a torchrun process other than 0 that refused before joining the process group: wait (up to
-    ``seconds``) for torchrun to end it once process 0, which meets the same refusal, has exited with
-    its one line; a refusal of this process alone then surfaces after the wait (its exit code)."""
-    import time
-
-    deadline = time.monotonic() + seconds
-    while time.monotonic() < deadline:
-        time.sleep(0.1)
 
 
 def _plan_for_card(ctx, device_gb: float | None) -> None:

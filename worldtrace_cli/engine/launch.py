@@ -54,6 +54,25 @@ def note_failure(message: str, code: int) -> None:
         pass
 
 
+PROCESS_0_WAIT_S = 30.0  # how long a process other than 0 holds back a refusal process 0 also meets (seconds)
+
+
+def wait_for_process_0(seconds: float = PROCESS_0_WAIT_S) -> None:
+    """In a process of a torchrun launch (``TORCHELASTIC_RUN_ID`` set) other than 0 that refuses what process 0
+    refuses too (the inputs, the folder, a command that does not split): wait up to ``seconds`` so that process 0
+    exits first with its one line and torchrun ends this one; exiting first let torchrun end process 0 before it
+    printed (a loaded machine: CI, 2026-12-02). A refusal of this process alone surfaces after the wait. Returns
+    at once outside torchrun or in process 0."""
+    import time
+
+    rank, world = torchrun_world()
+    if not rank or world < 2 or not os.environ.get("TORCHELASTIC_RUN_ID"):
+        return
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        time.sleep(0.1)
+
+
 def _noted(folder: Path, rank: int) -> tuple[int, str] | None:
     try:
         code, message = (folder / f"rank-{rank}.txt").read_text().split("\n", 1)
@@ -124,4 +143,4 @@ def _outcome(codes: dict[int, int], scratch: Path, nproc: int) -> int:
     return 1
 
 
-__all__ = ["ERRORS_ENV", "launch", "note_failure", "torchrun_world"]
+__all__ = ["ERRORS_ENV", "PROCESS_0_WAIT_S", "launch", "note_failure", "torchrun_world", "wait_for_process_0"]
