@@ -85,7 +85,7 @@ class _CpuRMSNorm(WanRMS_norm):
         return (xf / norm).to(x.dtype) * self.scale * self.gamma + self.bias
 
 
-def use_mkldnn_conv3d(vae: torch.nn.Module) -> torch.nn.Module:
+def use_cpu_fast_paths(vae: torch.nn.Module) -> torch.nn.Module:
     """Switch ``vae``'s CPU fast paths on (in place): every causal 3-D convolution to oneDNN
     (:class:`_MkldnnCausalConv3d`) and every RMS norm to a sum of squares (:class:`_CpuRMSNorm`).
 
@@ -117,7 +117,7 @@ def build_wan_vae(variant: str = "wan2.1", weights: str | Path | dict | None = N
         seed: seed of the random init.
         device, dtype: where the returned model lives.
         cpu_mkldnn: route fp32 CPU 3-D convolutions through oneDNN and the RMS norms through a sum
-            of squares (see :func:`use_mkldnn_conv3d`); no effect on GPU.
+            of squares (see :func:`use_cpu_fast_paths`); no effect on GPU.
 
     Returns:
         ``AutoencoderKLWan`` in eval mode with ``requires_grad`` False.
@@ -145,7 +145,7 @@ def build_wan_vae(variant: str = "wan2.1", weights: str | Path | dict | None = N
         if any(t.is_meta for t in (*vae.parameters(), *vae.buffers())):
             raise RuntimeError("AutoencoderKLWan kept meta tensors after loading (diffusers changed?)")
     if cpu_mkldnn:
-        use_mkldnn_conv3d(vae)
+        use_cpu_fast_paths(vae)
     # nn.Module.to: diffusers' ModelMixin.to warns about fp32-pinned modules even when there are none.
     return torch.nn.Module.to(vae, device=device, dtype=dtype).eval().requires_grad_(False)
 
@@ -313,5 +313,5 @@ class StreamingDecoder:
 
 __all__ = [
     "WAN_LATENT_MEAN", "WAN_LATENT_STD", "CONDITIONING_ENCODE_LATENT_FRAMES", "StreamingDecoder",
-    "build_wan_vae", "encode_conditioning_latents", "encode_video", "use_mkldnn_conv3d", "vae_config_dir",
+    "build_wan_vae", "encode_conditioning_latents", "encode_video", "use_cpu_fast_paths", "vae_config_dir",
 ]
