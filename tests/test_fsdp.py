@@ -23,7 +23,7 @@ def shas(run) -> list[str]:
 
 @pytest.mark.slow
 # every writer and both backbones once (FSDP2 shards the DiT's weights; the writer sees whole heads either way)
-@pytest.mark.parametrize("preset, cache", [("tiny", "landmark"), ("lingbot-tiny", "sliding"), ("lingbot-tiny", "field")])
+@pytest.mark.parametrize("preset, cache", [("tiny", "landmark"), ("lingbot-tiny", "field")])
 def test_two_processes_make_the_single_process_frames(preset, cache, tmp_path, one_thread):
     args = ["generate", "--preset", preset, "trajectories/aba.yaml", "--image", IMAGE, "--chunks", "3",
             "--metrics", "none", "--no-progress", "--cache", cache]

@@ -89,8 +89,7 @@ def test_the_memory_plan_takes_the_same_time_at_any_length(cache, chunks, monkey
         assert long.slots == 3 * (chunks - 1) and long.peak > 100 * filled.peak
 
 
-@pytest.mark.parametrize("preset, cache", [("longlive-tiny", None), ("self-forcing-tiny", None), ("tiny", "landmark"),
-                                           ("tiny", "full")])
+@pytest.mark.parametrize("preset, cache", [("longlive-tiny", None), ("tiny", "landmark"), ("tiny", "full")])
 def test_the_offset_advice_when_followed_runs_and_removes_the_warning(preset, cache, tmp_path):
     """The advice is computed for the writer and position scheme (it once told a budget-9 run to use
     --budget 9, and a full cache to take a --budget it refuses): following it runs, without the warning."""

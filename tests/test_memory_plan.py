@@ -38,8 +38,8 @@ def real_peak(preset, memory, chunks: int) -> int:
     return max(s["Total"] for s in tracker.get_tracker_snapshot("peak").values())
 
 
-@pytest.mark.parametrize("name,cache", [("tiny", "sliding"), ("tiny", "field"), ("tiny", "landmark"),
-                                        ("lingbot-tiny", None), ("longlive-tiny", None)])
+@pytest.mark.parametrize("name,cache", [("tiny", "sliding"), ("tiny", "field"), ("lingbot-tiny", None),
+                                        ("longlive-tiny", None)])
 @pytest.mark.filterwarnings("error::UserWarning")  # a plan that warns (FakeTensor data pointers) is what users would see
 def test_the_plan_is_within_15_percent_of_a_real_cpu_run(name, cache, one_thread):
     """On the CPU the host store is in the same memory, so it is added back to the GPU plan."""
