@@ -68,9 +68,7 @@ def wait_for_process_0(seconds: float = PROCESS_0_WAIT_S) -> None:
     rank, world = torchrun_world()
     if not rank or world < 2 or not os.environ.get("TORCHELASTIC_RUN_ID"):
         return
-    deadline = time.monotonic() + seconds
-    while time.monotonic() < deadline:
-        time.sleep(0.1)
+    time.sleep(seconds)
 
 
 def _noted(folder: Path, rank: int) -> tuple[int, str] | None:
